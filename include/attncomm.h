@@ -1,0 +1,303 @@
+/*
+ * attncomm.h -- the whole public C API of attncomm.
+ *
+ * attncomm is a collective communication library for distributed attention in
+ * long-context LLM inference, in the manner of NCCL: a communicator is created
+ * from a unique id (or from launcher environment variables), every operation
+ * returns an attnResult_t, and the readable cause of the last failure is kept
+ * per communicator (attnGetLastError).
+ *
+ * This header is C99-clean: plain C types, opaque handles, no C++ exceptions
+ * cross it. Ranks may be threads of one process, processes on one host, or
+ * processes on many hosts.
+ *
+ * Memory: communicators whose config names no device (ATTN_DEVICE_HOST, the
+ * default) work on host memory and take a NULL stream. Every call returns only
+ * when its operation is complete (blocking communicators), or returns
+ * attnInProgress and completes in the background (non-blocking
+ * communicators; poll attnCommGetAsyncError).
+ *
+ * Ordering: like NCCL, all ranks of a communicator must issue its collectives
+ * in the same order; point-to-point messages between two ranks match in
+ * posting order.
+ */
+#ifndef ATTNCOMM_H_
+#define ATTNCOMM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define ATTN_API
+#else
+#define ATTN_API __attribute__((visibility("default")))
+#endif
+
+#define ATTN_MAJOR 0
+#define ATTN_MINOR 1
+#define ATTN_PATCH 0
+/* Version code: MAJOR*10000 + MINOR*100 + PATCH. */
+#define ATTN_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define ATTN_VERSION_CODE ATTN_VERSION(ATTN_MAJOR, ATTN_MINOR, ATTN_PATCH)
+
+/* ------------------------------------------------------------------ */
+/* Result codes                                                        */
+/* ------------------------------------------------------------------ */
+typedef enum {
+  attnSuccess = 0,
+  attnUnhandledCudaError = 1, /* a CUDA call failed */
+  attnSystemError = 2,        /* an OS call failed (socket, mmap, ...) */
+  attnInternalError = 3,      /* a bug in attncomm */
+  attnInvalidArgument = 4,    /* a bad pointer, count, type, rank, ... */
+  attnInvalidUsage = 5,       /* a valid argument used wrongly (mismatch, order) */
+  attnRemoteError = 6,        /* a peer failed or went away */
+  attnInProgress = 7,         /* a non-blocking operation is still running */
+  attnTimeout = 8,            /* no progress within the communicator's timeout */
+  attnNotSupported = 9,       /* not built in, or not possible on this setup */
+  attnNumResults = 10
+} attnResult_t;
+
+/* ------------------------------------------------------------------ */
+/* Data types and reduction operations                                 */
+/* ------------------------------------------------------------------ */
+typedef enum {
+  attnInt8 = 0,
+  attnUint8 = 1,
+  attnInt32 = 2,
+  attnInt64 = 3,
+  attnFloat16 = 4, /* IEEE half; reductions accumulate in fp32 */
+  attnFloat32 = 5,
+  attnFloat64 = 6,
+  attnBfloat16 = 7, /* bfloat16; reductions accumulate in fp32 */
+  attnNumTypes = 8
+} attnDataType_t;
+
+typedef enum {
+  attnSum = 0,
+  attnProd = 1,
+  attnMax = 2,
+  attnMin = 3,
+  attnAvg = 4, /* sum divided by the number of ranks */
+  attnNumOps = 5
+} attnRedOp_t;
+
+/* ------------------------------------------------------------------ */
+/* Handles                                                             */
+/* ------------------------------------------------------------------ */
+typedef struct attnComm* attnComm_t;
+
+/* A stream. NULL for host-memory communicators; a cudaStream_t (cast) for
+ * device communicators. */
+typedef struct attnStream_st* attnStream_t;
+
+#define ATTN_UNIQUE_ID_BYTES 128
+/* Created by attnGetUniqueId on one rank and passed to all others out of
+ * band. Carries the bootstrap root's address and a random 128-bit secret: a
+ * peer that does not present the secret is refused. Treat it as a
+ * credential. */
+typedef struct {
+  char internal[ATTN_UNIQUE_ID_BYTES];
+} attnUniqueId;
+
+/* ------------------------------------------------------------------ */
+/* Configuration                                                       */
+/* ------------------------------------------------------------------ */
+#define ATTN_CONFIG_UNDEF_INT (-2147483647 - 1)
+#define ATTN_CONFIG_UNDEF_PTR NULL
+#define ATTN_CONFIG_MAGIC 0xA7C0F16u
+#define ATTN_DEVICE_HOST (-1)
+#define ATTN_SPLIT_NOCOLOR (-1)
+
+/* Communicator options. Always start from ATTN_CONFIG_INITIALIZER: fields
+ * left undefined take their value from the environment or the default. The
+ * struct carries its own size and version so it can grow without breaking
+ * callers compiled against an older header. */
+typedef struct {
+  size_t size;          /* sizeof(attnConfig_t) as the caller compiled it */
+  unsigned int magic;   /* ATTN_CONFIG_MAGIC */
+  unsigned int version; /* ATTN_VERSION_CODE as the caller compiled it */
+  int blocking;         /* 1 (default): calls return when done; 0: calls may
+                           return attnInProgress, poll attnCommGetAsyncError */
+  int timeout_ms;       /* fail an operation that makes no progress for this
+                           long (default: ATTN_TIMEOUT_MS, else 300000);
+                           0 means wait forever */
+  const char* transports; /* comma list of allowed transports, e.g. "shm,tcp"
+                             (default: ATTN_TRANSPORT, else all built in) */
+  int device;           /* ATTN_DEVICE_HOST (default) for host memory, or a
+                           CUDA device ordinal */
+  const char* comm_name; /* shown in log lines (default: none) */
+} attnConfig_t;
+
+#define ATTN_CONFIG_INITIALIZER                                              \
+  {                                                                          \
+    sizeof(attnConfig_t), ATTN_CONFIG_MAGIC, ATTN_VERSION_CODE,              \
+        ATTN_CONFIG_UNDEF_INT, ATTN_CONFIG_UNDEF_INT, ATTN_CONFIG_UNDEF_PTR, \
+        ATTN_CONFIG_UNDEF_INT, ATTN_CONFIG_UNDEF_PTR                         \
+  }
+
+/* ------------------------------------------------------------------ */
+/* Library and errors                                                  */
+/* ------------------------------------------------------------------ */
+
+/* Writes ATTN_VERSION_CODE of the library (not of the header) to *version. */
+ATTN_API attnResult_t attnGetVersion(int* version);
+
+/* A static, human-readable name for a result code. Never NULL. */
+ATTN_API const char* attnGetErrorString(attnResult_t result);
+
+/* The text of the last failure seen on `comm`, naming the rank, the peer and
+ * the cause, e.g. "rank 2 (host a, pid 77): peer 3: connection reset". With
+ * comm == NULL, the last failure of the calling thread (e.g. of an init
+ * call that produced no communicator). Empty string if none. The pointer is
+ * valid until the next call on the same communicator / thread. */
+ATTN_API const char* attnGetLastError(attnComm_t comm);
+
+/* ------------------------------------------------------------------ */
+/* Communicator creation and destruction                               */
+/* ------------------------------------------------------------------ */
+
+/* Creates a unique id on this process and starts the bootstrap root that
+ * ranks will meet at (it listens on ATTN_SOCKET_IFNAME's address, else the
+ * default route's interface). Call on one rank; send the id to the others. */
+ATTN_API attnResult_t attnGetUniqueId(attnUniqueId* uniqueId);
+
+/* Creates rank `rank` (0 <= rank < nranks) of a new communicator of `nranks`
+ * ranks that meet through `commId`. Collective: every rank must call it. */
+ATTN_API attnResult_t attnCommInitRank(attnComm_t* comm, int nranks,
+                                       attnUniqueId commId, int rank);
+
+/* As attnCommInitRank, with options. config may be NULL (all defaults).
+ * With config->blocking == 0 it may return attnInProgress: the communicator
+ * handle is valid at once and attnCommGetAsyncError reports attnSuccess when
+ * it is ready. */
+ATTN_API attnResult_t attnCommInitRankConfig(attnComm_t* comm, int nranks,
+                                             attnUniqueId commId, int rank,
+                                             attnConfig_t* config);
+
+/* Creates `ndev` ranks as threads of this process, like ncclCommInitAll:
+ * comms[i] is rank i. devlist: NULL for host ranks, else the CUDA device of
+ * each rank (several ranks may share one device). */
+ATTN_API attnResult_t attnCommInitAll(attnComm_t* comms, int ndev,
+                                      const int* devlist);
+
+/* Creates this process's rank from launcher environment variables, tried in
+ * order: ATTN_RANK / ATTN_NRANKS / ATTN_ROOT (host:port); torchrun's RANK /
+ * WORLD_SIZE / MASTER_ADDR / MASTER_PORT; Open MPI's OMPI_COMM_WORLD_RANK /
+ * OMPI_COMM_WORLD_SIZE (with ATTN_ROOT or MASTER_ADDR/MASTER_PORT naming
+ * the root). Rank 0 starts the bootstrap root on that address. The secret is
+ * ATTN_SECRET (32 hex digits) when set. config may be NULL. */
+ATTN_API attnResult_t attnCommInitFromEnv(attnComm_t* comm,
+                                          attnConfig_t* config);
+
+/* Splits `comm` by color: ranks that pass the same color form a new
+ * communicator, ordered by key and then by old rank. Collective over comm.
+ * Ranks passing ATTN_SPLIT_NOCOLOR get *newcomm = NULL. config may be NULL
+ * (inherit comm's options). */
+ATTN_API attnResult_t attnCommSplit(attnComm_t comm, int color, int key,
+                                    attnComm_t* newcomm, attnConfig_t* config);
+
+/* Waits for outstanding operations, then frees the communicator. */
+ATTN_API attnResult_t attnCommDestroy(attnComm_t comm);
+
+/* Stops the communicator now: operations blocked in other threads return
+ * attnRemoteError / attnInvalidUsage, connections are closed (peers see it),
+ * and the communicator is freed. Safe to call from any thread. */
+ATTN_API attnResult_t attnCommAbort(attnComm_t comm);
+
+/* The communicator's asynchronous state: attnSuccess, attnInProgress while a
+ * non-blocking operation runs, or the error that broke the communicator
+ * (after which only attnCommAbort / attnCommDestroy are useful). */
+ATTN_API attnResult_t attnCommGetAsyncError(attnComm_t comm,
+                                            attnResult_t* asyncError);
+
+/* Number of ranks of comm. */
+ATTN_API attnResult_t attnCommCount(const attnComm_t comm, int* count);
+
+/* This caller's rank in comm. */
+ATTN_API attnResult_t attnCommUserRank(const attnComm_t comm, int* rank);
+
+/* ------------------------------------------------------------------ */
+/* Point-to-point                                                      */
+/* ------------------------------------------------------------------ */
+
+/* Sends `count` elements to `peer`. Matches the peer's attnRecv calls from
+ * this rank in order. Outside a group the call returns when the data has
+ * been received (blocking comms). */
+ATTN_API attnResult_t attnSend(const void* sendbuff, size_t count,
+                               attnDataType_t datatype, int peer,
+                               attnComm_t comm, attnStream_t stream);
+
+/* Receives exactly `count` elements from `peer`; a message of another size
+ * fails with attnInvalidUsage on both sides. */
+ATTN_API attnResult_t attnRecv(void* recvbuff, size_t count,
+                               attnDataType_t datatype, int peer,
+                               attnComm_t comm, attnStream_t stream);
+
+/* Between attnGroupStart and attnGroupEnd, operations are queued and run
+ * together at attnGroupEnd, so a rank may post sends and receives in any
+ * order without deadlock (like ncclGroupStart/End). Groups nest; the
+ * outermost attnGroupEnd runs them. Per calling thread. */
+ATTN_API attnResult_t attnGroupStart(void);
+ATTN_API attnResult_t attnGroupEnd(void);
+
+/* ------------------------------------------------------------------ */
+/* Collectives (NCCL's argument order and in-place rules)              */
+/* ------------------------------------------------------------------ */
+
+/* recvbuff[r*sendcount ...] = sendbuff of rank r. In place when
+ * sendbuff == recvbuff + rank*sendcount*elemsize. */
+ATTN_API attnResult_t attnAllGather(const void* sendbuff, void* recvbuff,
+                                    size_t sendcount, attnDataType_t datatype,
+                                    attnComm_t comm, attnStream_t stream);
+
+/* recvbuff = op over ranks of sendbuff[rank*recvcount ...]. In place when
+ * recvbuff == sendbuff + rank*recvcount*elemsize. */
+ATTN_API attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff,
+                                        size_t recvcount,
+                                        attnDataType_t datatype,
+                                        attnRedOp_t op, attnComm_t comm,
+                                        attnStream_t stream);
+
+/* recvbuff = op over ranks of sendbuff. In place when sendbuff == recvbuff. */
+ATTN_API attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff,
+                                    size_t count, attnDataType_t datatype,
+                                    attnRedOp_t op, attnComm_t comm,
+                                    attnStream_t stream);
+
+/* recvbuff on every rank = sendbuff of root (sendbuff is read on root only).
+ * In place when sendbuff == recvbuff. */
+ATTN_API attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff,
+                                    size_t count, attnDataType_t datatype,
+                                    int root, attnComm_t comm,
+                                    attnStream_t stream);
+
+/* Block p of sendbuff (count elements at p*count) goes to rank p, landing at
+ * recvbuff + rank*count on it. Not in place. */
+ATTN_API attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff,
+                                   size_t count, attnDataType_t datatype,
+                                   attnComm_t comm, attnStream_t stream);
+
+/* As attnAllToAll with per-peer counts and displacements (in elements):
+ * sendcounts[p] elements from sendbuff + sdispls[p] go to rank p, which
+ * receives them at recvbuff + rdispls[rank] with recvcounts[rank] equal to
+ * this rank's sendcounts[p]. */
+ATTN_API attnResult_t attnAllToAllv(const void* sendbuff,
+                                    const size_t* sendcounts,
+                                    const size_t* sdispls, void* recvbuff,
+                                    const size_t* recvcounts,
+                                    const size_t* rdispls,
+                                    attnDataType_t datatype, attnComm_t comm,
+                                    attnStream_t stream);
+
+/* Returns on each rank once every rank has entered it. */
+ATTN_API attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ATTNCOMM_H_ */

@@ -1,0 +1,38 @@
+#include "src/core/error.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+#include "src/core/log.h"
+
+namespace attn {
+namespace {
+thread_local std::string tlsLastError;
+thread_local std::string tlsContext = "-";
+}  // namespace
+
+attnResult_t setError(attnResult_t code, const char* fmt, ...) {
+  char msg[1536];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  tlsLastError = tlsContext == "-" ? std::string(msg) : tlsContext + ": " + msg;
+  ATTN_WARN(kLogAll, "%s (%s)", msg, attnGetErrorString(code));
+  return code;
+}
+
+const std::string& threadLastError() { return tlsLastError; }
+void clearThreadLastError() { tlsLastError.clear(); }
+
+ErrorContext::ErrorContext(const std::string& prefix) : saved_(tlsContext) {
+  tlsContext = prefix;
+}
+ErrorContext::~ErrorContext() { tlsContext = saved_; }
+const std::string& ErrorContext::current() { return tlsContext; }
+
+void traceError(const char* file, int line, attnResult_t code) {
+  ATTN_TRACE(kLogAll, "%s:%d -> %s", file, line, attnGetErrorString(code));
+}
+
+}  // namespace attn
