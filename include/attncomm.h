@@ -232,7 +232,8 @@ ATTN_API attnResult_t attnSend(const void* sendbuff, size_t count,
                                attnComm_t comm, attnStream_t stream);
 
 /* Receives exactly `count` elements from `peer`; a message of another size
- * fails with attnInvalidUsage on both sides. */
+ * fails the receive with attnInvalidUsage (a longer one also breaks the link,
+ * so the sender fails too). */
 ATTN_API attnResult_t attnRecv(void* recvbuff, size_t count,
                                attnDataType_t datatype, int peer,
                                attnComm_t comm, attnStream_t stream);
@@ -295,6 +296,176 @@ ATTN_API attnResult_t attnAllToAllv(const void* sendbuff,
 
 /* Returns on each rank once every rank has entered it. */
 ATTN_API attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream);
+
+
+/* ------------------------------------------------------------------ */
+/* Attention collectives                                               */
+/* ------------------------------------------------------------------ */
+
+/* The attention problem every rank computes a share of. */
+typedef struct {
+  int num_q_heads;      /* Hq */
+  int num_kv_heads;     /* Hkv; num_q_heads % num_kv_heads == 0 (GQA) */
+  int head_dim;         /* D, 1..256 */
+  attnDataType_t dtype; /* of q, k, v and out: attnFloat32, attnFloat16 or
+                           attnBfloat16; partials are accumulated and merged
+                           in fp32 whatever this is */
+  float softmax_scale;  /* 0 means 1/sqrt(head_dim) */
+  int causal;           /* 1: a query sees keys with position <= its own
+                           (global positions, see attnSeqLayout_t) */
+} attnAttnConfig_t;
+
+/* This rank's shard of a batch, packed "THD": the rows of all sequences back
+ * to back, each row [heads, head_dim]. Positions are global positions in the
+ * sequence, so any placement of tokens on ranks works (our planner's or
+ * the caller's). */
+typedef struct {
+  int num_seqs;              /* the same on every rank; a rank may hold no
+                                rows of a sequence */
+  const int32_t* q_offsets;  /* [num_seqs+1] rows of q/out per sequence */
+  const int32_t* q_pos;      /* [q rows] global position of each query */
+  const int32_t* kv_offsets; /* [num_seqs+1] rows of k/v per sequence */
+  const int32_t* kv_pos;     /* [kv rows] global position of each key */
+} attnSeqLayout_t;
+
+typedef enum {
+  attnModeAuto = 0,   /* the selector's choice (attnSelectMode) */
+  attnModePassKV = 1, /* ring: KV rotates, Q stays (CP paper Alg. 2) */
+  attnModePassQ = 2,  /* ring: Q rotates, partial outputs return by
+                         all-to-all and merge on receive (Alg. 3) */
+  attnModeShipQ = 3   /* one hop: Q goes to every KV holder, partials come
+                         back and merge on receive (decode, small N) */
+} attnAttnMode_t;
+
+/* Exact attention of this rank's queries over the keys of all ranks.
+ * q: [q rows, Hq, D]; k, v: [kv rows, Hkv, D]; out: [q rows, Hq, D], all in
+ * cfg->dtype. lse: [q rows, Hq] float natural-log log-sum-exp of the scaled
+ * scores, or NULL. A query that sees no key gets out = 0 and lse = -inf.
+ * Collective: every rank calls it with the same cfg, num_seqs and mode. */
+ATTN_API attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void* out,
+                                        float* lse, const attnSeqLayout_t* layout,
+                                        const attnAttnConfig_t* cfg, attnAttnMode_t mode,
+                                        attnComm_t comm, attnStream_t stream);
+
+/* Merges n partial attention results over disjoint key sets:
+ * lse = log sum_j exp(lse_j), out = sum_j exp(lse_j - lse) * outs[j].
+ * outs[j]: [rows, heads, head_dim] in dtype; lses[j]: [rows, heads].
+ * Rows whose every lse_j is -inf give out = 0, lse = -inf. out / lse may
+ * alias outs[0] / lses[0] (in place); lse may be NULL. Local: no
+ * communication. */
+ATTN_API attnResult_t attnMergeAttnStates(int n, const void* const* outs,
+                                          const float* const* lses, void* out, float* lse,
+                                          int64_t rows, int heads, int head_dim,
+                                          attnDataType_t dtype, attnStream_t stream);
+
+/* --- Sharding planner (CP paper §3.5.1) --- */
+
+/* A batch to shard: per sequence, new tokens (T_i) and cached tokens (P_i)
+ * whose keys already sit in the KV cache. */
+typedef struct {
+  int num_seqs;
+  const int32_t* new_lens;    /* [num_seqs] T_i >= 0 */
+  const int32_t* cached_lens; /* [num_seqs] P_i >= 0, or NULL for none */
+} attnBatchSpec_t;
+
+/* One rank's shard, as produced by the planner. Arrays are owned by the
+ * plan. q rows are new tokens; kv rows are this rank's cached keys followed,
+ * per sequence, by the keys of its own new tokens. */
+typedef struct {
+  attnSeqLayout_t layout;
+  int64_t q_rows;
+  int64_t kv_rows;
+  const int64_t* q_index;  /* [q_rows] row of each query in the batch's
+                              packed new tokens (sequence by sequence) */
+  const int64_t* kv_index; /* [kv_rows] row of each key in the batch's packed
+                              full sequences (cached then new, by sequence) */
+} attnShard_t;
+
+typedef struct attnPlan* attnPlan_t;
+
+/* Load-balanced prefill plan over nranks ranks: each sequence's new tokens
+ * are cut into 2*nranks equal chunks and rank r takes chunks r and
+ * 2*nranks-1-r, so every rank has the same causal work (sequences are
+ * padded in the plan, never in the data: a rank may get one row fewer).
+ * Cached tokens stay where an earlier load-balanced prefill of length P_i
+ * put them. Full prefill is cached_lens == NULL. */
+ATTN_API attnResult_t attnPlanPrefill(const attnBatchSpec_t* batch, int nranks,
+                                      attnPlan_t* plan);
+ATTN_API attnResult_t attnPlanGetShard(attnPlan_t plan, int rank, attnShard_t* shard);
+ATTN_API attnResult_t attnPlanDestroy(attnPlan_t plan);
+
+/* Decode placement (CP paper §3.6): the rank that stores the KV of sequence
+ * s's new token at decode step `step` is (s + step) % nranks, so ranks fill
+ * evenly; the rank that holds its query is s % nranks. Either output may be
+ * NULL. */
+ATTN_API attnResult_t attnDecodePlacement(int num_seqs, int64_t step, int nranks,
+                                          int32_t* kv_rank, int32_t* q_rank);
+
+/* --- Mode selection (CP paper Alg. 1, App. C) --- */
+
+/* Rates the selector's cost model uses. Calibrated once per communicator
+ * (link: a short ping-pong with the ring neighbours; kernel: a timed run of
+ * the attention kernel), overridable here or by ATTN_MODEL_* variables. */
+typedef struct {
+  double link_bandwidth_GBps; /* bytes/ns between ring neighbours */
+  double link_latency_us;     /* per message */
+  double attn_tflops;         /* partial attention compute rate */
+} attnCostModel_t;
+
+typedef struct {
+  attnAttnMode_t chosen;  /* what attnModeAuto runs */
+  double pass_kv_us;      /* predicted time of each mode */
+  double pass_q_us;
+  double ship_q_us;
+  double alg1_threshold_tokens; /* Eq. 2's T threshold with these rates */
+  attnAttnMode_t alg1_choice;   /* Alg. 5 (App. C) with these rates */
+} attnModeEstimate_t;
+
+/* What attnModeAuto would run for this layout on this communicator, with
+ * the predicted time of each mode. Collective (ranks exchange their row
+ * counts) and deterministic: every rank gets the same answer. */
+ATTN_API attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
+                                     attnComm_t comm, attnModeEstimate_t* estimate);
+
+/* The same model on given totals, without a communicator: new_tokens (T) and
+ * cached_tokens (P) summed over the batch, nranks ranks. For what-if
+ * studies (e.g. the CP paper's Table 4). */
+ATTN_API attnResult_t attnEstimateModes(const attnCostModel_t* model, const attnAttnConfig_t* cfg,
+                                        int nranks, int64_t new_tokens, int64_t cached_tokens,
+                                        attnModeEstimate_t* estimate);
+
+/* Reads (calibrating first if needed) or replaces the communicator's rates.
+ * Collective when it calibrates. */
+ATTN_API attnResult_t attnCommGetCostModel(attnComm_t comm, attnCostModel_t* model);
+ATTN_API attnResult_t attnCommSetCostModel(attnComm_t comm, const attnCostModel_t* model);
+
+/* --- Plugging in an engine's own attention kernel --- */
+
+/* One partial-attention call: queries of `q` against keys/values of `k`,
+ * `v` (this step's block), sequence by sequence. The kernel writes the
+ * normalised partial output (fp32) and its lse; a query that sees no key
+ * must get out = 0, lse = -inf. */
+typedef struct {
+  const void* q;              /* [q_rows, Hq, D] in cfg->dtype */
+  const void* k;              /* [kv_rows, Hkv, D] */
+  const void* v;              /* [kv_rows, Hkv, D] */
+  float* out;                 /* [q_rows, Hq, D] fp32 */
+  float* lse;                 /* [q_rows, Hq] */
+  int num_seqs;
+  const int32_t* q_offsets;   /* [num_seqs+1] */
+  const int32_t* q_pos;       /* [q_rows] */
+  const int32_t* kv_offsets;  /* [num_seqs+1] */
+  const int32_t* kv_pos;      /* [kv_rows] */
+  const attnAttnConfig_t* cfg;
+} attnAttnKernelArgs_t;
+
+typedef attnResult_t (*attnAttnKernelFn)(const attnAttnKernelArgs_t* args, void* user_data,
+                                         attnStream_t stream);
+
+/* Replaces the built-in partial-attention kernel on this communicator
+ * (fn == NULL restores it). The library still moves the data and merges. */
+ATTN_API attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn,
+                                            void* user_data);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what attncomm needs to build and test on Debian 12 / Ubuntu.
+# Idempotent: packages already present are not reinstalled. Optional
+# dependencies (hwloc, UCX, ibverbs, MPI, Gloo, OpenBLAS) are installed too so
+# the perf baselines and topology code are exercised; the library builds
+# without them.
+set -euo pipefail
+REQUIRED=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev iproute2 python3)
+OPTIONAL=(libopenblas-dev libhwloc-dev hwloc libucx-dev ucx-utils libibverbs-dev
+          openmpi-bin libopenmpi-dev libgloo-dev graphviz python3-numpy)
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=$(command -v sudo || true); fi
+missing=()
+for p in "${REQUIRED[@]}" "${OPTIONAL[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+if ! command -v apt-get >/dev/null; then
+  echo "install_deps: no apt-get; install by hand: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${REQUIRED[@]}" >/dev/null
+# Optional packages one by one: a missing one must not stop the build.
+for p in "${OPTIONAL[@]}"; do
+  $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 ||
+    echo "install_deps: optional package $p unavailable, continuing" >&2
+done

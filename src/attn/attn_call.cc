@@ -1,0 +1,111 @@
+#include "src/attn/attn_call.h"
+
+#include <cmath>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/merge.h"
+#include "src/core/error.h"
+
+namespace attn {
+namespace {
+
+// The built-in kernel's problem for one (queries, keys) pair of blocks: one
+// segment per sequence, rows of sequence i against keys of sequence i.
+cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs,
+                           std::vector<cpu::AttnSegment>* segs) {
+  segs->resize(c.numSeqs);
+  for (int i = 0; i < c.numSeqs; ++i)
+    (*segs)[i] = {qs.offsets[i], qs.offsets[i + 1], kvs.offsets[i], kvs.offsets[i + 1]};
+  cpu::AttnProblem p;
+  p.q = qs.t0;
+  p.k = kvs.t0;
+  p.v = kvs.t1;
+  p.dtype = c.cfg.dtype;
+  p.nq = qs.rows;
+  p.nk = kvs.rows;
+  p.num_q_heads = c.cfg.num_q_heads;
+  p.num_kv_heads = c.cfg.num_kv_heads;
+  p.head_dim = c.cfg.head_dim;
+  p.scale = c.cfg.softmax_scale;
+  p.causal = c.cfg.causal != 0;
+  p.q_pos = qs.pos;
+  p.k_pos = kvs.pos;
+  p.segments = segs->data();
+  p.num_segments = c.numSeqs;
+  return p;
+}
+
+attnResult_t callUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs, float* o,
+                            float* lse) {
+  attnAttnKernelArgs_t a;
+  a.q = qs.t0;
+  a.k = kvs.t0;
+  a.v = kvs.t1;
+  a.out = o;
+  a.lse = lse;
+  a.num_seqs = c.numSeqs;
+  a.q_offsets = qs.offsets;
+  a.q_pos = qs.pos;
+  a.kv_offsets = kvs.offsets;
+  a.kv_pos = kvs.pos;
+  a.cfg = &c.cfg;
+  attnResult_t r = c.state->userKernel(&a, c.state->userData, nullptr);
+  if (r != attnSuccess) return setError(r, "the attention kernel set by attnCommSetAttnKernel failed");
+  return attnSuccess;
+}
+
+}  // namespace
+
+attnResult_t AttnCall::partial(const RowsRef& qs, const RowsRef& kvs, float* o, float* lse) {
+  auto t0 = Clock::now();
+  attnResult_t r;
+  if (state->skipCompute) {
+    cpu::initAccumulator(o, lse, qs.rows, cfg.num_q_heads, cfg.head_dim);
+    r = attnSuccess;
+  } else if (state->userKernel) {
+    r = callUserKernel(*this, qs, kvs, o, lse);
+  } else {
+    std::vector<cpu::AttnSegment> segs;
+    cpu::AttnExec ex;
+    ex.threads = state->kernelThreads;
+    ex.pool = state->pool.get();
+    r = cpu::attentionPartial(problemOf(*this, qs, kvs, &segs), o, lse, ex);
+  }
+  stats.computeUs += usSince(t0);
+  return r;
+}
+
+attnResult_t AttnCall::accumulate(const RowsRef& qs, const RowsRef& kvs, float* o, float* lse) {
+  if (kvs.rows == 0 || qs.rows == 0 || state->skipCompute) return attnSuccess;
+  if (state->userKernel) {
+    std::vector<float> po(static_cast<size_t>(qs.rows) * cfg.num_q_heads * cfg.head_dim);
+    std::vector<float> pl(static_cast<size_t>(qs.rows) * cfg.num_q_heads);
+    ATTN_CHECK(partial(qs, kvs, po.data(), pl.data()));
+    auto t0 = Clock::now();
+    cpu::AttnPartialRef ref{po.data(), attnFloat32, pl.data()};
+    attnResult_t r = cpu::foldPartial(o, lse, ref, static_cast<size_t>(qs.rows) * cfg.num_q_heads,
+                                      cfg.head_dim);
+    stats.computeUs += usSince(t0);
+    return r;
+  }
+  auto t0 = Clock::now();
+  std::vector<cpu::AttnSegment> segs;
+  cpu::AttnExec ex;
+  ex.threads = state->kernelThreads;
+  ex.pool = state->pool.get();
+  attnResult_t r = cpu::attentionAccumulate(problemOf(*this, qs, kvs, &segs), o, lse, ex);
+  stats.computeUs += usSince(t0);
+  return r;
+}
+
+attnResult_t AttnCall::fold(const float* o, const float* lse) {
+  if (q.rows == 0) return attnSuccess;
+  auto t0 = Clock::now();
+  cpu::AttnPartialRef ref{o, attnFloat32, lse};
+  attnResult_t r = cpu::foldPartial(accO.data(), accLse.data(), ref,
+                                    static_cast<size_t>(q.rows) * cfg.num_q_heads, cfg.head_dim);
+  stats.computeUs += usSince(t0);
+  return r;
+}
+
+}  // namespace attn

@@ -1,0 +1,62 @@
+// One attnRingAttention call as the algorithms see it: this rank's shard,
+// every rank's row counts, the fp32 accumulator, and the block kernel (the
+// built-in CPU kernel or the engine's own through attnCommSetAttnKernel).
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/attn/attn_state.h"
+#include "src/attn/wire.h"
+#include "src/core/comm.h"
+
+namespace attn {
+
+// Rows of queries or keys with their sequence offsets and positions.
+struct RowsRef {
+  const void* t0 = nullptr;  // Q, or K
+  const void* t1 = nullptr;  // V (KV only)
+  int32_t rows = 0;
+  const int32_t* offsets = nullptr;  // [numSeqs+1], starting at 0
+  const int32_t* pos = nullptr;
+  static RowsRef of(const BlockView& v) { return {v.t0, v.t1, v.rows, v.offsets, v.pos}; }
+};
+
+struct AttnCall {
+  attnComm* comm = nullptr;
+  AttnState* state = nullptr;
+  attnAttnConfig_t cfg{};
+  int numSeqs = 0;
+  RowsRef q, kv;                   // this rank's shard
+  std::vector<int32_t> qOffsets, kvOffsets;  // rebased to start at 0
+  std::vector<int64_t> qRowsOf, kvRowsOf;    // every rank's counts
+  size_t qRowBytes = 0, kvRowBytes = 0;      // one row of Q, of K (or V)
+  std::vector<float> accO, accLse;           // fp32 accumulator for q rows
+  AttnCallStats stats;
+
+  // Folds attention of `qs` over `kvs` into (o, lse), a [qs.rows, Hq, D]
+  // accumulator.
+  attnResult_t accumulate(const RowsRef& qs, const RowsRef& kvs, float* o, float* lse);
+  // Writes the partial of `qs` over `kvs` into fresh (o, lse).
+  attnResult_t partial(const RowsRef& qs, const RowsRef& kvs, float* o, float* lse);
+  // Merge-on-receive of a partial for all of this rank's query rows.
+  attnResult_t fold(const float* o, const float* lse);
+
+  // Bytes of a partial result (O fp32 and lse) for `rows` query rows.
+  size_t partialBytes(int64_t rows) const {
+    return static_cast<size_t>(rows) * cfg.num_q_heads * (cfg.head_dim + 1) * sizeof(float);
+  }
+};
+
+using Clock = std::chrono::steady_clock;
+inline double usSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+}
+
+// The algorithms (one file each).
+attnResult_t runPassKv(AttnCall& c);
+attnResult_t runPassQ(AttnCall& c);
+attnResult_t runShipQ(AttnCall& c);
+
+}  // namespace attn

@@ -1,0 +1,43 @@
+// Per-communicator state of the attention collectives: the kernel in use,
+// the cost model's rates, a worker pool for the built-in kernel, and the
+// figures of the last call (read by perf/).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "attncomm.h"
+
+namespace attn {
+namespace cpu { class WorkerPool; }
+
+// Figures of one attnRingAttention call on this rank.
+struct AttnCallStats {
+  attnAttnMode_t mode = attnModeAuto;  // the mode that ran
+  double totalUs = 0;    // the whole call
+  double computeUs = 0;  // in the attention kernel (and merges)
+  double waitUs = 0;     // blocked on communication after computing
+};
+
+struct AttnState {
+  attnAttnKernelFn userKernel = nullptr;
+  void* userData = nullptr;
+  // Rates by (dtype, head_dim) of the kernel; link rates once.
+  bool haveLink = false;
+  double linkGBps = 0, linkLatencyUs = 0;
+  std::map<int, double> kernelTflops;
+  bool modelOverridden = false;
+  attnCostModel_t override{};
+  std::unique_ptr<cpu::WorkerPool> pool;
+  int kernelThreads = 1;
+  AttnCallStats last;
+  bool skipCompute = false;  // perf: time the communication alone
+
+  AttnState();
+  ~AttnState();
+};
+
+AttnState& attnStateOf(struct ::attnComm* comm);
+
+}  // namespace attn

@@ -1,0 +1,35 @@
+// attnMergeAttnStates: the local N-way merge of partial attention results.
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/merge.h"
+#include "src/core/api_call.h"
+
+using namespace attn;
+
+extern "C" attnResult_t attnMergeAttnStates(int n, const void* const* outs, const float* const* lses,
+                                            void* out, float* lse, int64_t rows, int heads,
+                                            int head_dim, attnDataType_t dtype, attnStream_t stream) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(n >= 1, "n must be >= 1, got %d", n);
+  ATTN_REQUIRE(rows >= 0 && heads >= 1 && head_dim >= 1, "rows, heads, head_dim must be positive");
+  ATTN_REQUIRE(cpu::isAttnFloatType(dtype), "dtype must be attnFloat32, attnFloat16 or attnBfloat16");
+  ATTN_REQUIRE(stream == nullptr, "host merges take a NULL stream");
+  ATTN_REQUIRE(outs && lses, "outs and lses must not be NULL");
+  if (rows == 0) return attnSuccess;
+  ATTN_REQUIRE(out != nullptr, "out is NULL");
+  for (int j = 0; j < n; ++j) ATTN_REQUIRE(outs[j] && lses[j], "outs[%d] or lses[%d] is NULL", j, j);
+  const size_t r = static_cast<size_t>(rows) * heads;
+  std::vector<float> acc(r * head_dim), accLse(r);
+  ATTN_CHECK(cpu::convertToFloat(acc.data(), outs[0], dtype, acc.size()));
+  std::memcpy(accLse.data(), lses[0], r * sizeof(float));
+  std::vector<cpu::AttnPartialRef> parts;
+  for (int j = 1; j < n; ++j) parts.push_back({outs[j], dtype, lses[j]});
+  if (!parts.empty())
+    ATTN_CHECK(cpu::mergePartials(acc.data(), accLse.data(), parts.data(), n - 1, r, head_dim));
+  ATTN_CHECK(cpu::convertFromFloat(out, dtype, acc.data(), acc.size()));
+  if (lse) std::memcpy(lse, accLse.data(), r * sizeof(float));
+  return attnSuccess;
+}

@@ -1,0 +1,124 @@
+// The sharding planner (CP paper §3.5.1) and the decode placement (§3.6).
+// Each sequence's new tokens are cut at (j * T) / (2N), j = 0..2N, so chunk
+// sizes differ by at most one token and nothing is padded; rank r takes
+// chunks r and 2N-1-r, one early and one late, so causal work evens out.
+// Cached tokens sit where an earlier load-balanced prefill put them.
+#include <vector>
+
+#include "src/core/api_call.h"
+
+using namespace attn;
+
+struct attnPlan {
+  struct Shard {
+    std::vector<int32_t> qOffsets, qPos, kvOffsets, kvPos;
+    std::vector<int64_t> qIndex, kvIndex;
+  };
+  std::vector<Shard> shards;
+};
+
+namespace {
+
+// Positions [lo, hi) of the two chunks rank r owns of a length-len sequence.
+void ownedRanges(int64_t len, int nranks, int r, int64_t out[2][2]) {
+  const int64_t parts = 2LL * nranks;
+  int64_t a = r, b = parts - 1 - r;
+  out[0][0] = a * len / parts;
+  out[0][1] = (a + 1) * len / parts;
+  out[1][0] = b * len / parts;
+  out[1][1] = (b + 1) * len / parts;
+}
+
+}  // namespace
+
+extern "C" {
+
+attnResult_t attnPlanPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_t* plan) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(plan != nullptr, "plan is NULL");
+  *plan = nullptr;
+  ATTN_REQUIRE(batch != nullptr, "batch is NULL");
+  ATTN_REQUIRE(nranks >= 1, "nranks must be >= 1, got %d", nranks);
+  ATTN_REQUIRE(batch->num_seqs >= 0, "num_seqs %d < 0", batch->num_seqs);
+  ATTN_REQUIRE(batch->num_seqs == 0 || batch->new_lens, "new_lens is NULL");
+  const int S = batch->num_seqs;
+  for (int i = 0; i < S; ++i) {
+    ATTN_REQUIRE(batch->new_lens[i] >= 0, "new_lens[%d] = %d < 0", i, batch->new_lens[i]);
+    ATTN_REQUIRE(!batch->cached_lens || batch->cached_lens[i] >= 0, "cached_lens[%d] < 0", i);
+  }
+  auto p = std::make_unique<attnPlan>();
+  p->shards.resize(nranks);
+  int64_t newBase = 0, fullBase = 0;
+  for (auto& sh : p->shards) {
+    sh.qOffsets.push_back(0);
+    sh.kvOffsets.push_back(0);
+  }
+  for (int i = 0; i < S; ++i) {
+    const int64_t T = batch->new_lens[i], P = batch->cached_lens ? batch->cached_lens[i] : 0;
+    for (int r = 0; r < nranks; ++r) {
+      attnPlan::Shard& sh = p->shards[r];
+      int64_t cached[2][2], fresh[2][2];
+      ownedRanges(P, nranks, r, cached);
+      ownedRanges(T, nranks, r, fresh);
+      for (auto& rg : cached)
+        for (int64_t pos = rg[0]; pos < rg[1]; ++pos) {
+          sh.kvPos.push_back(static_cast<int32_t>(pos));
+          sh.kvIndex.push_back(fullBase + pos);
+        }
+      for (auto& rg : fresh)
+        for (int64_t t = rg[0]; t < rg[1]; ++t) {
+          const int64_t pos = P + t;
+          sh.qPos.push_back(static_cast<int32_t>(pos));
+          sh.qIndex.push_back(newBase + t);
+          sh.kvPos.push_back(static_cast<int32_t>(pos));
+          sh.kvIndex.push_back(fullBase + pos);
+        }
+      sh.qOffsets.push_back(static_cast<int32_t>(sh.qPos.size()));
+      sh.kvOffsets.push_back(static_cast<int32_t>(sh.kvPos.size()));
+    }
+    newBase += T;
+    fullBase += P + T;
+  }
+  *plan = p.release();
+  return attnSuccess;
+}
+
+attnResult_t attnPlanGetShard(attnPlan_t plan, int rank, attnShard_t* shard) {
+  ErrorContext ctx("-");
+  ATTN_REQUIRE(plan != nullptr && shard != nullptr, "plan and shard must not be NULL");
+  ATTN_REQUIRE(rank >= 0 && rank < (int)plan->shards.size(), "rank %d outside [0, %zu)", rank,
+               plan->shards.size());
+  const attnPlan::Shard& sh = plan->shards[rank];
+  shard->layout.num_seqs = static_cast<int>(sh.qOffsets.size()) - 1;
+  shard->layout.q_offsets = sh.qOffsets.data();
+  shard->layout.q_pos = sh.qPos.data();
+  shard->layout.kv_offsets = sh.kvOffsets.data();
+  shard->layout.kv_pos = sh.kvPos.data();
+  shard->q_rows = static_cast<int64_t>(sh.qPos.size());
+  shard->kv_rows = static_cast<int64_t>(sh.kvPos.size());
+  shard->q_index = sh.qIndex.data();
+  shard->kv_index = sh.kvIndex.data();
+  return attnSuccess;
+}
+
+attnResult_t attnPlanDestroy(attnPlan_t plan) {
+  delete plan;
+  return attnSuccess;
+}
+
+attnResult_t attnDecodePlacement(int num_seqs, int64_t step, int nranks, int32_t* kv_rank,
+                                 int32_t* q_rank) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(num_seqs >= 0 && nranks >= 1 && step >= 0,
+               "num_seqs (%d) and step (%lld) must be >= 0, nranks (%d) >= 1", num_seqs,
+               (long long)step, nranks);
+  for (int s = 0; s < num_seqs; ++s) {
+    if (kv_rank) kv_rank[s] = static_cast<int32_t>((s + step) % nranks);
+    if (q_rank) q_rank[s] = s % nranks;
+  }
+  return attnSuccess;
+}
+
+}  // extern "C"

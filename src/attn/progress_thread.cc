@@ -1,0 +1,88 @@
+#include "src/attn/progress_thread.h"
+
+#include <sched.h>
+
+#include <chrono>
+
+#include "src/core/error.h"
+
+namespace attn {
+
+ProgressThread::ProgressThread(Engine& e, const std::string& errorContext)
+    : e_(e), context_(errorContext), thread_([this] { loop(); }) {}
+
+ProgressThread::~ProgressThread() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ProgressThread::kick() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    ++kicks_;
+  }
+  cv_.notify_all();
+}
+
+void ProgressThread::loop() {
+  ErrorContext ctx(context_);
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      if (stop_) return;
+      if (kicks_ == seen && !e_.busy()) {
+        cv_.wait_for(g, std::chrono::milliseconds(2), [&] { return stop_ || kicks_ != seen; });
+        if (stop_) return;
+      }
+      seen = kicks_;
+    }
+    bool progressed = false;
+    attnResult_t r = e_.progressOrSleep(200, &progressed);
+    if (r != attnSuccess) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        failure_ = threadLastError();
+      }
+      failed_.store(r);
+      return;
+    }
+  }
+}
+
+attnResult_t ProgressThread::wait(Request* req) {
+  int spins = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (req->pending()) {
+    if (e_.aborted()) {
+      e_.breakWith(attnRemoteError, "communicator aborted");
+      return setError(attnRemoteError, "communicator aborted");
+    }
+    if (e_.timeoutMs() > 0 && (spins & 255) == 0 &&
+        std::chrono::steady_clock::now() - start > std::chrono::milliseconds(e_.timeoutMs())) {
+      attnResult_t r = setError(attnTimeout, "attention collective: no completion for %d ms", e_.timeoutMs());
+      e_.breakWith(r, threadLastError());
+      return r;
+    }
+    attnResult_t f = failed_.load();
+    if (f != attnSuccess) {
+      std::lock_guard<std::mutex> g(mu_);
+      return setError(f, "%s", failure_.c_str());
+    }
+    if (e_.broken()) return setError(e_.brokenResult(), "communicator broke during the attention collective");
+    if (++spins < 100) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  if (req->state.load() == Request::kFailed)
+    return setError(req->error == attnSuccess ? attnRemoteError : req->error, "%s", req->message.c_str());
+  return attnSuccess;
+}
+
+}  // namespace attn

@@ -1,0 +1,43 @@
+// Drives a communicator's engine from a background thread while the caller
+// computes, so the next block moves during the current block's attention
+// (the overlap of CP paper Alg. 2/3). Sleeps when nothing is queued.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "src/core/engine.h"
+
+namespace attn {
+
+class ProgressThread {
+ public:
+  explicit ProgressThread(Engine& e, const std::string& errorContext);
+  ~ProgressThread();  // stops the thread
+  ProgressThread(const ProgressThread&) = delete;
+  ProgressThread& operator=(const ProgressThread&) = delete;
+
+  // Call after posting, so a sleeping driver looks again.
+  void kick();
+  // Waits (without driving) until req is no longer pending, the engine
+  // broke, or the driver failed. Returns the request's result.
+  attnResult_t wait(Request* req);
+
+ private:
+  void loop();
+
+  Engine& e_;
+  std::string context_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  uint64_t kicks_ = 0;
+  std::atomic<attnResult_t> failed_{attnSuccess};
+  std::string failure_;
+  std::thread thread_;
+};
+
+}  // namespace attn

@@ -1,0 +1,133 @@
+// Ring pass-Q (CP paper Alg. 3). KV stays; the query blocks travel around
+// the ring. At step j a rank holds the queries of rank me-j: at j = 0 its
+// own, folded straight into its accumulator; otherwise it computes the
+// partial (O, lse) of the visitor over its local keys and sends it home at
+// once. The paper's closing all-to-all thus starts during the ring, and each
+// owner merges a partial the moment it arrives (merge-on-receive).
+//
+// Message order between two ranks is fixed, so receives can be posted
+// early: rank-1 sends us N-1 query blocks and then our partial; every other
+// rank sends us only our partial.
+#include <algorithm>
+
+#include "src/attn/attn_call.h"
+#include "src/attn/progress_thread.h"
+#include "src/core/error.h"
+
+namespace attn {
+namespace {
+
+// Partials coming home: one buffer and request per peer.
+struct Homecoming {
+  std::vector<std::vector<char>> buf;
+  std::unique_ptr<Request[]> req;
+  std::vector<bool> posted, folded;
+  Homecoming(int n) : buf(n), req(new Request[n]), posted(n, false), folded(n, false) {}
+};
+
+attnResult_t foldArrived(AttnCall& c, Homecoming& h, int me) {
+  const size_t oBytes = static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads * c.cfg.head_dim * sizeof(float);
+  for (size_t p = 0; p < h.buf.size(); ++p) {
+    if ((int)p == me || !h.posted[p] || h.folded[p] || h.req[p].pending()) continue;
+    if (h.req[p].state.load() == Request::kFailed)
+      return setError(h.req[p].error, "%s", h.req[p].message.c_str());
+    if (h.req[p].bytes != h.buf[p].size())
+      return setError(attnInvalidUsage, "partial from rank %zu has %zu bytes, %zu expected", p,
+                      h.req[p].bytes, h.buf[p].size());
+    const float* o = reinterpret_cast<const float*>(h.buf[p].data());
+    ATTN_CHECK(c.fold(o, reinterpret_cast<const float*>(h.buf[p].data() + oBytes)));
+    h.folded[p] = true;
+  }
+  return attnSuccess;
+}
+
+}  // namespace
+
+attnResult_t runPassQ(AttnCall& c) {
+  Engine& e = *c.comm->engine;
+  const int n = c.comm->nranks, me = c.comm->rank;
+  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  const size_t myPartial = c.partialBytes(c.q.rows);
+
+  size_t capacity = 0;
+  for (int r = 0; r < n; ++r)
+    capacity = std::max(capacity, BlockLayout::of(c.numSeqs, c.qRowsOf[r], c.qRowBytes, 1).total);
+  std::vector<char> buf[2];
+  packBlock(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0, nullptr, c.qRowBytes, &buf[0]);
+  size_t curBytes = buf[0].size();
+  buf[0].resize(capacity);
+  buf[1].resize(capacity);
+
+  Homecoming home(n);
+  for (int p = 0; p < n; ++p)
+    if (p != me) home.buf[p].resize(myPartial);
+  // Partials from ranks other than prev can be expected at once.
+  for (int p = 0; p < n; ++p)
+    if (p != me && p != prev) {
+      ATTN_CHECK(e.irecv(p, home.buf[p].data(), myPartial, &home.req[p]));
+      home.posted[p] = true;
+    }
+
+  std::unique_ptr<ProgressThread> driver;
+  if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
+  std::vector<std::vector<char>> out(n);    // partials we send home
+  std::unique_ptr<Request[]> outReq(new Request[n]);
+  std::vector<bool> outPosted(n, false);
+  int cur = 0;
+  for (int step = 0; step < n; ++step) {
+    const bool moving = step < n - 1;
+    Request sendReq, recvReq;
+    if (moving) {
+      ATTN_CHECK(e.irecv(prev, buf[1 - cur].data(), capacity, &recvReq));
+      ATTN_CHECK(e.isend(next, buf[cur].data(), curBytes, &sendReq));
+      if (step == n - 2) {  // prev's last query block is posted: its partial comes next
+        ATTN_CHECK(e.irecv(prev, home.buf[prev].data(), myPartial, &home.req[prev]));
+        home.posted[prev] = true;
+      }
+      driver->kick();
+    }
+    if (n == 1 && step == 0) {
+      ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
+    } else {
+      BlockView visitor;
+      ATTN_CHECK(viewBlock(buf[cur].data(), curBytes, c.qRowBytes, 1, &visitor));
+      if (visitor.origin == me) {
+        ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
+      } else {
+        const int owner = visitor.origin;
+        if (owner < 0 || owner >= n || outPosted[owner])
+          return setError(attnInternalError, "pass-Q: unexpected query block from rank %d", owner);
+        std::vector<char>& part = out[owner];
+        part.resize(c.partialBytes(visitor.rows));
+        float* o = reinterpret_cast<float*>(part.data());
+        float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+        ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
+        ATTN_CHECK(e.isend(owner, part.data(), part.size(), &outReq[owner]));
+        outPosted[owner] = true;
+        driver->kick();
+      }
+    }
+    ATTN_CHECK(foldArrived(c, home, me));
+    if (moving) {
+      auto t0 = Clock::now();
+      ATTN_CHECK(driver->wait(&sendReq));
+      ATTN_CHECK(driver->wait(&recvReq));
+      c.stats.waitUs += usSince(t0);
+      curBytes = recvReq.bytes;
+      cur = 1 - cur;
+    }
+  }
+  // The rest of the all-to-all: fold partials in arrival order.
+  auto t0 = Clock::now();
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    ATTN_CHECK(driver->wait(&home.req[p]));
+    ATTN_CHECK(foldArrived(c, home, me));
+  }
+  for (int p = 0; p < n; ++p)
+    if (outPosted[p]) ATTN_CHECK(driver->wait(&outReq[p]));
+  c.stats.waitUs += usSince(t0);
+  return attnSuccess;
+}
+
+}  // namespace attn

@@ -1,0 +1,57 @@
+// Predicted time of each mode, step by step as the algorithms run:
+//   pass-KV: t_attn + (N-1) * max(t_attn, t_kv)
+//   pass-Q:  t_attn + (N-1) * max(t_attn, t_q + t_ret) + t_ret
+//            (each step forwards a query block and sends one partial home;
+//            the last partial is exposed)
+//   ship-Q:  max(t_attn, (N-1) t_q) + (N-1) * max(t_attn, t_ret) + t_ret
+// with t_attn one step's attention (the largest shard against one rank's
+// keys), t_kv / t_q a KV / Q block on the link, t_ret one partial (fp32 O
+// and lse) coming home. Ship-Q is a candidate only for decode-like shapes
+// (at most one new token per sequence and rank), where its single hop pays.
+// Alg. 1's threshold (Eq. 2) and Alg. 5's choice (App. C) are reported too.
+#include "src/attn/selector.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/core/datatype.h"
+
+namespace attn {
+
+void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const ModelInput& in,
+                   attnModeEstimate_t* out) {
+  const double N = in.nranks, T = static_cast<double>(in.newTokens),
+               P = static_cast<double>(in.cachedTokens);
+  const double e = static_cast<double>(dataTypeSize(cfg.dtype));
+  const double Hq = cfg.num_q_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
+  const double bw = std::max(m.link_bandwidth_GBps, 1e-9) * 1e9;  // bytes/s
+  const double lat = m.link_latency_us * 1e-6;
+  const double C = std::max(m.attn_tflops, 1e-9) * 1e12;
+  const double qRows = std::max<double>(in.maxQRows, T / N);
+  const double kvRows = std::max<double>(in.maxKvRows, (T + P) / N);
+  // Causal: new tokens see all cached keys and about half of the new ones.
+  const double visible = (cfg.causal && T + P > 0) ? (P + 0.5 * T) / (T + P) : 1.0;
+  const double tAttn = 4.0 * qRows * kvRows * visible * Hq * D / C;
+  const double tKv = lat + 2.0 * kvRows * Hkv * D * e / bw;
+  const double tQ = lat + qRows * Hq * D * e / bw;
+  const double tRet = lat + qRows * Hq * (D + 1) * 4.0 / bw;
+  const double steps = N - 1;
+  out->pass_kv_us = 1e6 * (tAttn + steps * std::max(tAttn, tKv));
+  out->pass_q_us = 1e6 * (tAttn + steps * std::max(tAttn, tQ + tRet) + (N > 1 ? tRet : 0));
+  out->ship_q_us = 1e6 * (std::max(tAttn, steps * (tQ - lat) + lat) + steps * std::max(tAttn, tRet) +
+                          (N > 1 ? tRet : 0));
+  if (N == 1) out->pass_q_us = out->ship_q_us = out->pass_kv_us;
+
+  const bool decodeLike = in.newTokens <= static_cast<int64_t>(in.numSeqs) * in.nranks;
+  out->chosen = out->pass_kv_us <= out->pass_q_us ? attnModePassKV : attnModePassQ;
+  if (decodeLike && out->ship_q_us < std::min(out->pass_kv_us, out->pass_q_us)) out->chosen = attnModeShipQ;
+
+  // Alg. 1 / Alg. 5 with the same rates (per-head normalised, as the paper).
+  out->alg1_threshold_tokens = N * C * Hkv * e / (2.0 * Hq * bw);
+  const double miss = T + P > 0 ? T / (T + P) : 1.0;
+  const bool kv = T >= out->alg1_threshold_tokens ||
+                  miss >= 2.0 * Hkv / Hq - 4.0 * T * bw / (N * C * e);
+  out->alg1_choice = kv ? attnModePassKV : attnModePassQ;
+}
+
+}  // namespace attn

@@ -1,0 +1,103 @@
+// Ship-Q: one hop instead of N-1 (DistAttention's MicroAttention, CSPS's SP
+// decode). Every rank sends its query block straight to every KV holder;
+// each holder computes the visitor's partial over its keys and sends it
+// back; owners merge partials as they arrive. Latency is two message times
+// whatever N is, at the price of N-1 concurrent sends of Q: the right shape
+// for decode, where Q is one row per sequence.
+//
+// Between two ranks the order is: query block, then the partial for it.
+#include <algorithm>
+
+#include "src/attn/attn_call.h"
+#include "src/attn/progress_thread.h"
+#include "src/core/error.h"
+
+namespace attn {
+
+attnResult_t runShipQ(AttnCall& c) {
+  Engine& e = *c.comm->engine;
+  const int n = c.comm->nranks, me = c.comm->rank;
+  const size_t myPartial = c.partialBytes(c.q.rows);
+  const size_t oFloats = static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+
+  std::vector<char> mine;
+  packBlock(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0, nullptr, c.qRowBytes, &mine);
+  std::vector<std::vector<char>> qin(n), pin(n), pout(n);
+  std::unique_ptr<Request[]> qinReq(new Request[n]), pinReq(new Request[n]), qoutReq(new Request[n]),
+      poutReq(new Request[n]);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    qin[p].resize(BlockLayout::of(c.numSeqs, c.qRowsOf[p], c.qRowBytes, 1).total);
+    pin[p].resize(myPartial);
+    ATTN_CHECK(e.irecv(p, qin[p].data(), qin[p].size(), &qinReq[p]));
+    ATTN_CHECK(e.irecv(p, pin[p].data(), pin[p].size(), &pinReq[p]));
+  }
+  for (int s = 1; s < n; ++s) {
+    int p = (me + s) % n;
+    ATTN_CHECK(e.isend(p, mine.data(), mine.size(), &qoutReq[p]));
+  }
+  std::unique_ptr<ProgressThread> driver;
+  if (n > 1) {
+    driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
+    driver->kick();
+  }
+  ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
+
+  std::vector<bool> served(n, false), folded(n, false);
+  served[me] = folded[me] = true;
+  int remaining = 2 * (n - 1);
+  int spins = 0;
+  auto waitStart = Clock::now();
+  const double computeBefore = c.stats.computeUs;
+  while (remaining > 0) {
+    bool did = false;
+    for (int s = 1; s < n; ++s) {
+      int p = (me - s + n) % n;  // serve in the order the visitors were sent
+      if (!served[p] && !qinReq[p].pending()) {
+        ATTN_CHECK(driver->wait(&qinReq[p]));
+        BlockView visitor;
+        ATTN_CHECK(viewBlock(qin[p].data(), qinReq[p].bytes, c.qRowBytes, 1, &visitor));
+        pout[p].resize(c.partialBytes(visitor.rows));
+        float* o = reinterpret_cast<float*>(pout[p].data());
+        float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+        ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
+        ATTN_CHECK(e.isend(p, pout[p].data(), pout[p].size(), &poutReq[p]));
+        driver->kick();
+        served[p] = did = true;
+        --remaining;
+      }
+      if (!folded[p] && !pinReq[p].pending()) {
+        ATTN_CHECK(driver->wait(&pinReq[p]));
+        if (pinReq[p].bytes != myPartial)
+          return setError(attnInvalidUsage, "partial from rank %d has %zu bytes, %zu expected", p,
+                          pinReq[p].bytes, myPartial);
+        const float* o = reinterpret_cast<const float*>(pin[p].data());
+        ATTN_CHECK(c.fold(o, o + oFloats));
+        folded[p] = did = true;
+        --remaining;
+      }
+    }
+    if (did) {
+      spins = 0;
+      continue;
+    }
+    // Nothing arrived: sleep on the first outstanding request.
+    if (++spins > 50) {
+      for (int p = 0; p < n; ++p) {
+        if (!served[p]) { ATTN_CHECK(driver->wait(&qinReq[p])); break; }
+        if (!folded[p]) { ATTN_CHECK(driver->wait(&pinReq[p])); break; }
+      }
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  for (int p = 0; p < n; ++p)
+    if (p != me) {
+      ATTN_CHECK(driver->wait(&qoutReq[p]));
+      ATTN_CHECK(driver->wait(&poutReq[p]));
+    }
+  c.stats.waitUs += usSince(waitStart) - (c.stats.computeUs - computeBefore);
+  return attnSuccess;
+}
+
+}  // namespace attn

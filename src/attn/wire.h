@@ -1,0 +1,52 @@
+// Messages of the attention collectives: a block of rows with the metadata
+// that makes it self-describing (per-sequence offsets and global positions),
+// so a receiver can attend to it without knowing where it came from, and
+// no padding to equal sizes is ever needed.
+//
+//   header | offsets[num_seqs+1] | pos[rows] | pad to 64 B | tensor 0 | tensor 1
+//
+// KV blocks carry two tensors (K, V: [rows, Hkv, D]); Q blocks one
+// ([rows, Hq, D]). Partial results going home are plain (O fp32, lse fp32)
+// for the owner's rows, in one message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "attncomm.h"
+
+namespace attn {
+
+struct BlockHeader {
+  uint32_t magic;
+  int32_t origin;    // rank whose shard this is
+  int32_t num_seqs;
+  int32_t rows;
+};
+
+// Sizes and offsets of a block with `rows` rows of `tensors` tensors of
+// rowBytes each.
+struct BlockLayout {
+  size_t offsetsAt, posAt, tensorAt, tensorBytes, total;
+  static BlockLayout of(int numSeqs, int64_t rows, size_t rowBytes, int tensors);
+};
+
+// A view of a received (or packed) block.
+struct BlockView {
+  int origin = -1;
+  int numSeqs = 0;
+  int32_t rows = 0;
+  const int32_t* offsets = nullptr;
+  const int32_t* pos = nullptr;
+  const void* t0 = nullptr;
+  const void* t1 = nullptr;
+};
+
+// Packs rows into `out` (resized to fit).
+void packBlock(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos, int64_t rows,
+               const void* t0, const void* t1, size_t rowBytes, std::vector<char>* out);
+// Reads a block from `data` of `bytes`; checks that it is well formed.
+attnResult_t viewBlock(const char* data, size_t bytes, size_t rowBytes, int tensors, BlockView* v);
+
+}  // namespace attn

@@ -1,0 +1,63 @@
+// Collective algorithms written on the engine's point-to-point primitives.
+// One algorithm per file; each works on bytes laid out in blocks, so the
+// public entry points (src/core/api_coll.cc) and the attention collectives
+// can reuse them with any ring order and any block sizes.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/core/engine.h"
+
+namespace attn {
+
+// A block of a buffer, in bytes.
+struct Block {
+  size_t offset = 0;
+  size_t bytes = 0;
+};
+
+// A ring: ranks in ring order and this rank's position in it.
+struct Ring {
+  std::vector<int> ranks;
+  int pos = 0;
+  int size() const { return static_cast<int>(ranks.size()); }
+  int at(int i) const { int n = size(); return ranks[((i % n) + n) % n]; }
+  int next() const { return at(pos + 1); }
+  int prev() const { return at(pos - 1); }
+  static Ring identity(int rank, int nranks);
+};
+
+// Pipeline granularity for large messages (ATTN_CHUNK_SIZE, bytes).
+size_t chunkBytes(size_t elemSize);
+
+// Ring all-gather, in place: blocks[i] (ring position i) of `buf` holds this
+// rank's data at i == ring.pos; on return every block is filled.
+attnResult_t ringAllGatherv(Engine& e, const Ring& ring, char* buf,
+                            const std::vector<Block>& blocks, size_t chunk);
+
+// Ring reduce-scatter: `in` holds every block (by ring position); `out`
+// receives op over ranks of block ring.pos. `out` may alias that block of
+// `in`. elemSize-aligned blocks.
+attnResult_t ringReduceScatterv(Engine& e, const Ring& ring, const char* in, char* out,
+                                const std::vector<Block>& blocks, attnDataType_t type,
+                                attnRedOp_t op, size_t chunk);
+
+// Pipelined chain broadcast from ring position 0 along the ring. On the
+// root `buf` holds the data; elsewhere it receives it.
+attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes, size_t chunk);
+
+// Pairwise all-to-all: sendBlocks[p] goes to rank p, recvBlocks[p] comes
+// from rank p. Self block copied locally.
+attnResult_t pairwiseAllToAllv(Engine& e, const char* send, const std::vector<Block>& sendBlocks,
+                               char* recv, const std::vector<Block>& recvBlocks);
+
+// Dissemination barrier (ceil(log2 n) rounds of empty messages).
+attnResult_t disseminationBarrier(Engine& e);
+
+// Equal split of `count` elements into n blocks (the first count % n get one
+// more element), in bytes.
+std::vector<Block> splitEvenly(size_t count, int n, size_t elemSize);
+
+}  // namespace attn

@@ -1,0 +1,34 @@
+// ATTN_CHECK=1: before a collective, ranks all-gather a signature of the call
+// (operation, count, type, op, root, sequence number) and fail together on a
+// mismatch instead of exchanging mismatched buffers. The exchange itself is
+// fixed-size, so a mismatch can never make it hang or corrupt memory.
+#pragma once
+
+#include <cstdint>
+
+#include "attncomm.h"
+
+struct attnComm;
+
+namespace attn {
+
+enum class CollKind : uint32_t {
+  kAllGather = 1, kReduceScatter, kAllReduce, kBroadcast, kAllToAll, kAllToAllv, kBarrier,
+  kRingAttention
+};
+
+struct CollSignature {
+  uint32_t kind = 0;
+  int32_t datatype = -1;
+  int32_t op = -1;
+  int32_t root = -1;
+  uint64_t count = 0;  // per-rank count as the API names it (0 for alltoallv)
+  uint64_t seq = 0;
+};
+
+const char* collKindName(CollKind k);
+// Exchanges and compares signatures when the communicator checks them; also
+// advances the collective sequence number. Fails on every rank at once.
+attnResult_t checkSignature(attnComm* comm, const CollSignature& mine);
+
+}  // namespace attn

@@ -1,0 +1,196 @@
+// C API: the standard collectives. Each entry validates its arguments, then
+// dispatches a closure that checks the signature (ATTN_CHECK) and runs the
+// algorithm from src/coll/.
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/reduce.h"
+#include "src/coll/coll.h"
+#include "src/coll/signature.h"
+#include "src/core/api_call.h"
+#include "src/core/datatype.h"
+
+using namespace attn;
+
+namespace {
+
+attnResult_t checkCommon(attnComm* comm, attnDataType_t type, attnStream_t stream) {
+  ATTN_CHECK(checkCommUsable(comm));
+  ATTN_REQUIRE(validDataType(type), "invalid datatype %d", (int)type);
+  ATTN_REQUIRE(stream == nullptr,
+               "a host-memory communicator takes a NULL stream (got %p)", (void*)stream);
+  return attnSuccess;
+}
+
+attnResult_t checkBuffers(const void* send, const void* recv, size_t count) {
+  ATTN_REQUIRE(count == 0 || send != nullptr, "sendbuff is NULL with count %zu", count);
+  ATTN_REQUIRE(count == 0 || recv != nullptr, "recvbuff is NULL with count %zu", count);
+  return attnSuccess;
+}
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return an && bn && x < y + bn && y < x + an;
+}
+
+}  // namespace
+
+extern "C" {
+
+attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
+  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, sendcount)));
+  const size_t esz = dataTypeSize(datatype), bytes = sendcount * esz;
+  const int n = comm->nranks, me = comm->rank;
+  char* out = static_cast<char*>(recvbuff);
+  if (sendbuff != out + me * bytes && overlaps(sendbuff, bytes, out, bytes * n))
+    return call.finish(setError(attnInvalidArgument,
+                                "all-gather: sendbuff overlaps recvbuff but is not this rank's "
+                                "slot (in place needs sendbuff == recvbuff + rank*sendcount)"));
+  return call.finish(dispatch(comm, "AllGather", [=] {
+    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllGather, datatype, -1, -1, sendcount}));
+    if (sendbuff != out + me * bytes) std::memcpy(out + me * bytes, sendbuff, bytes);
+    std::vector<Block> blocks(n);
+    for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
+    return ringAllGatherv(*comm->engine, Ring::identity(me, n), out, blocks, chunkBytes(esz));
+  }));
+}
+
+attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               attnDataType_t datatype, attnRedOp_t op, attnComm_t comm,
+                               attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
+  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, recvcount)));
+  if (!validRedOp(op)) return call.finish(setError(attnInvalidArgument, "invalid reduction op %d", (int)op));
+  const size_t esz = dataTypeSize(datatype), bytes = recvcount * esz;
+  const int n = comm->nranks, me = comm->rank;
+  const char* in = static_cast<const char*>(sendbuff);
+  char* out = static_cast<char*>(recvbuff);
+  if (out != in + me * bytes && overlaps(in, bytes * n, out, bytes))
+    return call.finish(setError(attnInvalidArgument,
+                                "reduce-scatter: recvbuff overlaps sendbuff but is not this "
+                                "rank's block (in place needs recvbuff == sendbuff + rank*recvcount)"));
+  return call.finish(dispatch(comm, "ReduceScatter", [=] {
+    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kReduceScatter, datatype, op, -1, recvcount}));
+    std::vector<Block> blocks(n);
+    for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
+    ATTN_CHECK(ringReduceScatterv(*comm->engine, Ring::identity(me, n), in, out, blocks, datatype,
+                                  op == attnAvg ? attnSum : op, chunkBytes(esz)));
+    if (op == attnAvg) cpu::divideInPlace(out, recvcount, datatype, n);
+    return attnSuccess;
+  }));
+}
+
+attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           attnDataType_t datatype, attnRedOp_t op, attnComm_t comm,
+                           attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
+  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, count)));
+  if (!validRedOp(op)) return call.finish(setError(attnInvalidArgument, "invalid reduction op %d", (int)op));
+  const size_t esz = dataTypeSize(datatype);
+  if (sendbuff != recvbuff && overlaps(sendbuff, count * esz, recvbuff, count * esz))
+    return call.finish(setError(attnInvalidArgument, "all-reduce: buffers overlap partially"));
+  const int n = comm->nranks, me = comm->rank;
+  return call.finish(dispatch(comm, "AllReduce", [=] {
+    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
+    // Reduce-scatter into this rank's block of recvbuff, then all-gather.
+    std::vector<Block> blocks = splitEvenly(count, n, esz);
+    const char* in = static_cast<const char*>(sendbuff);
+    char* out = static_cast<char*>(recvbuff);
+    Ring ring = Ring::identity(me, n);
+    ATTN_CHECK(ringReduceScatterv(*comm->engine, ring, in, out + blocks[me].offset, blocks,
+                                  datatype, op == attnAvg ? attnSum : op, chunkBytes(esz)));
+    if (op == attnAvg) cpu::divideInPlace(out + blocks[me].offset, blocks[me].bytes / esz, datatype, n);
+    return ringAllGatherv(*comm->engine, ring, out, blocks, chunkBytes(esz));
+  }));
+}
+
+attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           attnDataType_t datatype, int root, attnComm_t comm,
+                           attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
+  if (root < 0 || root >= comm->nranks)
+    return call.finish(setError(attnInvalidArgument, "root %d is outside [0, %d)", root, comm->nranks));
+  ATTN_REQUIRE(count == 0 || recvbuff != nullptr, "recvbuff is NULL with count %zu", count);
+  if (comm->rank == root && count > 0 && sendbuff == nullptr)
+    return call.finish(setError(attnInvalidArgument, "sendbuff is NULL on the root"));
+  const size_t esz = dataTypeSize(datatype), bytes = count * esz;
+  const int n = comm->nranks, me = comm->rank;
+  return call.finish(dispatch(comm, "Broadcast", [=] {
+    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
+    char* buf = static_cast<char*>(recvbuff);
+    if (me == root && sendbuff != recvbuff) std::memmove(buf, sendbuff, bytes);
+    Ring ring;
+    ring.ranks.resize(n);
+    for (int i = 0; i < n; ++i) ring.ranks[i] = (root + i) % n;
+    ring.pos = (me - root + n) % n;
+    return chainBroadcast(*comm->engine, ring, buf, bytes, chunkBytes(esz) / 2);
+  }));
+}
+
+attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                          attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
+  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, count)));
+  const size_t esz = dataTypeSize(datatype), bytes = count * esz;
+  const int n = comm->nranks;
+  if (overlaps(sendbuff, bytes * n, recvbuff, bytes * n))
+    return call.finish(setError(attnInvalidArgument, "all-to-all cannot run in place: buffers overlap"));
+  return call.finish(dispatch(comm, "AllToAll", [=] {
+    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
+    std::vector<Block> blocks(n);
+    for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
+    return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), blocks,
+                             static_cast<char*>(recvbuff), blocks);
+  }));
+}
+
+attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                           void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                           attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
+  if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+    return call.finish(setError(attnInvalidArgument, "all-to-allv: a count or displacement array is NULL"));
+  const size_t esz = dataTypeSize(datatype);
+  const int n = comm->nranks;
+  std::vector<Block> sb(n), rb(n);
+  size_t sendTotal = 0, recvTotal = 0;
+  for (int p = 0; p < n; ++p) {
+    sb[p] = {sdispls[p] * esz, sendcounts[p] * esz};
+    rb[p] = {rdispls[p] * esz, recvcounts[p] * esz};
+    sendTotal += sendcounts[p];
+    recvTotal += recvcounts[p];
+  }
+  if ((sendTotal && !sendbuff) || (recvTotal && !recvbuff))
+    return call.finish(setError(attnInvalidArgument, "all-to-allv: NULL buffer with non-zero counts"));
+  for (int p = 0; p < n; ++p)
+    for (int q = p + 1; q < n; ++q)
+      if (overlaps((char*)recvbuff + rb[p].offset, rb[p].bytes, (char*)recvbuff + rb[q].offset, rb[q].bytes))
+        return call.finish(setError(attnInvalidArgument,
+                                    "all-to-allv: receive blocks of peers %d and %d overlap", p, q));
+  return call.finish(dispatch(comm, "AllToAllv", [=] {
+    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
+    return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), sb,
+                             static_cast<char*>(recvbuff), rb);
+  }));
+}
+
+attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (stream != nullptr)
+    return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
+  return call.finish(dispatch(comm, "Barrier", [=] {
+    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBarrier, -1, -1, -1, 0}));
+    return disseminationBarrier(*comm->engine);
+  }));
+}
+
+}  // extern "C"

@@ -1,0 +1,245 @@
+// C API: version, errors, communicator life cycle.
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "src/core/api_call.h"
+#include "src/core/bootstrap.h"
+#include "src/core/log.h"
+
+using namespace attn;
+
+namespace attn {
+
+attnResult_t checkCommUsable(attnComm* comm) {
+  ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
+  if (!comm->ready.load(std::memory_order_acquire)) {
+    if (comm->asyncError.load() != attnSuccess)
+      return setError(attnInvalidUsage, "communicator failed to initialise: %s",
+                      comm->lastError.c_str());
+    return setError(attnInvalidUsage, "communicator is still initialising (poll attnCommGetAsyncError)");
+  }
+  if (comm->abortFlag.load()) return setError(attnInvalidUsage, "communicator was aborted");
+  if (comm->engine->broken())
+    return setError(comm->engine->brokenResult(),
+                    "communicator is broken by an earlier failure; abort it (see attnGetLastError)");
+  return attnSuccess;
+}
+
+attnResult_t dispatch(attnComm* comm, const char* name, CommOp op) {
+  if (inGroup()) {
+    groupAddColl(comm, std::move(op));
+    return attnSuccess;
+  }
+  if (!comm->config.blocking) {
+    comm->executor->submit([comm, op = std::move(op)] {
+      ApiCall call(comm);
+      return call.finish(op());
+    });
+    return attnInProgress;
+  }
+  ATTN_TRACE(kLogColl, "%s", name);
+  return op();
+}
+
+}  // namespace attn
+
+namespace {
+
+thread_local std::string tlsErrorCopy;
+
+attnResult_t newComm(attnComm** out, int nranks, const attnUniqueId& id, int rank,
+                     const attnConfig_t* config, const CommConfig* inherit) {
+  ErrorContext ctx("rank " + std::to_string(rank));
+  clearThreadLastError();
+  ATTN_REQUIRE(out != nullptr, "comm output pointer is NULL");
+  *out = nullptr;
+  ATTN_REQUIRE(nranks >= 1, "nranks must be >= 1, got %d", nranks);
+  ATTN_REQUIRE(rank >= 0 && rank < nranks, "rank %d is outside [0, %d)", rank, nranks);
+  UniqueIdData decoded;
+  ATTN_CHECK(decodeUniqueId(id, &decoded));
+  auto comm = std::make_unique<attnComm>();
+  ATTN_CHECK(resolveConfig(config, inherit, &comm->config));
+  attnComm* c = comm.release();
+  c->prefix = "rank " + std::to_string(rank);
+  c->rank = rank;
+  c->nranks = nranks;
+  c->executor = std::make_unique<Executor>([c](attnResult_t r) {
+    if (r != attnSuccess) {
+      attnResult_t expected = attnSuccess;
+      c->asyncError.compare_exchange_strong(expected, r);
+    }
+  });
+  *out = c;
+  if (!c->config.blocking) {
+    c->executor->submit([c, id, nranks, rank] {
+      attnResult_t r = commInit(c, id, nranks, rank);
+      if (r != attnSuccess) c->recordError(threadLastError());
+      return r;
+    });
+    return attnInProgress;
+  }
+  attnResult_t r = commInit(c, id, nranks, rank);
+  if (r != attnSuccess) {
+    tlsErrorCopy = threadLastError();
+    commFree(c);
+    delete c;
+    *out = nullptr;
+    setError(r, "%s", tlsErrorCopy.c_str());
+  }
+  return r;
+}
+
+}  // namespace
+
+extern "C" {
+
+attnResult_t attnGetVersion(int* version) {
+  if (!version) return attnInvalidArgument;
+  *version = ATTN_VERSION_CODE;
+  return attnSuccess;
+}
+
+const char* attnGetErrorString(attnResult_t r) {
+  switch (r) {
+    case attnSuccess: return "no error";
+    case attnUnhandledCudaError: return "unhandled cuda error";
+    case attnSystemError: return "unhandled system error (socket, shared memory, ...)";
+    case attnInternalError: return "internal error - please report this issue";
+    case attnInvalidArgument: return "invalid argument";
+    case attnInvalidUsage: return "invalid usage";
+    case attnRemoteError: return "remote process exited or there was a network error";
+    case attnInProgress: return "operation in progress";
+    case attnTimeout: return "operation timed out";
+    case attnNotSupported: return "not supported";
+    default: return "unknown result code";
+  }
+}
+
+const char* attnGetLastError(attnComm_t comm) {
+  if (comm == nullptr) {
+    tlsErrorCopy = threadLastError();
+    return tlsErrorCopy.c_str();
+  }
+  std::lock_guard<std::mutex> g(comm->errMu);
+  tlsErrorCopy = comm->lastError;
+  return tlsErrorCopy.c_str();
+}
+
+attnResult_t attnGetUniqueId(attnUniqueId* uniqueId) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(uniqueId != nullptr, "uniqueId is NULL");
+  return bootstrapCreateRoot(uniqueId);
+}
+
+attnResult_t attnCommInitRank(attnComm_t* comm, int nranks, attnUniqueId commId, int rank) {
+  return newComm(comm, nranks, commId, rank, nullptr, nullptr);
+}
+
+attnResult_t attnCommInitRankConfig(attnComm_t* comm, int nranks, attnUniqueId commId, int rank,
+                                    attnConfig_t* config) {
+  return newComm(comm, nranks, commId, rank, config, nullptr);
+}
+
+attnResult_t attnCommInitAll(attnComm_t* comms, int ndev, const int* devlist) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(comms != nullptr, "comms is NULL");
+  ATTN_REQUIRE(ndev >= 1, "ndev must be >= 1, got %d", ndev);
+  if (devlist != nullptr)
+    for (int i = 0; i < ndev; ++i)
+      if (devlist[i] != ATTN_DEVICE_HOST)
+        return setError(attnNotSupported,
+                        "devlist[%d]=%d: device ranks need the CUDA path, which this build "
+                        "does not provide; pass NULL for host ranks", i, devlist[i]);
+  attnUniqueId id;
+  ATTN_CHECK(bootstrapCreateRoot(&id));
+  std::vector<attnResult_t> results(ndev, attnSuccess);
+  std::vector<std::string> errors(ndev);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < ndev; ++i)
+    threads.emplace_back([&, i] {
+      results[i] = attnCommInitRank(&comms[i], ndev, id, i);
+      if (results[i] != attnSuccess) errors[i] = threadLastError();
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < ndev; ++i)
+    if (results[i] != attnSuccess) {
+      for (int j = 0; j < ndev; ++j)
+        if (comms[j]) {
+          attnCommAbort(comms[j]);
+          comms[j] = nullptr;
+        }
+      return setError(results[i], "%s", errors[i].c_str());
+    }
+  return attnSuccess;
+}
+
+attnResult_t attnCommDestroy(attnComm_t comm) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
+  commFree(comm);
+  delete comm;
+  return attnSuccess;
+}
+
+attnResult_t attnCommAbort(attnComm_t comm) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  if (comm == nullptr) return attnSuccess;
+  comm->abortFlag.store(true);
+  if (comm->bootstrap) comm->bootstrap->close();
+  // Wait for calls blocked in other threads to notice the flag and leave.
+  while (comm->activeCalls.load(std::memory_order_acquire) > 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  if (comm->executor) {
+    comm->executor->drain();  // queued work fails fast on the flag
+  }
+  if (comm->engine) comm->engine->breakWith(attnRemoteError, "communicator aborted");
+  commFree(comm);
+  delete comm;
+  return attnSuccess;
+}
+
+attnResult_t attnCommGetAsyncError(attnComm_t comm, attnResult_t* asyncError) {
+  ErrorContext ctx("-");
+  ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
+  ATTN_REQUIRE(asyncError != nullptr, "asyncError is NULL");
+  attnResult_t e = comm->asyncError.load();
+  if (e == attnSuccess && comm->engine && comm->engine->broken()) e = comm->engine->brokenResult();
+  if (e == attnSuccess && comm->executor && comm->executor->busy()) e = attnInProgress;
+  *asyncError = e;
+  return attnSuccess;
+}
+
+attnResult_t attnCommCount(const attnComm_t comm, int* count) {
+  ErrorContext ctx("-");
+  ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
+  ATTN_REQUIRE(count != nullptr, "count is NULL");
+  ATTN_REQUIRE(comm->ready.load() || comm->nranks > 0, "communicator is still initialising");
+  *count = comm->nranks;
+  return attnSuccess;
+}
+
+attnResult_t attnCommUserRank(const attnComm_t comm, int* rank) {
+  ErrorContext ctx("-");
+  ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
+  ATTN_REQUIRE(rank != nullptr, "rank is NULL");
+  ATTN_REQUIRE(comm->ready.load() || comm->nranks > 0, "communicator is still initialising");
+  *rank = comm->rank;
+  return attnSuccess;
+}
+
+}  // extern "C"
+
+namespace attn {
+// For attnCommSplit and attnCommInitFromEnv (api_split.cc, api_env.cc).
+attnResult_t newCommInternal(attnComm** out, int nranks, const attnUniqueId& id, int rank,
+                             const attnConfig_t* config, const CommConfig* inherit) {
+  return newComm(out, nranks, id, rank, config, inherit);
+}
+}  // namespace attn

@@ -1,0 +1,66 @@
+// attnCommSplit: ranks of one color form a new communicator, ordered by key
+// then by old rank. The lowest member of each color creates the new unique id
+// and it reaches the others through an all-gather on the parent.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "src/coll/coll.h"
+#include "src/core/api_call.h"
+
+namespace attn {
+attnResult_t newCommInternal(attnComm** out, int nranks, const attnUniqueId& id, int rank,
+                             const attnConfig_t* config, const CommConfig* inherit);
+}
+
+using namespace attn;
+
+namespace {
+struct SplitCard {
+  int32_t color;
+  int32_t key;
+  attnUniqueId id;  // filled by the leader of each color
+};
+}  // namespace
+
+extern "C" attnResult_t attnCommSplit(attnComm_t comm, int color, int key, attnComm_t* newcomm,
+                                      attnConfig_t* config) {
+  ApiCall call(comm);
+  ATTN_REQUIRE(newcomm != nullptr, "newcomm is NULL");
+  *newcomm = nullptr;
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  ATTN_REQUIRE(color >= 0 || color == ATTN_SPLIT_NOCOLOR,
+               "color must be >= 0 or ATTN_SPLIT_NOCOLOR, got %d", color);
+  if (inGroup()) return call.finish(setError(attnInvalidUsage, "attnCommSplit inside a group"));
+  const int n = comm->nranks, me = comm->rank;
+  Engine& e = *comm->engine;
+  Ring ring = Ring::identity(me, n);
+
+  // Round 1: colors and keys.
+  std::vector<SplitCard> cards(n);
+  std::memset(cards.data(), 0, sizeof(SplitCard) * n);
+  cards[me].color = color;
+  cards[me].key = key;
+  std::vector<Block> blocks(n);
+  for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(SplitCard), sizeof(SplitCard)};
+  ATTN_CHECK(call.finish(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
+                                        chunkBytes(1))));
+  std::vector<int> members;
+  for (int r = 0; r < n; ++r)
+    if (color != ATTN_SPLIT_NOCOLOR && cards[r].color == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return cards[a].key != cards[b].key ? cards[a].key < cards[b].key : a < b;
+  });
+  const bool leader = !members.empty() && *std::min_element(members.begin(), members.end()) == me;
+
+  // Round 2: each color's leader publishes the new id.
+  if (leader) ATTN_CHECK(call.finish(bootstrapCreateRoot(&cards[me].id)));
+  ATTN_CHECK(call.finish(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
+                                        chunkBytes(1))));
+  if (color == ATTN_SPLIT_NOCOLOR) return attnSuccess;
+  const int leaderRank = *std::min_element(members.begin(), members.end());
+  const int newRank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  attnResult_t r = newCommInternal(newcomm, static_cast<int>(members.size()), cards[leaderRank].id,
+                                   newRank, config, config ? nullptr : &comm->config);
+  return call.finish(r);
+}

@@ -1,0 +1,141 @@
+#include "src/core/comm.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "src/core/error.h"
+#include "src/core/host_identity.h"
+#include "src/core/log.h"
+
+namespace attn {
+namespace {
+
+// What each rank publishes at init (all-gathered over the bootstrap).
+struct RankCard {
+  PeerInfo info;
+  uint32_t transportMask;
+  uint32_t version;
+};
+
+// Transports in the order every rank connects them.
+struct TransportSlot {
+  uint32_t bit;
+  std::unique_ptr<Transport> (*create)();
+};
+const TransportSlot kTransportSlots[] = {
+    {kTransportShm, &createShmTransport},
+    {kTransportTcp, &createTcpTransport},
+};
+
+}  // namespace
+
+bool sameHost(const attnComm* comm, int peer) {
+  return comm->peers[peer].hostHash == comm->peers[comm->rank].hostHash;
+}
+
+attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int rank) {
+  comm->rank = rank;
+  comm->nranks = nranks;
+  comm->id = id;
+  const std::string host = hostIdentity();
+  comm->prefix = "rank " + std::to_string(rank) + " (host " + host.substr(0, host.find('/')) +
+                 ", pid " + std::to_string(getpid()) + ")";
+  ErrorContext ctx(comm->prefix);
+
+  ATTN_CHECK(Bootstrap::create(id, rank, nranks, comm->config.timeoutMs, &comm->abortFlag,
+                               &comm->bootstrap));
+
+  std::vector<RankCard> cards(nranks);
+  RankCard& me = cards[rank];
+  me = RankCard{};
+  me.info.rank = rank;
+  me.info.pid = getpid();
+  std::strncpy(me.info.hostId, host.c_str(), sizeof(me.info.hostId) - 1);
+  me.info.hostHash = hash64(host.data(), host.size());
+  me.info.commHash = hash64(&id, sizeof(id));
+  me.transportMask = comm->config.transports;
+  me.version = ATTN_VERSION_CODE;
+  ATTN_CHECK(comm->bootstrap->allGather(cards.data(), sizeof(RankCard)));
+
+  uint32_t mask = ~0u;
+  comm->peers.resize(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    if (cards[r].version != ATTN_VERSION_CODE)
+      return setError(attnInvalidUsage, "rank %d runs attncomm version %u, this rank %u",
+                      r, cards[r].version, (unsigned)ATTN_VERSION_CODE);
+    if (cards[r].info.commHash != me.info.commHash)
+      return setError(attnInvalidUsage, "rank %d joined with another unique id", r);
+    comm->peers[r] = cards[r].info;
+    mask &= cards[r].transportMask;
+  }
+
+  // Choose one transport per peer: shared memory on the same host, else TCP.
+  std::vector<int> slotOfPeer(nranks, -1);
+  std::vector<std::vector<int>> peersOfSlot(std::size(kTransportSlots));
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    int chosen = -1;
+    for (size_t s = 0; s < std::size(kTransportSlots); ++s) {
+      uint32_t bit = kTransportSlots[s].bit;
+      if (!(mask & bit)) continue;
+      if (bit == kTransportShm && !sameHost(comm, p)) continue;
+      chosen = static_cast<int>(s);
+      break;
+    }
+    if (chosen < 0)
+      return setError(attnInvalidUsage,
+                      "no allowed transport reaches peer %d (allowed on all ranks: %s; peer on %s)",
+                      p, transportListString(mask).c_str(),
+                      sameHost(comm, p) ? "this host" : "another host");
+    slotOfPeer[p] = chosen;
+    peersOfSlot[chosen].push_back(p);
+  }
+
+  TransportContext tctx;
+  tctx.rank = rank;
+  tctx.nranks = nranks;
+  tctx.bootstrap = comm->bootstrap.get();
+  tctx.peers = comm->peers.data();
+  tctx.timeoutMs = comm->config.timeoutMs;
+  tctx.abortFlag = &comm->abortFlag;
+
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::unique_ptr<Connection>> conns(nranks);
+  std::vector<int> transportOfPeer(nranks, -1);
+  for (size_t s = 0; s < std::size(kTransportSlots); ++s) {
+    if (!(mask & kTransportSlots[s].bit)) continue;  // the same on every rank
+    auto t = kTransportSlots[s].create();
+    std::vector<std::unique_ptr<Connection>> made;
+    ATTN_CHECK(t->connect(tctx, peersOfSlot[s], &made));
+    if (made.size() != peersOfSlot[s].size())
+      return setError(attnInternalError, "transport %s made %zu connections for %zu peers",
+                      t->name(), made.size(), peersOfSlot[s].size());
+    for (size_t i = 0; i < made.size(); ++i) {
+      int p = peersOfSlot[s][i];
+      conns[p] = std::move(made[i]);
+      transportOfPeer[p] = static_cast<int>(transports.size());
+    }
+    ATTN_INFO(kLogInit, "transport %s: %zu peer(s)", t->name(), peersOfSlot[s].size());
+    transports.push_back(std::move(t));
+  }
+
+  comm->engine = std::make_unique<Engine>(rank, nranks, comm->config.timeoutMs, &comm->abortFlag);
+  comm->engine->attach(std::move(transports), std::move(conns), std::move(transportOfPeer));
+  ATTN_CHECK(comm->bootstrap->barrier());
+  ATTN_INFO(kLogInit, "communicator ready: rank %d of %d, transports %s, timeout %d ms%s",
+            rank, nranks, transportListString(mask).c_str(), comm->config.timeoutMs,
+            comm->config.checkSignatures ? ", signature checks on" : "");
+  comm->ready.store(true, std::memory_order_release);
+  return attnSuccess;
+}
+
+void commFree(attnComm* comm) {
+  comm->executor.reset();  // runs what is queued first
+  if (comm->engine) comm->engine->closeAll();
+  comm->engine.reset();
+  if (comm->bootstrap) comm->bootstrap->close();
+  comm->bootstrap.reset();
+}
+
+}  // namespace attn

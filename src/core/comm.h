@@ -1,0 +1,69 @@
+// The communicator object behind attnComm_t.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/core/bootstrap.h"
+#include "src/core/config.h"
+#include "src/core/engine.h"
+#include "src/core/executor.h"
+#include "src/core/transport.h"
+
+namespace attn { struct AttnState; }
+
+struct attnComm {
+  int rank = -1;
+  int nranks = 0;
+  attn::CommConfig config;
+  attnUniqueId id{};
+  std::string prefix;  // "rank 2 (host h, pid p)" for messages
+
+  std::unique_ptr<attn::Bootstrap> bootstrap;
+  std::vector<attn::PeerInfo> peers;
+  std::unique_ptr<attn::Engine> engine;
+
+  std::atomic<bool> abortFlag{false};
+  std::atomic<bool> ready{false};
+  std::atomic<int> activeCalls{0};  // API calls inside this comm (abort waits)
+  uint64_t collSeq = 0;             // collectives issued (signature checks)
+
+  // Non-blocking communicators run their operations here.
+  std::unique_ptr<attn::Executor> executor;
+  std::atomic<attnResult_t> asyncError{attnSuccess};
+
+  // Attention collectives' state (src/attn), made on first use.
+  std::shared_ptr<attn::AttnState> attnState;
+
+  std::mutex errMu;
+  std::string lastError;
+
+  void recordError(const std::string& text) {
+    std::lock_guard<std::mutex> g(errMu);
+    lastError = text;
+  }
+};
+
+namespace attn {
+struct AttnState;
+}
+
+namespace attn {
+
+// Joins the communicator: bootstrap, peer exchange, transport selection and
+// connection. Fills comm; collective over the ranks.
+attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int rank);
+// Releases every resource (connections, bootstrap, executor).
+void commFree(attnComm* comm);
+// Same host as peer?
+bool sameHost(const attnComm* comm, int peer);
+
+}  // namespace attn

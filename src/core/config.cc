@@ -1,0 +1,82 @@
+#include "src/core/config.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "src/core/env.h"
+#include "src/core/error.h"
+
+namespace attn {
+
+attnResult_t parseTransportList(const std::string& list, uint32_t* mask) {
+  uint32_t m = 0;
+  std::stringstream ss(list);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) {
+    if (tok == "shm") m |= kTransportShm;
+    else if (tok == "tcp") m |= kTransportTcp;
+    else if (tok.empty()) continue;
+    else
+      return setError(attnInvalidArgument,
+                      "unknown transport \"%s\" in \"%s\" (known: shm, tcp)",
+                      tok.c_str(), list.c_str());
+  }
+  if (m == 0) return setError(attnInvalidArgument, "transport list \"%s\" names no transport", list.c_str());
+  *mask = m;
+  return attnSuccess;
+}
+
+std::string transportListString(uint32_t mask) {
+  std::string s;
+  if (mask & kTransportShm) s += "shm";
+  if (mask & kTransportTcp) s += s.empty() ? "tcp" : ",tcp";
+  return s;
+}
+
+attnResult_t resolveConfig(const attnConfig_t* user, const CommConfig* inherit,
+                           CommConfig* out) {
+  CommConfig c;
+  if (inherit) {
+    c = *inherit;
+  } else {
+    c.blocking = envBool("ATTN_COMM_BLOCKING", true);
+    c.timeoutMs = static_cast<int>(envInt("ATTN_TIMEOUT_MS", 300000));
+    if (c.timeoutMs < 0)
+      return setError(attnInvalidArgument, "ATTN_TIMEOUT_MS=%d must be >= 0", c.timeoutMs);
+    if (auto t = envString("ATTN_TRANSPORT")) ATTN_CHECK(parseTransportList(*t, &c.transports));
+    c.checkSignatures = envBool("ATTN_CHECK", false);
+  }
+  if (user) {
+    ATTN_REQUIRE(user->magic == ATTN_CONFIG_MAGIC,
+                 "attnConfig_t not initialised: start from ATTN_CONFIG_INITIALIZER (magic 0x%x)",
+                 user->magic);
+    // Older callers pass a smaller struct: read only the fields they have.
+    ATTN_REQUIRE(user->size >= offsetof(attnConfig_t, device) + sizeof(int),
+                 "attnConfig_t size %zu is too small", user->size);
+    if (user->blocking != ATTN_CONFIG_UNDEF_INT) {
+      ATTN_REQUIRE(user->blocking == 0 || user->blocking == 1,
+                   "config.blocking must be 0 or 1, got %d", user->blocking);
+      c.blocking = user->blocking == 1;
+    }
+    if (user->timeout_ms != ATTN_CONFIG_UNDEF_INT) {
+      ATTN_REQUIRE(user->timeout_ms >= 0, "config.timeout_ms must be >= 0, got %d", user->timeout_ms);
+      c.timeoutMs = user->timeout_ms;
+    }
+    if (user->transports != nullptr) ATTN_CHECK(parseTransportList(user->transports, &c.transports));
+    if (user->device != ATTN_CONFIG_UNDEF_INT) {
+      ATTN_REQUIRE(user->device >= ATTN_DEVICE_HOST, "config.device %d is invalid", user->device);
+      c.device = user->device;
+    }
+    if (user->size >= offsetof(attnConfig_t, comm_name) + sizeof(const char*) && user->comm_name)
+      c.name = user->comm_name;
+  }
+  if (c.device != ATTN_DEVICE_HOST)
+    return setError(attnNotSupported,
+                    "config.device=%d: device communicators need the CUDA path, "
+                    "which this build does not provide; use ATTN_DEVICE_HOST",
+                    c.device);
+  *out = c;
+  return attnSuccess;
+}
+
+}  // namespace attn

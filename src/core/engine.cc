@@ -1,0 +1,198 @@
+#include "src/core/engine.h"
+
+#include <sched.h>
+
+#include <thread>
+
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace attn {
+
+namespace {
+constexpr int kSpinsBeforeSleep = 200;
+constexpr int kSleepSliceUs = 1000;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
+Engine::Engine(int rank, int nranks, int timeoutMs, const std::atomic<bool>* abortFlag)
+    : rank_(rank), nranks_(nranks), timeoutMs_(timeoutMs), abortFlag_(abortFlag) {}
+
+Engine::~Engine() { closeAll(); }
+
+void Engine::attach(std::vector<std::unique_ptr<Transport>> transports,
+                    std::vector<std::unique_ptr<Connection>> conns,
+                    std::vector<int> transportOfPeer) {
+  std::lock_guard<std::mutex> g(mu_);
+  transports_ = std::move(transports);
+  conns_ = std::move(conns);
+  transportOfPeer_ = std::move(transportOfPeer);
+}
+
+const char* Engine::transportName(int peer) const {
+  if (peer < 0 || peer >= (int)transportOfPeer_.size() || transportOfPeer_[peer] < 0) return "self";
+  return transports_[transportOfPeer_[peer]]->name();
+}
+
+attnResult_t Engine::isend(int peer, const void* buf, size_t bytes, Request* req) {
+  if (broken()) return setError(brokenCode_, "%s", brokenWhy_.c_str());
+  std::lock_guard<std::mutex> g(mu_);
+  if (peer < 0 || peer >= nranks_ || !conns_[peer])
+    return setError(attnInternalError, "send to invalid peer %d", peer);
+  ATTN_TRACE(kLogP2p, "isend peer %d bytes %zu via %s", peer, bytes, transportName(peer));
+  return conns_[peer]->postSend(buf, bytes, req);
+}
+
+attnResult_t Engine::irecv(int peer, void* buf, size_t capacity, Request* req) {
+  if (broken()) return setError(brokenCode_, "%s", brokenWhy_.c_str());
+  std::lock_guard<std::mutex> g(mu_);
+  if (peer < 0 || peer >= nranks_ || !conns_[peer])
+    return setError(attnInternalError, "receive from invalid peer %d", peer);
+  ATTN_TRACE(kLogP2p, "irecv peer %d capacity %zu via %s", peer, capacity, transportName(peer));
+  return conns_[peer]->postRecv(buf, capacity, req);
+}
+
+attnResult_t Engine::progress(bool* progressed) {
+  *progressed = false;
+  if (broken()) return setError(brokenCode_, "%s", brokenWhy_.c_str());
+  std::unique_lock<std::mutex> g(mu_);
+  for (auto& c : conns_) {
+    if (!c || c->idle()) continue;
+    bool p = false;
+    attnResult_t r = c->progress(&p);
+    *progressed |= p;
+    if (r != attnSuccess) {
+      std::string why = threadLastError();
+      if (why.empty()) why = "connection to peer " + std::to_string(c->peer()) + " failed";
+      g.unlock();
+      breakWith(r, why);
+      return r;
+    }
+  }
+  return attnSuccess;
+}
+
+void Engine::breakWith(attnResult_t code, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (broken_.load()) return;
+    brokenCode_ = code;
+    brokenWhy_ = why;
+    broken_.store(true, std::memory_order_release);
+  }
+  ATTN_WARN(kLogProxy, "communicator broken: %s; closing all connections", why.c_str());
+  closeAll();
+}
+
+void Engine::closeAll() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& c : conns_)
+    if (c) c->close();
+}
+
+attnResult_t Engine::checkRequest(Request* req) {
+  int s = req->state.load(std::memory_order_acquire);
+  if (s == Request::kFailed) {
+    attnResult_t code = req->error == attnSuccess ? attnRemoteError : req->error;
+    setError(code, "%s", req->message.c_str());
+    if (!broken()) breakWith(code, threadLastError());
+    return code;
+  }
+  return attnSuccess;
+}
+
+attnResult_t Engine::timeoutError() {
+  std::string pending;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& c : conns_)
+      if (c && !c->idle()) pending += (pending.empty() ? "" : ", ") + std::to_string(c->peer());
+  }
+  attnResult_t r = setError(attnTimeout, "no progress for %d ms; waiting on peer(s) %s",
+                            timeoutMs_, pending.empty() ? "?" : pending.c_str());
+  breakWith(attnTimeout, threadLastError());
+  return r;
+}
+
+attnResult_t Engine::idleWait(int* spins, std::chrono::steady_clock::time_point* lastProgress) {
+  if (abortFlag_ && abortFlag_->load(std::memory_order_relaxed)) {
+    attnResult_t r = setError(attnRemoteError, "communicator aborted");
+    breakWith(attnRemoteError, threadLastError());
+    return r;
+  }
+  if (++*spins < kSpinsBeforeSleep) {
+    cpuRelax();
+    if ((*spins & 31) == 0) sched_yield();
+    return attnSuccess;
+  }
+  auto now = std::chrono::steady_clock::now();
+  if (timeoutMs_ > 0 && now - *lastProgress > std::chrono::milliseconds(timeoutMs_))
+    return timeoutError();
+  // Sleep in the transport that has work, so a peer's doorbell wakes us.
+  std::vector<Transport*> busy;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t p = 0; p < conns_.size(); ++p)
+      if (conns_[p] && !conns_[p]->idle()) {
+        Transport* t = transports_[transportOfPeer_[p]].get();
+        bool seen = false;
+        for (Transport* b : busy) seen |= b == t;
+        if (!seen) busy.push_back(t);
+      }
+  }
+  if (busy.empty()) {
+    std::this_thread::yield();
+  } else {
+    int slice = busy.size() == 1 ? kSleepSliceUs : 100;
+    for (Transport* t : busy) t->waitForActivity(slice);
+  }
+  return attnSuccess;
+}
+
+bool Engine::busy() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& c : conns_)
+    if (c && !c->idle()) return true;
+  return false;
+}
+
+attnResult_t Engine::progressOrSleep(int waitUs, bool* progressed) {
+  ATTN_CHECK(progress(progressed));
+  if (*progressed) return attnSuccess;
+  std::lock_guard<std::mutex> g(mu_);
+  Transport* busyT = nullptr;
+  for (size_t p = 0; p < conns_.size() && !busyT; ++p)
+    if (conns_[p] && !conns_[p]->idle()) busyT = transports_[transportOfPeer_[p]].get();
+  if (busyT) busyT->waitForActivity(waitUs);
+  return attnSuccess;
+}
+
+attnResult_t Engine::wait(Request* req) { return waitAll(req, 1); }
+
+attnResult_t Engine::waitAll(Request* reqs, size_t n) {
+  int spins = 0;
+  auto lastProgress = std::chrono::steady_clock::now();
+  size_t first = 0;
+  for (;;) {
+    while (first < n && !reqs[first].pending()) {
+      ATTN_CHECK(checkRequest(&reqs[first]));
+      ++first;
+    }
+    if (first == n) return attnSuccess;
+    bool progressed = false;
+    ATTN_CHECK(progress(&progressed));
+    if (progressed) {
+      spins = 0;
+      lastProgress = std::chrono::steady_clock::now();
+    } else {
+      ATTN_CHECK(idleWait(&spins, &lastProgress));
+    }
+  }
+}
+
+}  // namespace attn

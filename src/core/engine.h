@@ -1,0 +1,85 @@
+// The progress engine of one communicator: posts point-to-point operations on
+// the per-peer connections and drives them to completion.
+//
+// Waiting threads drive progress themselves (spin briefly, then sleep in the
+// transports' waitForActivity). A background thread may drive it too (the
+// attention collectives do, to overlap communication with compute); a mutex
+// serialises every touch of the connections.
+//
+// On the first failure the engine breaks: it records the error, closes every
+// connection (so peers blocked on this rank fail fast instead of timing
+// out), and every later operation fails with the same cause.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "src/core/transport.h"
+
+namespace attn {
+
+class Engine {
+ public:
+  Engine(int rank, int nranks, int timeoutMs, const std::atomic<bool>* abortFlag);
+  ~Engine();
+
+  // Takes ownership of the transports and of the connection to each peer
+  // (conns[rank] is null: self is handled by the callers with memcpy).
+  void attach(std::vector<std::unique_ptr<Transport>> transports,
+              std::vector<std::unique_ptr<Connection>> conns,
+              std::vector<int> transportOfPeer);
+
+  int rank() const { return rank_; }
+  int timeoutMs() const { return timeoutMs_; }
+  bool aborted() const { return abortFlag_ && abortFlag_->load(std::memory_order_relaxed); }
+  int nranks() const { return nranks_; }
+  const char* transportName(int peer) const;
+
+  attnResult_t isend(int peer, const void* buf, size_t bytes, Request* req);
+  attnResult_t irecv(int peer, void* buf, size_t capacity, Request* req);
+
+  // One pass over the busy connections; *progressed when anything moved.
+  attnResult_t progress(bool* progressed);
+
+  // Blocks until `req` completes; returns its result. Fails with attnTimeout
+  // when nothing moved for the timeout, attnRemoteError on abort.
+  attnResult_t wait(Request* req);
+  attnResult_t waitAll(Request* reqs, size_t n);
+  // Sleeps until activity may have happened (after spinning a little).
+  // `idleSince` tracks the time of the last progress for the timeout check.
+  attnResult_t idleWait(int* spins, std::chrono::steady_clock::time_point* lastProgress);
+
+  // Any connection with queued operations?
+  bool busy();
+  // For a background driver: one progress pass, and if nothing moved, a
+  // sleep of at most waitUs in the busy transports (under the lock, so
+  // posts from other threads wait at most that long).
+  attnResult_t progressOrSleep(int waitUs, bool* progressed);
+
+  // Broken: first failure's code and text.
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  attnResult_t brokenResult() const { return brokenCode_; }
+  // Marks the engine broken with `code` and closes every connection.
+  void breakWith(attnResult_t code, const std::string& why);
+  void closeAll();
+
+ private:
+  attnResult_t checkRequest(Request* req);
+  attnResult_t timeoutError();
+
+  int rank_, nranks_, timeoutMs_;
+  const std::atomic<bool>* abortFlag_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::unique_ptr<Connection>> conns_;
+  std::vector<int> transportOfPeer_;
+  std::atomic<bool> broken_{false};
+  attnResult_t brokenCode_ = attnSuccess;
+  std::string brokenWhy_;
+};
+
+}  // namespace attn

@@ -1,0 +1,138 @@
+// attnGroupStart / attnGroupEnd: operations issued in between are queued per
+// communicator and run at the outermost attnGroupEnd. Point-to-point
+// operations of one communicator are all posted before any is waited for, so
+// any send/recv order works; several communicators run side by side (one
+// thread each), like NCCL's single-thread multi-rank groups.
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "src/core/api_call.h"
+#include "src/core/log.h"
+
+namespace attn {
+namespace {
+
+struct CommWork {
+  attnComm* comm;
+  std::vector<P2pOp> p2p;
+  std::vector<CommOp> colls;
+};
+
+struct GroupState {
+  int depth = 0;
+  std::vector<CommWork> work;
+  CommWork& of(attnComm* comm) {
+    for (auto& w : work)
+      if (w.comm == comm) return w;
+    work.push_back({comm, {}, {}});
+    return work.back();
+  }
+};
+thread_local GroupState tlsGroup;
+
+// Self sends and receives of a group pair up in order, by memcpy.
+attnResult_t matchSelf(const std::vector<P2pOp>& ops, int self) {
+  std::vector<const P2pOp*> sends, recvs;
+  for (const auto& op : ops)
+    if (op.peer == self) (op.isSend ? sends : recvs).push_back(&op);
+  if (sends.size() != recvs.size())
+    return setError(attnInvalidUsage, "group has %zu send(s) to self but %zu receive(s) from self",
+                    sends.size(), recvs.size());
+  for (size_t i = 0; i < sends.size(); ++i) {
+    if (sends[i]->bytes != recvs[i]->bytes)
+      return setError(attnInvalidUsage, "send to self of %zu bytes met a receive of %zu bytes",
+                      sends[i]->bytes, recvs[i]->bytes);
+    std::memmove(recvs[i]->buf, sends[i]->buf, sends[i]->bytes);
+  }
+  return attnSuccess;
+}
+
+attnResult_t runP2p(attnComm* comm, const std::vector<P2pOp>& ops) {
+  Engine& e = *comm->engine;
+  std::unique_ptr<Request[]> reqs(new Request[ops.size() + 1]);
+  size_t posted = 0;
+  attnResult_t r = attnSuccess;
+  for (size_t i = 0; i < ops.size() && r == attnSuccess; ++i) {
+    const P2pOp& op = ops[i];
+    if (op.peer == comm->rank) {
+      reqs[i].complete(op.bytes);
+      continue;
+    }
+    r = op.isSend ? e.isend(op.peer, op.buf, op.bytes, &reqs[i])
+                  : e.irecv(op.peer, op.buf, op.bytes, &reqs[i]);
+    posted = i + 1;
+  }
+  if (r != attnSuccess) {
+    e.breakWith(r, threadLastError());  // posted requests must not outlive reqs
+    return r;
+  }
+  (void)posted;
+  ATTN_CHECK(matchSelf(ops, comm->rank));
+  ATTN_CHECK(e.waitAll(reqs.get(), ops.size()));
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!ops[i].isSend && reqs[i].bytes != ops[i].bytes)
+      return setError(attnInvalidUsage, "receive from peer %d expected %zu bytes but %zu arrived",
+                      ops[i].peer, ops[i].bytes, reqs[i].bytes);
+  return attnSuccess;
+}
+
+attnResult_t runWork(CommWork& w) {
+  ApiCall call(w.comm);
+  attnResult_t r = attnSuccess;
+  if (!w.p2p.empty()) r = runP2p(w.comm, w.p2p);
+  for (auto& c : w.colls) {
+    if (r != attnSuccess) break;
+    r = c();
+  }
+  return call.finish(r);
+}
+
+}  // namespace
+
+bool inGroup() { return tlsGroup.depth > 0; }
+void groupAddP2p(attnComm* comm, const P2pOp& op) { tlsGroup.of(comm).p2p.push_back(op); }
+void groupAddColl(attnComm* comm, CommOp op) { tlsGroup.of(comm).colls.push_back(std::move(op)); }
+
+}  // namespace attn
+
+using namespace attn;
+
+extern "C" attnResult_t attnGroupStart(void) {
+  ++tlsGroup.depth;
+  return attnSuccess;
+}
+
+extern "C" attnResult_t attnGroupEnd(void) {
+  if (tlsGroup.depth == 0) {
+    ErrorContext ctx("-");
+    return setError(attnInvalidUsage, "attnGroupEnd without attnGroupStart");
+  }
+  if (--tlsGroup.depth > 0) return attnSuccess;
+  std::vector<CommWork> work = std::move(tlsGroup.work);
+  tlsGroup.work.clear();
+  if (work.empty()) return attnSuccess;
+  // Non-blocking communicators take their share on their executor.
+  bool async = false;
+  for (auto& w : work)
+    if (!w.comm->config.blocking) async = true;
+  if (async) {
+    if (work.size() > 1) {
+      ErrorContext ctx(work[0].comm->prefix);
+      return setError(attnInvalidUsage,
+                      "a group over several non-blocking communicators is not supported");
+    }
+    auto shared = std::make_shared<CommWork>(std::move(work[0]));
+    shared->comm->executor->submit([shared] { return runWork(*shared); });
+    return attnInProgress;
+  }
+  if (work.size() == 1) return runWork(work[0]);
+  std::vector<attnResult_t> results(work.size(), attnSuccess);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < work.size(); ++i)
+    threads.emplace_back([&, i] { results[i] = runWork(work[i]); });
+  for (auto& t : threads) t.join();
+  for (attnResult_t r : results)
+    if (r != attnSuccess) return r;
+  return attnSuccess;
+}
