@@ -1,0 +1,280 @@
+#include "perf/attn/attn_bench.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/reference_attention.h"
+#include "perf/timing.h"
+#include "src/attn/attn_state.h"
+#include "src/core/comm.h"
+
+namespace attnperf {
+namespace {
+
+// Uniform in [-1, 1) from (seed, tensor, element): rows can be made anywhere.
+float gen(uint64_t seed, uint64_t tensor, uint64_t element) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + tensor * 0xBF58476D1CE4E5B9ull + element;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>((z >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+size_t elemSize(attnDataType_t t) { return t == attnFloat32 ? 4 : 2; }
+
+void fillRows(const Batch& b, uint64_t tensor, int heads, const std::vector<int64_t>& rows, void* out) {
+  const size_t w = static_cast<size_t>(heads) * b.cfg.head_dim;
+  std::vector<float> tmp(w * rows.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t j = 0; j < w; ++j) tmp[i * w + j] = gen(b.seed, tensor, rows[i] * w + j);
+  (void)attn::cpu::convertFromFloat(out, b.cfg.dtype, tmp.data(), tmp.size());
+}
+
+bool ok(attnResult_t r, attnComm_t comm, const char* what) {
+  if (r == attnSuccess) return true;
+  fprintf(stderr, "%s failed: %s (%s)\n", what, attnGetErrorString(r), attnGetLastError(comm));
+  return false;
+}
+
+double median(std::vector<double> v) { return summarize(std::move(v)).medianUs; }
+
+// Max over ranks, element-wise.
+bool maxOverRanks(attnComm_t comm, std::vector<double>* v) {
+  return ok(attnAllReduce(v->data(), v->data(), v->size(), attnFloat64, attnMax, comm, nullptr), comm,
+            "attnAllReduce");
+}
+
+// The Llama3-training baseline: all-gather every rank's KV (padded to the
+// largest shard), then attend to all of it locally.
+bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void* q, const void* k,
+                    const void* v, float* accO, float* accLse, double* computeUs) {
+  int n, me;
+  attnCommCount(comm, &n);
+  attnCommUserRank(comm, &me);
+  const int S = s.layout.num_seqs;
+  const size_t row = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * b.cfg.head_dim;
+  int64_t rows = static_cast<int64_t>(s.kvPos.size()), maxRows = rows;
+  if (!ok(attnAllReduce(&maxRows, &maxRows, 1, attnInt64, attnMax, comm, nullptr), comm, "max rows"))
+    return false;
+  const size_t meta = sizeof(int32_t) * (S + 2 + maxRows), block = meta + 2 * row * maxRows;
+  std::vector<char> mine(block, 0), all(block * n);
+  auto* m = reinterpret_cast<int32_t*>(mine.data());
+  m[0] = static_cast<int32_t>(rows);
+  std::memcpy(m + 1, s.kvOffsets.data(), sizeof(int32_t) * (S + 1));
+  std::memcpy(m + S + 2, s.kvPos.data(), sizeof(int32_t) * rows);
+  std::memcpy(mine.data() + meta, k, row * rows);
+  std::memcpy(mine.data() + meta + row * maxRows, v, row * rows);
+  if (!ok(attnAllGather(mine.data(), all.data(), block, attnUint8, comm, nullptr), comm, "attnAllGather"))
+    return false;
+  double t0 = nowUs();
+  attn::cpu::initAccumulator(accO, accLse, s.qPos.size(), b.cfg.num_q_heads, b.cfg.head_dim);
+  for (int r = 0; r < n; ++r) {
+    const char* blk = all.data() + r * block;
+    const auto* h = reinterpret_cast<const int32_t*>(blk);
+    std::vector<attn::cpu::AttnSegment> segs(S);
+    for (int i = 0; i < S; ++i) segs[i] = {s.qOffsets[i], s.qOffsets[i + 1], h[1 + i], h[2 + i]};
+    attn::cpu::AttnProblem p;
+    p.q = q;
+    p.k = blk + meta;
+    p.v = blk + meta + row * maxRows;
+    p.dtype = b.cfg.dtype;
+    p.nq = static_cast<int32_t>(s.qPos.size());
+    p.nk = h[0];
+    p.num_q_heads = b.cfg.num_q_heads;
+    p.num_kv_heads = b.cfg.num_kv_heads;
+    p.head_dim = b.cfg.head_dim;
+    p.scale = b.cfg.softmax_scale;
+    p.causal = b.cfg.causal;
+    p.q_pos = s.qPos.data();
+    p.k_pos = h + S + 2;
+    p.segments = segs.data();
+    p.num_segments = S;
+    if (attn::cpu::attentionAccumulate(p, accO, accLse) != attnSuccess) return false;
+  }
+  *computeUs = nowUs() - t0;
+  return true;
+}
+
+// Exact attention (double) for this rank's queries over the full batch.
+bool checkAgainstReference(attnComm_t comm, const Batch& b, const Shard& s, const void* q,
+                           const void* out, const float* lse, double* oErr, double* lseErr) {
+  const int S = s.layout.num_seqs;
+  std::vector<int64_t> fullRows(b.fullRows());
+  for (size_t i = 0; i < fullRows.size(); ++i) fullRows[i] = static_cast<int64_t>(i);
+  const size_t krow = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * b.cfg.head_dim;
+  std::vector<char> k(krow * fullRows.size()), v(krow * fullRows.size());
+  b.fillKV(fullRows, k.data(), v.data());
+  std::vector<int32_t> kpos;
+  std::vector<attn::cpu::AttnSegment> segs(S);
+  int32_t base = 0;
+  for (int i = 0; i < S; ++i) {
+    const int32_t len = b.newLens[i] + b.cachedLens[i];
+    for (int32_t p = 0; p < len; ++p) kpos.push_back(p);
+    segs[i] = {s.qOffsets[i], s.qOffsets[i + 1], base, base + len};
+    base += len;
+  }
+  const size_t nq = s.qPos.size(), w = static_cast<size_t>(b.cfg.num_q_heads) * b.cfg.head_dim;
+  attn::cpu::AttnProblem p;
+  p.q = q;
+  p.k = k.data();
+  p.v = v.data();
+  p.dtype = b.cfg.dtype;
+  p.nq = static_cast<int32_t>(nq);
+  p.nk = base;
+  p.num_q_heads = b.cfg.num_q_heads;
+  p.num_kv_heads = b.cfg.num_kv_heads;
+  p.head_dim = b.cfg.head_dim;
+  p.scale = b.cfg.softmax_scale;
+  p.causal = b.cfg.causal;
+  p.q_pos = s.qPos.data();
+  p.k_pos = kpos.data();
+  p.segments = segs.data();
+  p.num_segments = S;
+  std::vector<double> ro(nq * w), rl(nq * b.cfg.num_q_heads);
+  std::vector<float> o(nq * w);
+  if (attn::cpu::referenceAttention(p, ro.data(), rl.data()) != attnSuccess) return false;
+  (void)attn::cpu::convertToFloat(o.data(), out, b.cfg.dtype, o.size());
+  attn::cpu::AttnErrors e =
+      attn::cpu::compareAttention(o.data(), lse, ro.data(), rl.data(), nq * b.cfg.num_q_heads, b.cfg.head_dim);
+  std::vector<double> errs = {e.max_o_rel, e.max_lse_abs,
+                              static_cast<double>(e.nan_values + e.empty_mismatch)};
+  if (!maxOverRanks(comm, &errs)) return false;
+  *oErr = errs[2] > 0 ? INFINITY : errs[0];
+  *lseErr = errs[1];
+  return true;
+}
+
+}  // namespace
+
+void Shard::finish() {
+  layout.num_seqs = static_cast<int>(qOffsets.size()) - 1;
+  layout.q_offsets = qOffsets.data();
+  layout.q_pos = qPos.data();
+  layout.kv_offsets = kvOffsets.data();
+  layout.kv_pos = kvPos.data();
+}
+
+int64_t Batch::newRows() const {
+  int64_t n = 0;
+  for (int32_t t : newLens) n += t;
+  return n;
+}
+int64_t Batch::fullRows() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < newLens.size(); ++i) n += newLens[i] + cachedLens[i];
+  return n;
+}
+
+void Batch::fillQ(const std::vector<int64_t>& rows, void* out) const {
+  fillRows(*this, 1, cfg.num_q_heads, rows, out);
+}
+void Batch::fillKV(const std::vector<int64_t>& rows, void* k, void* v) const {
+  fillRows(*this, 2, cfg.num_kv_heads, rows, k);
+  fillRows(*this, 3, cfg.num_kv_heads, rows, v);
+}
+
+const char* modeName(int mode) {
+  switch (mode) {
+    case attnModeAuto: return "auto";
+    case attnModePassKV: return "pass-kv";
+    case attnModePassQ: return "pass-q";
+    case attnModeShipQ: return "ship-q";
+    default: return "sequential";
+  }
+}
+
+int runMode(attnComm_t comm, const Batch& b, const Shard& s, int mode, const RunOptions& o,
+            ModeResult* r) {
+  const size_t nq = s.qPos.size(), nk = s.kvPos.size();
+  const size_t es = elemSize(b.cfg.dtype);
+  std::vector<char> q(es * nq * b.cfg.num_q_heads * b.cfg.head_dim), out(q.size());
+  std::vector<char> k(es * nk * b.cfg.num_kv_heads * b.cfg.head_dim), v(k.size());
+  std::vector<float> lse(nq * b.cfg.num_q_heads), accO(nq * b.cfg.num_q_heads * b.cfg.head_dim);
+  b.fillQ(s.qGlobal, q.data());
+  b.fillKV(s.kvGlobal, k.data(), v.data());
+  attn::AttnState& st = attn::attnStateOf(comm);
+  r->mode = modeName(mode);
+
+  auto once = [&](double* computeUs) -> bool {
+    if (mode < 0) {
+      if (!sequentialOnce(comm, b, s, q.data(), k.data(), v.data(), accO.data(), lse.data(), computeUs))
+        return false;
+      return attn::cpu::convertFromFloat(out.data(), b.cfg.dtype, accO.data(), accO.size()) == attnSuccess;
+    }
+    if (!ok(attnRingAttention(q.data(), k.data(), v.data(), out.data(), lse.data(), &s.layout, &b.cfg,
+                              static_cast<attnAttnMode_t>(mode), comm, nullptr),
+            comm, "attnRingAttention"))
+      return false;
+    *computeUs = st.last.computeUs;
+    return true;
+  };
+  auto timed = [&](int iters, std::vector<double>* t, std::vector<double>* c) -> bool {
+    for (int i = 0; i < o.warmup + iters; ++i) {
+      if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return false;
+      double t0 = nowUs(), cu = 0;
+      if (!once(&cu)) return false;
+      if (i >= o.warmup) {
+        t->push_back(nowUs() - t0);
+        c->push_back(cu);
+      }
+    }
+    return maxOverRanks(comm, t) && maxOverRanks(comm, c);
+  };
+  std::vector<double> t, c;
+  if (!timed(o.iters, &t, &c)) return 1;
+  r->timeUs = median(t);
+  r->computeUs = median(c);
+  if (mode == attnModeAuto) r->autoChose = modeName(st.last.mode);
+  // Communication alone: the same call with the kernel switched off. The
+  // baseline's communication is its all-gather: time minus compute.
+  if (mode > 0) {
+    std::vector<double> tc, cc;
+    st.skipCompute = true;
+    bool good = timed(o.iters, &tc, &cc);
+    st.skipCompute = false;
+    if (!good) return 1;
+    r->commUs = median(tc);
+  } else if (mode < 0) {
+    r->commUs = r->timeUs - r->computeUs;
+  }
+  r->overlap = r->timeUs > 0 ? std::max(r->computeUs, r->commUs) / r->timeUs : 0;
+  if (o.check) {
+    double cu;
+    if (!once(&cu)) return 1;
+    if (!checkAgainstReference(comm, b, s, q.data(), out.data(), lse.data(), &r->maxErr, &r->lseErr))
+      return 1;
+  }
+  return 0;
+}
+
+void printHeader() {
+  printf("# %8s %8s %3s %7s %-10s %-8s %10s %10s %10s %7s %10s\n", "T", "P", "B", "miss%", "mode",
+         "auto", "time(ms)", "attn(ms)", "comm(ms)", "overlap", "max_err");
+}
+
+void printRow(int64_t T, int64_t P, int B, const ModeResult& r) {
+  char err[32] = "-";
+  if (r.maxErr >= 0) snprintf(err, sizeof(err), "%.2e", r.maxErr);
+  printf("  %8" PRId64 " %8" PRId64 " %3d %7.2f %-10s %-8s %10.3f %10.3f %10.3f %7.2f %10s\n", T, P, B,
+         T + P ? 100.0 * T / (T + P) : 0.0, r.mode.c_str(), r.autoChose.empty() ? "-" : r.autoChose.c_str(),
+         r.timeUs / 1e3, r.computeUs / 1e3, r.commUs / 1e3, r.overlap, err);
+  fflush(stdout);
+}
+
+std::string jsonRow(int64_t T, int64_t P, int B, int nranks, const ModeResult& r) {
+  char buf[512];
+  snprintf(buf, sizeof(buf),
+           "{\"T\": %" PRId64 ", \"P\": %" PRId64 ", \"batch\": %d, \"nranks\": %d, \"mode\": \"%s\", "
+           "\"auto_chose\": \"%s\", \"time_us\": %.3f, \"compute_us\": %.3f, \"comm_us\": %.3f, "
+           "\"overlap\": %.4f, \"max_err\": %.3e, \"lse_err\": %.3e}",
+           T, P, B, nranks, r.mode.c_str(), r.autoChose.c_str(), r.timeUs, r.computeUs, r.commUs,
+           r.overlap, r.maxErr, r.lseErr);
+  return buf;
+}
+
+}  // namespace attnperf

@@ -1,0 +1,62 @@
+// Shared pieces of ring_attn_perf and decode_attn_perf: a synthetic batch
+// that every rank can generate row by row (so shards need no distribution),
+// one timed run of attnRingAttention per mode with its compute/communication
+// split, the check against exact attention, and the result table.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+
+namespace attnperf {
+
+// Which rows of the batch this rank holds.
+struct Shard {
+  attnSeqLayout_t layout{};
+  std::vector<int32_t> qOffsets, qPos, kvOffsets, kvPos;
+  std::vector<int64_t> qGlobal;   // row in the packed new tokens of the batch
+  std::vector<int64_t> kvGlobal;  // row in the packed full sequences
+  void finish();                  // points layout at the vectors
+};
+
+// A batch: per sequence T_i new tokens after P_i cached ones.
+struct Batch {
+  attnAttnConfig_t cfg{};
+  std::vector<int32_t> newLens, cachedLens;
+  uint64_t seed = 1;
+  int64_t newRows() const;
+  int64_t fullRows() const;
+  // Fills rows (by global index) of Q (new tokens) or K / V (full rows).
+  void fillQ(const std::vector<int64_t>& rows, void* out) const;
+  void fillKV(const std::vector<int64_t>& rows, void* k, void* v) const;
+};
+
+// One mode's measurement, medians over iterations of the max over ranks.
+struct ModeResult {
+  std::string mode;        // "pass-kv", "pass-q", "ship-q", "auto", "sequential"
+  std::string autoChose;   // for auto
+  double timeUs = 0, computeUs = 0, commUs = 0;
+  double overlap = 0;      // max(compute, comm) / time
+  double maxErr = -1;      // relative to the row's largest |O|; -1 unchecked
+  double lseErr = -1;
+};
+
+struct RunOptions {
+  int iters = 5, warmup = 1;
+  bool check = true;
+};
+
+// Runs `mode` (attnModeAuto.. or -1 for the all-gather-then-compute
+// baseline) on this rank's shard; collective.
+int runMode(attnComm_t comm, const Batch& b, const Shard& s, int mode, const RunOptions& o,
+            ModeResult* r);
+
+const char* modeName(int mode);
+// Fixed-width table row and header; JSON object.
+void printHeader();
+void printRow(int64_t T, int64_t P, int B, const ModeResult& r);
+std::string jsonRow(int64_t T, int64_t P, int B, int nranks, const ModeResult& r);
+
+}  // namespace attnperf

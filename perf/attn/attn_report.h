@@ -1,0 +1,31 @@
+// Collects the rows of an attention perf run on rank 0, prints the closing
+// summary (largest error against its bound, how often AUTO was right) and
+// writes JSON.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+#include "perf/attn/attn_bench.h"
+
+namespace attnperf {
+
+class AttnReport {
+ public:
+  AttnReport(attnDataType_t dtype, int nranks) : dtype_(dtype), nranks_(nranks) {}
+  // One grid point: all modes measured at (T, P, B).
+  void add(int64_t T, int64_t P, int B, const std::vector<ModeResult>& rows);
+  // Prints the summary; returns the exit code (non-zero if an error bound failed).
+  int finish(const std::string& jsonPath);
+
+ private:
+  attnDataType_t dtype_;
+  int nranks_;
+  std::vector<std::string> json_;
+  double worstErr_ = 0;
+  int autoPoints_ = 0, autoRight_ = 0;
+};
+
+}  // namespace attnperf

@@ -1,0 +1,95 @@
+// decode_attn_perf: context-parallel decode (CP paper Alg. 4, §3.6) over a
+// grid of batch sizes at a fixed context length. Each sequence has one new
+// query; its cached keys are spread over the ranks by the load-balanced
+// plan, the new token's key goes to the rank attnDecodePlacement names, and
+// its query lives on rank s % N. No query is padded. Same columns as
+// ring_attn_perf.
+//
+//   decode_attn_perf -t 4 -L 8192 -b 1,8,32 -M q,ship,auto
+#include <cstdio>
+
+#include "perf/attn/attn_bench.h"
+#include "perf/attn/attn_cli.h"
+#include "perf/attn/attn_report.h"
+#include "perf/launch.h"
+
+using namespace attnperf;
+
+namespace {
+
+bool decodeShard(const Batch& b, int nranks, int rank, int64_t step, Shard* s) {
+  const int S = static_cast<int>(b.newLens.size());
+  std::vector<int32_t> zeros(S, 0);
+  attnBatchSpec_t spec{S, zeros.data(), b.cachedLens.data()};  // where the cache already lives
+  attnPlan_t plan;
+  if (attnPlanPrefill(&spec, nranks, &plan) != attnSuccess) return false;
+  attnShard_t sh;
+  attnPlanGetShard(plan, rank, &sh);
+  std::vector<int32_t> kvRank(S), qRank(S);
+  attnDecodePlacement(S, step, nranks, kvRank.data(), qRank.data());
+  s->qOffsets = {0};
+  s->kvOffsets = {0};
+  int64_t newBase = 0, fullBase = 0;
+  for (int i = 0; i < S; ++i) {
+    const int32_t P = b.cachedLens[i];
+    for (int32_t r = sh.layout.kv_offsets[i]; r < sh.layout.kv_offsets[i + 1]; ++r) {
+      s->kvPos.push_back(sh.layout.kv_pos[r]);
+      s->kvGlobal.push_back(fullBase + sh.layout.kv_pos[r]);
+    }
+    if (kvRank[i] == rank) {  // this step's new key
+      s->kvPos.push_back(P);
+      s->kvGlobal.push_back(fullBase + P);
+    }
+    if (qRank[i] == rank) {
+      s->qPos.push_back(P);
+      s->qGlobal.push_back(newBase);
+    }
+    s->qOffsets.push_back(static_cast<int32_t>(s->qPos.size()));
+    s->kvOffsets.push_back(static_cast<int32_t>(s->kvPos.size()));
+    newBase += 1;
+    fullBase += P + 1;
+  }
+  s->finish();
+  attnPlanDestroy(plan);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  AttnOptions o;
+  o.length = 8192;
+  int code;
+  if (!parseAttnOptions(argc, argv, true, &o, &code)) return code;
+  const int nranks = o.procs ? o.procs : o.threads;
+  RankBody body = [&](attnComm_t comm) -> int {
+    int me, n;
+    attnCommUserRank(comm, &me);
+    attnCommCount(comm, &n);
+    if (me == 0) {
+      printf("# decode_attn_perf: %d ranks (%s), context %lld, heads %d/%d, head_dim %d\n", n,
+             o.procs ? "processes" : "threads", (long long)o.length, o.cfg.num_q_heads,
+             o.cfg.num_kv_heads, o.cfg.head_dim);
+      printHeader();
+    }
+    AttnReport report(o.cfg.dtype, n);
+    RunOptions ro{o.iters, o.warmup, o.check != 0};
+    for (int B : o.batches) {
+      Batch b;
+      b.cfg = o.cfg;
+      b.newLens.assign(B, 1);
+      b.cachedLens.assign(B, static_cast<int32_t>(o.length - 1));
+      Shard s;
+      if (!decodeShard(b, n, me, /*step=*/B, &s)) return 1;
+      std::vector<ModeResult> rows;
+      for (int mode : o.modes) {
+        ModeResult r;
+        if (runMode(comm, b, s, mode, ro, &r) != 0) return 1;
+        rows.push_back(r);
+      }
+      if (me == 0) report.add(B, static_cast<int64_t>(B) * (o.length - 1), B, rows);
+    }
+    return me == 0 ? report.finish(o.json) : 0;
+  };
+  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+}

@@ -1,0 +1,85 @@
+// ring_attn_perf: prefill ring attention over a (T, P) grid at fixed T+P
+// (the CP paper's Table 4 / Fig. 9 sweep). For each configuration and mode:
+// time, attention compute time, communication time (the same call with the
+// kernel off), overlap efficiency = max(compute, comm) / time, the mode
+// AUTO chose, and the error against exact attention with -c 1.
+//
+//   ring_attn_perf -t 4 -L 4096 -m 1,0.25,0.05 -H 8 -K 2 -D 64 -d bfloat16
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "perf/attn/attn_bench.h"
+#include "perf/attn/attn_cli.h"
+#include "perf/attn/attn_report.h"
+#include "perf/launch.h"
+
+using namespace attnperf;
+
+namespace {
+
+// This rank's shard from the load-balanced planner.
+bool shardOf(const Batch& b, int nranks, int rank, Shard* s) {
+  attnBatchSpec_t spec{static_cast<int>(b.newLens.size()), b.newLens.data(), b.cachedLens.data()};
+  attnPlan_t plan;
+  if (attnPlanPrefill(&spec, nranks, &plan) != attnSuccess) return false;
+  attnShard_t sh;
+  attnPlanGetShard(plan, rank, &sh);
+  const int S = sh.layout.num_seqs;
+  s->qOffsets.assign(sh.layout.q_offsets, sh.layout.q_offsets + S + 1);
+  s->kvOffsets.assign(sh.layout.kv_offsets, sh.layout.kv_offsets + S + 1);
+  s->qPos.assign(sh.layout.q_pos, sh.layout.q_pos + sh.q_rows);
+  s->kvPos.assign(sh.layout.kv_pos, sh.layout.kv_pos + sh.kv_rows);
+  s->qGlobal.assign(sh.q_index, sh.q_index + sh.q_rows);
+  s->kvGlobal.assign(sh.kv_index, sh.kv_index + sh.kv_rows);
+  s->finish();
+  attnPlanDestroy(plan);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  AttnOptions o;
+  int code;
+  if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
+  const int nranks = o.procs ? o.procs : o.threads;
+  RankBody body = [&](attnComm_t comm) -> int {
+    int me, n;
+    attnCommUserRank(comm, &me);
+    attnCommCount(comm, &n);
+    if (me == 0) {
+      printf("# ring_attn_perf: %d ranks (%s), T+P = %lld per sequence, %d sequence(s), heads %d/%d, "
+             "head_dim %d, %s, causal %d\n",
+             n, o.procs ? "processes" : "threads", (long long)o.length, o.seqs, o.cfg.num_q_heads,
+             o.cfg.num_kv_heads, o.cfg.head_dim,
+             o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
+             o.cfg.causal);
+      printf("# times are medians over %d iterations of the slowest rank; comm = the same call with "
+             "the kernel off\n", o.iters);
+      printHeader();
+    }
+    AttnReport report(o.cfg.dtype, n);
+    RunOptions ro{o.iters, o.warmup, o.check != 0};
+    for (double miss : o.miss) {
+      Batch b;
+      b.cfg = o.cfg;
+      const int64_t T = std::max<int64_t>(1, std::llround(miss * o.length));
+      for (int i = 0; i < o.seqs; ++i) {
+        b.newLens.push_back(static_cast<int32_t>(T));
+        b.cachedLens.push_back(static_cast<int32_t>(o.length - T));
+      }
+      Shard s;
+      if (!shardOf(b, n, me, &s)) return 1;
+      std::vector<ModeResult> rows;
+      for (int mode : o.modes) {
+        ModeResult r;
+        if (runMode(comm, b, s, mode, ro, &r) != 0) return 1;
+        rows.push_back(r);
+      }
+      if (me == 0) report.add(T * o.seqs, (o.length - T) * o.seqs, o.seqs, rows);
+    }
+    return me == 0 ? report.finish(o.json) : 0;
+  };
+  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+}
