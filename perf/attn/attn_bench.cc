@@ -232,7 +232,7 @@ int runMode(attnComm_t comm, const Batch& b, const Shard& s, int mode, const Run
   if (mode == attnModeAuto) r->autoChose = modeName(st.last.mode);
   // Communication alone: the same call with the kernel switched off. The
   // baseline's communication is its all-gather: time minus compute.
-  if (mode > 0) {
+  if (mode >= 0) {
     std::vector<double> tc, cc;
     st.skipCompute = true;
     bool good = timed(o.iters, &tc, &cc);

@@ -1,0 +1,163 @@
+// Attention entry points: check the problem, cut it into tasks (segment x kv
+// head x tile of stacked query rows), run them on the active ISA's kernel.
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "kernels/cpu/attention_task.h"
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/worker_pool.h"
+#include "src/core/error.h"
+
+namespace attn::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+attnResult_t validate(const AttnProblem& p, const float* o, const float* lse,
+                      const std::vector<AttnSegment>& segs) {
+  ATTN_REQUIRE(p.dtype == attnFloat32 || p.dtype == attnFloat16 || p.dtype == attnBfloat16,
+               "attention: dtype %d is not fp32/fp16/bf16", int(p.dtype));
+  ATTN_REQUIRE(p.nq >= 0 && p.nk >= 0, "attention: negative row count");
+  ATTN_REQUIRE(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+               "attention: %d query heads do not group over %d kv heads", p.num_q_heads,
+               p.num_kv_heads);
+  ATTN_REQUIRE(p.head_dim > 0 && p.head_dim <= kAttnMaxHeadDim,
+               "attention: head_dim %d outside 1..%d", p.head_dim, kAttnMaxHeadDim);
+  ATTN_REQUIRE(p.nq == 0 || (p.q && o && lse), "attention: null q or output");
+  ATTN_REQUIRE(p.nk == 0 || (p.k && p.v), "attention: null k or v");
+  ATTN_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
+               "attention: causal needs q_pos and k_pos");
+  ATTN_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments),
+               "attention: bad segment list");
+  std::vector<std::pair<int32_t, int32_t>> qr;
+  for (const auto& s : segs) {
+    ATTN_REQUIRE(0 <= s.q_begin && s.q_begin <= s.q_end && s.q_end <= p.nq && 0 <= s.k_begin &&
+                     s.k_begin <= s.k_end && s.k_end <= p.nk,
+                 "attention: segment q[%d,%d) k[%d,%d) outside %d x %d rows", s.q_begin,
+                 s.q_end, s.k_begin, s.k_end, p.nq, p.nk);
+    if (s.q_begin < s.q_end) qr.emplace_back(s.q_begin, s.q_end);
+  }
+  std::sort(qr.begin(), qr.end());
+  for (size_t i = 1; i < qr.size(); ++i)
+    ATTN_REQUIRE(qr[i].first >= qr[i - 1].second, "attention: segments overlap in query rows");
+  return attnSuccess;
+}
+
+void fillEmptyRows(float* o, float* lse, int32_t begin, int32_t end, int heads, int d) {
+  const size_t n = size_t(end - begin) * heads;
+  std::fill_n(o + size_t(begin) * heads * d, n * d, 0.0f);
+  std::fill_n(lse + size_t(begin) * heads, n, kNegInf);
+}
+
+// Scratch for one thread, kept across calls (grows, never shrinks).
+class ScratchArena {
+ public:
+  AttnScratch& get(int head_dim, int dpad) {
+    const size_t R = kAttnMaxTileRows, K = kAttnKeyTile, D = size_t(head_dim);
+    const size_t floats = D * R + K * R + R * dpad + 3 * R + K * D + K * dpad + dpad;
+    const size_t bytes = floats * sizeof(float) + R * sizeof(int32_t) +
+                         2 * K * sizeof(const float*) + 16 * 64;  // + alignment slack
+    if (bytes > cap_) {
+      mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+      cap_ = bytes;
+    }
+    unsigned char* at = mem_.get();
+    auto take = [&](size_t n) {
+      unsigned char* p = at;
+      at += (n + 63) / 64 * 64;  // each array on its own cache lines
+      return p;
+    };
+    sc_.qt = reinterpret_cast<float*>(take(D * R * sizeof(float)));
+    sc_.s = reinterpret_cast<float*>(take(K * R * sizeof(float)));
+    sc_.acc = reinterpret_cast<float*>(take(R * dpad * sizeof(float)));
+    sc_.m = reinterpret_cast<float*>(take(R * sizeof(float)));
+    sc_.l = reinterpret_cast<float*>(take(R * sizeof(float)));
+    sc_.alpha = reinterpret_cast<float*>(take(R * sizeof(float)));
+    sc_.kbuf = reinterpret_cast<float*>(take(K * D * sizeof(float)));
+    sc_.vbuf = reinterpret_cast<float*>(take(K * dpad * sizeof(float)));
+    sc_.row = reinterpret_cast<float*>(take(dpad * sizeof(float)));
+    sc_.qpos = reinterpret_cast<int32_t*>(take(R * sizeof(int32_t)));
+    sc_.krow = reinterpret_cast<const float**>(take(K * sizeof(const float*)));
+    sc_.vrow = reinterpret_cast<const float**>(take(K * sizeof(const float*)));
+    return sc_;
+  }
+
+ private:
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, Free> mem_;
+  size_t cap_ = 0;
+  AttnScratch sc_{};
+};
+
+attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
+                 bool accumulate) {
+  std::vector<AttnSegment> segs;
+  if (p.segments == nullptr) segs.push_back({0, p.nq, 0, p.nk});
+  else segs.assign(p.segments, p.segments + p.num_segments);
+  ATTN_CHECK(validate(p, o, lse, segs));
+
+  const KernelTable& kt = activeKernels();
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int tile = kt.attn_tile_rows;
+  std::vector<AttnTask> tasks;
+  std::vector<char> covered(accumulate ? 0 : size_t(p.nq), 0);
+  for (int32_t si = 0; si < int32_t(segs.size()); ++si) {
+    const AttnSegment& s = segs[si];
+    if (!accumulate) std::fill(covered.begin() + s.q_begin, covered.begin() + s.q_end, 1);
+    if (s.q_begin == s.q_end) continue;
+    if (s.k_begin == s.k_end) {  // no keys: empty rows, or nothing to fold
+      if (!accumulate) fillEmptyRows(o, lse, s.q_begin, s.q_end, p.num_q_heads, p.head_dim);
+      continue;
+    }
+    const int32_t stacked = (s.q_end - s.q_begin) * group;
+    for (int32_t g = 0; g < p.num_kv_heads; ++g)
+      for (int32_t m = 0; m < stacked; m += tile)
+        tasks.push_back({si, g, m, std::min(stacked, m + tile)});
+  }
+  for (int32_t r = 0; r < int32_t(covered.size()); ++r)  // rows outside every segment
+    if (!covered[r]) fillEmptyRows(o, lse, r, r + 1, p.num_q_heads, p.head_dim);
+
+  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim));
+  const AttnCall call{&p, segs.data(), o, lse, accumulate, scale * 1.4426950408889634f, group,
+                      (p.head_dim + 15) / 16 * 16};
+  const int threads = std::max(1, ex.threads);
+  std::vector<AttnTileStats> stats(static_cast<size_t>(threads));
+  parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
+    thread_local ScratchArena arena;
+    kt.attention(call, tasks[size_t(t)], arena.get(p.head_dim, call.dpad), stats[worker]);
+  });
+  if (ex.stats != nullptr) {
+    for (const auto& s : stats) {
+      ex.stats->tiles_full += s.full;
+      ex.stats->tiles_masked += s.masked;
+      ex.stats->tiles_skipped += s.skipped;
+    }
+  }
+  return attnSuccess;
+}
+
+}  // namespace
+
+attnResult_t attentionPartial(const AttnProblem& p, float* o, float* lse, const AttnExec& ex) {
+  return run(p, o, lse, ex, false);
+}
+
+attnResult_t attentionAccumulate(const AttnProblem& p, float* o_acc, float* lse_acc,
+                                 const AttnExec& ex) {
+  return run(p, o_acc, lse_acc, ex, true);
+}
+
+void initAccumulator(float* o, float* lse, int64_t rows, int heads, int head_dim) {
+  std::fill_n(o, size_t(rows) * heads * head_dim, 0.0f);
+  std::fill_n(lse, size_t(rows) * heads, kNegInf);
+}
+
+}  // namespace attn::cpu

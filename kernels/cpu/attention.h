@@ -1,0 +1,84 @@
+// Blocked CPU attention with log-sum-exp, the compute step of ring attention.
+//
+// Tensors are packed "THD": rows x heads x head_dim, the rows of several
+// sequences back to back. Q is [nq, Hq, D]; K and V are [nk, Hkv, D], all of
+// one dtype (fp32, fp16 or bf16). Query head h reads kv head h / (Hq / Hkv)
+// (GQA). A segment says which key rows a run of query rows may attend to; with
+// `causal`, key j is visible to query i only if k_pos[j] <= q_pos[i] (global
+// token positions, so shards of one sequence mask correctly).
+//
+// Results are O [nq, Hq, D] fp32, normalised, and LSE [nq, Hq] fp32, the
+// natural log of the softmax denominator over the keys seen. A query that
+// sees no key gets O = 0 and LSE = -inf (never NaN), which merges as "no
+// contribution" (see merge.h).
+//
+// Work is split in tiles of up to 256 (query row, head) pairs of one kv head
+// (so each K/V tile is read once for many queries) by 64 keys, with online
+// softmax. A tile whose keys are all in the future of all its queries is
+// skipped without reading its keys or values; in a partly masked tile, the
+// leading groups of 16 rows that no key reaches are skipped too.
+#pragma once
+
+#include <cstdint>
+
+#include "attncomm.h"
+
+namespace attn::cpu {
+
+class WorkerPool;
+
+constexpr int kAttnMaxHeadDim = 256;
+
+// One sequence: query rows [q_begin, q_end) attend to key rows
+// [k_begin, k_end) only. Either range may be empty. Query ranges of different
+// segments must not overlap (their outputs are written concurrently).
+struct AttnSegment {
+  int32_t q_begin, q_end, k_begin, k_end;
+};
+
+struct AttnProblem {
+  const void* q = nullptr;  // [nq, num_q_heads, head_dim]
+  const void* k = nullptr;  // [nk, num_kv_heads, head_dim]
+  const void* v = nullptr;  // [nk, num_kv_heads, head_dim]
+  attnDataType_t dtype = attnFloat32;  // attnFloat32, attnFloat16 or attnBfloat16
+  int32_t nq = 0, nk = 0;
+  int32_t num_q_heads = 0, num_kv_heads = 0;  // num_q_heads % num_kv_heads == 0
+  int32_t head_dim = 0;                       // 1 .. kAttnMaxHeadDim
+  float scale = 0.0f;                         // score scale; 0 means 1/sqrt(head_dim)
+  bool causal = false;
+  const int32_t* q_pos = nullptr;  // [nq] global positions; required if causal
+  const int32_t* k_pos = nullptr;  // [nk]
+  const AttnSegment* segments = nullptr;  // null: one segment, all rows x all keys
+  int32_t num_segments = 0;
+};
+
+// Tile counts of one or more calls (added to, never reset by the kernels).
+struct AttnStats {
+  int64_t tiles_full = 0;     // computed, no mask needed
+  int64_t tiles_masked = 0;   // computed with the causal mask
+  int64_t tiles_skipped = 0;  // fully masked, not computed
+};
+
+struct AttnExec {
+  int threads = 1;             // threads working on the call, the caller included
+  WorkerPool* pool = nullptr;  // persistent workers to use; null starts threads per call
+  AttnStats* stats = nullptr;  // optional tile counts
+};
+
+// O and LSE of softmax(scale * Q K^T + mask) V over the given keys only.
+// Query rows outside every segment get O = 0, LSE = -inf.
+[[nodiscard]] attnResult_t attentionPartial(const AttnProblem& p, float* o, float* lse,
+                                            const AttnExec& ex = {});
+
+// Folds this call's keys into an existing accumulator (o_acc, lse_acc),
+// exactly as attentionPartial followed by foldPartial (merge.h) would, but
+// without materialising the partial: ring attention calls it once per
+// incoming KV block. Start from O = 0, LSE = -inf (initAccumulator). Query
+// rows that see none of these keys are left untouched.
+[[nodiscard]] attnResult_t attentionAccumulate(const AttnProblem& p, float* o_acc,
+                                               float* lse_acc, const AttnExec& ex = {});
+
+// O = 0, LSE = -inf for `rows` query rows of `heads` heads.
+void initAccumulator(float* o, float* lse, int64_t rows, int heads, int head_dim);
+
+}  // namespace attn::cpu

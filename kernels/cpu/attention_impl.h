@@ -1,0 +1,363 @@
+// The attention tile kernel, written once over a SIMD traits struct
+// (simd_traits.h) and instantiated by each isa_*.cc unit.
+//
+// Layout choice: scores are computed transposed, S^T[key][row] = K . Q^T, with
+// Q transposed once per task. Then a key's K values are broadcast from their
+// own row (no K transpose, fp32 K is read in place), and the softmax maxima
+// and sums over keys are vertical vector ops across S^T rows (no horizontal
+// reductions). P.V then broadcasts P^T[key][row] against rows of V.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/attention_task.h"
+#include "kernels/cpu/half_block.h"
+#include "kernels/cpu/simd_traits.h"
+
+namespace {
+
+using attn::cpu::AttnCall;
+using attn::cpu::AttnScratch;
+using attn::cpu::AttnTask;
+using attn::cpu::AttnTileStats;
+using attn::cpu::kAttnKeyTile;
+
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline int roundUp(int x, int m) { return (x + m - 1) / m * m; }
+
+// Row `index` (in elements) of a fp32/fp16/bf16 tensor as fp32: in place for
+// fp32, else converted into `buf`.
+inline const float* rowAsFloat(const void* base, attnDataType_t t, size_t index, int n,
+                               float* buf) {
+  switch (t) {
+    case attnFloat16:
+      widenRow(buf, static_cast<const uint16_t*>(base) + index, size_t(n), Fp16Tag{});
+      return buf;
+    case attnBfloat16:
+      widenRow(buf, static_cast<const uint16_t*>(base) + index, size_t(n), Bf16Tag{});
+      return buf;
+    default:
+      return static_cast<const float*>(base) + index;
+  }
+}
+
+inline void copyRowAsFloat(float* dst, const void* base, attnDataType_t t, size_t index, int n) {
+  const float* src = rowAsFloat(base, t, index, n, dst);
+  if (src != dst) std::memcpy(dst, src, size_t(n) * sizeof(float));
+}
+
+// out[j][c] = sum_d K[j][d] * Qt[d][c] for J keys and C vectors of rows.
+template <class I, int J, int C>
+inline void scoreBlock(const float* const* krow, const float* qt, int rows, int head_dim,
+                       float* out) {
+  using V = typename I::V;
+  V acc[J][C];
+#pragma GCC unroll 8
+  for (int j = 0; j < J; ++j)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[j][c] = I::zero();
+  const float* kr[J];
+#pragma GCC unroll 8
+  for (int j = 0; j < J; ++j) kr[j] = krow[j];
+  for (int d = 0; d < head_dim; ++d) {
+    V q[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) q[c] = I::load(qt + size_t(d) * rows + c * I::W);
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) {
+      const V b = I::set1(kr[j][d]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[j][c] = I::fma(b, q[c], acc[j][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < J; ++j)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) I::store(out + j * rows + c * I::W, acc[j][c]);
+}
+
+// Runs F<n>() for the remaining n < Max vectors (n = 1 .. Max-1).
+template <int Max, class F>
+inline void withCount(int n, F&& f) {
+  if constexpr (Max > 1) {
+    if (n == Max - 1) return f.template operator()<Max - 1>();
+    return withCount<Max - 1>(n, f);
+  }
+}
+
+// S^T for keys [0, nkeys) (a multiple of kSJ) and row vectors [c0, nvec).
+template <class I>
+void scoreTile(const float* const* krow, int nkeys, const float* qt, int c0, int nvec,
+               int head_dim, float* s) {
+  constexpr int R = I::kRows;
+  for (int j = 0; j < nkeys; j += I::kSJ) {
+    int c = c0;
+    for (; c + I::kSC <= nvec; c += I::kSC)
+      scoreBlock<I, I::kSJ, I::kSC>(krow + j, qt + c * I::W, R, head_dim, s + j * R + c * I::W);
+    withCount<I::kSC>(nvec - c, [&]<int N>() {
+      scoreBlock<I, I::kSJ, N>(krow + j, qt + c * I::W, R, head_dim, s + j * R + c * I::W);
+    });
+  }
+}
+
+// Online softmax step over keys [0, nkeys) for row vectors [c0, nvec): masks,
+// updates the running max m and denominator l, turns S^T into P^T and leaves
+// the factor that rescales the rows' previous output in alpha.
+template <class I>
+void softmaxTile(AttnScratch& sc, int nkeys, int c0, int nvec, bool masked,
+                 const int32_t* kpos) {
+  using V = typename I::V;
+  constexpr int R = I::kRows;
+  for (int c = c0; c < nvec; ++c) {
+    float* col = sc.s + c * I::W;
+    const V m_old = I::load(sc.m + c * I::W);
+    V mx = I::set1(kNegInf);
+    if (masked) {
+      const int32_t* qpos = sc.qpos + c * I::W;
+      for (int j = 0; j < nkeys; ++j) {
+        const V s = I::maskCausal(I::load(col + j * R), kpos[j], qpos);
+        I::store(col + j * R, s);
+        mx = I::max(mx, s);
+      }
+    } else {
+      for (int j = 0; j < nkeys; ++j) mx = I::max(mx, I::load(col + j * R));
+    }
+    const V m_new = I::max(m_old, mx);
+    const V base = I::zeroIfNegInf(m_new);  // rows with nothing seen: exp2(-inf - 0) = 0
+    const V alpha = I::exp2(I::sub(m_old, base));
+    V sum = I::zero();
+    for (int j = 0; j < nkeys; ++j) {
+      const V p = I::exp2(I::sub(I::load(col + j * R), base));
+      I::store(col + j * R, p);
+      sum = I::add(sum, p);
+    }
+    I::store(sc.l + c * I::W, I::fma(I::load(sc.l + c * I::W), alpha, sum));
+    I::store(sc.m + c * I::W, m_new);
+    I::store(sc.alpha + c * I::W, alpha);
+  }
+}
+
+// acc[r][c] = alpha[r] * acc[r][c] + sum_j P^T[j][r] * V[j][c] for PR rows and
+// C vectors of head_dim starting at column `col`.
+template <class I, int PR, int C>
+inline void pvBlock(const float* p, const float* const* vrow, int nkeys, const float* alpha,
+                    float* acc, int dpad, int col) {
+  using V = typename I::V;
+  constexpr int R = I::kRows;
+  V a[PR][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < PR; ++r) {
+    const V al = I::set1(alpha[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) a[r][c] = I::mul(I::load(acc + r * dpad + col + c * I::W), al);
+  }
+  for (int j = 0; j < nkeys; ++j) {
+    V v[C];
+    const float* vr = vrow[j] + col;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) v[c] = I::load(vr + c * I::W);
+#pragma GCC unroll 8
+    for (int r = 0; r < PR; ++r) {
+      const V pb = I::set1(p[j * R + r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) a[r][c] = I::fma(pb, v[c], a[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < PR; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) I::store(acc + r * dpad + col + c * I::W, a[r][c]);
+}
+
+template <class I>
+void pvTile(AttnScratch& sc, int nkeys, int r0, int nrows, int dvec, int dpad) {
+  for (int r = r0; r < nrows; r += I::kPR) {
+    const float* p = sc.s + r;
+    float* acc = sc.acc + size_t(r) * dpad;
+    int c = 0;
+    for (; c + I::kPC <= dvec; c += I::kPC)
+      pvBlock<I, I::kPR, I::kPC>(p, sc.vrow, nkeys, sc.alpha + r, acc, dpad, c * I::W);
+    withCount<I::kPC>(dvec - c, [&]<int N>() {
+      pvBlock<I, I::kPR, N>(p, sc.vrow, nkeys, sc.alpha + r, acc, dpad, c * I::W);
+    });
+  }
+}
+
+// Q rows of the task -> sc.qt (scaled, transposed), positions -> sc.qpos.
+// Returns the task's query position range in qmin/qmax, and the largest
+// position of each vector of rows in vqmax.
+template <class I>
+void loadQueries(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows, int ncols,
+                 int32_t& qmin, int32_t& qmax, int32_t* vqmax) {
+  const auto& p = *c.p;
+  const auto& seg = c.segs[t.seg];
+  const int D = p.head_dim, R = I::kRows;
+  qmin = std::numeric_limits<int32_t>::max();
+  qmax = std::numeric_limits<int32_t>::min();
+  for (int m = 0; m < nrows; ++m) {
+    const int flat = t.m_begin + m;
+    const int row = seg.q_begin + flat / c.group;
+    const int head = t.kv_head * c.group + flat % c.group;
+    const float* q = rowAsFloat(p.q, p.dtype, (size_t(row) * p.num_q_heads + head) * D, D,
+                                sc.row);
+    for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = q[d] * c.scale_log2;
+    const int32_t pos = p.causal ? p.q_pos[row] : 0;
+    sc.qpos[m] = pos;
+    qmin = pos < qmin ? pos : qmin;
+    qmax = pos > qmax ? pos : qmax;
+  }
+  for (int m = nrows; m < ncols; ++m) {  // padding columns: computed, never stored
+    for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = 0.0f;
+    sc.qpos[m] = std::numeric_limits<int32_t>::min();
+  }
+  for (int v = 0; v < ncols / I::W; ++v) {
+    vqmax[v] = std::numeric_limits<int32_t>::min();
+    for (int i = 0; i < I::W; ++i) vqmax[v] = std::max(vqmax[v], sc.qpos[v * I::W + i]);
+  }
+}
+
+// Running state: empty, or the accumulator's (O, LSE) as (acc, m = lse*log2e, l = 1).
+template <class I>
+void initState(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows, int ncols) {
+  const auto& p = *c.p;
+  const auto& seg = c.segs[t.seg];
+  const int D = p.head_dim;
+  for (int m = 0; m < ncols; ++m) {
+    float* acc = sc.acc + size_t(m) * c.dpad;
+    sc.m[m] = kNegInf;
+    sc.l[m] = 0.0f;
+    for (int d = 0; d < c.dpad; ++d) acc[d] = 0.0f;
+    if (!c.accumulate || m >= nrows) continue;
+    const int flat = t.m_begin + m;
+    const size_t oh = size_t(seg.q_begin + flat / c.group) * p.num_q_heads +
+                      size_t(t.kv_head) * c.group + flat % c.group;
+    const float lse = c.lse[oh];
+    if (lse == kNegInf) continue;  // an empty accumulator; its O is ignored
+    sc.m[m] = lse * (1.0f / kLn2);
+    sc.l[m] = 1.0f;
+    for (int d = 0; d < D; ++d) acc[d] = c.o[oh * D + d];
+  }
+}
+
+// Copies keys [k0, k0 + n) of the task's kv head into contiguous fp32 tiles
+// (sc.kbuf, sc.vbuf; V zero-padded to whole vectors), converting fp16/bf16
+// once per tile. Even fp32 is copied: rows of one head sit Hkv*D*4 bytes
+// apart, often a multiple of 4 KiB, and would all fall into the same L1 sets.
+// krow is extended to `nkeys_pad` by repeating the last key (masked later).
+template <class I>
+void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int n,
+              int nkeys_pad) {
+  const auto& p = *c.p;
+  const int D = p.head_dim;
+  const size_t stride = size_t(p.num_kv_heads) * D;
+  const size_t first = size_t(k0) * stride + size_t(t.kv_head) * D;
+  for (int j = 0; j < n; ++j) {
+    const size_t at = first + j * stride;
+    float* kb = sc.kbuf + size_t(j) * D;
+    float* vb = sc.vbuf + size_t(j) * c.dpad;
+    copyRowAsFloat(kb, p.k, p.dtype, at, D);
+    copyRowAsFloat(vb, p.v, p.dtype, at, D);
+    for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
+    sc.krow[j] = kb;
+    sc.vrow[j] = vb;
+  }
+  for (int j = n; j < nkeys_pad; ++j) sc.krow[j] = sc.krow[n - 1];
+}
+
+// Asks for keys [k0, k0 + n) of the task's kv head to be brought into L2
+// while the current tile computes: rows of one head are scattered (one per
+// Hkv*D elements), which the hardware prefetcher does not follow.
+inline void prefetchKeys(const AttnCall& c, const AttnTask& t, int k0, int n) {
+  const auto& p = *c.p;
+  const size_t esize = p.dtype == attnFloat32 ? 4 : 2;
+  const size_t row_bytes = size_t(p.head_dim) * esize;
+  const size_t stride = size_t(p.num_kv_heads) * row_bytes;
+  const size_t first = size_t(k0) * stride + size_t(t.kv_head) * row_bytes;
+  for (int j = 0; j < n; ++j) {
+    const char* k = static_cast<const char*>(p.k) + first + j * stride;
+    const char* v = static_cast<const char*>(p.v) + first + j * stride;
+    for (size_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(k + b, 0, 2);
+      __builtin_prefetch(v + b, 0, 2);
+    }
+  }
+}
+
+template <class I>
+void storeRows(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows) {
+  const auto& p = *c.p;
+  const auto& seg = c.segs[t.seg];
+  const int D = p.head_dim;
+  for (int m = 0; m < nrows; ++m) {
+    const int flat = t.m_begin + m;
+    const size_t oh = size_t(seg.q_begin + flat / c.group) * p.num_q_heads +
+                      size_t(t.kv_head) * c.group + flat % c.group;
+    float* o = c.o + oh * D;
+    const float l = sc.l[m];
+    // Nothing new reached this row: keep the accumulator bit-exact.
+    if (c.accumulate && l == 1.0f && sc.m[m] == c.lse[oh] * (1.0f / kLn2)) continue;
+    if (l == 0.0f) {  // saw no key at all
+      for (int d = 0; d < D; ++d) o[d] = 0.0f;
+      c.lse[oh] = kNegInf;
+      continue;
+    }
+    const float inv = 1.0f / l;
+    const float* acc = sc.acc + size_t(m) * c.dpad;
+    for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
+    c.lse[oh] = (sc.m[m] + std::log2(l)) * kLn2;
+  }
+}
+
+template <class I>
+void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTileStats& st) {
+  const auto& p = *c.p;
+  const auto& seg = c.segs[t.seg];
+  const int nrows = t.m_end - t.m_begin;
+  const int nvec = (nrows + I::W - 1) / I::W;
+  const int ncols = nvec * I::W;
+  int32_t qmin, qmax, vqmax[attn::cpu::kAttnMaxTileRows / I::W];
+  loadQueries<I>(c, t, sc, nrows, ncols, qmin, qmax, vqmax);
+  initState<I>(c, t, sc, nrows, ncols);
+  const int dvec = (p.head_dim + I::W - 1) / I::W;
+  bool computed = false;
+  for (int k0 = seg.k_begin; k0 < seg.k_end; k0 += kAttnKeyTile) {
+    const int n = seg.k_end - k0 < kAttnKeyTile ? seg.k_end - k0 : kAttnKeyTile;
+    bool masked = false;
+    int c0 = 0;  // leading row vectors this key tile cannot reach
+    if (p.causal) {
+      int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
+      for (int j = 0; j < n; ++j) {
+        const int32_t kp = p.k_pos[k0 + j];
+        kmin = kp < kmin ? kp : kmin;
+        kmax = kp > kmax ? kp : kmax;
+      }
+      if (kmin > qmax) {  // every key is in every query's future
+        ++st.skipped;
+        continue;
+      }
+      masked = kmax > qmin;
+      if (masked)  // rows are usually in position order: skip the early ones
+        while (vqmax[c0] < kmin) ++c0;
+    }
+    ++(masked ? st.masked : st.full);
+    computed = true;
+    const int nkeys_pad = roundUp(n, I::kSJ);
+    loadKeys<I>(c, t, sc, k0, n, nkeys_pad);
+    if (k0 + n < seg.k_end)
+      prefetchKeys(c, t, k0 + n, std::min(kAttnKeyTile, seg.k_end - k0 - n));
+    scoreTile<I>(sc.krow, nkeys_pad, sc.qt, c0, nvec, p.head_dim, sc.s);
+    softmaxTile<I>(sc, n, c0, nvec, masked, masked ? p.k_pos + k0 : nullptr);
+    pvTile<I>(sc, n, c0 * I::W, roundUp(nrows, I::kPR), dvec, c.dpad);
+  }
+  if (c.accumulate && !computed) return;  // leave the accumulator bit-exact
+  storeRows<I>(c, t, sc, nrows);
+}
+
+}  // namespace

@@ -1,0 +1,55 @@
+// Internal: the unit of attention work that one ISA kernel runs, and the
+// per-thread scratch it uses. Built by attention.cc, run by isa_*.cc.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/attention.h"
+
+namespace attn::cpu {
+
+constexpr int kAttnKeyTile = 64;       // keys per tile
+constexpr int kAttnMaxTileRows = 256;  // stacked (query row, head) pairs per tile
+
+// Constants of one call, shared by its tasks.
+struct AttnCall {
+  const AttnProblem* p;
+  const AttnSegment* segs;
+  float* o;
+  float* lse;
+  bool accumulate;   // start from (o, lse) instead of empty
+  float scale_log2;  // scale * log2(e): scores are kept in base 2
+  int group;         // query heads per kv head
+  int dpad;          // head_dim rounded up to 16: row stride of acc and vbuf
+};
+
+// Tile rows [m_begin, m_end) of the flattened (row, head-in-group) index
+// m = (q_row - q_begin) * group + h % group, for kv head kv_head of segment seg.
+struct AttnTask {
+  int32_t seg, kv_head, m_begin, m_end;
+};
+
+// Per-thread working set, sized for kAttnMaxTileRows x kAttnKeyTile x dpad.
+struct AttnScratch {
+  float* qt;     // [head_dim][rows]   scaled Q tile, transposed
+  float* s;      // [key tile][rows]   scores, then probabilities (S^T)
+  float* acc;    // [rows][dpad]       unnormalised output
+  float* m;      // [rows]             running max (base 2)
+  float* l;      // [rows]             running denominator
+  float* alpha;  // [rows]             rescale of acc for the current key tile
+  float* kbuf;   // [key tile][head_dim]  K converted to fp32
+  float* vbuf;   // [key tile][dpad]      V converted / padded
+  float* row;    // [dpad]             one converted Q row
+  int32_t* qpos;        // [rows]
+  const float** krow;   // [key tile]
+  const float** vrow;   // [key tile]
+};
+
+struct AttnTileStats {
+  int64_t full = 0, masked = 0, skipped = 0;
+};
+
+using AttnTaskFn = void (*)(const AttnCall& c, const AttnTask& t, AttnScratch& sc,
+                            AttnTileStats& st);
+
+}  // namespace attn::cpu

@@ -1,0 +1,65 @@
+#include "kernels/cpu/cpu_isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace attn::cpu {
+namespace {
+
+Isa probe() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  // __builtin_cpu_supports also checks that the OS saves the wide registers.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return Isa::kAvx2;
+#endif
+  return Isa::kGeneric;
+}
+
+Isa lower(Isa a, Isa b) { return static_cast<int>(a) < static_cast<int>(b) ? a : b; }
+
+Isa fromEnv(Isa detected) {
+  const char* s = std::getenv("ATTN_CPU_ISA");
+  if (s == nullptr) return detected;
+  if (std::strcmp(s, "generic") == 0) return Isa::kGeneric;
+  if (std::strcmp(s, "avx2") == 0) return lower(Isa::kAvx2, detected);
+  return detected;
+}
+
+std::atomic<int>& activeSlot() {
+  static std::atomic<int> slot{static_cast<int>(fromEnv(detectedIsa()))};
+  return slot;
+}
+
+}  // namespace
+
+Isa detectedIsa() {
+  static const Isa isa = probe();
+  return isa;
+}
+
+Isa activeIsa() {
+  return static_cast<Isa>(activeSlot().load(std::memory_order_relaxed));
+}
+
+Isa forceIsa(Isa isa) {
+  Isa v = lower(isa, detectedIsa());
+  activeSlot().store(static_cast<int>(v), std::memory_order_relaxed);
+  return v;
+}
+
+const char* isaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    default: return "generic";
+  }
+}
+
+}  // namespace attn::cpu

@@ -1,0 +1,22 @@
+// Which SIMD level the CPU kernels run at. Chosen once from the CPU's
+// features; tests can force a lower level to exercise every code path.
+#pragma once
+
+namespace attn::cpu {
+
+enum class Isa : int {
+  kGeneric = 0,  // portable C++ (SSE2 on x86-64), no target attributes
+  kAvx2 = 1,     // AVX2 + FMA + F16C
+  kAvx512 = 2,   // AVX-512 F/BW/DQ/VL + FMA + F16C
+};
+
+// The best level this CPU supports.
+Isa detectedIsa();
+// The level kernels use now: detectedIsa() unless lowered by forceIsa or by
+// ATTN_CPU_ISA=generic|avx2|avx512 (read once; never raised above detected).
+Isa activeIsa();
+// Lowers (or restores) the level for tests; returns the level now active.
+Isa forceIsa(Isa isa);
+const char* isaName(Isa isa);
+
+}  // namespace attn::cpu

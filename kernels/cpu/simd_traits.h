@@ -1,0 +1,156 @@
+// The few vector operations the attention kernel needs, once per instruction
+// set. Included by the isa_*.cc units after their `#pragma GCC target`; a
+// traits struct is only defined where the unit enables its instruction set
+// (ATTN_KERNEL_AVX512 / ATTN_KERNEL_AVX2).
+//
+// Tile shapes per ISA: kRows stacked query rows per tile; the score kernel
+// keeps kSJ keys x kSC vectors of accumulators, the P.V kernel kPR rows x kPC
+// vectors, sized to the register file (32 zmm / 16 ymm / 16 xmm).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace {
+
+// 2^f on [-0.5, 0.5]: least-squares fit, relative error 2.7e-9.
+constexpr float kExp2C1 = 0.6931472056005104f, kExp2C2 = 0.240226466087139f,
+                kExp2C3 = 0.055503289975177984f, kExp2C4 = 0.00961851953435526f,
+                kExp2C5 = 0.0013399860363060092f, kExp2C6 = 0.00015337576831145398f;
+
+#if defined(ATTN_KERNEL_AVX512)
+struct SimdAvx512 {
+  static constexpr int W = 16;
+  static constexpr int kRows = 256, kSJ = 4, kSC = 4, kPR = 4, kPC = 4;
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  // -inf where the key is in the future of the query.
+  static V maskCausal(V s, int32_t kpos, const int32_t* qpos) {
+    const __mmask16 visible = _mm512_cmple_epi32_mask(
+        _mm512_set1_epi32(kpos), _mm512_loadu_si512(qpos));
+    return _mm512_mask_blend_ps(visible, set1(-std::numeric_limits<float>::infinity()), s);
+  }
+  // x where finite-or-NaN, 0 where -inf (a running max with nothing seen yet).
+  static V zeroIfNegInf(V x) {
+    const __mmask16 ninf = _mm512_cmp_ps_mask(
+        x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm512_mask_blend_ps(ninf, x, zero());
+  }
+  // 2^x; 0 for -inf, NaN stays NaN (max_ps returns its second operand on NaN).
+  static V exp2(V x) {
+    x = _mm512_max_ps(set1(-150.0f), x);
+    const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = sub(x, n);
+    V p = set1(kExp2C6);
+    p = fma(p, f, set1(kExp2C5));
+    p = fma(p, f, set1(kExp2C4));
+    p = fma(p, f, set1(kExp2C3));
+    p = fma(p, f, set1(kExp2C2));
+    p = fma(p, f, set1(kExp2C1));
+    p = fma(p, f, set1(1.0f));
+    return _mm512_scalef_ps(p, n);
+  }
+};
+#endif
+
+#if defined(ATTN_KERNEL_AVX2) || defined(ATTN_KERNEL_AVX512)
+struct SimdAvx2 {
+  static constexpr int W = 8;
+  static constexpr int kRows = 192, kSJ = 4, kSC = 3, kPR = 4, kPC = 3;
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V maskCausal(V s, int32_t kpos, const int32_t* qpos) {
+    const __m256i future = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(kpos), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qpos)));
+    return _mm256_blendv_ps(s, set1(-std::numeric_limits<float>::infinity()),
+                            _mm256_castsi256_ps(future));
+  }
+  static V zeroIfNegInf(V x) {
+    const V ninf = _mm256_cmp_ps(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm256_andnot_ps(ninf, x);
+  }
+  // 2^x with the exponent built in integer lanes; results below 2^-126 flush
+  // to 0 (they cannot matter next to the row maximum's 1).
+  static V exp2(V x) {
+    x = _mm256_max_ps(set1(-127.0f), x);
+    const V n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = sub(x, n);
+    V p = set1(kExp2C6);
+    p = fma(p, f, set1(kExp2C5));
+    p = fma(p, f, set1(kExp2C4));
+    p = fma(p, f, set1(kExp2C3));
+    p = fma(p, f, set1(kExp2C2));
+    p = fma(p, f, set1(kExp2C1));
+    p = fma(p, f, set1(1.0f));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return mul(p, _mm256_castsi256_ps(e));
+  }
+};
+#endif
+
+// Portable: GCC vector extensions (SSE2 on x86-64, NEON elsewhere). No FMA
+// contraction is assumed, so fma is a multiply and an add.
+struct SimdGeneric {
+  static constexpr int W = 4;
+  static constexpr int kRows = 128, kSJ = 4, kSC = 2, kPR = 4, kPC = 2;
+  using V = float __attribute__((vector_size(16)));
+  using VI = int32_t __attribute__((vector_size(16)));
+  static V zero() { return V{0, 0, 0, 0}; }
+  static V set1(float x) { return V{x, x, x, x}; }
+  static V load(const float* p) { V v; std::memcpy(&v, p, sizeof v); return v; }
+  static void store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V mul(V a, V b) { return a * b; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static V maskCausal(V s, int32_t kpos, const int32_t* qpos) {
+    VI q;
+    std::memcpy(&q, qpos, sizeof q);
+    const VI k = VI{kpos, kpos, kpos, kpos};
+    return k > q ? set1(-std::numeric_limits<float>::infinity()) : s;
+  }
+  static V zeroIfNegInf(V x) {
+    return x == set1(-std::numeric_limits<float>::infinity()) ? zero() : x;
+  }
+  static V exp2(V x) {
+    x = x < set1(-127.0f) ? set1(-127.0f) : x;  // NaN compares false: stays NaN
+    // Round to nearest via the 1.5 * 2^23 trick (|x| < 2^22 here).
+    const V magic = set1(12582912.0f);
+    const V n = (x + magic) - magic;
+    const V f = x - n;
+    V p = set1(kExp2C6);
+    p = p * f + set1(kExp2C5);
+    p = p * f + set1(kExp2C4);
+    p = p * f + set1(kExp2C3);
+    p = p * f + set1(kExp2C2);
+    p = p * f + set1(kExp2C1);
+    p = p * f + set1(1.0f);
+    const VI e = (__builtin_convertvector(n, VI) + 127) << 23;
+    V scale;
+    std::memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+  }
+};
+
+}  // namespace

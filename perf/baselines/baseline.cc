@@ -1,0 +1,119 @@
+#include "perf/baselines/baseline.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "perf/datatypes.h"
+#include "perf/patterns.h"
+#include "perf/timing.h"
+
+namespace attnperf {
+
+namespace {
+// Values per collective, the same functions our *_perf binaries use.
+double sendValue(const std::string& c, int r, int n, size_t count, size_t j) {
+  if (c == "all_gather") return copyValue(attnFloat32, r, 0, j);
+  if (c == "alltoall") return copyValue(attnFloat32, r, int(j / count), j % count);
+  (void)n;
+  return reduceInput(attnSum, r, j);
+}
+double recvValue(const std::string& c, int r, int n, size_t count, size_t i) {
+  if (c == "all_gather") return copyValue(attnFloat32, int(i / count), 0, i % count);
+  if (c == "alltoall") return copyValue(attnFloat32, int(i / count), r, i % count);
+  return reduceExpected(attnSum, n, size_t(r) * count + i);
+}
+}  // namespace
+
+bool baselineCollKnown(const std::string& c) {
+  return c == "all_gather" || c == "reduce_scatter" || c == "alltoall";
+}
+
+bool baselineOptionsOk(const Options& o) {
+  if (!baselineCollKnown(o.coll)) {
+    fprintf(stderr, "-C must be all_gather, reduce_scatter or alltoall (got '%s')\n",
+            o.coll.c_str());
+    return false;
+  }
+  if (o.dtype != attnFloat32 || o.op != attnSum) {
+    fprintf(stderr, "baselines measure -d float -o sum only\n");
+    return false;
+  }
+  return true;
+}
+
+int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
+                    const std::string& mode, const std::string& transport) {
+  const int r = be.rank(), n = be.nranks();
+  const std::string& coll = o.coll;
+  const bool toAll = coll != "reduce_scatter";  // recv holds n blocks
+  std::vector<RankInfo> ranks = be.gatherRankInfo(localRankInfo(r));
+
+  std::unique_ptr<Reporter> rep;
+  if (r == 0) {
+    RunInfo info;
+    info.program = program;
+    info.library = be.library();
+    info.coll = coll;
+    info.mode = mode;
+    info.transport = transport;
+    info.nranks = n;
+    info.busFactor = double(n - 1) / double(n);
+    info.hasInPlace = false;
+    rep = std::make_unique<Reporter>(info, o);
+    rep->header(ranks);
+  }
+
+  const std::vector<size_t> sizes = sizeList(o);
+  const size_t maxElems = sizes.empty() ? 0 : sizes.back() / sizeof(float);
+  // Touched up front so page faults stay out of the timed calls.
+  std::vector<float> send(maxElems + 1, 0.0f), recv(maxElems + 1, 0.0f);
+  int64_t wrongTotal = 0;
+
+  for (size_t bytes : sizes) {
+    const size_t count = bytes / sizeof(float) / size_t(n);
+    if (count == 0) continue;
+    const size_t all = count * size_t(n);
+    const size_t nSend = coll == "all_gather" ? count : all;
+    const size_t nRecv = toAll ? all : count;
+    for (size_t j = 0; j < nSend; j++) send[j] = float(sendValue(coll, r, n, count, j));
+    std::fill(recv.begin(), recv.begin() + all, -1.0f);
+    BaselineOp op = be.prepare(coll, send.data(), recv.data(), count);
+
+    Row row;
+    row.bytes = all * sizeof(float);
+    row.count = all;
+    row.type = "float";
+    row.op = coll == "reduce_scatter" ? "sum" : "none";
+    Measure& m = row.outOfPlace;
+    if (o.check) {
+      op.call();
+      int64_t wrong = int64_t(countWrong(attnFloat32, op.result, nRecv, [&](size_t i) {
+        return recvValue(coll, r, n, count, i);
+      }));
+      m.wrong = be.sum(wrong);
+      wrongTotal += m.wrong;
+    }
+    if (op.clobbered) std::fill(op.clobbered, op.clobbered + op.clobberedElems, 0.0f);
+    for (int i = 0; i < o.warmup; i++) op.call();
+    std::vector<double> t(size_t(o.iters));
+    for (int i = 0; i < o.iters; i++) {
+      be.barrier();
+      const double t0 = nowUs();
+      op.call();
+      t[size_t(i)] = nowUs() - t0;
+    }
+    be.maxInPlace(t.data(), t.size());
+    m.t = summarize(t);
+    m.ran = true;
+    if (rep) rep->row(row);
+  }
+  if (rep) {
+    rep->footer();
+    if (!o.jsonPath.empty()) rep->writeJson(o.jsonPath);
+  }
+  return wrongTotal;
+}
+
+}  // namespace attnperf

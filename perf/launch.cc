@@ -1,0 +1,152 @@
+#include "perf/launch.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "perf/timing.h"
+
+namespace attnperf {
+
+namespace {
+
+void initFailed(const char* what, attnResult_t r) {
+  fprintf(stderr, "%s failed: %s: %s\n", what, attnGetErrorString(r),
+          attnGetLastError(nullptr));
+}
+
+bool writeAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w, n -= size_t(w);
+  }
+  return true;
+}
+
+bool readAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r, n -= size_t(r);
+  }
+  return true;
+}
+
+// Child `rank` of launchProcesses: rank 0 makes the id and hands it to the
+// others through their pipes; nobody touched the library before fork.
+int processRank(int rank, int nranks, std::vector<int>& pipes, const RankBody& body) {
+  attnUniqueId id;
+  if (rank == 0) {
+    attnResult_t r = attnGetUniqueId(&id);
+    if (r != attnSuccess) return initFailed("attnGetUniqueId", r), 2;
+    for (int q = 1; q < nranks; q++)
+      if (!writeAll(pipes[2 * q + 1], &id, sizeof id)) return perror("pipe write"), 2;
+  } else if (!readAll(pipes[2 * rank], &id, sizeof id)) {
+    fprintf(stderr, "rank %d: no unique id from rank 0\n", rank);
+    return 2;
+  }
+  for (int fd : pipes) close(fd);
+  attnComm_t comm = nullptr;
+  attnResult_t r = attnCommInitRank(&comm, nranks, id, rank);
+  if (r != attnSuccess) return initFailed("attnCommInitRank", r), 2;
+  return body(comm);
+}
+
+}  // namespace
+
+bool launchedExternally() {
+  for (const char* v : {"ATTN_RANK", "RANK", "OMPI_COMM_WORLD_RANK"})
+    if (getenv(v)) return true;
+  return false;
+}
+
+int launchThreads(int nranks, const RankBody& body) {
+  std::vector<attnComm_t> comms(size_t(nranks), nullptr);
+  attnResult_t r = attnCommInitAll(comms.data(), nranks, nullptr);
+  if (r != attnSuccess) return initFailed("attnCommInitAll", r), 2;
+  std::vector<int> rc(size_t(nranks), 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < nranks; i++)
+    threads.emplace_back([&, i] { rc[size_t(i)] = body(comms[size_t(i)]); });
+  for (auto& t : threads) t.join();
+  return *std::max_element(rc.begin(), rc.end());
+}
+
+int launchProcesses(int nranks, const RankBody& body) {
+  std::vector<int> pipes(2 * size_t(nranks), -1);
+  for (int q = 1; q < nranks; q++)
+    if (pipe(&pipes[2 * size_t(q)]) != 0) return perror("pipe"), 2;
+  fflush(stdout);
+  fflush(stderr);
+  std::vector<pid_t> kids;
+  for (int q = 0; q < nranks; q++) {
+    pid_t p = fork();
+    if (p < 0) {
+      perror("fork");
+      for (pid_t k : kids) kill(k, SIGKILL);
+      break;
+    }
+    if (p == 0) {
+      int rc = processRank(q, nranks, pipes, body);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+    kids.push_back(p);
+  }
+  for (int fd : pipes)
+    if (fd >= 0) close(fd);
+
+  // Reap children; once one fails, give the rest a grace period to notice
+  // and exit on their own, then kill them rather than hang.
+  int worst = int(kids.size()) == nranks ? 0 : 2;
+  size_t left = kids.size();
+  double killAt = 0;
+  while (left) {
+    int st = 0;
+    pid_t p = waitpid(-1, &st, killAt ? WNOHANG : 0);
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) break;
+    if (p == 0) {
+      if (nowUs() > killAt) {
+        for (pid_t k : kids)
+          if (k > 0) kill(k, SIGKILL);  // reaped ones are -1: never kill(-1)
+        killAt = 1e300;
+      }
+      usleep(20000);
+      continue;
+    }
+    auto it = std::find(kids.begin(), kids.end(), p);
+    if (it == kids.end()) continue;
+    *it = -1;  // never signal a reaped (maybe reused) pid
+    left--;
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 2;
+    if (WIFSIGNALED(st))
+      fprintf(stderr, "rank %d killed by signal %d\n", int(it - kids.begin()), WTERMSIG(st));
+    worst = std::max(worst, rc);
+    if (rc == 2 && !killAt) killAt = nowUs() + 30e6;
+  }
+  return worst;
+}
+
+int launchExternal(const RankBody& body) {
+  attnComm_t comm = nullptr;
+  attnResult_t r = attnCommInitFromEnv(&comm, nullptr);
+  if (r != attnSuccess) return initFailed("attnCommInitFromEnv", r), 2;
+  return body(comm);
+}
+
+}  // namespace attnperf

@@ -1,0 +1,23 @@
+// Starting ranks: as threads of this process (attnCommInitAll), as forked
+// processes (the unique id travels through pipes), or as one rank of an
+// external launcher (attnCommInitFromEnv). Each returns the worst rank's
+// status as a process exit code.
+#pragma once
+
+#include <functional>
+
+#include "attncomm.h"
+
+namespace attnperf {
+
+// Runs one rank on a communicator it then owns; returns 0 ok, else non-zero.
+using RankBody = std::function<int(attnComm_t comm)>;
+
+// True when a launcher set ATTN_RANK, RANK or OMPI_COMM_WORLD_RANK.
+bool launchedExternally();
+
+int launchThreads(int nranks, const RankBody& body);
+int launchProcesses(int nranks, const RankBody& body);
+int launchExternal(const RankBody& body);
+
+}  // namespace attnperf

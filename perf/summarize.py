@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Side-by-side markdown table of perf JSON files (ours and baselines).
+
+Usage: summarize.py [--out FILE] [--title TEXT] [--order cfg1,cfg2,...]
+                    [--ratio NUM:DEN ...] PATH...
+
+PATH is a JSON file written with -J, or a directory of them. A file's
+configuration is the part of its name before the first '.', e.g.
+attn-shm.all_gather.r2.json -> "attn-shm"; repetitions of one configuration
+are combined by taking the median busbw per size (out-of-place).
+A --ratio NUM:DEN column shows median(NUM)/median(DEN); DEN may be
+"a|b" for the better of two baselines.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+
+
+def load(paths):
+    """(cfg, coll, size) -> list of (busbw, wrong); plus per-cfg metadata."""
+    files = []
+    for p in paths:
+        files += sorted(glob.glob(os.path.join(p, "*.json"))) if os.path.isdir(p) else [p]
+    data, meta, bad = {}, {}, []
+    for f in files:
+        cfg = os.path.basename(f).split(".")[0]
+        try:
+            with open(f) as fh:
+                j = json.load(fh)
+        except (OSError, ValueError) as e:
+            bad.append(f"{f}: {e}")
+            continue
+        meta.setdefault(cfg, j)
+        for row in j.get("rows", []):
+            m = row.get("out_of_place")
+            if not m:
+                continue
+            key = (cfg, j["collective"], row["size"])
+            data.setdefault(key, []).append((m["busbw"], m.get("wrong", -1)))
+    return data, meta, bad
+
+
+def size_label(b):
+    if b >= 1 << 30 and b % (1 << 30) == 0:
+        return f"{b >> 30} GiB"
+    if b >= 1 << 20 and b % (1 << 20) == 0:
+        return f"{b >> 20} MiB"
+    if b >= 1 << 10 and b % (1 << 10) == 0:
+        return f"{b >> 10} KiB"
+    return f"{b} B"
+
+
+def cell(vals):
+    if not vals:
+        return "-", None
+    med = statistics.median(v for v, _ in vals)
+    wrong = any(w > 0 for _, w in vals)
+    return f"{med:.2f}" + (" (WRONG)" if wrong else ""), med
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+")
+    ap.add_argument("--out")
+    ap.add_argument("--title", default="busbw (GB/s), median over repetitions")
+    ap.add_argument("--order", default="")
+    ap.add_argument("--ratio", action="append", default=[])
+    a = ap.parse_args()
+
+    data, meta, bad = load(a.paths)
+    cfgs = [c for c in a.order.split(",") if c in meta] if a.order else []
+    cfgs += sorted(c for c in meta if c not in cfgs)
+    colls = []
+    for (_, coll, _) in sorted(data):
+        if coll not in colls:
+            colls.append(coll)
+    ratios = [r.split(":", 1) for r in a.ratio if ":" in r]
+
+    out = [f"### {a.title}", ""]
+    for c in cfgs:
+        j = meta[c]
+        reps = max((len(v) for k, v in data.items() if k[0] == c), default=0)
+        out.append(f"- **{c}**: {j.get('program')} ({j.get('library')}), "
+                   f"{j.get('nranks')} ranks as {j.get('mode')}, transport "
+                   f"'{j.get('transport') or 'default'}', {j.get('iters')} iters, "
+                   f"{reps} rep(s)")
+    out.append("")
+    head = ["collective", "size"] + cfgs + [
+        f"{n} / " + (f"best({d.replace('|', ', ')})" if "|" in d else d) for n, d in ratios]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * 2 + "---:|" * (len(head) - 2))
+    for coll in colls:
+        sizes = sorted({k[2] for k in data if k[1] == coll})
+        for s in sizes:
+            meds, cells = {}, []
+            for c in cfgs:
+                text, med = cell(data.get((c, coll, s), []))
+                cells.append(text)
+                meds[c] = med
+            for num, den in ratios:
+                dens = [meds.get(d) for d in den.split("|")]
+                dens = [d for d in dens if d]
+                n = meds.get(num)
+                cells.append(f"{n / max(dens):.2f}x" if n and dens else "-")
+            out.append(f"| {coll} | {size_label(s)} | " + " | ".join(cells) + " |")
+    text = "\n".join(out) + "\n"
+    sys.stdout.write(text)
+    if a.out:
+        with open(a.out, "w") as fh:
+            fh.write(text)
+    for b in bad:
+        print(f"summarize: skipped {b}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+// The standard collectives against host-computed exact results: every type x
+// every reduction op x odd counts at N=3 threads; an N sweep (1..8) with a few
+// types; ranks as processes for N in {2,3,4,5,8}; the shm and tcp transports
+// forced by ATTN_TRANSPORT; in-place variants; a few >= 4 MiB cases.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/core/comm.h"  // to confirm which transport a forced run used
+#include "tests/support/multirank.h"
+
+using namespace attn_test;
+
+namespace {
+
+constexpr size_t kCounts[] = {0, 1, 7, 1023, 65537};
+
+std::string TypeParamName(const ::testing::TestParamInfo<attnDataType_t>& info) {
+  return TypeName(info.param);
+}
+
+// Every op, every count, in and out of place: AllReduce and ReduceScatter.
+void ReductionMatrix(attnComm_t comm, int rank, int n, attnDataType_t t) {
+  for (attnRedOp_t op : kAllOps)
+    for (size_t count : kCounts)
+      for (bool inPlace : {false, true}) {
+        CheckAllReduce(comm, rank, n, t, op, count, inPlace);
+        CheckReduceScatter(comm, rank, n, t, op, count, inPlace);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+}
+
+// AllGather, Broadcast from every root, AllToAll, AllToAllv, for every count.
+void DataMovementMatrix(attnComm_t comm, int rank, int n, attnDataType_t t) {
+  for (size_t count : kCounts) {
+    for (bool inPlace : {false, true}) {
+      CheckAllGather(comm, rank, n, t, count, inPlace);
+      for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, t, count, root, inPlace);
+    }
+    CheckAllToAll(comm, rank, n, t, count);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  CheckBroadcast(comm, rank, n, t, 77, n - 1, false, /*nullSendOnNonRoot=*/true);
+  for (size_t scale : {0, 1, 5, 3001}) CheckAllToAllv(comm, rank, n, t, scale);
+}
+
+// ---------------------------------------------------------------------------
+// Full type x op x count matrix at N = 3 threads.
+
+class TypeMatrix : public ::testing::TestWithParam<attnDataType_t> {};
+
+TEST_P(TypeMatrix, ReductionsAllOpsAllCountsThreadsN3) {
+  const attnDataType_t t = GetParam();
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) { ReductionMatrix(comm, rank, n, t); });
+}
+
+TEST_P(TypeMatrix, DataMovementAllCountsThreadsN3) {
+  const attnDataType_t t = GetParam();
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    DataMovementMatrix(comm, rank, n, t);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, TypeMatrix, ::testing::ValuesIn(kAllTypes), TypeParamName);
+
+TEST(Collectives, BarrierThreadsN3) {
+  std::atomic<int64_t> counter{0};
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) { CheckBarrier(comm, rank, n, counter, 5); });
+}
+
+// ---------------------------------------------------------------------------
+// N sweep with threads: N in {1,2,3,4,5,8} x a few types.
+
+using SweepParam = std::tuple<int, attnDataType_t>;
+
+class NSweepThreads : public ::testing::TestWithParam<SweepParam> {};
+
+void SweepBody(attnComm_t comm, int rank, int n, attnDataType_t t, std::atomic<int64_t>& counter) {
+  const bool allOps = t == attnFloat32;
+  for (size_t count : kCounts) {
+    for (attnRedOp_t op : kAllOps) {
+      if (!allOps && op != attnSum && op != attnMax && op != attnAvg) continue;
+      if (count == 65537 && op != attnSum && op != attnAvg) continue;
+      CheckAllReduce(comm, rank, n, t, op, count, false);
+      CheckReduceScatter(comm, rank, n, t, op, count, false);
+    }
+    CheckAllGather(comm, rank, n, t, count, false);
+    CheckAllToAll(comm, rank, n, t, count);
+    if (count <= 1023)
+      for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, t, count, root, false);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  CheckBroadcast(comm, rank, n, t, 65537, n / 2, false);
+  // In place, once each.
+  CheckAllReduce(comm, rank, n, t, attnMin, 1023, true);
+  CheckReduceScatter(comm, rank, n, t, attnSum, 1023, true);
+  CheckAllGather(comm, rank, n, t, 1023, true);
+  CheckBroadcast(comm, rank, n, t, 1023, n - 1, true);
+  for (size_t scale : {0, 1, 7, 1023}) CheckAllToAllv(comm, rank, n, t, scale);
+  CheckBarrier(comm, rank, n, counter, 2);
+}
+
+TEST_P(NSweepThreads, AllCollectives) {
+  const auto [n, t] = GetParam();
+  std::atomic<int64_t> counter{0};
+  RunThreads(n, [&](int rank, int nr, attnComm_t& comm) { SweepBody(comm, rank, nr, t, counter); });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, NSweepThreads,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
+                       ::testing::Values(attnFloat32, attnInt32, attnBfloat16)),
+    [](const ::testing::TestParamInfo<SweepParam>& info) {
+      return "N" + std::to_string(std::get<0>(info.param)) + "_" +
+             TypeName(std::get<1>(info.param));
+    });
+
+// ---------------------------------------------------------------------------
+// Ranks as processes: N in {2,3,4,5,8}, fewer types.
+
+class NSweepProcesses : public ::testing::TestWithParam<int> {};
+
+void ProcessBody(attnComm_t comm, int rank, int n, std::atomic<int64_t>& counter) {
+  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1023), size_t(65537)}) {
+    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, false);
+    CheckReduceScatter(comm, rank, n, attnFloat32, attnMax, count, false);
+    CheckAllGather(comm, rank, n, attnFloat32, count, false);
+    CheckAllToAll(comm, rank, n, attnFloat32, count);
+    CheckBroadcast(comm, rank, n, attnFloat32, count, int(count % size_t(n)), false);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  for (attnDataType_t t : {attnInt8, attnFloat16}) {
+    for (attnRedOp_t op : kAllOps) CheckAllReduce(comm, rank, n, t, op, 1023, false);
+    CheckReduceScatter(comm, rank, n, t, attnAvg, 7, false);
+    CheckAllGather(comm, rank, n, t, 1023, true);
+    for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, t, 7, root, root % 2 == 0);
+    CheckAllToAll(comm, rank, n, t, 7);
+  }
+  CheckAllReduce(comm, rank, n, attnInt64, attnProd, 1023, true);
+  CheckReduceScatter(comm, rank, n, attnFloat64, attnMin, 1023, true);
+  for (size_t scale : {0, 1, 1023}) CheckAllToAllv(comm, rank, n, attnFloat32, scale);
+  CheckBarrier(comm, rank, n, counter, 3);
+}
+
+TEST_P(NSweepProcesses, AllCollectives) {
+  const int n = GetParam();
+  SharedCounters counter(1);
+  RunOptions opts;
+  opts.deadline_ms = 180000;
+  RunProcesses(n, [&](int rank, int nr, attnComm_t& comm) { ProcessBody(comm, rank, nr, counter[0]); },
+               opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, NSweepProcesses, ::testing::Values(2, 3, 4, 5, 8),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "N" + std::to_string(info.param);
+                         });
+
+// ---------------------------------------------------------------------------
+// Forced transports (ATTN_TRANSPORT), threads and processes.
+
+using TransportParam = std::tuple<std::string, bool>;  // transport, processes?
+
+class ForcedTransport : public ::testing::TestWithParam<TransportParam> {};
+
+void TransportBody(attnComm_t comm, int rank, int n, const std::string& transport,
+                   std::atomic<int64_t>& counter) {
+  // The forced transport is the one in use for every peer.
+  for (int p = 0; p < n; ++p) {
+    if (p == rank) continue;
+    ASSERT_NE(comm->engine, nullptr);
+    EXPECT_EQ(std::string(comm->engine->transportName(p)), transport)
+        << "rank " << rank << " reaches peer " << p << " by another transport";
+  }
+  for (size_t count : {size_t(1), size_t(7), size_t(65537), size_t(300001)}) {
+    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, false);
+    CheckAllGather(comm, rank, n, attnInt32, count, false);
+    CheckReduceScatter(comm, rank, n, attnBfloat16, attnMax, count, count == 7);
+    CheckBroadcast(comm, rank, n, attnUint8, count, 1 % n, false);
+    CheckAllToAll(comm, rank, n, attnFloat64, count);
+  }
+  CheckAllToAllv(comm, rank, n, attnInt8, 1001);
+  CheckRingExchange(comm, rank, n, attnFloat16, 100003);
+  CheckBarrier(comm, rank, n, counter, 2);
+}
+
+TEST_P(ForcedTransport, N3) {
+  const auto [transport, processes] = GetParam();
+  RunOptions opts;
+  opts.env = {{"ATTN_TRANSPORT", transport}};
+  opts.deadline_ms = 180000;
+  if (processes) {
+    SharedCounters counter(1);
+    RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+      TransportBody(comm, rank, n, transport, counter[0]);
+    }, opts);
+  } else {
+    std::atomic<int64_t> counter{0};
+    RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+      TransportBody(comm, rank, n, transport, counter);
+    }, opts);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ForcedTransport,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<TransportParam>& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) ? "_processes" : "_threads");
+                         });
+
+// The same through attnConfig_t.transports instead of the environment.
+TEST(ForcedTransportConfig, TcpThreadsN4) {
+  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+  cfg.transports = "tcp";
+  RunOptions opts;
+  opts.config = &cfg;
+  RunThreads(4, [&](int rank, int n, attnComm_t& comm) {
+    for (int p = 0; p < n; ++p)
+      if (p != rank) EXPECT_STREQ(comm->engine->transportName(p), "tcp");
+    CheckAllReduce(comm, rank, n, attnFloat32, attnAvg, 65537, true);
+    CheckAllToAllv(comm, rank, n, attnInt64, 333);
+  }, opts);
+}
+
+// ---------------------------------------------------------------------------
+// At least 4 MiB per buffer.
+
+TEST(Large, FourMiBThreadsN3) {
+  const size_t f32 = (size_t(4) << 20) / 4 + 3;  // 4 MiB + 12 bytes of float32
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, f32, false);
+    CheckAllReduce(comm, rank, n, attnBfloat16, attnAvg, (size_t(4) << 20) / 2 + 1, true);
+    CheckReduceScatter(comm, rank, n, attnFloat64, attnMax, (size_t(4) << 20) / 8 + 1, false);
+    CheckAllGather(comm, rank, n, attnInt8, (size_t(4) << 20) + 5, true);
+    CheckBroadcast(comm, rank, n, attnUint8, (size_t(4) << 20) + 1, 2, false);
+    CheckAllToAll(comm, rank, n, attnInt32, (size_t(4) << 20) / 4 / 3 + 7);
+  });
+}
+
+TEST(Large, FourMiBProcessesN2) {
+  const size_t f32 = (size_t(4) << 20) / 4 + 3;
+  RunOptions opts;
+  opts.deadline_ms = 180000;
+  RunProcesses(2, [&](int rank, int n, attnComm_t& comm) {
+    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, f32, false);
+    CheckAllGather(comm, rank, n, attnFloat16, (size_t(4) << 20) / 2 + 9, false);
+    CheckBroadcast(comm, rank, n, attnInt64, (size_t(4) << 20) / 8 + 1, 1, true);
+    CheckRingExchange(comm, rank, n, attnFloat32, f32);
+  }, opts);
+}
+
+// ---------------------------------------------------------------------------
+// A long mixed sequence: every rank issues the same varied program; results
+// must stay exact and ordered.
+
+TEST(Collectives, MixedSequenceThreadsN4) {
+  std::atomic<int64_t> counter{0};
+  RunThreads(4, [&](int rank, int n, attnComm_t& comm) {
+    for (int step = 0; step < 60; ++step) {
+      const attnDataType_t t = kAllTypes[step % 8];
+      const attnRedOp_t op = kAllOps[(step / 8) % 5];
+      const size_t count = size_t((step * 7919) % 3001);
+      switch (step % 6) {
+        case 0: CheckAllReduce(comm, rank, n, t, op, count, step % 4 == 0); break;
+        case 1: CheckReduceScatter(comm, rank, n, t, op, count, step % 4 == 1); break;
+        case 2: CheckAllGather(comm, rank, n, t, count, step % 4 == 2); break;
+        case 3: CheckBroadcast(comm, rank, n, t, count, step % n, step % 4 == 3); break;
+        case 4: CheckAllToAll(comm, rank, n, t, count % 500); break;
+        case 5: CheckAllToAllv(comm, rank, n, t, count % 97); break;
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    CheckBarrier(comm, rank, n, counter, 1);
+  });
+}
+
+// Several communicators at once in one process: two InitAll sets, used
+// alternately from the same threads.
+TEST(Collectives, TwoCommunicatorsInterleavedThreads) {
+  const int n = 3;
+  std::vector<attnComm_t> a(n), b(n);
+  ATTN_ASSERT_OK(nullptr, attnCommInitAll(a.data(), n, nullptr));
+  ATTN_ASSERT_OK(nullptr, attnCommInitAll(b.data(), n, nullptr));
+  RunThreadsRaw(n, [&](int rank) {
+    for (int i = 0; i < 5; ++i) {
+      CheckAllReduce(a[rank], rank, n, attnFloat32, attnSum, 1023 + i, false);
+      CheckAllGather(b[rank], rank, n, attnInt32, 7 + i, false);
+    }
+    EXPECT_EQ(attnCommDestroy(a[rank]), attnSuccess);
+    EXPECT_EQ(attnCommDestroy(b[rank]), attnSuccess);
+  });
+}
+
+}  // namespace

@@ -1,0 +1,478 @@
+// CPU attention kernels (kernels/cpu/attention.h, merge.h, pack.h) against
+// the double-precision reference, on every instruction set the CPU has.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/merge.h"
+#include "kernels/cpu/pack.h"
+#include "kernels/cpu/reference_attention.h"
+#include "kernels/cpu/worker_pool.h"
+#include "src/core/datatype.h"
+
+namespace attn::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::vector<Isa> supportedIsas() {
+  std::vector<Isa> v{Isa::kGeneric};
+  if (detectedIsa() >= Isa::kAvx2) v.push_back(Isa::kAvx2);
+  if (detectedIsa() >= Isa::kAvx512) v.push_back(Isa::kAvx512);
+  return v;
+}
+
+struct IsaGuard {
+  explicit IsaGuard(Isa isa) { forceIsa(isa); }
+  ~IsaGuard() { forceIsa(detectedIsa()); }
+};
+
+// A tensor stored in `dtype`, filled from random floats rounded to it.
+struct Tensor {
+  attnDataType_t dtype;
+  std::vector<char> bytes;
+  Tensor(attnDataType_t t, size_t n, std::mt19937& rng, float lo, float hi) : dtype(t) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> f(n);
+    for (auto& x : f) x = u(rng);
+    bytes.resize(n * dataTypeSize(t) + 1);
+    EXPECT_EQ(convertFromFloat(bytes.data(), t, f.data(), n), attnSuccess);
+  }
+  void setRowNan(size_t row, size_t row_elems) {  // garbage that must never be read
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> f(row_elems, nan);
+    EXPECT_EQ(convertFromFloat(bytes.data() + row * row_elems * dataTypeSize(dtype), dtype,
+                               f.data(), row_elems),
+              attnSuccess);
+  }
+  const void* data() const { return bytes.data(); }
+};
+
+struct Case {
+  int nq = 0, nk = 0, hq = 1, hkv = 1, d = 64;
+  attnDataType_t dtype = attnFloat32;
+  bool causal = false;
+  std::vector<AttnSegment> segs;  // empty: one segment over everything
+  std::vector<int32_t> qpos, kpos;
+};
+
+struct Inputs {
+  Tensor q, k, v;
+  AttnProblem p;
+  Inputs(const Case& c, uint32_t seed)
+      : q(c.dtype, size_t(c.nq) * c.hq * c.d, rng(seed), -1.0f, 1.0f),
+        k(c.dtype, size_t(c.nk) * c.hkv * c.d, rng(seed + 1), -1.0f, 1.0f),
+        v(c.dtype, size_t(c.nk) * c.hkv * c.d, rng(seed + 2), -1.0f, 1.0f) {
+    // Scores of a few units (not a near-uniform softmax) make errors visible.
+    p.q = q.data();
+    p.k = k.data();
+    p.v = v.data();
+    p.dtype = c.dtype;
+    p.nq = c.nq;
+    p.nk = c.nk;
+    p.num_q_heads = c.hq;
+    p.num_kv_heads = c.hkv;
+    p.head_dim = c.d;
+    p.scale = 4.0f / std::sqrt(float(c.d));
+    p.causal = c.causal;
+    p.q_pos = c.qpos.empty() ? nullptr : c.qpos.data();
+    p.k_pos = c.kpos.empty() ? nullptr : c.kpos.data();
+    p.segments = c.segs.empty() ? nullptr : c.segs.data();
+    p.num_segments = int32_t(c.segs.size());
+  }
+  static std::mt19937& rng(uint32_t seed) {
+    static thread_local std::mt19937 r;
+    r.seed(seed);
+    return r;
+  }
+};
+
+struct Result {
+  std::vector<float> o, lse;
+  Result(const AttnProblem& p, float fill = std::numeric_limits<float>::quiet_NaN())
+      : o(size_t(p.nq) * p.num_q_heads * p.head_dim, fill), lse(size_t(p.nq) * p.num_q_heads, fill) {}
+};
+
+struct Reference {
+  std::vector<double> o, lse;
+  explicit Reference(const AttnProblem& p)
+      : o(size_t(p.nq) * p.num_q_heads * p.head_dim), lse(size_t(p.nq) * p.num_q_heads) {
+    EXPECT_EQ(referenceAttention(p, o.data(), lse.data()), attnSuccess);
+  }
+};
+
+void expectClose(const AttnProblem& p, const Result& r, const Reference& ref, double tol,
+                 const std::string& what) {
+  const AttnErrors e = compareAttention(r.o.data(), r.lse.data(), ref.o.data(), ref.lse.data(),
+                                        size_t(p.nq) * p.num_q_heads, p.head_dim);
+  EXPECT_EQ(e.nan_values, 0) << what;
+  EXPECT_EQ(e.empty_mismatch, 0) << what;
+  EXPECT_LE(e.max_o_rel, tol) << what;
+  EXPECT_LE(e.max_lse_abs, tol) << what;
+}
+
+// Sequential positions 0.. for both sides of one sequence (self-attention).
+Case selfAttention(int t, int hq, int hkv, int d, bool causal, attnDataType_t dt) {
+  Case c;
+  c.nq = c.nk = t;
+  c.hq = hq;
+  c.hkv = hkv;
+  c.d = d;
+  c.causal = causal;
+  c.dtype = dt;
+  for (int i = 0; i < t; ++i) {
+    c.qpos.push_back(i);
+    c.kpos.push_back(i);
+  }
+  return c;
+}
+
+std::string describe(const Case& c, Isa isa) {
+  return std::string(isaName(isa)) + " " + dataTypeName(c.dtype) + " nq=" + std::to_string(c.nq) +
+         " nk=" + std::to_string(c.nk) + " hq=" + std::to_string(c.hq) + " hkv=" +
+         std::to_string(c.hkv) + " d=" + std::to_string(c.d) + (c.causal ? " causal" : "");
+}
+
+TEST(CpuAttention, MatchesReferenceAcrossGqaHeadDimAndMask) {
+  struct Shape { int t, hq, hkv, d; };
+  const Shape shapes[] = {{37, 2, 2, 64},   {70, 4, 1, 128}, {45, 8, 1, 80},
+                          {29, 16, 1, 256}, {66, 8, 2, 72},  {131, 4, 4, 33},
+                          {1, 8, 1, 128},   {5, 3, 1, 7}};
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const auto& s : shapes) {
+      for (bool causal : {false, true}) {
+        const Case c = selfAttention(s.t, s.hq, s.hkv, s.d, causal, attnFloat32);
+        Inputs in(c, uint32_t(s.t * 31 + s.d));
+        Result r(in.p);
+        ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data()), attnSuccess);
+        expectClose(in.p, r, Reference(in.p), 1e-5, describe(c, isa));
+      }
+    }
+  }
+}
+
+TEST(CpuAttention, HalfInputsAndHalfOutput) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat16, attnBfloat16}) {
+      for (int d : {64, 80, 128}) {
+        const Case c = selfAttention(77, 8, 2, d, true, dt);
+        Inputs in(c, 5);
+        Result r(in.p);
+        ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data()), attnSuccess);
+        const Reference ref(in.p);  // reads the same rounded inputs
+        expectClose(in.p, r, ref, 1e-5, describe(c, isa) + " fp32 out");
+        // Written back in the model's dtype: only the output rounding remains.
+        std::vector<uint16_t> narrow(r.o.size());
+        ASSERT_EQ(convertFromFloat(narrow.data(), dt, r.o.data(), r.o.size()), attnSuccess);
+        ASSERT_EQ(convertToFloat(r.o.data(), narrow.data(), dt, r.o.size()), attnSuccess);
+        expectClose(in.p, r, ref, 1e-2, describe(c, isa) + " dtype out");
+      }
+    }
+  }
+}
+
+// Two sequences sharded like CP rank 1 of 3 (chunks 1 and 4 of 6), a third
+// with no query rows and a fourth with no keys; rows of chunk 1 against keys
+// of later chunks see nothing.
+Case variableLength(int hq, int hkv, int d, attnDataType_t dt) {
+  Case c;
+  c.hq = hq;
+  c.hkv = hkv;
+  c.d = d;
+  c.dtype = dt;
+  c.causal = true;
+  auto addSeq = [&](int len, bool with_q, bool with_k, int key_chunk_lo) {
+    const int chunk = len / 6;
+    AttnSegment s{c.nq, c.nq, c.nk, c.nk};
+    if (with_q)
+      for (int ch : {1, 4})
+        for (int i = ch * chunk; i < (ch + 1) * chunk; ++i) c.qpos.push_back(i), ++c.nq;
+    if (with_k)
+      for (int ch : {key_chunk_lo, 5 - key_chunk_lo})
+        for (int i = ch * chunk; i < (ch + 1) * chunk; ++i) c.kpos.push_back(i), ++c.nk;
+    s.q_end = c.nq;
+    s.k_end = c.nk;
+    c.segs.push_back(s);
+  };
+  addSeq(6 * 23, true, true, 2);   // keys of chunks 2 and 3: chunk-1 rows see none
+  addSeq(6 * 70, true, true, 0);   // keys of chunks 0 and 5
+  addSeq(6 * 9, false, true, 1);   // no queries
+  addSeq(6 * 11, true, false, 0);  // no keys: all -inf
+  return c;
+}
+
+TEST(CpuAttention, VariableLengthShardedBatch) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16}) {
+      const Case c = variableLength(8, 2, 64, dt);
+      Inputs in(c, 11);
+      Result r(in.p);  // NaN-filled: every row must be written
+      ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data()), attnSuccess);
+      const Reference ref(in.p);
+      expectClose(in.p, r, ref, 1e-5, describe(c, isa));
+      int empty = 0;
+      for (double l : ref.lse) empty += l == -std::numeric_limits<double>::infinity();
+      EXPECT_GT(empty, 0);  // the case does exercise fully masked rows
+    }
+  }
+}
+
+TEST(CpuAttention, FullyMaskedRowsAreZeroAndMinusInf) {
+  Case c = selfAttention(40, 4, 2, 64, true, attnFloat32);
+  for (auto& p : c.qpos) p -= 1000;  // every key is in every query's future
+  Inputs in(c, 3);
+  Result r(in.p);
+  AttnStats st;
+  ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {1, nullptr, &st}), attnSuccess);
+  for (float x : r.o) ASSERT_EQ(x, 0.0f);
+  for (float l : r.lse) ASSERT_EQ(l, kNegInf);
+  EXPECT_EQ(st.tiles_full + st.tiles_masked, 0);
+  EXPECT_GT(st.tiles_skipped, 0);
+}
+
+// Tiles whose keys are all in the future are skipped: their K/V hold NaN and
+// nothing leaks; the tile counts match the tiling.
+TEST(CpuAttention, SkipsFullyMaskedTiles) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    const int T = 256, rows = kernelsFor(activeIsa()).attn_tile_rows;
+    Case c = selfAttention(T, 4, 4, 64, true, attnFloat32);
+    c.qpos.resize(T / 2);  // queries: the first half; keys: all
+    c.nq = T / 2;
+    Inputs in(c, 9);
+    for (int j = T / 2 + kAttnKeyTile - (T / 2) % kAttnKeyTile; j < T; ++j) {
+      in.k.setRowNan(size_t(j), size_t(c.hkv) * c.d);
+      in.v.setRowNan(size_t(j), size_t(c.hkv) * c.d);
+    }
+    Result r(in.p);
+    AttnStats st;
+    ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {1, nullptr, &st}), attnSuccess);
+    expectClose(in.p, r, Reference(in.p), 1e-5, describe(c, isa));
+    // Expected classification of every (query tile, key tile) pair.
+    AttnStats want;
+    for (int h = 0; h < c.hkv; ++h)
+      for (int m0 = 0; m0 < c.nq; m0 += rows)
+        for (int k0 = 0; k0 < T; k0 += kAttnKeyTile) {
+          const int qmin = m0, qmax = std::min(c.nq, m0 + rows) - 1;
+          const int kmin = k0, kmax = std::min(T, k0 + kAttnKeyTile) - 1;
+          if (kmin > qmax) ++want.tiles_skipped;
+          else if (kmax > qmin) ++want.tiles_masked;
+          else ++want.tiles_full;
+        }
+    EXPECT_EQ(st.tiles_skipped, want.tiles_skipped) << isaName(isa);
+    EXPECT_EQ(st.tiles_masked, want.tiles_masked) << isaName(isa);
+    EXPECT_EQ(st.tiles_full, want.tiles_full) << isaName(isa);
+    EXPECT_GT(want.tiles_skipped, 0);
+  }
+}
+
+// Splits every segment's keys into `parts` contiguous pieces.
+std::vector<std::vector<AttnSegment>> keyPartition(const Case& c, int parts, std::mt19937& rng) {
+  std::vector<AttnSegment> segs = c.segs;
+  if (segs.empty()) segs.push_back({0, c.nq, 0, c.nk});
+  std::vector<std::vector<AttnSegment>> out(static_cast<size_t>(parts));
+  for (const auto& s : segs) {
+    std::vector<int32_t> cuts{s.k_begin, s.k_end};
+    for (int i = 1; i < parts; ++i)
+      cuts.push_back(s.k_begin + int32_t(rng() % uint32_t(s.k_end - s.k_begin + 1)));
+    std::sort(cuts.begin(), cuts.end());
+    for (int i = 0; i < parts; ++i) out[size_t(i)].push_back({s.q_begin, s.q_end, cuts[i], cuts[i + 1]});
+  }
+  return out;
+}
+
+TEST(CpuAttention, PartialsOverAKeyPartitionMergeToTheFullResult) {
+  std::mt19937 rng(17);
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    const Case c = variableLength(8, 1, 128, attnFloat32);
+    Inputs in(c, 21);
+    const Reference ref(in.p);
+    for (int parts : {1, 2, 5}) {
+      const auto split = keyPartition(c, parts, rng);
+      std::vector<Result> partial;
+      AttnProblem p = in.p;
+      for (const auto& segs : split) {
+        p.segments = segs.data();
+        p.num_segments = int32_t(segs.size());
+        partial.emplace_back(p);
+        ASSERT_EQ(attentionPartial(p, partial.back().o.data(), partial.back().lse.data()), attnSuccess);
+      }
+      const size_t rows = size_t(c.nq) * c.hq;
+      // N-way merge in place into the first partial.
+      Result merged = partial[0];
+      std::vector<AttnPartialRef> refs;
+      for (int j = 1; j < parts; ++j)
+        refs.push_back({partial[size_t(j)].o.data(), attnFloat32, partial[size_t(j)].lse.data()});
+      ASSERT_EQ(mergePartials(merged.o.data(), merged.lse.data(), refs.data(), int(refs.size()),
+                              rows, c.d),
+                attnSuccess);
+      expectClose(in.p, merged, ref, 1e-5, describe(c, isa) + " merge " + std::to_string(parts));
+      // Merge-on-receive: fold one at a time into an empty accumulator,
+      // partial O arriving in bf16.
+      Result folded(in.p);
+      initAccumulator(folded.o.data(), folded.lse.data(), c.nq, c.hq, c.d);
+      for (const auto& part : partial) {
+        std::vector<uint16_t> wire(part.o.size());
+        ASSERT_EQ(convertFromFloat(wire.data(), attnBfloat16, part.o.data(), wire.size()), attnSuccess);
+        ASSERT_EQ(foldPartial(folded.o.data(), folded.lse.data(),
+                              {wire.data(), attnBfloat16, part.lse.data()}, rows, c.d),
+                  attnSuccess);
+      }
+      expectClose(in.p, folded, ref, 1e-2, describe(c, isa) + " fold bf16");
+      // Online: accumulate each key part straight into the accumulator.
+      Result acc(in.p);
+      initAccumulator(acc.o.data(), acc.lse.data(), c.nq, c.hq, c.d);
+      for (const auto& segs : split) {
+        p.segments = segs.data();
+        p.num_segments = int32_t(segs.size());
+        ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data()), attnSuccess);
+      }
+      expectClose(in.p, acc, ref, 1e-5, describe(c, isa) + " accumulate " + std::to_string(parts));
+    }
+  }
+}
+
+TEST(CpuAttention, AccumulateLeavesUnreachedRowsBitExact) {
+  Case c = selfAttention(64, 2, 1, 64, true, attnFloat32);
+  Inputs in(c, 4);
+  Result acc(in.p);
+  ASSERT_EQ(attentionPartial(in.p, acc.o.data(), acc.lse.data()), attnSuccess);
+  const Result before = acc;
+  // Keys from the far future: nobody sees them.
+  std::vector<int32_t> future(c.kpos.size());
+  for (size_t i = 0; i < future.size(); ++i) future[i] = 100000 + int32_t(i);
+  AttnProblem p = in.p;
+  p.k_pos = future.data();
+  ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data()), attnSuccess);
+  EXPECT_EQ(std::memcmp(acc.o.data(), before.o.data(), acc.o.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(acc.lse.data(), before.lse.data(), acc.lse.size() * 4), 0);
+  // Keys every query sees only partly (tile masked, rows reached): changes.
+  for (size_t i = 0; i < future.size(); ++i) future[i] = 32 + int32_t(i);
+  ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data()), attnSuccess);
+  EXPECT_EQ(std::memcmp(acc.o.data(), before.o.data(), 32 * 2 * 64 * 4), 0);  // rows < 32
+  EXPECT_NE(std::memcmp(acc.lse.data(), before.lse.data(), acc.lse.size() * 4), 0);
+}
+
+TEST(CpuAttention, ThreadsAndPoolGiveIdenticalBits) {
+  const Case c = variableLength(16, 4, 64, attnFloat16);
+  Inputs in(c, 8);
+  Result one(in.p), two(in.p), pooled(in.p);
+  ASSERT_EQ(attentionPartial(in.p, one.o.data(), one.lse.data(), {1}), attnSuccess);
+  ASSERT_EQ(attentionPartial(in.p, two.o.data(), two.lse.data(), {2}), attnSuccess);
+  WorkerPool pool(3);
+  for (int rep = 0; rep < 3; ++rep)
+    ASSERT_EQ(attentionPartial(in.p, pooled.o.data(), pooled.lse.data(), {3, &pool}), attnSuccess);
+  EXPECT_EQ(std::memcmp(one.o.data(), two.o.data(), one.o.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(one.o.data(), pooled.o.data(), one.o.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(one.lse.data(), pooled.lse.data(), one.lse.size() * 4), 0);
+}
+
+TEST(CpuAttention, RejectsBadProblems) {
+  Case c = selfAttention(8, 4, 2, 64, false, attnFloat32);
+  Inputs in(c, 1);
+  Result r(in.p);
+  AttnProblem p = in.p;
+  p.num_kv_heads = 3;
+  EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument);
+  p = in.p;
+  p.head_dim = kAttnMaxHeadDim + 1;
+  EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument);
+  p = in.p;
+  p.dtype = attnInt8;
+  EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument);
+  p = in.p;
+  p.causal = true;
+  p.q_pos = nullptr;
+  EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument);
+  const AttnSegment overlap[2] = {{0, 5, 0, 8}, {4, 8, 0, 8}};
+  p = in.p;
+  p.segments = overlap;
+  p.num_segments = 2;
+  EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument);
+  const AttnSegment outside[1] = {{0, 9, 0, 8}};
+  p.segments = outside;
+  p.num_segments = 1;
+  EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument);
+}
+
+TEST(CpuMerge, MinusInfinityPartialsContributeNothing) {
+  const int d = 16;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> o0(2 * d, nan), lse0 = {kNegInf, kNegInf};  // empty accumulator, garbage O
+  std::vector<float> o1(2 * d, nan), lse1 = {kNegInf, kNegInf};  // empty partial, garbage O
+  std::vector<float> o2(2 * d, 0.5f), lse2 = {kNegInf, 3.0f};
+  const AttnPartialRef parts[2] = {{o1.data(), attnFloat32, lse1.data()},
+                                   {o2.data(), attnFloat32, lse2.data()}};
+  ASSERT_EQ(mergePartials(o0.data(), lse0.data(), parts, 2, 2, d), attnSuccess);
+  for (int i = 0; i < d; ++i) {
+    EXPECT_EQ(o0[i], 0.0f);          // row 0: nobody saw a key
+    EXPECT_FLOAT_EQ(o0[d + i], 0.5f);  // row 1: only partial 2
+  }
+  EXPECT_EQ(lse0[0], kNegInf);
+  EXPECT_FLOAT_EQ(lse0[1], 3.0f);
+  // Large LSEs do not overflow: the max is subtracted.
+  std::vector<float> a(d, 1.0f), la = {1000.0f}, b(d, 3.0f), lb = {1000.0f};
+  const AttnPartialRef pb{b.data(), attnFloat32, lb.data()};
+  ASSERT_EQ(foldPartial(a.data(), la.data(), pb, 1, d), attnSuccess);
+  EXPECT_FLOAT_EQ(a[0], 2.0f);
+  EXPECT_FLOAT_EQ(la[0], 1000.0f + std::log(2.0f));
+}
+
+TEST(CpuMerge, FoldRowsByIndex) {
+  const int heads = 2, d = 8;
+  std::vector<float> acc(4 * heads * d, 1.0f), lse(4 * heads, 0.0f);
+  std::vector<float> part(2 * heads * d, 3.0f), plse(2 * heads, 0.0f);
+  const int32_t rows[2] = {3, 1};
+  ASSERT_EQ(foldPartialRows(acc.data(), lse.data(), {part.data(), attnFloat32, plse.data()}, rows,
+                            2, heads, d),
+            attnSuccess);
+  for (int t = 0; t < 4; ++t)
+    EXPECT_FLOAT_EQ(acc[size_t(t) * heads * d], (t == 1 || t == 3) ? 2.0f : 1.0f) << t;
+  EXPECT_FLOAT_EQ(lse[3 * heads], std::log(2.0f));
+  EXPECT_EQ(lse[0], 0.0f);
+}
+
+TEST(CpuPack, GatherScatterRoundTripEveryType) {
+  std::mt19937 rng(5);
+  for (int t = 0; t < attnNumTypes; ++t) {
+    const auto type = attnDataType_t(t);
+    const int n = 50, heads = 3, d = 5;
+    const size_t rb = rowBytes(heads, d, type);
+    std::vector<unsigned char> src(n * rb);
+    for (auto& b : src) b = static_cast<unsigned char>(rng());
+    std::vector<int32_t> idx;  // two runs and strays, as a CP shard
+    for (int i = 10; i < 20; ++i) idx.push_back(i);
+    for (int i = 40; i < 50; ++i) idx.push_back(i);
+    idx.push_back(3);
+    idx.push_back(0);
+    std::vector<unsigned char> packed(idx.size() * rb), back(n * rb, 0);
+    gatherRows(packed.data(), src.data(), idx.data(), idx.size(), rb);
+    for (size_t i = 0; i < idx.size(); ++i)
+      ASSERT_EQ(std::memcmp(&packed[i * rb], &src[size_t(idx[i]) * rb], rb), 0);
+    scatterRows(back.data(), packed.data(), idx.data(), idx.size(), rb);
+    for (int i = 0; i < n; ++i) {
+      const bool in = std::find(idx.begin(), idx.end(), i) != idx.end();
+      const bool same = std::memcmp(&back[size_t(i) * rb], &src[size_t(i) * rb], rb) == 0;
+      EXPECT_EQ(same, in) << dataTypeName(type) << " row " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attn::cpu

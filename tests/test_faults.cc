@@ -1,0 +1,420 @@
+// Failure handling: a peer that never arrives (timeout), attnCommAbort from
+// another thread, a SIGKILLed peer (before and during a collective, over shm
+// and tcp), a rank that never joins init, a cut network link between two
+// emulated hosts (network namespaces), and ATTN_CHECK=1 catching mismatched
+// collectives. In every case the surviving ranks must get an error code and
+// a readable cause, never hang (the harness deadlines enforce that).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "attncomm.h"
+#include "tests/support/multirank.h"
+
+using namespace attn_test;
+
+namespace {
+
+bool Contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+bool IsPeerFailure(attnResult_t r) { return r == attnRemoteError || r == attnTimeout; }
+
+attnConfig_t ConfigWithTimeout(int ms) {
+  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = ms;
+  return cfg;
+}
+
+// ---------------------------------------------------------------------------
+// A peer that never calls the collective: attnTimeout within the timeout.
+
+TEST(Faults, PeerNeverArrivesTimesOut) {
+  attnConfig_t cfg = ConfigWithTimeout(1500);
+  RunOptions opts;
+  opts.config = &cfg;
+  opts.deadline_ms = 60000;
+  std::atomic<bool> rank0Done{false};
+  RunThreads(2, [&](int rank, int n, attnComm_t& comm) {
+    if (rank == 0) {
+      TypedBuf b(attnFloat32, 1000);
+      const attnResult_t r = attnAllReduce(b.data(), b.data(), 1000, attnFloat32, attnSum, comm, nullptr);
+      EXPECT_EQ(r, attnTimeout) << ResultName(r) << ": " << attnGetLastError(comm);
+      EXPECT_TRUE(Contains(attnGetLastError(comm), "rank 0")) << attnGetLastError(comm);
+      // The communicator reports itself broken; later calls fail fast.
+      attnResult_t st = attnSuccess;
+      ATTN_EXPECT_OK(comm, attnCommGetAsyncError(comm, &st));
+      EXPECT_NE(st, attnSuccess);
+      EXPECT_NE(attnBarrier(comm, nullptr), attnSuccess);
+      rank0Done = true;
+      EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+      comm = nullptr;
+    } else {
+      while (!rank0Done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+      comm = nullptr;
+    }
+  }, opts);
+}
+
+// The same for a point-to-point receive whose sender never sends.
+TEST(Faults, RecvWithoutSenderTimesOut) {
+  attnConfig_t cfg = ConfigWithTimeout(1000);
+  RunOptions opts;
+  opts.config = &cfg;
+  opts.deadline_ms = 60000;
+  std::atomic<bool> done{false};
+  RunThreads(2, [&](int rank, int n, attnComm_t& comm) {
+    if (rank == 1) {
+      int x = 0;
+      const attnResult_t r = attnRecv(&x, 1, attnInt32, 0, comm, nullptr);
+      EXPECT_EQ(r, attnTimeout) << ResultName(r) << ": " << attnGetLastError(comm);
+      EXPECT_STRNE(attnGetLastError(comm), "");
+      done = true;
+    } else {
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+    comm = nullptr;
+  }, opts);
+}
+
+// ---------------------------------------------------------------------------
+// attnCommAbort from another thread unblocks a rank stuck in a collective
+// (no timeout configured: only the abort can end the wait).
+
+void AbortUnblocks(bool p2p) {
+  attnConfig_t cfg = ConfigWithTimeout(0);  // wait forever
+  RunOptions opts;
+  opts.config = &cfg;
+  opts.deadline_ms = 60000;
+  std::atomic<bool> entering{false}, aborted{false};
+  RunThreads(2, [&](int rank, int n, attnComm_t& comm) {
+    if (rank == 0) {
+      std::thread aborter([&, c = comm] {
+        while (!entering) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_EQ(attnCommAbort(c), attnSuccess);
+        aborted = true;
+      });
+      TypedBuf b(attnFloat64, 4096);
+      entering = true;
+      const attnResult_t r =
+          p2p ? attnRecv(b.data(), 4096, attnFloat64, 1, comm, nullptr)
+              : attnAllReduce(b.data(), b.data(), 4096, attnFloat64, attnSum, comm, nullptr);
+      EXPECT_TRUE(r == attnRemoteError || r == attnInvalidUsage)
+          << "blocked call returned " << ResultName(r) << " after attnCommAbort";
+      aborter.join();
+      EXPECT_TRUE(aborted.load());
+      comm = nullptr;  // freed by the abort
+    } else {
+      while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+      comm = nullptr;
+    }
+  }, opts);
+}
+
+TEST(Faults, AbortFromAnotherThreadUnblocksCollective) { AbortUnblocks(false); }
+TEST(Faults, AbortFromAnotherThreadUnblocksRecv) { AbortUnblocks(true); }
+
+// ---------------------------------------------------------------------------
+// A SIGKILLed peer: every surviving rank's collective fails with
+// attnRemoteError or attnTimeout and names a peer; nobody hangs.
+
+using KillParam = std::tuple<std::string, bool>;  // transport, mid-collective?
+class KilledPeer : public ::testing::TestWithParam<KillParam> {};
+
+TEST_P(KilledPeer, SurvivorsGetAnError) {
+  const auto [transport, mid] = GetParam();
+  const int n = 3, victim = 2;
+  attnConfig_t cfg = ConfigWithTimeout(3000);
+  RunOptions opts;
+  opts.config = &cfg;
+  opts.env = {{"ATTN_TRANSPORT", transport}};
+  opts.deadline_ms = 60000;
+  auto results = RunProcessesCollect(n, [&](int rank, int nr, attnComm_t& comm) {
+    CheckAllReduce(comm, rank, nr, attnFloat32, attnSum, 1023, false);  // the link works
+    const size_t count = 1 << 18;
+    TypedBuf b(attnFloat32, count);
+    if (rank == victim) {
+      if (!mid) raise(SIGKILL);
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        raise(SIGKILL);
+      }).detach();
+      for (;;) attnAllReduce(b.data(), b.data(), count, attnFloat32, attnSum, comm, nullptr);
+    }
+    attnResult_t r = attnSuccess;
+    int iterations = 0;
+    for (; iterations < 100000 && r == attnSuccess; ++iterations)
+      r = attnAllReduce(b.data(), b.data(), count, attnFloat32, attnMax, comm, nullptr);
+    EXPECT_TRUE(IsPeerFailure(r)) << "rank " << rank << " got " << ResultName(r) << " after "
+                                  << iterations << " all-reduces: " << attnGetLastError(comm);
+    const std::string why = attnGetLastError(comm);
+    EXPECT_TRUE(Contains(why, "peer")) << "the error should name a peer: " << why;
+    EXPECT_TRUE(Contains(why, "rank " + std::to_string(rank))) << why;
+    // Broken: the next call fails too (promptly; the deadline enforces it).
+    EXPECT_NE(attnAllReduce(b.data(), b.data(), 16, attnFloat32, attnSum, comm, nullptr), attnSuccess);
+    ReportFromChild("rank " + std::to_string(rank) + ": " + ResultName(r) + " after " +
+                    std::to_string(iterations) + " iterations: " + why);
+    if (rank == 0) {
+      EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+    } else {
+      EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+    }
+    comm = nullptr;
+  }, opts);
+  ASSERT_EQ(results.size(), size_t(n));
+  EXPECT_TRUE(results[victim].signaled && results[victim].signal == SIGKILL)
+      << results[victim].Describe();
+  for (int r = 0; r < n; ++r)
+    if (r != victim) EXPECT_TRUE(results[r].passed()) << results[r].Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KilledPeer,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<KillParam>& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) ? "_during" : "_before");
+                         });
+
+// A peer killed in the middle of a point-to-point exchange.
+TEST(Faults, KilledPeerDuringP2p) {
+  attnConfig_t cfg = ConfigWithTimeout(3000);
+  RunOptions opts;
+  opts.config = &cfg;
+  opts.deadline_ms = 60000;
+  auto results = RunProcessesCollect(2, [&](int rank, int n, attnComm_t& comm) {
+    CheckRingExchange(comm, rank, n, attnInt32, 100);
+    if (rank == 1) raise(SIGKILL);
+    TypedBuf b(attnInt32, 1000);
+    const attnResult_t r = attnRecv(b.data(), 1000, attnInt32, 1, comm, nullptr);
+    EXPECT_TRUE(IsPeerFailure(r)) << ResultName(r) << ": " << attnGetLastError(comm);
+    EXPECT_TRUE(Contains(attnGetLastError(comm), "peer")) << attnGetLastError(comm);
+    attnCommAbort(comm);
+    comm = nullptr;
+  }, opts);
+  EXPECT_TRUE(results[1].signaled) << results[1].Describe();
+  EXPECT_TRUE(results[0].passed()) << results[0].Describe();
+}
+
+// ---------------------------------------------------------------------------
+// Init when a rank never shows up (killed before init, or just absent).
+
+TEST(Faults, RankNeverJoinsInitTimesOut) {
+  RunOptions opts;
+  opts.deadline_ms = 60000;
+  auto results = ForkRanks(3, [&](int rank, const attnUniqueId& id) {
+    if (rank == 2) raise(SIGKILL);
+    attnConfig_t cfg = ConfigWithTimeout(2000);
+    attnComm_t comm = reinterpret_cast<attnComm_t>(0x1);
+    const attnResult_t r = attnCommInitRankConfig(&comm, 3, id, rank, &cfg);
+    EXPECT_TRUE(IsPeerFailure(r)) << ResultName(r) << ": " << attnGetLastError(nullptr);
+    EXPECT_EQ(comm, nullptr);
+    const std::string why = attnGetLastError(nullptr);
+    EXPECT_TRUE(Contains(why, "rank " + std::to_string(rank))) << why;
+  }, opts);
+  EXPECT_TRUE(results[2].signaled);
+  EXPECT_TRUE(results[0].passed()) << results[0].Describe();
+  EXPECT_TRUE(results[1].passed()) << results[1].Describe();
+}
+
+TEST(Faults, RankNeverJoinsInitTimesOutThreads) {
+  attnUniqueId id;
+  ASSERT_EQ(attnGetUniqueId(&id), attnSuccess);
+  RunThreadsRaw(2, [&](int rank) {
+    attnConfig_t cfg = ConfigWithTimeout(1500);
+    attnComm_t comm = nullptr;
+    const attnResult_t r = attnCommInitRankConfig(&comm, 3, id, rank, &cfg);
+    EXPECT_EQ(r, attnTimeout) << ResultName(r) << ": " << attnGetLastError(nullptr);
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_STRNE(attnGetLastError(nullptr), "");
+  }, 60000);
+}
+
+// ---------------------------------------------------------------------------
+// ATTN_CHECK=1: mismatched collectives fail with attnInvalidUsage on every
+// rank, with a message about the mismatch, without hanging and without
+// writing outside the buffers.
+
+enum class Mismatch { kCount, kType, kRoot, kOp, kKind };
+
+void MismatchBody(int rank, int n, attnComm_t comm, Mismatch m) {
+  const int odd = n - 1;  // the rank that disagrees
+  TypedBuf send(attnFloat32, 64), recv(attnFloat32, 64 * n);
+  send.Fill(1);
+  recv.Fill(Sentinel(attnFloat32));
+  attnResult_t r = attnSuccess;
+  switch (m) {
+    case Mismatch::kCount:
+      // The odd rank would send more than the others have room for.
+      r = attnAllGather(send.data(), recv.data(), rank == odd ? 9 : 8, attnFloat32, comm, nullptr);
+      break;
+    case Mismatch::kType:
+      r = attnAllReduce(send.data(), recv.data(), 16, rank == odd ? attnInt32 : attnFloat32, attnSum,
+                        comm, nullptr);
+      break;
+    case Mismatch::kRoot:
+      r = attnBroadcast(send.data(), recv.data(), 32, attnFloat32, rank == odd ? 1 : 0, comm, nullptr);
+      break;
+    case Mismatch::kOp:
+      r = attnAllReduce(send.data(), recv.data(), 16, attnFloat32, rank == odd ? attnMax : attnSum,
+                        comm, nullptr);
+      break;
+    case Mismatch::kKind:
+      r = rank == odd ? attnAllGather(send.data(), recv.data(), 4, attnFloat32, comm, nullptr)
+                      : attnAllReduce(send.data(), recv.data(), 4, attnFloat32, attnSum, comm, nullptr);
+      break;
+  }
+  EXPECT_EQ(r, attnInvalidUsage) << "rank " << rank << ": " << ResultName(r) << ": "
+                                 << attnGetLastError(comm);
+  const std::string why = attnGetLastError(comm);
+  EXPECT_TRUE(Contains(why, "mismatch")) << "rank " << rank << ": " << why;
+  EXPECT_TRUE(send.GuardsIntact());
+  EXPECT_TRUE(recv.GuardsIntact()) << "rank " << rank << ": write outside the receive buffer";
+  if (m != Mismatch::kRoot)  // a broadcast root may have copied its own data
+    EXPECT_TRUE(BufEquals(recv, 0, 64 * size_t(n), [](size_t) { return Sentinel(attnFloat32); }))
+        << "rank " << rank << ": data moved although the collective was refused";
+}
+
+class CheckMismatch : public ::testing::TestWithParam<Mismatch> {};
+
+std::string MismatchName(const ::testing::TestParamInfo<Mismatch>& info) {
+  static const char* const kNames[] = {"Count", "Type", "Root", "Op", "Kind"};
+  return kNames[int(info.param)];
+}
+
+TEST_P(CheckMismatch, ThreadsN3) {
+  RunOptions opts;
+  opts.env = {{"ATTN_CHECK", "1"}};
+  opts.deadline_ms = 60000;
+  const Mismatch m = GetParam();
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    MismatchBody(rank, n, comm, m);
+    attnCommAbort(comm);
+    comm = nullptr;
+  }, opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CheckMismatch,
+                         ::testing::Values(Mismatch::kCount, Mismatch::kType, Mismatch::kRoot,
+                                           Mismatch::kOp, Mismatch::kKind),
+                         MismatchName);
+
+TEST(CheckMismatchProcesses, CountN3) {
+  attnConfig_t cfg = ConfigWithTimeout(10000);
+  RunOptions opts;
+  opts.env = {{"ATTN_CHECK", "1"}};
+  opts.config = &cfg;
+  opts.deadline_ms = 60000;
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 100, false);  // matching calls pass
+    MismatchBody(rank, n, comm, Mismatch::kCount);
+    attnCommAbort(comm);
+    comm = nullptr;
+  }, opts);
+}
+
+// With checks on, matching collectives still give exact results.
+TEST(CheckMismatch, MatchingCallsStillExact) {
+  RunOptions opts;
+  opts.env = {{"ATTN_CHECK", "1"}};
+  RunThreads(4, [&](int rank, int n, attnComm_t& comm) {
+    CheckAllReduce(comm, rank, n, attnBfloat16, attnAvg, 1023, false);
+    CheckAllGather(comm, rank, n, attnInt8, 7, true);
+    for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, attnInt64, 5, root, false);
+    CheckReduceScatter(comm, rank, n, attnFloat16, attnMin, 33, false);
+    CheckAllToAll(comm, rank, n, attnUint8, 9);
+    CheckAllToAllv(comm, rank, n, attnFloat64, 3);
+  }, opts);
+}
+
+// ---------------------------------------------------------------------------
+// A cut link between two emulated hosts (network namespaces, over tcp).
+// The test runs tests/netns/emulate_hosts.sh with this binary as the rank
+// program (NetnsHelper.Rank below); rank 1 takes the link down mid-run.
+
+std::string SelfExe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  buf[n] = 0;
+  return buf;
+}
+
+TEST(NetnsLinkDown, CollectiveFailsWithinTimeout) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+  if (std::system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "'ip netns' not available";
+  const std::string script = std::string(ATTN_SOURCE_DIR) + "/tests/netns/emulate_hosts.sh";
+  if (!std::filesystem::exists(script)) GTEST_SKIP() << script << " not found";
+  const std::string logs = "/tmp/attn_netns_linkdown_" + std::to_string(getpid());
+  std::filesystem::create_directories(logs);
+  const int port = 20000 + getpid() % 20000;
+  const std::string cmd = "ATTN_TEST_NETNS_RANK=1 ATTN_TRANSPORT=tcp ATTN_TIMEOUT_MS=3000 "
+                          "bash " + script + " --hosts 2 --timeout 90 --grace 20 --port " +
+                          std::to_string(port) + " --log-dir " + logs + " -- " + SelfExe() +
+                          " --gtest_filter=NetnsHelper.Rank";
+  const int st = std::system(cmd.c_str());
+  const int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::string rankLogs;
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(logs + "/rank" + std::to_string(r) + ".log");
+    rankLogs += "--- rank " + std::to_string(r) + " ---\n" +
+                std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  std::filesystem::remove_all(logs);
+  if (rc == 77) GTEST_SKIP() << "emulate_hosts.sh cannot emulate here\n" << rankLogs;
+  EXPECT_EQ(rc, 0) << "emulate_hosts.sh exited " << rc << "\n" << rankLogs;
+  EXPECT_TRUE(Contains(rankLogs, "LINKDOWN-RESULT")) << rankLogs;
+}
+
+// Runs only under emulate_hosts.sh (ATTN_TEST_NETNS_RANK=1).
+TEST(NetnsHelper, Rank) {
+  if (!std::getenv("ATTN_TEST_NETNS_RANK"))
+    GTEST_SKIP() << "helper for NetnsLinkDown; runs only under emulate_hosts.sh";
+  attnConfig_t cfg = ConfigWithTimeout(3000);
+  attnComm_t comm = nullptr;
+  attnResult_t r = attnCommInitFromEnv(&comm, &cfg);
+  ASSERT_EQ(r, attnSuccess) << attnGetLastError(nullptr);
+  int rank = -1, n = 0;
+  ATTN_ASSERT_OK(comm, attnCommUserRank(comm, &rank));
+  ATTN_ASSERT_OK(comm, attnCommCount(comm, &n));
+  for (int i = 0; i < 3; ++i) CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 65537, false);
+  ASSERT_FALSE(HasFailure());
+  if (rank == 1) {
+    // Cut the switch side of this host's link (the namespace names carry
+    // the script's pid, our parent); fall back to our own interface.
+    const std::string sw = "attn" + std::to_string(getppid()) + "sw";
+    std::string cut = "ip -n " + sw + " link set p1 down";
+    if (!std::filesystem::exists("/var/run/netns/" + sw)) cut = "ip link set eth0 down";
+    std::printf("rank 1: cutting the link: %s\n", cut.c_str());
+    std::fflush(stdout);
+    ASSERT_EQ(std::system(cut.c_str()), 0) << cut;
+  }
+  TypedBuf b(attnFloat32, 65537);
+  r = attnSuccess;
+  int it = 0;
+  for (; it < 1000 && r == attnSuccess; ++it)
+    r = attnAllReduce(b.data(), b.data(), 65537, attnFloat32, attnSum, comm, nullptr);
+  EXPECT_TRUE(IsPeerFailure(r)) << ResultName(r) << " after " << it << ": " << attnGetLastError(comm);
+  EXPECT_STRNE(attnGetLastError(comm), "");
+  std::printf("LINKDOWN-RESULT rank %d: %s after %d: %s\n", rank, ResultName(r), it,
+              attnGetLastError(comm));
+  std::fflush(stdout);
+  attnCommAbort(comm);
+}
+
+}  // namespace

@@ -1,0 +1,27 @@
+// Tunables of the shared-memory transport, read from the environment at
+// connect time (the README's table lists them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attn::shm {
+
+struct Config {
+  uint32_t nslots = 8;                 // ATTN_SHM_SLOTS: ring slots per direction
+  size_t slotBytes = 512 * 1024;       // ATTN_SHM_SLOT_BYTES: bytes per slot
+  bool cma = true;                     // ATTN_SHM_CMA: single copy between processes
+  size_t cmaMin = 512 * 1024;          // ATTN_SHM_CMA_MIN: smallest message sent by CMA
+  size_t memcpyMin = 64 * 1024;        // ATTN_SHM_MEMCPY_MIN: smallest message copied
+                                       // straight from the sender (same process)
+  int spinUs = 5;                      // ATTN_SHM_SPIN_US: spin before sleeping
+  int livenessMs = 50;                 // how often a peer process is checked
+
+  static Config fromEnv();
+};
+
+// Bytes the receiver copies per progress() call from a direct message: keeps
+// progress() short (~0.5 ms) so other connections and close() get their turn.
+constexpr size_t kDirectPieceBytes = 1u << 20;
+
+}  // namespace attn::shm

@@ -1,0 +1,63 @@
+// A shm Connection: one Sender (our channel to the peer), one Receiver (the
+// peer's channel to us), and the failure handling both share: the peer
+// closing, the peer's process dying, truncation.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "src/core/transport.h"
+#include "transports/shm/shm_bell.h"
+#include "transports/shm/shm_process.h"
+#include "transports/shm/shm_receiver.h"
+#include "transports/shm/shm_sender.h"
+
+namespace attn::shm {
+
+class ShmConnection final : public Connection {
+ public:
+  struct Parts {
+    Channel out;                          // we send on it (we created it)
+    Channel in;                           // we receive on it (the peer's)
+    std::unique_ptr<Segment> peerBellSeg; // the peer's bell, mapped here
+    std::shared_ptr<LocalBell> myBell;
+    DirectMode inMode = kDirectNone;      // how we read direct messages
+    size_t directMin = 0;                 // our sends by address from here on (0: never)
+    pid_t peerPid = 0;
+    bool sameProcess = false;
+    int livenessMs = 50;
+  };
+  ShmConnection(int peer, Parts parts);
+  ~ShmConnection() override;
+
+  attnResult_t postSend(const void* buf, size_t bytes, Request* req) override;
+  attnResult_t postRecv(void* buf, size_t capacity, Request* req) override;
+  attnResult_t progress(bool* progressed) override;
+  bool idle() const override { return sender_.idle() && receiver_.idle(); }
+  void close() override;
+
+  DirectMode sendMode() const { return sender_.mode(); }
+  DirectMode recvMode() const { return receiver_.mode(); }
+
+ private:
+  enum class PeerState { kOk, kTruncated, kClosed, kDead };
+  PeerState peerState();
+  attnResult_t failFor(PeerState state);
+  // Fails everything queued, tells the peer, and stays broken.
+  void breakLink(attnResult_t code, const std::string& why, uint32_t reason, bool log = true);
+  attnResult_t failPost(Request* req);
+
+  std::unique_ptr<Segment> peerBellSeg_;  // outlives sender_/receiver_ (they ring it)
+  std::shared_ptr<LocalBell> myBell_;
+  Sender sender_;
+  Receiver receiver_;
+  pid_t peerPid_;
+  ProcessWatch watch_;
+  bool broken_ = false;
+  attnResult_t brokenCode_ = attnSuccess;
+  std::string brokenWhy_;
+};
+
+}  // namespace attn::shm

@@ -1,0 +1,104 @@
+// What lives in shared memory: the layout of one directed channel
+// (sender -> receiver) and of a rank's doorbell. Both processes map the same
+// bytes, so everything here is plain data plus lock-free atomics (which are
+// address-free on the platforms we build for).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace attn::shm {
+
+constexpr uint32_t kChannelMagic = 0x41534843;  // "ASHC"
+constexpr uint32_t kLayoutVersion = 1;
+constexpr size_t kCacheLine = 64;
+constexpr size_t kPage = 4096;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared atomics must be lock-free");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared atomics must be lock-free");
+
+// Why a side stopped using the channel (written once, read by the other side).
+enum CloseReason : uint32_t {
+  kOpen = 0,
+  kClosed = 1,     // close(), destruction or an error on that side
+  kTruncated = 2,  // the receiver got a message longer than its buffer
+};
+
+// How the receiver reads a message the sender did not copy into the ring.
+// Chosen by the receiver at connect time (it is the side that reads).
+enum DirectMode : uint32_t {
+  kDirectNone = 0,    // ring only
+  kDirectMemcpy = 1,  // same address space: memcpy from the sender's buffer
+  kDirectCma = 2,     // another process: process_vm_readv from its buffer
+};
+
+enum SlotKind : uint32_t {
+  kSlotInline = 0,  // slot data holds bytes [offset, offset+chunkBytes)
+  kSlotDirect = 1,  // the whole message sits at `addr` in the sender
+};
+
+// A futex word that peers bump after changing something this rank may be
+// waiting for. `sleepers` lets a ringer skip the wake syscall when nobody
+// sleeps.
+struct alignas(kCacheLine) Bell {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> sleepers;
+};
+
+// Written by the sender before it publishes the slot (head), read by the
+// receiver after it sees it.
+struct alignas(kCacheLine) SlotHeader {
+  uint64_t msgBytes;    // size of the whole message
+  uint64_t offset;      // inline: where this chunk goes in the message
+  uint64_t chunkBytes;  // inline: bytes in this slot
+  uint64_t addr;        // direct: the sender's buffer address
+  uint32_t kind;        // SlotKind
+};
+
+struct ChannelHeader {
+  // Set by the creator (the sender) before the name is shared; constant after.
+  uint32_t magic;
+  uint32_t version;
+  uint32_t nslots;
+  uint32_t senderRank;
+  uint64_t slotBytes;
+  int64_t senderPid;
+  uint64_t totalBytes;  // size of the mapping
+
+  // Set by the receiver during connect, before its ack.
+  alignas(kCacheLine) std::atomic<uint32_t> directMode;
+
+  // Producer and consumer counters on their own lines (no false sharing).
+  alignas(kCacheLine) std::atomic<uint64_t> head;  // slots published (sender)
+  alignas(kCacheLine) std::atomic<uint64_t> tail;  // slots consumed (receiver)
+
+  alignas(kCacheLine) std::atomic<uint32_t> senderClosed;    // CloseReason
+  std::atomic<uint32_t> receiverClosed;                      // CloseReason
+  uint64_t truncMsgBytes;   // kTruncated: the message's size ...
+  uint64_t truncCapacity;   // ... and the receive's capacity
+
+  // Same-process direct reads: the receiver holds this while it memcpy's from
+  // the sender's buffer, so close() on the sender can wait before the
+  // caller frees that buffer.
+  alignas(kCacheLine) std::atomic<uint32_t> readerBusy;
+};
+
+constexpr size_t roundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Offsets inside a channel mapping.
+struct ChannelLayout {
+  size_t slotHeadersOffset;
+  size_t dataOffset;
+  size_t totalBytes;
+
+  static ChannelLayout make(uint32_t nslots, uint64_t slotBytes) {
+    ChannelLayout l;
+    l.slotHeadersOffset = roundUp(sizeof(ChannelHeader), kPage);
+    l.dataOffset = l.slotHeadersOffset + roundUp(nslots * sizeof(SlotHeader), kPage);
+    l.totalBytes = l.dataOffset + nslots * slotBytes;
+    return l;
+  }
+};
+
+}  // namespace attn::shm

@@ -1,0 +1,92 @@
+#include "transports/shm/shm_sender.h"
+
+#include <sched.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "src/core/log.h"
+#include "transports/shm/shm_bell.h"
+
+namespace attn::shm {
+
+Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, int peer)
+    : ch_(std::move(ch)), peerBell_(peerBell), directMin_(directMin), peer_(peer) {}
+
+void Sender::post(const void* buf, size_t bytes, Request* req) {
+  Op op{static_cast<const uint8_t*>(buf), bytes, req};
+  op.direct = directMin_ != 0 && bytes >= directMin_;
+  ATTN_TRACE(kLogShm, "send %zu bytes to peer %d (%s)", bytes, peer_, op.direct ? "direct" : "ring");
+  toSend_.push_back(op);
+}
+
+void Sender::publish() {
+  ++head_;
+  ch_.hdr->head.store(head_, std::memory_order_release);
+  ringBell(peerBell_);
+}
+
+void Sender::progress(bool* progressed) {
+  // acquire: the receiver finished reading a slot before it moved tail past it.
+  const uint64_t tail = ch_.hdr->tail.load(std::memory_order_acquire);
+  while (!inFlight_.empty() && tail > inFlight_.front().slot) {
+    inFlight_.front().req->complete(inFlight_.front().bytes);
+    inFlight_.pop_front();
+    *progressed = true;
+  }
+  // A receiver that closed will not read: leave the rest to fail.
+  if (ch_.hdr->receiverClosed.load(std::memory_order_acquire) != kOpen) return;
+  while (!toSend_.empty() && head_ - tail < ch_.nslots) {
+    Op& op = toSend_.front();
+    SlotHeader& s = ch_.slot(head_);
+    s.msgBytes = op.bytes;
+    if (op.direct) {
+      s.offset = 0;
+      s.chunkBytes = 0;
+      s.addr = reinterpret_cast<uint64_t>(op.buf);
+      s.kind = kSlotDirect;
+      op.slot = head_;
+      publish();
+      inFlight_.push_back(op);
+      toSend_.pop_front();
+    } else {
+      size_t n = op.bytes - op.sent < ch_.slotBytes ? op.bytes - op.sent : ch_.slotBytes;
+      if (n) std::memcpy(ch_.slotData(head_), op.buf + op.sent, n);
+      s.offset = op.sent;
+      s.chunkBytes = n;
+      s.addr = 0;
+      s.kind = kSlotInline;
+      op.sent += n;
+      publish();
+      if (op.sent == op.bytes) {
+        op.req->complete(op.bytes);
+        toSend_.pop_front();
+      }
+    }
+    *progressed = true;
+  }
+}
+
+void Sender::failAll(attnResult_t code, const std::string& why) {
+  for (Op& op : inFlight_) op.req->fail(code, why);
+  for (Op& op : toSend_) op.req->fail(code, why);
+  inFlight_.clear();
+  toSend_.clear();
+}
+
+void Sender::markClosed() {
+  uint32_t open = kOpen;
+  ch_.hdr->senderClosed.compare_exchange_strong(open, kClosed, std::memory_order_seq_cst);
+  if (mode() == kDirectMemcpy) {
+    // The reader checks senderClosed after raising readerBusy (both seq_cst),
+    // so once we see readerBusy == 0 it will not touch our buffers again. It
+    // copies at most one piece (a few ms) at a time; bound the wait anyway.
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (ch_.hdr->readerBusy.load(std::memory_order_seq_cst) != 0 &&
+           std::chrono::steady_clock::now() < until)
+      sched_yield();
+  }
+  ringBell(peerBell_);
+}
+
+}  // namespace attn::shm
