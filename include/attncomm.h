@@ -384,11 +384,12 @@ typedef struct {
 typedef struct attnPlan* attnPlan_t;
 
 /* Load-balanced prefill plan over nranks ranks: each sequence's new tokens
- * are cut into 2*nranks equal chunks and rank r takes chunks r and
- * 2*nranks-1-r, so every rank has the same causal work (sequences are
- * padded in the plan, never in the data: a rank may get one row fewer).
- * Cached tokens stay where an earlier load-balanced prefill of length P_i
- * put them. Full prefill is cached_lens == NULL. */
+ * are cut into 2*nranks contiguous chunks and rank r takes chunks r and
+ * 2*nranks-1-r, so every rank has the same causal work. Nothing is padded:
+ * the tokens that do not divide evenly go one per rank in turn, across the
+ * whole batch, so ranks' row counts differ by at most one. Cached tokens
+ * stay where an earlier plan of length P_i put them. Full prefill is
+ * cached_lens == NULL. */
 ATTN_API attnResult_t attnPlanPrefill(const attnBatchSpec_t* batch, int nranks,
                                       attnPlan_t* plan);
 ATTN_API attnResult_t attnPlanGetShard(attnPlan_t plan, int rank, attnShard_t* shard);

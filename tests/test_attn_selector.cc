@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -351,6 +352,53 @@ TEST(SelectMode, EnvironmentOverridesRates) {
     EXPECT_DOUBLE_EQ(m.link_latency_us, 7.0);
     EXPECT_DOUBLE_EQ(m.attn_tflops, 3.0);
   }, o);
+}
+
+// Ranks whose rates differ (ATTN_MODEL_* set differently per process, as a
+// launcher may do by mistake, or attnCommSetCostModel with other values):
+// attnSelectMode is documented to give every rank the same answer, and auto
+// must not run different algorithms on different ranks.
+TEST(SelectMode, PerRankOverridesStillAgree) {
+  const int n = 3;
+  auto cases = SelectCases(n);
+  const SelectCase& c = cases[1];  // low miss rate: the rates decide
+  attnConfig_t ccfg = ATTN_CONFIG_INITIALIZER;
+  ccfg.timeout_ms = 5000;
+  RunOptions o;
+  o.config = &ccfg;
+  o.deadline_ms = 60000;
+  o.child_setup = [](int rank) {
+    if (rank == 0) {
+      setenv("ATTN_MODEL_TFLOPS", "1e-6", 1);  // compute dominates: pass-KV
+    } else {
+      setenv("ATTN_MODEL_BW_GBPS", "1e-6", 1);  // the link dominates: pass-Q
+      setenv("ATTN_MODEL_TFLOPS", "1e6", 1);
+    }
+  };
+  const size_t slots = 2;
+  SharedCounters shared(n * slots);
+  auto results = RunProcessesCollect(n, [&](int rank, int, attnComm_t& comm) {
+    RankShard sh = GatherShard(*c.c, c.pl, rank);
+    attnModeEstimate_t est;
+    ATTN_ASSERT_OK(comm, attnSelectMode(&sh.layout, &c.c->cfg, comm, &est));
+    shared[rank * slots].store(est.chosen);
+    RankRun run = RunRingAttentionRank(*c.c, c.pl, rank, comm, attnModeAuto, true);
+    shared[rank * slots + 1].store(run.rc);
+    if (run.rc != attnSuccess) std::printf("[ per-rank rates ] rank %d: %s\n", rank, run.error.c_str());
+    if (run.rc == attnSuccess)
+      EXPECT_TRUE(WithinBounds(run.stats, c.c->cfg.dtype, "auto with per-rank rates"));
+  }, o);
+  for (int r = 0; r < n; ++r) {
+    std::printf("[ per-rank rates ] rank %d: attnSelectMode -> %s, auto -> %s\n", r,
+                ModeName(static_cast<attnAttnMode_t>(shared[r * slots].load())),
+                ResultName(static_cast<attnResult_t>(shared[r * slots + 1].load())));
+    EXPECT_EQ(shared[r * slots].load(), shared[0].load())
+        << "rank " << r << " and rank 0 got different answers from attnSelectMode";
+    EXPECT_EQ(shared[r * slots + 1].load(), attnSuccess)
+        << "rank " << r << ": auto failed although every rank made the same call";
+  }
+  for (const auto& r : results)
+    if (!r.passed()) std::printf("[ per-rank rates ] %s\n", r.Describe().c_str());
 }
 
 }  // namespace

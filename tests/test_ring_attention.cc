@@ -134,7 +134,7 @@ void AddScenarios(std::vector<Job>* jobs, const attnAttnConfig_t& cfg, int n, ui
   {
     const std::vector<int32_t> P0 = {2 * n + 1, 5, 0};
     const int S = static_cast<int>(P0.size());
-    const int steps = 3;
+    const int steps = std::min(n + 1, 6);  // the decode KV visits several ranks
     for (int step = 0; step < steps; ++step) {
       AttnProblemSpec spec;
       spec.cfg = cfg;
@@ -188,6 +188,20 @@ void AddScenarios(std::vector<Job>* jobs, const attnAttnConfig_t& cfg, int n, ui
     auto c = std::make_shared<AttnCase>(
         MakeCase("random placement (" + tag + ")", PrefillSpec(cfg, T, P), Mix(seed, 5)));
     add(c, RandomPlacement(*c, n, Mix(seed, 55), n > 1 ? n - 1 : -1));
+  }
+  // 7. Lopsided: every query on rank 0, every key on the last rank (on one
+  //    rank, both there).
+  {
+    std::vector<int32_t> T = {3 * n + 4, 2}, P = {6, 5};
+    auto c = std::make_shared<AttnCase>(
+        MakeCase("lopsided (" + tag + ")", PrefillSpec(cfg, T, P), Mix(seed, 7)));
+    Placement pl;
+    pl.nranks = n;
+    pl.q_rows.resize(n);
+    pl.kv_rows.resize(n);
+    for (int64_t i = 0; i < c->q_rows(); ++i) pl.q_rows[0].push_back(i);
+    for (int64_t j = 0; j < c->kv_rows(); ++j) pl.kv_rows[n - 1].push_back(j);
+    add(c, pl);
   }
   // 6. Fully masked rows: queries before every key (causal), a sequence with
   //    queries and no keys, one with keys and no queries; random placement.

@@ -81,5 +81,6 @@ int main(int argc, char** argv) {
     }
     return me == 0 ? report.finish(o.json) : 0;
   };
+  if (launchedExternally()) return launchExternal(body);
   return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
 }

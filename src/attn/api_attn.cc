@@ -54,7 +54,33 @@ struct AttnCard {
   int64_t qRows, kvRows;
   int32_t numSeqs, mode, hq, hkv, d, dtype, causal;
   float scale;
+  int32_t overridesRates;  // ATTN_MODEL_* or attnCommSetCostModel on this rank
+  int32_t pad;
 };
+
+// The rates AUTO decides with: calibrated (already agreed), then local
+// overrides; when any rank overrides, every rank takes the slowest figures
+// so all of them still choose the same mode.
+attnResult_t agreedModel(attnComm* comm, const attnAttnConfig_t& cfg,
+                         const std::vector<AttnCard>& cards, attnCostModel_t* model) {
+  ATTN_CHECK(costModelOf(comm, cfg, model));
+  bool any = false;
+  for (const auto& c : cards) any |= c.overridesRates != 0;
+  if (!any || comm->nranks == 1) return attnSuccess;
+  const int n = comm->nranks;
+  std::vector<attnCostModel_t> all(n);
+  all[comm->rank] = *model;
+  std::vector<Block> blocks(n);
+  for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(attnCostModel_t), sizeof(attnCostModel_t)};
+  ATTN_CHECK(ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n),
+                            reinterpret_cast<char*>(all.data()), blocks, chunkBytes(1)));
+  for (const auto& m : all) {
+    model->link_bandwidth_GBps = std::min(model->link_bandwidth_GBps, m.link_bandwidth_GBps);
+    model->link_latency_us = std::max(model->link_latency_us, m.link_latency_us);
+    model->attn_tflops = std::min(model->attn_tflops, m.attn_tflops);
+  }
+  return attnSuccess;
+}
 
 attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<AttnCard>* all) {
   const int n = comm->nranks;
@@ -104,9 +130,12 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
   int64_t qRows, kvRows;
   ATTN_CHECK(checkOffsets("q_offsets", layout.num_seqs, layout.q_offsets, &qRows));
   ATTN_CHECK(checkOffsets("kv_offsets", layout.num_seqs, layout.kv_offsets, &kvRows));
-  c.qOffsets.assign(layout.q_offsets, layout.q_offsets + layout.num_seqs + 1);
-  c.kvOffsets.assign(layout.kv_offsets, layout.kv_offsets + layout.num_seqs + 1);
-  if (layout.num_seqs == 0) c.qOffsets = c.kvOffsets = {0};
+  if (layout.num_seqs == 0) {
+    c.qOffsets = c.kvOffsets = {0};
+  } else {
+    c.qOffsets.assign(layout.q_offsets, layout.q_offsets + layout.num_seqs + 1);
+    c.kvOffsets.assign(layout.kv_offsets, layout.kv_offsets + layout.num_seqs + 1);
+  }
   // Positions only matter for the causal mask; without one, zeros will do.
   std::vector<int32_t> zeroQ, zeroKv;
   const int32_t* qpos = layout.q_pos;
@@ -120,7 +149,8 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
   c.kvRowBytes = esz * cfg.num_kv_heads * cfg.head_dim;
 
   AttnCard mine{qRows, kvRows, layout.num_seqs, mode, cfg.num_q_heads, cfg.num_kv_heads,
-                cfg.head_dim, cfg.dtype, cfg.causal ? 1 : 0, cfg.softmax_scale};
+                cfg.head_dim, cfg.dtype, cfg.causal ? 1 : 0, cfg.softmax_scale,
+                costModelOverridden(comm) ? 1 : 0, 0};
   std::vector<AttnCard> cards;
   ATTN_CHECK(exchangeCards(comm, mine, &cards));
   for (const auto& card : cards) {
@@ -129,7 +159,7 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
   }
   if (mode == attnModeAuto) {
     attnCostModel_t model;
-    ATTN_CHECK(costModelOf(comm, cfg, &model));
+    ATTN_CHECK(agreedModel(comm, cfg, cards, &model));
     attnModeEstimate_t est;
     estimateModes(model, cfg, modelInputOf(cards, layout.num_seqs), &est);
     mode = est.chosen;
@@ -199,11 +229,12 @@ attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_
   ATTN_CHECK(call.finish(checkOffsets("q_offsets", layout->num_seqs, layout->q_offsets, &qRows)));
   ATTN_CHECK(call.finish(checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, &kvRows)));
   AttnCard mine{qRows, kvRows, layout->num_seqs, attnModeAuto, cfg->num_q_heads, cfg->num_kv_heads,
-                cfg->head_dim, cfg->dtype, cfg->causal ? 1 : 0, cfg->softmax_scale};
+                cfg->head_dim, cfg->dtype, cfg->causal ? 1 : 0, cfg->softmax_scale,
+                costModelOverridden(comm) ? 1 : 0, 0};
   std::vector<AttnCard> cards;
   ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));
   attnCostModel_t model;
-  ATTN_CHECK(call.finish(costModelOf(comm, *cfg, &model)));
+  ATTN_CHECK(call.finish(agreedModel(comm, *cfg, cards, &model)));
   estimateModes(model, *cfg, modelInputOf(cards, layout->num_seqs), estimate);
   return attnSuccess;
 }

@@ -81,6 +81,11 @@ attnResult_t timeKernel(attnComm* comm, const attnAttnConfig_t& cfg, double* tfl
 
 }  // namespace
 
+bool costModelOverridden(attnComm* comm) {
+  return attnStateOf(comm).modelOverridden || envString("ATTN_MODEL_BW_GBPS") ||
+         envString("ATTN_MODEL_LAT_US") || envString("ATTN_MODEL_TFLOPS");
+}
+
 attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostModel_t* model) {
   AttnState& st = attnStateOf(comm);
   if (st.modelOverridden) {

@@ -10,6 +10,10 @@ struct attnComm;
 
 namespace attn {
 
+// This rank's rates: calibrated (agreed by all ranks), then local overrides.
 attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostModel_t* model);
+// Whether this rank overrides the calibrated rates (attnCommSetCostModel or
+// ATTN_MODEL_* variables): then callers must agree on the final figures.
+bool costModelOverridden(attnComm* comm);
 
 }  // namespace attn

@@ -1,7 +1,9 @@
 // The sharding planner (CP paper §3.5.1) and the decode placement (§3.6).
-// Each sequence's new tokens are cut at (j * T) / (2N), j = 0..2N, so chunk
-// sizes differ by at most one token and nothing is padded; rank r takes
+// Each sequence's tokens are cut into 2N contiguous chunks; rank r takes
 // chunks r and 2N-1-r, one early and one late, so causal work evens out.
+// Nothing is padded: chunks hold floor(T / 2N) tokens and the T mod 2N
+// leftover tokens go one per rank in turn, continuing across the sequences
+// of a batch, so no rank ever holds more than one token above another.
 // Cached tokens sit where an earlier load-balanced prefill put them.
 #include <vector>
 
@@ -19,14 +21,29 @@ struct attnPlan {
 
 namespace {
 
-// Positions [lo, hi) of the two chunks rank r owns of a length-len sequence.
-void ownedRanges(int64_t len, int nranks, int r, int64_t out[2][2]) {
-  const int64_t parts = 2LL * nranks;
-  int64_t a = r, b = parts - 1 - r;
-  out[0][0] = a * len / parts;
-  out[0][1] = (a + 1) * len / parts;
-  out[1][0] = b * len / parts;
-  out[1][1] = (b + 1) * len / parts;
+// Chunk boundaries of a length-len sequence. Leftover tokens go to ranks
+// *cursor, *cursor+1, ... (mod N): a rank's first extra lands in its early
+// chunk, a second in its late one. Advances *cursor past them.
+std::vector<int64_t> chunkBounds(int64_t len, int nranks, int64_t* cursor) {
+  const int64_t parts = 2LL * nranks, base = len / parts, extra = len % parts;
+  std::vector<int64_t> size(parts, base);
+  for (int64_t i = 0; i < extra; ++i) {
+    const int64_t r = (*cursor + i) % nranks;
+    size[i < nranks ? r : parts - 1 - r] += 1;
+  }
+  *cursor = (*cursor + extra) % nranks;
+  std::vector<int64_t> bounds(parts + 1, 0);
+  for (int64_t j = 0; j < parts; ++j) bounds[j + 1] = bounds[j] + size[j];
+  return bounds;
+}
+
+// Positions [lo, hi) of the two chunks rank r owns.
+void ownedRanges(const std::vector<int64_t>& bounds, int nranks, int r, int64_t out[2][2]) {
+  const int64_t a = r, b = 2LL * nranks - 1 - r;
+  out[0][0] = bounds[a];
+  out[0][1] = bounds[a + 1];
+  out[1][0] = bounds[b];
+  out[1][1] = bounds[b + 1];
 }
 
 }  // namespace
@@ -54,13 +71,16 @@ attnResult_t attnPlanPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_
     sh.qOffsets.push_back(0);
     sh.kvOffsets.push_back(0);
   }
+  int64_t newCursor = 0, cachedCursor = 0;
   for (int i = 0; i < S; ++i) {
     const int64_t T = batch->new_lens[i], P = batch->cached_lens ? batch->cached_lens[i] : 0;
+    const std::vector<int64_t> cachedBounds = chunkBounds(P, nranks, &cachedCursor);
+    const std::vector<int64_t> newBounds = chunkBounds(T, nranks, &newCursor);
     for (int r = 0; r < nranks; ++r) {
       attnPlan::Shard& sh = p->shards[r];
       int64_t cached[2][2], fresh[2][2];
-      ownedRanges(P, nranks, r, cached);
-      ownedRanges(T, nranks, r, fresh);
+      ownedRanges(cachedBounds, nranks, r, cached);
+      ownedRanges(newBounds, nranks, r, fresh);
       for (auto& rg : cached)
         for (int64_t pos = rg[0]; pos < rg[1]; ++pos) {
           sh.kvPos.push_back(static_cast<int32_t>(pos));

@@ -3,7 +3,9 @@
 //   pass-Q:  t_attn + (N-1) * max(t_attn, t_q + t_ret) + t_ret
 //            (each step forwards a query block and sends one partial home;
 //            the last partial is exposed)
-//   ship-Q:  max(t_attn, (N-1) t_q) + (N-1) * max(t_attn, t_ret) + t_ret
+//   ship-Q:  max(t_attn, Q to all) + max((N-1) t_attn, returns leaving) + t_ret
+//            (all queries go out at once, one latency; the N-1 partials
+//            leave as they are computed and share the link)
 // with t_attn one step's attention (the largest shard against one rank's
 // keys), t_kv / t_q a KV / Q block on the link, t_ret one partial (fp32 O
 // and lse) coming home. Ship-Q is a candidate only for decode-like shapes
@@ -38,8 +40,8 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   const double steps = N - 1;
   out->pass_kv_us = 1e6 * (tAttn + steps * std::max(tAttn, tKv));
   out->pass_q_us = 1e6 * (tAttn + steps * std::max(tAttn, tQ + tRet) + (N > 1 ? tRet : 0));
-  out->ship_q_us = 1e6 * (std::max(tAttn, steps * (tQ - lat) + lat) + steps * std::max(tAttn, tRet) +
-                          (N > 1 ? tRet : 0));
+  out->ship_q_us = 1e6 * (std::max(tAttn, steps * (tQ - lat) + lat) +
+                          std::max(steps * tAttn, steps * (tRet - lat)) + (N > 1 ? tRet : 0));
   if (N == 1) out->pass_q_us = out->ship_q_us = out->pass_kv_us;
 
   const bool decodeLike = in.newTokens <= static_cast<int64_t>(in.numSeqs) * in.nranks;
