@@ -232,8 +232,9 @@ ATTN_API attnResult_t attnSend(const void* sendbuff, size_t count,
                                attnComm_t comm, attnStream_t stream);
 
 /* Receives exactly `count` elements from `peer`; a message of another size
- * fails the receive with attnInvalidUsage (a longer one also breaks the link,
- * so the sender fails too). */
+ * fails the receive with attnInvalidUsage. A longer message also breaks the
+ * link; its sender fails too unless its (small, eager) send had already
+ * completed. */
 ATTN_API attnResult_t attnRecv(void* recvbuff, size_t count,
                                attnDataType_t datatype, int peer,
                                attnComm_t comm, attnStream_t stream);

@@ -160,6 +160,26 @@ INSTANTIATE_TEST_SUITE_P(Sweep, NSweepProcesses, ::testing::Values(2, 3, 4, 5, 8
                            return "N" + std::to_string(info.param);
                          });
 
+// Every type as processes at N = 3 (reductions with every op, small counts).
+class TypeProcesses : public ::testing::TestWithParam<attnDataType_t> {};
+
+TEST_P(TypeProcesses, N3) {
+  const attnDataType_t t = GetParam();
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    for (attnRedOp_t op : kAllOps) {
+      CheckAllReduce(comm, rank, n, t, op, 1023, op == attnMax);
+      CheckReduceScatter(comm, rank, n, t, op, 7, op == attnMin);
+    }
+    CheckAllGather(comm, rank, n, t, 65537, false);
+    for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, t, 1023, root, root == 1);
+    CheckAllToAll(comm, rank, n, t, 1023);
+    CheckAllToAllv(comm, rank, n, t, 13);
+    CheckRingExchange(comm, rank, n, t, 1023);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, TypeProcesses, ::testing::ValuesIn(kAllTypes), TypeParamName);
+
 // ---------------------------------------------------------------------------
 // Forced transports (ATTN_TRANSPORT), threads and processes.
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -51,7 +52,7 @@ TEST(Api, ErrorStringsAreDistinctAndNonEmpty) {
   }
 }
 
-TEST(Api, LastErrorOfThreadIsEmptyAfterSuccess) {
+TEST(Api, ThreadLastErrorAfterFailedInit) {
   int v;
   EXPECT_EQ(attnGetVersion(&v), attnSuccess);
   attnUniqueId id;
@@ -420,6 +421,42 @@ TEST(NonBlocking, InitPollAndCollectivesProcesses) {
   ExpectAllPassed(results);
 }
 
+// attnCommDestroy waits for outstanding operations: destroy right after
+// queueing a collective on a non-blocking communicator, then check the data.
+TEST(NonBlocking, DestroyWaitsForQueuedOperations) {
+  attnUniqueId id;
+  ASSERT_EQ(attnGetUniqueId(&id), attnSuccess);
+  const int n = 3;
+  RunThreadsRaw(n, [&](int rank) {
+    attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.timeout_ms = 20000;
+    attnComm_t comm = nullptr;
+    const attnResult_t r = attnCommInitRankConfig(&comm, n, id, rank, &cfg);
+    ASSERT_TRUE(r == attnSuccess || r == attnInProgress) << ResultName(r);
+    ASSERT_EQ(PollUntilDone(comm), attnSuccess) << attnGetLastError(comm);
+    TypedBuf in(attnInt64, 100003), out(attnInt64, 100003);
+    for (size_t i = 0; i < 100003; ++i) in.Set(i, RedInput(attnProd, attnInt64, rank, n, i));
+    const attnResult_t a = attnAllReduce(in.data(), out.data(), 100003, attnInt64, attnProd, comm, nullptr);
+    EXPECT_TRUE(a == attnInProgress || a == attnSuccess) << ResultName(a);
+    EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+    EXPECT_TRUE(BufEquals(out, 0, 100003, [&](size_t i) { return RedExpected(attnProd, attnInt64, n, i); }))
+        << "rank " << rank << ": attnCommDestroy returned before the queued all-reduce finished";
+  }, 60000);
+}
+
+// A devlist naming only host ranks is the same as NULL.
+TEST(Init, InitAllWithHostDevlist) {
+  const int n = 3;
+  std::vector<attnComm_t> comms(n);
+  const int devs[3] = {ATTN_DEVICE_HOST, ATTN_DEVICE_HOST, ATTN_DEVICE_HOST};
+  ATTN_ASSERT_OK(nullptr, attnCommInitAll(comms.data(), n, devs));
+  RunThreadsRaw(n, [&](int rank) {
+    CheckAllGather(comms[rank], rank, n, attnFloat64, 11, true);
+    EXPECT_EQ(attnCommDestroy(comms[rank]), attnSuccess);
+  });
+}
+
 // ---------------------------------------------------------------------------
 // attnCommInitFromEnv
 
@@ -636,6 +673,44 @@ TEST(ArgumentValidation, NullCommunicator) {
   EXPECT_EQ(attnCommGetAsyncError(nullptr, nullptr), attnInvalidArgument);
   attnComm_t s;
   EXPECT_EQ(attnCommSplit(nullptr, 0, 0, &s, nullptr), attnInvalidArgument);
+}
+
+// A count whose size in bytes overflows size_t cannot describe a buffer: it
+// must be refused with attnInvalidArgument (not wrap to a small size, crash,
+// throw through the C API, or hang). Each call runs in its own child process
+// so that a crash or hang is contained and reported.
+TEST(ArgumentValidation, CountsOverflowingSizeAreRejected) {
+  const size_t counts[] = {SIZE_MAX / 2, (SIZE_MAX / 4) + 1};  // x4 bytes: wraps / wraps to 0
+  const char* const names[] = {"AllReduce", "AllGather", "ReduceScatter", "Broadcast",
+                               "AllToAll", "Send", "Recv"};
+  for (size_t count : counts)
+    for (int which = 0; which < 7; ++which) {
+      SCOPED_TRACE(std::string(names[which]) + " count=" + std::to_string(count));
+      RunOptions opts;
+      opts.deadline_ms = 20000;
+      auto results = ForkRanks(1, [&](int, const attnUniqueId&) {
+        attnComm_t c[2];
+        ATTN_ASSERT_OK(nullptr, attnCommInitAll(c, 2, nullptr));
+        RunThreadsRaw(2, [&](int r) {
+          static float b[2][64];
+          float* buf = b[r];
+          attnResult_t x = attnSuccess;
+          switch (which) {
+            case 0: x = attnAllReduce(buf, buf, count, attnFloat32, attnSum, c[r], nullptr); break;
+            case 1: x = attnAllGather(buf, buf + 32, count, attnFloat32, c[r], nullptr); break;
+            case 2: x = attnReduceScatter(buf, buf + 32, count, attnFloat32, attnSum, c[r], nullptr); break;
+            case 3: x = attnBroadcast(buf, buf, count, attnFloat32, 0, c[r], nullptr); break;
+            case 4: x = attnAllToAll(buf, buf + 32, count, attnFloat32, c[r], nullptr); break;
+            case 5: x = attnSend(buf, count, attnFloat32, 1 - r, c[r], nullptr); break;
+            case 6: x = attnRecv(buf, count, attnFloat32, 1 - r, c[r], nullptr); break;
+          }
+          EXPECT_EQ(x, attnInvalidArgument) << "rank " << r << ": " << ResultName(x) << ": "
+                                            << attnGetLastError(c[r]);
+          attnCommAbort(c[r]);
+        }, 8000);
+      }, opts);
+      ExpectAllPassed(results);
+    }
 }
 
 // Zero counts with NULL buffers are legal no-ops.

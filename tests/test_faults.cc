@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -129,6 +130,64 @@ void AbortUnblocks(bool p2p) {
 
 TEST(Faults, AbortFromAnotherThreadUnblocksCollective) { AbortUnblocks(false); }
 TEST(Faults, AbortFromAnotherThreadUnblocksRecv) { AbortUnblocks(true); }
+
+// Non-blocking communicators: a failure surfaces through
+// attnCommGetAsyncError, and abort ends an init that can never finish.
+
+attnResult_t PollAsync(attnComm_t comm, int deadlineMs) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(deadlineMs);
+  attnResult_t st = attnInProgress;
+  while (std::chrono::steady_clock::now() < end) {
+    if (attnCommGetAsyncError(comm, &st) != attnSuccess) return attnInternalError;
+    if (st != attnInProgress) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return attnInProgress;
+}
+
+TEST(Faults, NonBlockingCollectiveTimeoutIsReportedAsync) {
+  attnUniqueId id;
+  ASSERT_EQ(attnGetUniqueId(&id), attnSuccess);
+  std::atomic<bool> done{false};
+  RunThreadsRaw(2, [&](int rank) {
+    attnConfig_t cfg = ConfigWithTimeout(1000);
+    cfg.blocking = 0;
+    attnComm_t comm = nullptr;
+    const attnResult_t r = attnCommInitRankConfig(&comm, 2, id, rank, &cfg);
+    ASSERT_TRUE(r == attnSuccess || r == attnInProgress) << ResultName(r);
+    ASSERT_EQ(PollAsync(comm, 30000), attnSuccess) << attnGetLastError(comm);
+    if (rank == 0) {
+      TypedBuf b(attnFloat32, 100);
+      const attnResult_t a = attnAllReduce(b.data(), b.data(), 100, attnFloat32, attnSum, comm, nullptr);
+      EXPECT_TRUE(a == attnInProgress || a == attnTimeout) << ResultName(a);
+      const attnResult_t st = PollAsync(comm, 30000);
+      EXPECT_EQ(st, attnTimeout) << ResultName(st) << ": " << attnGetLastError(comm);
+      EXPECT_STRNE(attnGetLastError(comm), "");
+      done = true;
+    } else {
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+  }, 60000);
+}
+
+TEST(Faults, AbortEndsNonBlockingInitThatCannotFinish) {
+  attnUniqueId id;
+  ASSERT_EQ(attnGetUniqueId(&id), attnSuccess);
+  RunThreadsRaw(1, [&](int) {
+    attnConfig_t cfg = ConfigWithTimeout(0);  // no timeout: only abort ends it
+    cfg.blocking = 0;
+    attnComm_t comm = nullptr;
+    const attnResult_t r = attnCommInitRankConfig(&comm, 2, id, 0, &cfg);  // rank 1 never comes
+    ASSERT_TRUE(r == attnInProgress || r == attnSuccess) << ResultName(r);
+    ASSERT_NE(comm, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    attnResult_t st = attnSuccess;
+    ATTN_EXPECT_OK(comm, attnCommGetAsyncError(comm, &st));
+    EXPECT_EQ(st, attnInProgress);
+    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+  }, 30000);
+}
 
 // ---------------------------------------------------------------------------
 // A SIGKILLed peer: every surviving rank's collective fails with
@@ -397,9 +456,24 @@ TEST(NetnsHelper, Rank) {
   if (rank == 1) {
     // Cut the switch side of this host's link (the namespace names carry
     // the script's pid, our parent); fall back to our own interface.
-    const std::string sw = "attn" + std::to_string(getppid()) + "sw";
-    std::string cut = "ip -n " + sw + " link set p1 down";
-    if (!std::filesystem::exists("/var/run/netns/" + sw)) cut = "ip link set eth0 down";
+    std::string cut = "ip link set eth0 down";
+    for (pid_t p = getppid(); p > 1;) {
+      const std::string sw = "attn" + std::to_string(p) + "sw";
+      if (std::filesystem::exists("/var/run/netns/" + sw)) {
+        cut = "ip -n " + sw + " link set p1 down";
+        break;
+      }
+      std::ifstream st("/proc/" + std::to_string(p) + "/stat");
+      std::string line;
+      std::getline(st, line);
+      const size_t close = line.rfind(')');
+      if (close == std::string::npos) break;
+      std::istringstream is(line.substr(close + 2));
+      char state;
+      pid_t parent = 0;
+      is >> state >> parent;
+      p = parent;
+    }
     std::printf("rank 1: cutting the link: %s\n", cut.c_str());
     std::fflush(stdout);
     ASSERT_EQ(std::system(cut.c_str()), 0) << cut;

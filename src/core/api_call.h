@@ -39,6 +39,9 @@ class ApiCall {
 attnResult_t checkCommUsable(attnComm* comm);
 
 using CommOp = std::function<attnResult_t()>;
+// Runs op, turning a C++ exception (e.g. std::bad_alloc) into an error code:
+// nothing throws across the C API.
+attnResult_t runGuarded(const CommOp& op);
 // Runs `op` on `comm`: queued into the open group, submitted to the executor
 // (non-blocking comm: returns attnInProgress), or run now.
 attnResult_t dispatch(attnComm* comm, const char* name, CommOp op);

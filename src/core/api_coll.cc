@@ -22,6 +22,16 @@ attnResult_t checkCommon(attnComm* comm, attnDataType_t type, attnStream_t strea
   return attnSuccess;
 }
 
+// count elements of esz bytes, times `blocks` (ranks), must fit in memory.
+attnResult_t checkCount(size_t count, size_t esz, size_t blocks) {
+  size_t bytes;
+  if (__builtin_mul_overflow(count, esz, &bytes) || __builtin_mul_overflow(bytes, blocks, &bytes) ||
+      bytes > (size_t(1) << 56))
+    return setError(attnInvalidArgument, "count %zu of %zu-byte elements (x%zu) is too large", count,
+                    esz, blocks);
+  return attnSuccess;
+}
+
 attnResult_t checkBuffers(const void* send, const void* recv, size_t count) {
   ATTN_REQUIRE(count == 0 || send != nullptr, "sendbuff is NULL with count %zu", count);
   ATTN_REQUIRE(count == 0 || recv != nullptr, "recvbuff is NULL with count %zu", count);
@@ -42,6 +52,7 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
   ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, sendcount)));
+  ATTN_CHECK(call.finish(checkCount(sendcount, dataTypeSize(datatype), comm->nranks)));
   const size_t esz = dataTypeSize(datatype), bytes = sendcount * esz;
   const int n = comm->nranks, me = comm->rank;
   char* out = static_cast<char*>(recvbuff);
@@ -65,6 +76,7 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
   ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, recvcount)));
   if (!validRedOp(op)) return call.finish(setError(attnInvalidArgument, "invalid reduction op %d", (int)op));
+  ATTN_CHECK(call.finish(checkCount(recvcount, dataTypeSize(datatype), comm->nranks)));
   const size_t esz = dataTypeSize(datatype), bytes = recvcount * esz;
   const int n = comm->nranks, me = comm->rank;
   const char* in = static_cast<const char*>(sendbuff);
@@ -91,6 +103,7 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
   ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, count)));
   if (!validRedOp(op)) return call.finish(setError(attnInvalidArgument, "invalid reduction op %d", (int)op));
+  ATTN_CHECK(call.finish(checkCount(count, dataTypeSize(datatype), 1)));
   const size_t esz = dataTypeSize(datatype);
   if (sendbuff != recvbuff && overlaps(sendbuff, count * esz, recvbuff, count * esz))
     return call.finish(setError(attnInvalidArgument, "all-reduce: buffers overlap partially"));
@@ -116,7 +129,9 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
   if (root < 0 || root >= comm->nranks)
     return call.finish(setError(attnInvalidArgument, "root %d is outside [0, %d)", root, comm->nranks));
-  ATTN_REQUIRE(count == 0 || recvbuff != nullptr, "recvbuff is NULL with count %zu", count);
+  if (count > 0 && recvbuff == nullptr)
+    return call.finish(setError(attnInvalidArgument, "recvbuff is NULL with count %zu", count));
+  ATTN_CHECK(call.finish(checkCount(count, dataTypeSize(datatype), 1)));
   if (comm->rank == root && count > 0 && sendbuff == nullptr)
     return call.finish(setError(attnInvalidArgument, "sendbuff is NULL on the root"));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
@@ -138,6 +153,7 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
   ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, count)));
+  ATTN_CHECK(call.finish(checkCount(count, dataTypeSize(datatype), comm->nranks)));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
   const int n = comm->nranks;
   if (overlaps(sendbuff, bytes * n, recvbuff, bytes * n))
@@ -163,6 +179,10 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
   std::vector<Block> sb(n), rb(n);
   size_t sendTotal = 0, recvTotal = 0;
   for (int p = 0; p < n; ++p) {
+    ATTN_CHECK(call.finish(checkCount(sendcounts[p] + sdispls[p], esz, 1)));
+    ATTN_CHECK(call.finish(checkCount(recvcounts[p] + rdispls[p], esz, 1)));
+    if (sendcounts[p] + sdispls[p] < sdispls[p] || recvcounts[p] + rdispls[p] < rdispls[p])
+      return call.finish(setError(attnInvalidArgument, "all-to-allv: count + displacement overflows"));
     sb[p] = {sdispls[p] * esz, sendcounts[p] * esz};
     rb[p] = {rdispls[p] * esz, recvcounts[p] * esz};
     sendTotal += sendcounts[p];

@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -28,7 +30,18 @@ attnResult_t checkCommUsable(attnComm* comm) {
   return attnSuccess;
 }
 
-attnResult_t dispatch(attnComm* comm, const char* name, CommOp op) {
+attnResult_t runGuarded(const CommOp& op) {
+  try {
+    return op();
+  } catch (const std::bad_alloc&) {
+    return setError(attnSystemError, "out of memory");
+  } catch (const std::exception& e) {
+    return setError(attnInternalError, "unexpected exception: %s", e.what());
+  }
+}
+
+attnResult_t dispatch(attnComm* comm, const char* name, CommOp raw) {
+  CommOp op = [raw = std::move(raw)] { return runGuarded(raw); };
   if (inGroup()) {
     groupAddColl(comm, std::move(op));
     return attnSuccess;

@@ -20,7 +20,10 @@ attnResult_t p2p(bool isSend, void* buf, size_t count, attnDataType_t type, int 
     return call.finish(setError(attnInvalidArgument, "%s: peer %d is outside [0, %d)", what, peer, comm->nranks));
   if (count > 0 && buf == nullptr)
     return call.finish(setError(attnInvalidArgument, "%s: buffer is NULL with count %zu", what, count));
-  P2pOp op{isSend, peer, buf, count * dataTypeSize(type)};
+  size_t bytes;
+  if (__builtin_mul_overflow(count, dataTypeSize(type), &bytes) || bytes > (size_t(1) << 56))
+    return call.finish(setError(attnInvalidArgument, "%s: count %zu is too large", what, count));
+  P2pOp op{isSend, peer, buf, bytes};
   if (inGroup()) {
     groupAddP2p(comm, op);
     return attnSuccess;

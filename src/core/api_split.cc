@@ -26,11 +26,12 @@ struct SplitCard {
 extern "C" attnResult_t attnCommSplit(attnComm_t comm, int color, int key, attnComm_t* newcomm,
                                       attnConfig_t* config) {
   ApiCall call(comm);
-  ATTN_REQUIRE(newcomm != nullptr, "newcomm is NULL");
+  if (newcomm == nullptr) return call.finish(setError(attnInvalidArgument, "newcomm is NULL"));
   *newcomm = nullptr;
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  ATTN_REQUIRE(color >= 0 || color == ATTN_SPLIT_NOCOLOR,
-               "color must be >= 0 or ATTN_SPLIT_NOCOLOR, got %d", color);
+  if (color < 0 && color != ATTN_SPLIT_NOCOLOR)
+    return call.finish(setError(attnInvalidArgument,
+                                "color must be >= 0 or ATTN_SPLIT_NOCOLOR, got %d", color));
   if (inGroup()) return call.finish(setError(attnInvalidUsage, "attnCommSplit inside a group"));
   const int n = comm->nranks, me = comm->rank;
   Engine& e = *comm->engine;

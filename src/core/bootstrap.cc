@@ -8,8 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <list>
+#include <thread>
 
 #include "src/core/bootstrap_wire.h"
 #include "src/core/error.h"
@@ -94,12 +96,11 @@ attnResult_t SocketBootstrap::start(const UniqueIdData& id) {
   return joinRoot(root);
 }
 
-attnResult_t SocketBootstrap::joinRoot(const SocketAddress& root) {
-  Deadline deadline = Deadline::afterMs(timeoutMs_);
-  std::string what = "bootstrap rank " + std::to_string(rank_) + ": root " + formatAddress(root);
+// One attempt: dial the root, send the hello, wait for the reply.
+attnResult_t SocketBootstrap::helloRoot(const SocketAddress& root, const Deadline& deadline,
+                                        const std::string& what, std::vector<uint8_t>* reply) {
   int fd = -1;
   ATTN_CHECK(socketConnect(root, deadline, cancel(), what.c_str(), &fd));
-
   RootHello h{};
   h.magic = kRootHelloMagic;
   h.version = kWireVersion;
@@ -109,15 +110,34 @@ attnResult_t SocketBootstrap::joinRoot(const SocketAddress& root) {
   h.nranks = nranks_;
   h.timeoutMs = timeoutMs_ > 0 ? timeoutMs_ : 0;
   h.addrLen = serializeAddress(listenAddr_, h.addr);
-  std::vector<uint8_t> reply;
   attnResult_t rc = sendFrame(fd, &h, sizeof(h), deadline, cancel(), what.c_str());
   if (rc == attnSuccess) {
     std::string waitWhat = what + ": waiting for all " + std::to_string(nranks_) + " ranks";
-    rc = recvFrame(fd, sizeof(RootReply) + nranks_ * sizeof(AddrSlot), &reply, deadline,
+    rc = recvFrame(fd, sizeof(RootReply) + nranks_ * sizeof(AddrSlot), reply, deadline,
                    cancel(), waitWhat.c_str());
   }
   closeSocket(&fd);
-  ATTN_CHECK(rc);
+  return rc;
+}
+
+attnResult_t SocketBootstrap::joinRoot(const SocketAddress& root) {
+  Deadline deadline = Deadline::afterMs(timeoutMs_);
+  std::string what = "bootstrap rank " + std::to_string(rank_) + ": root " + formatAddress(root);
+  std::vector<uint8_t> reply;
+  // The root closes, without a word, connections it does not trust and the
+  // oldest ones when flooded: try a few times, then give up (a wrong secret
+  // looks the same from here).
+  constexpr int kAttempts = 5;
+  for (int attempt = 1;; ++attempt) {
+    attnResult_t rc = helloRoot(root, deadline, what, &reply);
+    if (rc == attnSuccess) break;
+    if (rc != attnRemoteError || cancel().set() || deadline.expired()) return rc;
+    if (attempt == kAttempts)
+      return setError(attnRemoteError, "%s: the root closed the connection %d times without "
+                      "answering (wrong secret or unique id?)", what.c_str(), kAttempts);
+    ATTN_INFO(kLogBoot, "%s: connection closed before the reply, retrying", what.c_str());
+    std::this_thread::sleep_for(std::chrono::milliseconds(deadline.sliceMs(10 << attempt)));
+  }
 
   RootReply r;
   if (reply.size() < sizeof(r))
@@ -244,9 +264,11 @@ void SocketBootstrap::rxLoop() {
       for (;;) {
         int fd = -1;
         if (socketAcceptNow(listenFd_, &fd) != attnSuccess || fd < 0) break;
-        if (unauth >= kMaxPendingConns) {
-          ::close(fd);
-          continue;
+        if (unauth >= kMaxPendingConns) {  // evict the oldest stranger
+          auto old = std::find_if(conns.begin(), conns.end(), [](const Conn& c) { return c.from < 0; });
+          closeSocket(&old->fd);
+          conns.erase(old);
+          --unauth;
         }
         conns.push_back(Conn{fd, FrameReader(), -1});
         ++unauth;

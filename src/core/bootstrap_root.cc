@@ -95,10 +95,11 @@ class RootServer {
     for (;;) {
       int fd = -1;
       if (socketAcceptNow(listenFd_, &fd) != attnSuccess || fd < 0) return;
+      // At the cap, the oldest silent connection makes room: a flood of idle
+      // clients cannot lock out ranks, which send their hello at once.
       if (pending_.size() >= kMaxPendingConns) {
-        ATTN_INFO(kLogBoot, "bootstrap root: too many pending connections, refusing one");
-        ::close(fd);
-        continue;
+        drop(pending_.front(), "evicted (too many pending connections)");
+        pending_.pop_front();
       }
       pending_.push_back(Pending{fd, FrameReader()});
     }

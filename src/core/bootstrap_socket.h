@@ -47,6 +47,8 @@ class SocketBootstrap : public Bootstrap {
   SocketBootstrap(int rank, int nranks, int timeoutMs, const std::atomic<bool>* abortFlag);
   attnResult_t start(const UniqueIdData& id);
   attnResult_t joinRoot(const SocketAddress& root);
+  attnResult_t helloRoot(const SocketAddress& root, const Deadline& deadline,
+                         const std::string& what, std::vector<uint8_t>* reply);
   attnResult_t sendTo(int peer, uint32_t kind, uint32_t tag, const void* data, size_t bytes,
                       const Deadline& deadline);
   attnResult_t recvFrom(int peer, uint32_t kind, uint32_t tag, void* data, size_t bytes,

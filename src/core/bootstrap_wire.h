@@ -22,7 +22,8 @@ constexpr uint32_t kWireVersion = 1;
 constexpr size_t kMaxUnauthFrame = 64 * 1024;
 // Bound on a data frame between authenticated ranks.
 constexpr size_t kMaxDataFrame = size_t(1) << 30;
-// Unauthenticated connections a listener keeps at once; more are refused.
+// Unauthenticated connections a listener keeps at once; past it the oldest
+// is closed to make room.
 constexpr size_t kMaxPendingConns = 256;
 
 // A rank's first frame to the root.

@@ -80,7 +80,7 @@ attnResult_t runP2p(attnComm* comm, const std::vector<P2pOp>& ops) {
 attnResult_t runWork(CommWork& w) {
   ApiCall call(w.comm);
   attnResult_t r = attnSuccess;
-  if (!w.p2p.empty()) r = runP2p(w.comm, w.p2p);
+  if (!w.p2p.empty()) r = runGuarded([&] { return runP2p(w.comm, w.p2p); });
   for (auto& c : w.colls) {
     if (r != attnSuccess) break;
     r = c();
