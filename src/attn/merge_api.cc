@@ -8,10 +8,22 @@
 
 using namespace attn;
 
+static attnResult_t mergeStates(int n, const void* const* outs, const float* const* lses, void* out,
+                                float* lse, int64_t rows, int heads, int head_dim,
+                                attnDataType_t dtype, attnStream_t stream);
+
 extern "C" attnResult_t attnMergeAttnStates(int n, const void* const* outs, const float* const* lses,
                                             void* out, float* lse, int64_t rows, int heads,
                                             int head_dim, attnDataType_t dtype, attnStream_t stream) {
   ErrorContext ctx("-");
+  return runGuarded([&] {
+    return mergeStates(n, outs, lses, out, lse, rows, heads, head_dim, dtype, stream);
+  });
+}
+
+static attnResult_t mergeStates(int n, const void* const* outs, const float* const* lses, void* out,
+                                float* lse, int64_t rows, int heads, int head_dim,
+                                attnDataType_t dtype, attnStream_t stream) {
   clearThreadLastError();
   ATTN_REQUIRE(n >= 1, "n must be >= 1, got %d", n);
   ATTN_REQUIRE(rows >= 0 && heads >= 1 && head_dim >= 1, "rows, heads, head_dim must be positive");

@@ -50,8 +50,14 @@ void ownedRanges(const std::vector<int64_t>& bounds, int nranks, int r, int64_t 
 
 extern "C" {
 
+static attnResult_t planPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_t* plan);
+
 attnResult_t attnPlanPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_t* plan) {
   ErrorContext ctx("-");
+  return runGuarded([&] { return planPrefill(batch, nranks, plan); });
+}
+
+static attnResult_t planPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_t* plan) {
   clearThreadLastError();
   ATTN_REQUIRE(plan != nullptr, "plan is NULL");
   *plan = nullptr;

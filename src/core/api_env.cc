@@ -5,7 +5,7 @@
 #include "src/core/api_call.h"
 #include "src/core/bootstrap.h"
 #include "src/core/env.h"
-#include "src/core/host_identity.h"
+#include "topology/host_identity.h"
 #include "src/core/log.h"
 
 namespace attn {

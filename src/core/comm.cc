@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "src/core/error.h"
-#include "src/core/host_identity.h"
+#include "topology/host_identity.h"
 #include "src/core/log.h"
 
 namespace attn {

@@ -1,4 +1,4 @@
-#include "src/core/host_identity.h"
+#include "topology/host_identity.h"
 
 #include <unistd.h>
 
