@@ -8,6 +8,7 @@
 #   mpi-shm   mpi_coll_bench, Open MPI ob1 + vader (shared memory)
 #   mpi-tcp   mpi_coll_bench, --mca pml ob1 --mca btl tcp,self
 #   gloo-tcp  gloo_coll_bench -p N, Gloo TCP transport on 127.0.0.1
+#   (attn-threads, not run by default: our *_perf -t N, default transport)
 # Every program uses the same sizes, timing (median over iterations of the
 # max over ranks) and columns; the table holds the median busbw over reps.
 # Repetitions are the outer loop so background load hits all configs alike.
@@ -37,6 +38,7 @@ B="${BUILD_DIR:?set BUILD_DIR to a build with perf/all_gather_perf}"
 RESULTS="${RESULTS:-$(mktemp -d /tmp/attn_compare.XXXXXX)}"
 mkdir -p "$RESULTS"
 
+TIMEFORMAT='%R %U %S'  # wall user sys, written to <run>.time
 COMMON=(-b "$MINB" -e "$MAXB" -f 2 -n "$ITERS" -w "$WARMUP" -c "$CHECK" -d float -o sum)
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NRANKS")
 
@@ -49,6 +51,10 @@ command_for() {
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
       echo env "ATTN_TRANSPORT=${cfg#attn-}" "$bin" -p "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
+    attn-threads)  # optional: ranks as threads, the library's default transport
+      bin="$B/perf/${coll}_perf"
+      [[ -x $bin ]] || return 0
+      echo "$bin" -t "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
     mpi-shm|mpi-tcp)
       bin="$B/perf/baselines/mpi_coll_bench"
       [[ -x $bin ]] && command -v mpirun >/dev/null || return 0
@@ -82,7 +88,9 @@ for rep in $(seq 1 "$REPS"); do
       echo "$cmd" > "$base.cmd"
       # Word splitting is intended: paths here have no spaces.
       # shellcheck disable=SC2086
-      timeout "$RUN_TIMEOUT" $cmd > "$base.log" 2>&1
+      # CPU time of all ranks (they are waited-for descendants) tells how
+      # much a library spins, which matters when ranks share cores.
+      { time timeout "$RUN_TIMEOUT" $cmd > "$base.log" 2>&1; } 2> "$base.time"
       rc=$?
       if ((rc != 0)); then
         FAILS+=("$cfg $coll rep $rep (rc $rc, see $base.log)")

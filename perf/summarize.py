@@ -61,6 +61,36 @@ def cell(vals):
     return f"{med:.2f}" + (" (WRONG)" if wrong else ""), med
 
 
+def cpu_table(paths, cfgs):
+    """Median wall / CPU seconds per run from the <run>.time files that
+    compare_baselines.sh writes ("wall user sys"), if any."""
+    runs = {}
+    for p in paths:
+        if not os.path.isdir(p):
+            continue
+        for f in glob.glob(os.path.join(p, "*.time")):
+            parts = os.path.basename(f).split(".")
+            try:
+                with open(f) as fh:
+                    wall, user, sys_ = (float(x) for x in fh.read().split()[-3:])
+            except (OSError, ValueError):
+                continue
+            runs.setdefault((parts[1], parts[0]), []).append((wall, user + sys_))
+    if not runs:
+        return []
+    colls = sorted({c for c, _ in runs})
+    out = ["", "### seconds per whole run: wall / CPU (user+sys, all ranks), median", "",
+           "| collective | " + " | ".join(cfgs) + " |", "|---|" + "---:|" * len(cfgs)]
+    for coll in colls:
+        cells = []
+        for c in cfgs:
+            v = runs.get((coll, c))
+            cells.append(f"{statistics.median(w for w, _ in v):.1f} / "
+                         f"{statistics.median(u for _, u in v):.1f}" if v else "-")
+        out.append(f"| {coll} | " + " | ".join(cells) + " |")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+")
@@ -106,6 +136,7 @@ def main():
                 n = meds.get(num)
                 cells.append(f"{n / max(dens):.2f}x" if n and dens else "-")
             out.append(f"| {coll} | {size_label(s)} | " + " | ".join(cells) + " |")
+    out += cpu_table(a.paths, cfgs)
     text = "\n".join(out) + "\n"
     sys.stdout.write(text)
     if a.out:

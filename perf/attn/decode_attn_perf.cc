@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
     attnCommCount(comm, &n);
     if (me == 0) {
       printf("# decode_attn_perf: %d ranks (%s), context %lld, heads %d/%d, head_dim %d\n", n,
-             o.procs ? "processes" : "threads", (long long)o.length, o.cfg.num_q_heads,
+             launchedExternally() ? "launched" : o.procs ? "processes" : "threads", (long long)o.length, o.cfg.num_q_heads,
              o.cfg.num_kv_heads, o.cfg.head_dim);
       printHeader();
     }

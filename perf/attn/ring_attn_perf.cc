@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     if (me == 0) {
       printf("# ring_attn_perf: %d ranks (%s), T+P = %lld per sequence, %d sequence(s), heads %d/%d, "
              "head_dim %d, %s, causal %d\n",
-             n, o.procs ? "processes" : "threads", (long long)o.length, o.seqs, o.cfg.num_q_heads,
+             n, launchedExternally() ? "launched" : o.procs ? "processes" : "threads", (long long)o.length, o.seqs, o.cfg.num_q_heads,
              o.cfg.num_kv_heads, o.cfg.head_dim,
              o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
              o.cfg.causal);

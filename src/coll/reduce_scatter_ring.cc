@@ -26,8 +26,8 @@ attnResult_t ringReduceScatterv(Engine& e, const Ring& ring, const char* in, cha
   auto blockAt = [&](int p) -> const Block& { return blocks[((p % n) + n) % n]; };
   size_t maxBytes = 0;
   for (const Block& b : blocks) maxBytes = std::max(maxBytes, b.bytes);
-  std::vector<char> staging(2 * maxBytes);
-  char* stage[2] = {staging.data(), staging.data() + maxBytes};
+  char* staging = e.scratch(2 * maxBytes);
+  char* stage[2] = {staging, staging + maxBytes};
 
   // Step s sends the partial of block pos-s-1 and receives that of pos-s-2;
   // so receive step s and send step s+1 carry the same block.

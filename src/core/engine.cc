@@ -154,6 +154,14 @@ attnResult_t Engine::idleWait(int* spins, std::chrono::steady_clock::time_point*
   return attnSuccess;
 }
 
+char* Engine::scratch(size_t bytes) {
+  if (bytes > scratchBytes_) {
+    scratch_.reset(new char[bytes]);
+    scratchBytes_ = bytes;
+  }
+  return scratch_.get();
+}
+
 bool Engine::busy() {
   std::lock_guard<std::mutex> g(mu_);
   for (auto& c : conns_)

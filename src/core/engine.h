@@ -60,6 +60,11 @@ class Engine {
   // posts from other threads wait at most that long).
   attnResult_t progressOrSleep(int waitUs, bool* progressed);
 
+  // Staging memory for the algorithms of one collective at a time: grows,
+  // never shrinks, never zero-filled (a fresh 32 MiB vector per call costs
+  // an mmap and a page-fault storm).
+  char* scratch(size_t bytes);
+
   // Broken: first failure's code and text.
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   attnResult_t brokenResult() const { return brokenCode_; }
@@ -77,6 +82,8 @@ class Engine {
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<std::unique_ptr<Connection>> conns_;
   std::vector<int> transportOfPeer_;
+  std::unique_ptr<char[]> scratch_;
+  size_t scratchBytes_ = 0;
   std::atomic<bool> broken_{false};
   attnResult_t brokenCode_ = attnSuccess;
   std::string brokenWhy_;

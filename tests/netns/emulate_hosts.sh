@@ -18,7 +18,7 @@
 set -uo pipefail
 
 usage() {
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -uo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
   cat <<EOF
 Options:
   --hosts K            number of emulated hosts                 [2]

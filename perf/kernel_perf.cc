@@ -1,0 +1,259 @@
+// kernel_perf: the CPU partial-attention kernel against OpenBLAS doing the
+// same two matrix products (S = Q K^T and O = S V per query head), in one run.
+//
+//   kernel_perf [-T 2048,4096] [-H 8,32] [-K 8,1] [-D 128] [-d fp32,bf16]
+//               [-c 0,1] [-t threads] [-r reps] [-w warmup] [-C 0|1] [-J out.json]
+//
+// -K lists kv-head counts; a value > Hq is skipped, so "-H 8,32 -K 32,8,1"
+// covers MHA and GQA. Attention FLOPs are 4*nq*nk*D*Hq, times the visible
+// fraction (T+1)/(2T) when causal: the kernel is credited only for the work
+// the mask leaves. OpenBLAS is credited with the full products it computes
+// (it cannot skip masked blocks), so for causal rows "time x" (BLAS time /
+// kernel time) is the fairer speed-up, "rate x" the ratio of GFLOP/s.
+// Times are medians of the repetitions, the two contenders interleaved; BLAS
+// runs on fp32 copies of the inputs (conversion not timed) with the same
+// thread count. -C 1 times by process CPU time instead of wall time: steadier
+// on a shared, oversubscribed host, and meaningful only with -t 1.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/worker_pool.h"
+
+namespace {
+
+using attn::cpu::AttnProblem;
+
+bool g_cpu_time = false;  // -C 1: process CPU time instead of wall time
+
+struct Options {
+  std::vector<int> T{2048, 4096}, H{8, 32}, K{8, 1}, D{128}, causal{0, 1};
+  std::vector<std::string> dtypes{"fp32", "bf16"};
+  int threads = 1, reps = 5, warmup = 1;
+  std::string json;
+};
+
+std::vector<int> intList(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    p = std::strchr(p, ',');
+    if (!p) break;
+    ++p;
+  }
+  return v;
+}
+
+std::vector<std::string> strList(const char* s) {
+  std::vector<std::string> v;
+  std::string cur;
+  for (const char* p = s;; ++p) {
+    if (*p == ',' || *p == 0) {
+      if (!cur.empty()) v.push_back(cur);
+      cur.clear();
+      if (*p == 0) break;
+    } else {
+      cur += *p;
+    }
+  }
+  return v;
+}
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return false;
+    const char* v = argv[++i];
+    if (a == "-T") o.T = intList(v);
+    else if (a == "-H") o.H = intList(v);
+    else if (a == "-K") o.K = intList(v);
+    else if (a == "-D") o.D = intList(v);
+    else if (a == "-c") o.causal = intList(v);
+    else if (a == "-d") o.dtypes = strList(v);
+    else if (a == "-t") o.threads = std::max(1, std::atoi(v));
+    else if (a == "-r") o.reps = std::max(1, std::atoi(v));
+    else if (a == "-w") o.warmup = std::max(0, std::atoi(v));
+    else if (a == "-J") o.json = v;
+    else if (a == "-C") g_cpu_time = std::atoi(v) != 0;
+    else return false;
+  }
+  return true;
+}
+
+attnDataType_t dtypeOf(const std::string& s) {
+  if (s == "fp16") return attnFloat16;
+  if (s == "bf16") return attnBfloat16;
+  return attnFloat32;
+}
+
+double now() {
+  if (g_cpu_time) {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double seconds(const std::function<void()>& f) {
+  const double a = now();
+  f();
+  return now() - a;
+}
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Medians of the two contenders, their repetitions interleaved so that both
+// see the same machine (shared hosts drift over seconds).
+std::pair<double, double> medianPair(int reps, int warmup, const std::function<void()>& a,
+                                     const std::function<void()>& b) {
+  for (int i = 0; i < warmup; ++i) a(), b();
+  std::vector<double> ta, tb;
+  for (int i = 0; i < reps; ++i) {
+    ta.push_back(seconds(a));
+    tb.push_back(seconds(b));
+  }
+  return {median(ta), median(tb)};
+}
+
+struct Row {
+  int T, H, K, D, causal;
+  std::string dtype;
+  double ours_s, blas_s, ours_gflops, blas_gflops;
+};
+
+Row measure(const Options& o, int T, int H, int K, int D, int causal, const std::string& dt,
+            attn::cpu::WorkerPool* pool) {
+  const attnDataType_t dtype = dtypeOf(dt);
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const size_t nq = size_t(T) * H * D, nk = size_t(T) * K * D;
+  std::vector<float> q(nq), k(nk), v(nk);
+  for (auto* t : {&q, &k, &v})
+    for (auto& x : *t) x = nd(rng);
+  // The kernel reads `dtype`; BLAS reads the same values widened back to fp32.
+  const size_t es = dtype == attnFloat32 ? 4 : 2;
+  std::vector<char> qd(nq * es), kd(nk * es), vd(nk * es);
+  (void)attn::cpu::convertFromFloat(qd.data(), dtype, q.data(), nq);
+  (void)attn::cpu::convertFromFloat(kd.data(), dtype, k.data(), nk);
+  (void)attn::cpu::convertFromFloat(vd.data(), dtype, v.data(), nk);
+  (void)attn::cpu::convertToFloat(q.data(), qd.data(), dtype, nq);
+  (void)attn::cpu::convertToFloat(k.data(), kd.data(), dtype, nk);
+  (void)attn::cpu::convertToFloat(v.data(), vd.data(), dtype, nk);
+
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int i = 0; i < T; ++i) pos[size_t(i)] = i;
+  AttnProblem p;
+  p.q = qd.data();
+  p.k = kd.data();
+  p.v = vd.data();
+  p.dtype = dtype;
+  p.nq = p.nk = T;
+  p.num_q_heads = H;
+  p.num_kv_heads = K;
+  p.head_dim = D;
+  p.causal = causal != 0;
+  p.q_pos = p.k_pos = pos.data();
+  std::vector<float> out(nq), lse(size_t(T) * H);
+  const attn::cpu::AttnExec ex{o.threads, pool, nullptr};
+  auto kernel = [&] {
+    if (attn::cpu::attentionPartial(p, out.data(), lse.data(), ex) != attnSuccess) std::abort();
+  };
+
+  // OpenBLAS: per query head, S = Q_h K_g^T (T x T), then O_h = S V_g.
+  std::vector<float> s(size_t(T) * T), o_blas(nq);
+  const int group = H / K;
+  auto blas_products = [&] {
+    for (int h = 0; h < H; ++h) {
+      const int g = h / group;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, q.data() + h * D,
+                  H * D, k.data() + g * D, K * D, 0.0f, s.data(), T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, s.data(), T,
+                  v.data() + g * D, K * D, 0.0f, o_blas.data() + h * D, H * D);
+    }
+  };
+  const auto [ours, blas] = medianPair(o.reps, o.warmup, kernel, blas_products);
+  const double full = 4.0 * T * double(T) * D * H;
+  const double visible = causal ? full * (T + 1.0) / (2.0 * T) : full;
+  return {T, H, K, D, causal, dt, ours, blas, visible / ours * 1e-9, full / blas * 1e-9};
+}
+
+void writeJson(const std::string& path, const Options& o, const std::vector<Row>& rows) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::perror(path.c_str());
+    return;
+  }
+  std::fprintf(f,
+               "{\"bench\":\"kernel_perf\",\"isa\":\"%s\",\"threads\":%d,\"clock\":\"%s\","
+               "\"rows\":[\n",
+               attn::cpu::isaName(attn::cpu::activeIsa()), o.threads, g_cpu_time ? "cpu" : "wall");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::fprintf(f,
+                 "  {\"T\":%d,\"Hq\":%d,\"Hkv\":%d,\"D\":%d,\"dtype\":\"%s\",\"causal\":%d,"
+                 "\"kernel_ms\":%.3f,\"blas_ms\":%.3f,\"kernel_gflops\":%.2f,"
+                 "\"blas_gflops\":%.2f,\"rate_ratio\":%.3f,\"time_ratio\":%.3f}%s\n",
+                 r.T, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3, r.blas_s * 1e3,
+                 r.ours_gflops, r.blas_gflops, r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s,
+                 i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) {
+    std::fprintf(stderr,
+                 "usage: %s [-T list] [-H list] [-K list] [-D list] [-d fp32,bf16,fp16] "
+                 "[-c 0,1] [-t threads] [-r reps] [-w warmup] [-C 0|1] [-J out.json]\n",
+                 argv[0]);
+    return 2;
+  }
+  openblas_set_num_threads(o.threads);
+  attn::cpu::WorkerPool pool(o.threads);
+  std::printf("# kernel_perf: isa %s, %d thread(s), median of %d (%s time), OpenBLAS %s\n",
+              attn::cpu::isaName(attn::cpu::activeIsa()), o.threads, o.reps,
+              g_cpu_time ? "cpu" : "wall", openblas_get_config());
+  std::printf("# %5s %4s %4s %4s %5s %6s %11s %11s %10s %10s %7s %7s\n", "T", "Hq", "Hkv", "D",
+              "dtype", "causal", "kernel_ms", "blas_ms", "kern_GF/s", "blas_GF/s", "rate_x",
+              "time_x");
+  std::vector<Row> rows;
+  for (int T : o.T)
+    for (int H : o.H)
+      for (int K : o.K) {
+        if (K > H || H % K) continue;
+        for (int D : o.D)
+          for (const auto& dt : o.dtypes)
+            for (int c : o.causal) {
+              const Row r = measure(o, T, H, K, D, c, dt, &pool);
+              std::printf("  %5d %4d %4d %4d %5s %6d %11.2f %11.2f %10.1f %10.1f %7.2f %7.2f\n",
+                          r.T, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3,
+                          r.blas_s * 1e3, r.ours_gflops, r.blas_gflops,
+                          r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s);
+              std::fflush(stdout);
+              rows.push_back(r);
+            }
+      }
+  if (!o.json.empty()) writeJson(o.json, o, rows);
+  return 0;
+}
