@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/attention_task.h"
 #include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/kv_pack.h"
 #include "kernels/cpu/worker_pool.h"
 #include "src/core/error.h"
 
@@ -47,6 +48,12 @@ attnResult_t validate(const AttnProblem& p, const float* o, const float* lse,
   for (size_t i = 1; i < qr.size(); ++i)
     ATTN_REQUIRE(qr[i].first >= qr[i - 1].second, "attention: segments overlap in query rows");
   return attnSuccess;
+}
+
+int64_t nonEmptySegments(const std::vector<AttnSegment>& segs) {
+  int64_t n = 0;
+  for (const auto& s : segs) n += s.q_begin < s.q_end && s.k_begin < s.k_end;
+  return n;
 }
 
 void fillEmptyRows(float* o, float* lse, int32_t begin, int32_t end, int heads, int d) {
@@ -126,9 +133,18 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
     if (!covered[r]) fillEmptyRows(o, lse, r, r + 1, p.num_q_heads, p.head_dim);
 
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim));
-  const AttnCall call{&p, segs.data(), o, lse, accumulate, scale * 1.4426950408889634f, group,
-                      (p.head_dim + 15) / 16 * 16};
+  const int dpad = (p.head_dim + 15) / 16 * 16;
   const int threads = std::max(1, ex.threads);
+  // Pack K/V head-major when tiles would read each key row at least twice
+  // (several query tiles per segment and kv head); decode-like calls read
+  // every key once and go straight to the input.
+  std::unique_ptr<PackedKV> packed;
+  if (!tasks.empty() &&
+      tasks.size() >= 2 * size_t(nonEmptySegments(segs)) * size_t(p.num_kv_heads))
+    packed = std::make_unique<PackedKV>(p, dpad, threads, ex.pool);
+  const AttnCall call{&p,     segs.data(), o,    lse,
+                      accumulate, scale * 1.4426950408889634f, group, dpad,
+                      packed ? packed->k() : nullptr, packed ? packed->v() : nullptr};
   std::vector<AttnTileStats> stats(static_cast<size_t>(threads));
   parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
     thread_local ScratchArena arena;

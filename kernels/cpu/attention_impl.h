@@ -3,9 +3,10 @@
 //
 // Layout choice: scores are computed transposed, S^T[key][row] = K . Q^T, with
 // Q transposed once per task. Then a key's K values are broadcast from their
-// own row (no K transpose, fp32 K is read in place), and the softmax maxima
-// and sums over keys are vertical vector ops across S^T rows (no horizontal
-// reductions). P.V then broadcasts P^T[key][row] against rows of V.
+// own row (K is never transposed), and the softmax maxima and sums over keys
+// are vertical vector ops across S^T rows (no horizontal reductions). P.V
+// then broadcasts P^T[key][row] against rows of V. A task keeps up to
+// kRows stacked query rows, so every K/V tile is read once for all of them.
 #pragma once
 
 #include <algorithm>
@@ -48,9 +49,14 @@ inline const float* rowAsFloat(const void* base, attnDataType_t t, size_t index,
   }
 }
 
-inline void copyRowAsFloat(float* dst, const void* base, attnDataType_t t, size_t index, int n) {
-  const float* src = rowAsFloat(base, t, index, n, dst);
-  if (src != dst) std::memcpy(dst, src, size_t(n) * sizeof(float));
+inline void copyRowAsFloat(float* __restrict dst, const void* base, attnDataType_t t,
+                           size_t index, int n) {
+  if (t != attnFloat32) {
+    rowAsFloat(base, t, index, n, dst);
+    return;
+  }
+  const float* __restrict src = static_cast<const float*>(base) + index;
+  for (int i = 0; i < n; ++i) dst[i] = src[i];  // inline vector moves, no libc call
 }
 
 // out[j][c] = sum_d K[j][d] * Qt[d][c] for J keys and C vectors of rows.
@@ -97,14 +103,16 @@ template <class I>
 void scoreTile(const float* const* krow, int nkeys, const float* qt, int c0, int nvec,
                int head_dim, float* s) {
   constexpr int R = I::kRows;
-  for (int j = 0; j < nkeys; j += I::kSJ) {
-    int c = c0;
-    for (; c + I::kSC <= nvec; c += I::kSC)
+  // Column chunks outside: a chunk of Q^T (head_dim x kSC vectors) stays in
+  // L1 while the tile's keys stream past it.
+  int c = c0;
+  for (; c + I::kSC <= nvec; c += I::kSC)
+    for (int j = 0; j < nkeys; j += I::kSJ)
       scoreBlock<I, I::kSJ, I::kSC>(krow + j, qt + c * I::W, R, head_dim, s + j * R + c * I::W);
-    withCount<I::kSC>(nvec - c, [&]<int N>() {
+  withCount<I::kSC>(nvec - c, [&]<int N>() {
+    for (int j = 0; j < nkeys; j += I::kSJ)
       scoreBlock<I, I::kSJ, N>(krow + j, qt + c * I::W, R, head_dim, s + j * R + c * I::W);
-    });
-  }
+  });
 }
 
 // Online softmax step over keys [0, nkeys) for row vectors [c0, nvec): masks,
@@ -176,18 +184,20 @@ inline void pvBlock(const float* p, const float* const* vrow, int nkeys, const f
     for (int c = 0; c < C; ++c) I::store(acc + r * dpad + col + c * I::W, a[r][c]);
 }
 
+// Head-dim chunks outside: the chunk of V (keys x kPC vectors) stays in L1
+// while the rows go by.
 template <class I>
 void pvTile(AttnScratch& sc, int nkeys, int r0, int nrows, int dvec, int dpad) {
-  for (int r = r0; r < nrows; r += I::kPR) {
-    const float* p = sc.s + r;
-    float* acc = sc.acc + size_t(r) * dpad;
-    int c = 0;
-    for (; c + I::kPC <= dvec; c += I::kPC)
-      pvBlock<I, I::kPR, I::kPC>(p, sc.vrow, nkeys, sc.alpha + r, acc, dpad, c * I::W);
-    withCount<I::kPC>(dvec - c, [&]<int N>() {
-      pvBlock<I, I::kPR, N>(p, sc.vrow, nkeys, sc.alpha + r, acc, dpad, c * I::W);
-    });
-  }
+  int c = 0;
+  for (; c + I::kPC <= dvec; c += I::kPC)
+    for (int r = r0; r < nrows; r += I::kPR)
+      pvBlock<I, I::kPR, I::kPC>(sc.s + r, sc.vrow, nkeys, sc.alpha + r,
+                                 sc.acc + size_t(r) * dpad, dpad, c * I::W);
+  withCount<I::kPC>(dvec - c, [&]<int N>() {
+    for (int r = r0; r < nrows; r += I::kPR)
+      pvBlock<I, I::kPR, N>(sc.s + r, sc.vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
+                            dpad, c * I::W);
+  });
 }
 
 // Q rows of the task -> sc.qt (scaled, transposed), positions -> sc.qpos.
@@ -246,48 +256,36 @@ void initState(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows,
   }
 }
 
-// Copies keys [k0, k0 + n) of the task's kv head into contiguous fp32 tiles
-// (sc.kbuf, sc.vbuf; V zero-padded to whole vectors), converting fp16/bf16
-// once per tile. Even fp32 is copied: rows of one head sit Hkv*D*4 bytes
-// apart, often a multiple of 4 KiB, and would all fall into the same L1 sets.
+// Points sc.krow / sc.vrow at fp32 rows of keys [k0, k0 + n) of the task's
+// kv head: into the call's packed copy when there is one, else copied (and
+// converted from fp16/bf16) into the tile buffers, V zero-padded to dpad.
 // krow is extended to `nkeys_pad` by repeating the last key (masked later).
 template <class I>
 void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int n,
               int nkeys_pad) {
   const auto& p = *c.p;
   const int D = p.head_dim;
-  const size_t stride = size_t(p.num_kv_heads) * D;
-  const size_t first = size_t(k0) * stride + size_t(t.kv_head) * D;
-  for (int j = 0; j < n; ++j) {
-    const size_t at = first + j * stride;
-    float* kb = sc.kbuf + size_t(j) * D;
-    float* vb = sc.vbuf + size_t(j) * c.dpad;
-    copyRowAsFloat(kb, p.k, p.dtype, at, D);
-    copyRowAsFloat(vb, p.v, p.dtype, at, D);
-    for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
-    sc.krow[j] = kb;
-    sc.vrow[j] = vb;
-  }
-  for (int j = n; j < nkeys_pad; ++j) sc.krow[j] = sc.krow[n - 1];
-}
-
-// Asks for keys [k0, k0 + n) of the task's kv head to be brought into L2
-// while the current tile computes: rows of one head are scattered (one per
-// Hkv*D elements), which the hardware prefetcher does not follow.
-inline void prefetchKeys(const AttnCall& c, const AttnTask& t, int k0, int n) {
-  const auto& p = *c.p;
-  const size_t esize = p.dtype == attnFloat32 ? 4 : 2;
-  const size_t row_bytes = size_t(p.head_dim) * esize;
-  const size_t stride = size_t(p.num_kv_heads) * row_bytes;
-  const size_t first = size_t(k0) * stride + size_t(t.kv_head) * row_bytes;
-  for (int j = 0; j < n; ++j) {
-    const char* k = static_cast<const char*>(p.k) + first + j * stride;
-    const char* v = static_cast<const char*>(p.v) + first + j * stride;
-    for (size_t b = 0; b < row_bytes; b += 64) {
-      __builtin_prefetch(k + b, 0, 2);
-      __builtin_prefetch(v + b, 0, 2);
+  if (c.kpack != nullptr) {
+    const size_t first = size_t(t.kv_head) * p.nk + k0;
+    for (int j = 0; j < n; ++j) {
+      sc.krow[j] = c.kpack + (first + j) * D;
+      sc.vrow[j] = c.vpack + (first + j) * c.dpad;
+    }
+  } else {
+    const size_t stride = size_t(p.num_kv_heads) * D;
+    const size_t first = size_t(k0) * stride + size_t(t.kv_head) * D;
+    for (int j = 0; j < n; ++j) {
+      const size_t at = first + j * stride;
+      float* kb = sc.kbuf + size_t(j) * D;
+      float* vb = sc.vbuf + size_t(j) * c.dpad;
+      copyRowAsFloat(kb, p.k, p.dtype, at, D);
+      copyRowAsFloat(vb, p.v, p.dtype, at, D);
+      for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
+      sc.krow[j] = kb;
+      sc.vrow[j] = vb;
     }
   }
+  for (int j = n; j < nkeys_pad; ++j) sc.krow[j] = sc.krow[n - 1];
 }
 
 template <class I>
@@ -317,6 +315,8 @@ void storeRows(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows)
 
 template <class I>
 void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTileStats& st) {
+  static_assert(I::kRows <= attn::cpu::kAttnMaxTileRows && I::kRows % I::W == 0);
+  static_assert(I::W % I::kPR == 0 && kAttnKeyTile % I::kSJ == 0);
   const auto& p = *c.p;
   const auto& seg = c.segs[t.seg];
   const int nrows = t.m_end - t.m_begin;
@@ -350,8 +350,6 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
     computed = true;
     const int nkeys_pad = roundUp(n, I::kSJ);
     loadKeys<I>(c, t, sc, k0, n, nkeys_pad);
-    if (k0 + n < seg.k_end)
-      prefetchKeys(c, t, k0 + n, std::min(kAttnKeyTile, seg.k_end - k0 - n));
     scoreTile<I>(sc.krow, nkeys_pad, sc.qt, c0, nvec, p.head_dim, sc.s);
     softmaxTile<I>(sc, n, c0, nvec, masked, masked ? p.k_pos + k0 : nullptr);
     pvTile<I>(sc, n, c0 * I::W, roundUp(nrows, I::kPR), dvec, c.dpad);

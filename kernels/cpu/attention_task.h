@@ -21,6 +21,10 @@ struct AttnCall {
   float scale_log2;  // scale * log2(e): scores are kept in base 2
   int group;         // query heads per kv head
   int dpad;          // head_dim rounded up to 16: row stride of acc and vbuf
+  // K and V as fp32, head-major ([kv head][key][head_dim], V rows padded to
+  // dpad), when the call packs them; null: tiles read p.k / p.v directly.
+  const float* kpack;
+  const float* vpack;
 };
 
 // Tile rows [m_begin, m_end) of the flattened (row, head-in-group) index

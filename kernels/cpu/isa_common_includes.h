@@ -4,7 +4,9 @@
 // and a copy built for AVX-512 would crash older CPUs wherever it was chosen.
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>

@@ -71,14 +71,23 @@ void reduceNative(void* d, const void* x, const void* y, size_t n) {
   loopNative<T, Op, F>(static_cast<T*>(d), static_cast<const T*>(x), static_cast<const T*>(y), n);
 }
 
-// fp16/bf16: widen a block to fp32, combine, round back (nearest even).
+// fp16/bf16: widen to fp32, combine, round back (nearest even). Whole
+// vectors in registers where the ISA has the conversions, then blocks
+// through fp32 scratch (the portable path, and tails).
 template <class Tag, class Op, int F>
 void reduceHalf(void* dv, const void* xv, const void* yv, size_t n) {
   uint16_t* d = static_cast<uint16_t*>(dv);
   const uint16_t* x = static_cast<const uint16_t*>(F == kOut ? xv : dv);
   const uint16_t* y = static_cast<const uint16_t*>(yv);
+  size_t i = 0;
+#if defined(ATTN_KERNEL_AVX512) || defined(ATTN_KERNEL_AVX2)
+  for (; i + kHalfLanes <= n; i += kHalfLanes) {
+    const HalfVec a = loadHalfVec(x + i, Tag{}), b = loadHalfVec(y + i, Tag{});
+    storeHalfVec(d + i, F == kRev ? Op::apply(b, a) : Op::apply(a, b), Tag{});
+  }
+#endif
   alignas(64) float fx[kBlk] = {}, fy[kBlk] = {};  // tail lanes stay finite
-  for (size_t i = 0; i < n; i += kBlk) {
+  for (; i < n; i += kBlk) {
     const size_t m = n - i < kBlk ? n - i : kBlk;
     widenRow(fx, x + i, m, Tag{});
     widenRow(fy, y + i, m, Tag{});
@@ -107,8 +116,13 @@ template <class Tag>
 void divideHalf(void* dv, size_t n, int by) {
   uint16_t* d = static_cast<uint16_t*>(dv);
   const float b = float(by);
+  size_t i = 0;
+#if defined(ATTN_KERNEL_AVX512) || defined(ATTN_KERNEL_AVX2)
+  for (; i + kHalfLanes <= n; i += kHalfLanes)  // vector / scalar: b in every lane
+    storeHalfVec(d + i, loadHalfVec(d + i, Tag{}) / b, Tag{});
+#endif
   alignas(64) float f[kBlk] = {};
-  for (size_t i = 0; i < n; i += kBlk) {
+  for (; i < n; i += kBlk) {
     const size_t m = n - i < kBlk ? n - i : kBlk;
     widenRow(f, d + i, m, Tag{});
     for (size_t j = 0; j < kBlk; ++j) f[j] = f[j] / b;

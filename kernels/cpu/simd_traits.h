@@ -8,7 +8,9 @@
 // vectors, sized to the register file (32 zmm / 16 ymm / 16 xmm).
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <cstdint>
 #include <cstring>
