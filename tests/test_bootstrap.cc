@@ -256,7 +256,6 @@ TEST(Bootstrap, GarbageAndOversizedFramesDropped) {
   EXPECT_TRUE(closedByPeer(junk));
 
   const int n = 3;
-  std::atomic<int> created{0};
   std::atomic<bool> poked{false};
   SocketAddress rank0;
   runRanks(n, [&](int r) {
@@ -291,7 +290,6 @@ TEST(Bootstrap, GarbageAndOversizedFramesDropped) {
       ::close(c3);
       poked = true;
     }
-    ++created;
     while (!poked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     exerciseRank(b.get());
   });

@@ -429,7 +429,7 @@ TEST(Tcp, HostileConnectionsDuringSetupAreDropped) {
     ranks[r]->rank = r;
     ranks[r]->boot = std::make_unique<HostileBootstrap>(&hub, r);
   }
-  runThreads(n, [&](int r) { connectRank(ranks[r].get(), n, [n](int me) { return allBut(me, n); }); });
+  runThreads(n, [&](int r) { connectRank(ranks[r].get(), n, [&](int me) { return allBut(me, n); }); });
   exchangeAllSizes(ranks);
 }
 

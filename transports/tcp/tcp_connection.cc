@@ -99,12 +99,11 @@ attnResult_t TcpConnection::progress(bool* progressed) {
   if (broken_) return setError(brokenCode_, "%s", brokenWhy_.c_str());
   for (Sock& s : socks_) {
     ATTN_CHECK(progressSend(s, progressed));
-    ATTN_CHECK(progressRecv(s, progressed));
+    // Nothing posted: leave incoming bytes in the kernel (no syscall).
+    if (!recvOps_.empty()) ATTN_CHECK(progressRecv(s, progressed));
   }
   popFinished();
-  // The peer closes all its sockets at once; once every one of them has
-  // delivered its last byte, queued operations can never complete.
-  if (allEof() && !idle())
+  if (peerGone() && !idle())
     return breakLink(attnRemoteError, peerName_ + ": connection closed by peer");
   return attnSuccess;
 }
@@ -251,10 +250,16 @@ void TcpConnection::popFinished() {
   while (!sendOps_.empty() && sendOps_.front().chunksLeft == 0) sendOps_.pop_front();
 }
 
-bool TcpConnection::allEof() const {
-  for (const Sock& s : socks_)
-    if (!s.eof) return false;
-  return true;
+// The peer closes all its sockets at once. Once each has delivered its last
+// byte (or holds a chunk of a message not yet posted, which nothing posted
+// can wait behind), the queued operations can never complete.
+bool TcpConnection::peerGone() const {
+  bool anyEof = false;
+  for (const Sock& s : socks_) {
+    if (!s.eof && !s.parked()) return false;
+    anyEof |= s.eof;
+  }
+  return anyEof;
 }
 
 // ---------------------------------------------------------------------------
@@ -295,8 +300,7 @@ void TcpConnection::addPollFds(std::vector<pollfd>* out) const {
     if (s.fd < 0) continue;
     short ev = 0;
     if (!s.sendq.empty()) ev |= POLLOUT;
-    bool parked = !s.inPayload && s.hdrGot == kHdr;
-    if (!recvOps_.empty() && !s.eof && !parked) ev |= POLLIN;
+    if (!recvOps_.empty() && !s.eof && !s.parked()) ev |= POLLIN;
     if (ev) out->push_back(pollfd{s.fd, ev, 0});
   }
 }

@@ -80,6 +80,8 @@ class TcpConnection : public Connection {
     bool inPayload = false;
     uint64_t payloadGot = 0;
     bool eof = false;
+    // Holds the header of a message whose receive is not posted yet.
+    bool parked() const { return !inPayload && hdrGot == sizeof(ChunkHeader); }
   };
 
   attnResult_t progressSend(Sock& s, bool* progressed);
@@ -93,7 +95,7 @@ class TcpConnection : public Connection {
   void shutDown(attnResult_t code, const std::string& why);
   // shutDown, and records `why` as the thread's error.
   attnResult_t breakLink(attnResult_t code, const std::string& why);
-  bool allEof() const;
+  bool peerGone() const;
 
   TcpOptions opt_;
   std::string peerName_;  // "peer 3 (10.0.0.2:4567)"

@@ -24,6 +24,8 @@ struct RankSlot {
 
 // Bound on a setup frame from a peer that has not been checked yet.
 constexpr size_t kMaxSetupFrame = 4096;
+// Unchecked connections kept at once while waiting for the lower ranks.
+constexpr size_t kMaxCandidates = 256;
 
 class Setup {
  public:
@@ -206,6 +208,10 @@ attnResult_t Setup::acceptLower(std::vector<PeerSockets>* out) {
         int fd = -1;
         ATTN_CHECK(socketAcceptNow(listenFd_, &fd));
         if (fd < 0) break;
+        if (cands.size() >= kMaxCandidates) {  // flooded: the oldest stranger goes
+          closeSocket(&cands.front().fd);
+          cands.pop_front();
+        }
         cands.push_back(Candidate{fd, FrameReader()});
       }
     }
