@@ -52,11 +52,18 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
-// In a rank function: return the failure as text instead of asserting (a
-// forked child has no gtest to report to).
-#define RANK_CHECK(cond, ...)                                                        \
-  do {                                                                               \
-    if (!(cond)) return fmt("%s:%d: (%s) ", __FILE__, __LINE__, #cond) + fmt(__VA_ARGS__); \
+// In a rank function (with its World `w` in scope): return the failure as
+// text instead of asserting (a forked child has no gtest to report to).
+// Closes the connections first, so no peer keeps reading buffers that are
+// about to be freed.
+#define RANK_CHECK(cond, ...)                                                          \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      w.closeAll();                                                                    \
+      std::string e_ = fmt("%s:%d: (%s) ", __FILE__, __LINE__, #cond) + fmt(__VA_ARGS__); \
+      fprintf(stderr, "rank %d failed: %s\n", w.rank, e_.c_str());                     \
+      return e_;                                                                       \
+    }                                                                                  \
   } while (0)
 
 double msSince(Clock::time_point t) {
@@ -152,6 +159,10 @@ struct World {
   std::vector<std::unique_ptr<Connection>> conns;  // [n]; null: self / not connected
 
   Connection* conn(int p) { return conns[p].get(); }
+  void closeAll() {
+    for (auto& c : conns)
+      if (c) c->close();
+  }
 
   // Collective over all ranks (each may pass another list, symmetric).
   attnResult_t connect(const std::vector<int>& list) {
@@ -236,6 +247,7 @@ void fillPattern(uint8_t* p, size_t n, int src, int dst, int msg) {
 }
 // Index of the first wrong byte, or -1.
 long checkPattern(const uint8_t* p, size_t n, int src, int dst, int msg) {
+  if (n == 0) return -1;
   std::vector<uint8_t> want(n);
   fillPattern(want.data(), n, src, dst, msg);
   if (std::memcmp(p, want.data(), n) == 0) return -1;
@@ -383,9 +395,10 @@ std::vector<std::string> runRanks(Mode mode, int n, uint64_t commHash, const Ran
 }
 
 // Sets environment variables for one test; restores them after.
+using EnvVars = std::vector<std::pair<const char*, const char*>>;
 class ScopedEnv {
  public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+  explicit ScopedEnv(const EnvVars& vars) {
     for (auto& [k, v] : vars) {
       const char* old = getenv(k);
       saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
@@ -436,21 +449,21 @@ const char* pathName(Path p) {
   }
   return "?";
 }
-std::unique_ptr<ScopedEnv> envFor(Path p) {
+// Thresholds of 1 TiB keep every message in the ring.
+const EnvVars kRingOnlyEnv = {{"ATTN_SHM_CMA", "0"}, {"ATTN_SHM_MEMCPY_MIN", "1099511627776"}};
+
+EnvVars envFor(Path p) {
   switch (p) {
-    case Path::kDefault: return std::make_unique<ScopedEnv>(std::initializer_list<std::pair<const char*, const char*>>{});
-    case Path::kRingOnly:
-      return std::make_unique<ScopedEnv>(std::initializer_list<std::pair<const char*, const char*>>{
-          {"ATTN_SHM_CMA", "0"}, {"ATTN_SHM_MEMCPY_MIN", "1099511627776"}});
-    case Path::kTinyRing:  // 3 slots of 8 KiB: many chunks, constant wrap-around
-      return std::make_unique<ScopedEnv>(std::initializer_list<std::pair<const char*, const char*>>{
-          {"ATTN_SHM_CMA", "0"}, {"ATTN_SHM_MEMCPY_MIN", "1099511627776"},
-          {"ATTN_SHM_SLOTS", "3"}, {"ATTN_SHM_SLOT_BYTES", "8192"}});
-    case Path::kDirectAll:
-      return std::make_unique<ScopedEnv>(std::initializer_list<std::pair<const char*, const char*>>{
-          {"ATTN_SHM_CMA_MIN", "1"}, {"ATTN_SHM_MEMCPY_MIN", "1"}});
+    case Path::kDefault: return {};
+    case Path::kRingOnly: return kRingOnlyEnv;
+    case Path::kTinyRing: {  // 3 slots of 8 KiB: many chunks, constant wrap-around
+      EnvVars v = kRingOnlyEnv;
+      v.insert(v.end(), {{"ATTN_SHM_SLOTS", "3"}, {"ATTN_SHM_SLOT_BYTES", "8192"}});
+      return v;
+    }
+    case Path::kDirectAll: return {{"ATTN_SHM_CMA_MIN", "1"}, {"ATTN_SHM_MEMCPY_MIN", "1"}};
   }
-  return nullptr;
+  return {};
 }
 
 // The direct mode each path should end up with. Threads can always read
@@ -484,7 +497,7 @@ std::string checkModes(World& w, uint32_t want) {
 // 4 ranks, all pairs at once, every size; content checked.
 TEST_P(ShmPathTest, AllPairsAllSizes) {
   auto [mode, path] = GetParam();
-  auto env = envFor(path);
+  ScopedEnv env(envFor(path));
   const std::vector<size_t> sizes = {0, 1, 7, 4096, 300 << 10, (1 << 20) + 3, 32 << 20};
   const uint32_t want = expectedMode(mode, path);
   auto res = runRanks(mode, 4, hash_, [&](World& w) -> std::string {
@@ -532,7 +545,7 @@ TEST_P(ShmPathTest, AllPairsAllSizes) {
 // at once: they must match in order.
 TEST_P(ShmPathTest, ManyMessagesFifo) {
   auto [mode, path] = GetParam();
-  auto env = envFor(path);
+  ScopedEnv env(envFor(path));
   const std::vector<size_t> cycle = {0, 1, 100, 5000, 70000, 3, 200000, 4096, 65536, 65535};
   const int kMsgs = 400;
   auto res = runRanks(mode, 2, hash_, [&](World& w) -> std::string {
@@ -768,8 +781,7 @@ class ShmKillTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ShmKillTest, KilledPeerFailsPromptly) {
   const bool ringOnly = GetParam();
-  std::unique_ptr<ScopedEnv> env;
-  if (ringOnly) env = std::make_unique<ScopedEnv>(std::initializer_list<std::pair<const char*, const char*>>{{"ATTN_SHM_CMA", "0"}});
+  ScopedEnv env(ringOnly ? EnvVars{{"ATTN_SHM_CMA", "0"}} : EnvVars{});
   const uint64_t hash = freshCommHash();
   Spawned s = spawnProcesses(2, hash, [&](World& w) -> std::string {
     RANK_CHECK(w.connectAll() == attnSuccess, "connect failed");
@@ -840,10 +852,7 @@ TEST(ShmTransportPerf, DISABLED_PairBandwidth) {
   for (Mode mode : {Mode::kThreads, Mode::kProcesses})
     for (bool ring : {false, true})
       for (size_t size : {size_t(1) << 20, size_t(64) << 20}) {
-        std::unique_ptr<ScopedEnv> env;
-        if (ring)
-          env = std::make_unique<ScopedEnv>(std::initializer_list<std::pair<const char*, const char*>>{
-              {"ATTN_SHM_CMA", "0"}, {"ATTN_SHM_MEMCPY_MIN", "1099511627776"}});
+        ScopedEnv env(ring ? kRingOnlyEnv : EnvVars{});
         auto res = runRanks(mode, 2, freshCommHash(), [&](World& w) -> std::string {
           double gbps = 0;
           std::string e = pairBandwidth(w, size, size > (8 << 20) ? 20 : 200, &gbps);
@@ -888,27 +897,36 @@ TEST(ShmTransportPerf, DISABLED_PingPong) {
 }
 
 // Ring all-gather over the transport, the way the collectives use it.
+// PERF_AG_SIZE=<bytes> and PERF_AG_MODE=threads|processes narrow it down.
 TEST(ShmTransportPerf, DISABLED_RingAllGather4) {
   const int n = 4;
-  for (Mode mode : {Mode::kThreads, Mode::kProcesses})
-    for (size_t total : {size_t(1) << 20, size_t(4) << 20, size_t(16) << 20, size_t(64) << 20}) {
+  std::vector<size_t> totals = {size_t(1) << 20, size_t(4) << 20, size_t(16) << 20, size_t(64) << 20};
+  if (const char* e = getenv("PERF_AG_SIZE")) totals = {size_t(strtoull(e, nullptr, 0))};
+  std::vector<Mode> modes = {Mode::kThreads, Mode::kProcesses};
+  if (const char* e = getenv("PERF_AG_MODE"))
+    modes = {strcmp(e, "threads") == 0 ? Mode::kThreads : Mode::kProcesses};
+  for (Mode mode : modes)
+    for (size_t total : totals) {
       auto res = runRanks(mode, n, freshCommHash(), [&](World& w) -> std::string {
         RANK_CHECK(w.connectAll() == attnSuccess, "connect failed");
         const size_t blk = total / n;
         std::vector<uint8_t> buf(total, uint8_t(w.rank));
         const int next = (w.rank + 1) % n, prev = (w.rank + n - 1) % n;
+        // Samples of `reps` back-to-back all-gathers (one barrier per sample).
         std::vector<double> times;
-        for (int it = 0; it < 12; ++it) {
+        const int reps = total <= (4u << 20) ? 20 : 3;
+        for (int sample = 0; sample < 7; ++sample) {
           w.boot->barrier();
           auto t0 = Clock::now();
-          for (int s = 0; s < n - 1; ++s) {
-            int sendBlk = (w.rank - s + n) % n, recvBlk = (w.rank - s - 1 + n) % n;
-            Request sr, rr;
-            w.conn(prev)->postRecv(buf.data() + recvBlk * blk, blk, &rr);
-            w.conn(next)->postSend(buf.data() + sendBlk * blk, blk, &sr);
-            RANK_CHECK(drive(w, {&sr, &rr}) == attnSuccess, "step failed");
-          }
-          if (it >= 2) times.push_back(msSince(t0));
+          for (int it = 0; it < reps; ++it)
+            for (int s = 0; s < n - 1; ++s) {
+              int sendBlk = (w.rank - s + n) % n, recvBlk = (w.rank - s - 1 + n) % n;
+              Request sr, rr;
+              w.conn(prev)->postRecv(buf.data() + recvBlk * blk, blk, &rr);
+              w.conn(next)->postSend(buf.data() + sendBlk * blk, blk, &sr);
+              RANK_CHECK(drive(w, {&sr, &rr}) == attnSuccess, "step failed");
+            }
+          if (sample >= 1) times.push_back(msSince(t0) / reps);
         }
         double ms = medianOf(times);
         if (w.rank == 0)

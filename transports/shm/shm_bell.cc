@@ -1,6 +1,7 @@
 #include "transports/shm/shm_bell.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -80,6 +81,8 @@ bool spinOnBells(Bell* const* bells, const uint32_t* expected, size_t n, int spi
       cpuPause();
     }
     if (nowNs() >= end) return false;
+    // Ranks may share cores: let a runnable one have ours while we poll.
+    sched_yield();
   }
 }
 

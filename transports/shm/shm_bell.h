@@ -35,7 +35,7 @@ bool spinOnBells(Bell* const* bells, const uint32_t* expected, size_t n, int spi
 // a fresh value. Atomics only because the engine may call waitForActivity
 // from another thread than progress().
 struct LocalBell {
-  std::unique_ptr<Segment> seg;
+  std::shared_ptr<Segment> seg;
   Bell* bell = nullptr;
   std::atomic<uint32_t> snapshot{0};
   std::atomic<bool> armed{false};

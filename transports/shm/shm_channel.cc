@@ -8,7 +8,7 @@
 
 namespace attn::shm {
 
-void Channel::bind(std::unique_ptr<Segment> s) {
+void Channel::bind(std::shared_ptr<Segment> s) {
   seg = std::move(s);
   auto* base = static_cast<uint8_t*>(seg->base());
   hdr = reinterpret_cast<ChannelHeader*>(base);
@@ -22,7 +22,7 @@ void Channel::bind(std::unique_ptr<Segment> s) {
 attnResult_t Channel::create(const std::string& name, int senderRank, uint32_t nslots,
                              uint64_t slotBytes, Channel* out) {
   ChannelLayout l = ChannelLayout::make(nslots, slotBytes);
-  std::unique_ptr<Segment> s;
+  std::shared_ptr<Segment> s;
   ATTN_CHECK(Segment::create(name, l.totalBytes, &s));
   // Fresh segments are zero-filled: every atomic starts at 0 (kOpen, empty).
   auto* h = new (s->base()) ChannelHeader();
@@ -38,7 +38,7 @@ attnResult_t Channel::create(const std::string& name, int senderRank, uint32_t n
 }
 
 attnResult_t Channel::attach(const std::string& name, int senderRank, Channel* out) {
-  std::unique_ptr<Segment> s;
+  std::shared_ptr<Segment> s;
   ATTN_CHECK(Segment::open(name, 0, &s));
   if (s->size() < sizeof(ChannelHeader))
     return setError(attnInternalError, "shm: segment %s from peer %d is too small", name.c_str(),

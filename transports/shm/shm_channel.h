@@ -14,7 +14,7 @@
 namespace attn::shm {
 
 struct Channel {
-  std::unique_ptr<Segment> seg;
+  std::shared_ptr<Segment> seg;
   ChannelHeader* hdr = nullptr;
   SlotHeader* slots = nullptr;
   uint8_t* data = nullptr;
@@ -31,7 +31,7 @@ struct Channel {
   static attnResult_t attach(const std::string& name, int senderRank, Channel* out);
 
  private:
-  void bind(std::unique_ptr<Segment> s);
+  void bind(std::shared_ptr<Segment> s);
 };
 
 }  // namespace attn::shm

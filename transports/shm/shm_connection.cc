@@ -9,16 +9,19 @@ ShmConnection::ShmConnection(int peer, Parts p)
     : Connection(peer),
       peerBellSeg_(std::move(p.peerBellSeg)),
       myBell_(std::move(p.myBell)),
+      peerPid_(p.peerPid),
       sender_(std::move(p.out), static_cast<Bell*>(peerBellSeg_->base()), p.directMin, peer),
-      receiver_(std::move(p.in), static_cast<Bell*>(peerBellSeg_->base()), p.inMode, peer),
-      peerPid_(p.peerPid) {
+      receiver_(std::move(p.in), static_cast<Bell*>(peerBellSeg_->base()),
+                PeerMemory{p.inMode, p.peerPid}, peer) {
   if (!p.sameProcess) watch_.watch(p.peerPid, p.livenessMs);
 }
 
+// Tells the peer we are gone. Requests still queued here are abandoned, not
+// failed: their owner may already have freed them.
 ShmConnection::~ShmConnection() {
-  if (!broken_)
-    breakLink(attnRemoteError, "connection to peer " + std::to_string(peer()) + " destroyed",
-              kClosed, /*log=*/false);
+  if (broken_) return;
+  receiver_.markClosed(kClosed);
+  sender_.markClosed();
 }
 
 attnResult_t ShmConnection::failPost(Request* req) {
@@ -88,8 +91,7 @@ attnResult_t ShmConnection::failFor(PeerState state) {
   return setError(code, "%s", why.c_str());
 }
 
-void ShmConnection::breakLink(attnResult_t code, const std::string& why, uint32_t reason,
-                              bool log) {
+void ShmConnection::breakLink(attnResult_t code, const std::string& why, uint32_t reason) {
   if (broken_) return;
   broken_ = true;
   brokenCode_ = code;
@@ -100,7 +102,7 @@ void ShmConnection::breakLink(attnResult_t code, const std::string& why, uint32_
   sender_.markClosed();
   sender_.failAll(code, why);
   receiver_.failAll(code, why);
-  if (log) ATTN_INFO(kLogShm, "connection to peer %d broken: %s", peer(), why.c_str());
+  ATTN_INFO(kLogShm, "connection to peer %d broken: %s", peer(), why.c_str());
 }
 
 void ShmConnection::close() {

@@ -21,9 +21,9 @@ class ShmConnection final : public Connection {
   struct Parts {
     Channel out;                          // we send on it (we created it)
     Channel in;                           // we receive on it (the peer's)
-    std::unique_ptr<Segment> peerBellSeg; // the peer's bell, mapped here
+    std::shared_ptr<Segment> peerBellSeg; // the peer's bell, mapped here
     std::shared_ptr<LocalBell> myBell;
-    DirectMode inMode = kDirectNone;      // how we read direct messages
+    DirectMode inMode = kDirectNone;      // how we read the peer's direct messages
     size_t directMin = 0;                 // our sends by address from here on (0: never)
     pid_t peerPid = 0;
     bool sameProcess = false;
@@ -46,15 +46,15 @@ class ShmConnection final : public Connection {
   PeerState peerState();
   attnResult_t failFor(PeerState state);
   // Fails everything queued, tells the peer, and stays broken.
-  void breakLink(attnResult_t code, const std::string& why, uint32_t reason, bool log = true);
+  void breakLink(attnResult_t code, const std::string& why, uint32_t reason);
   attnResult_t failPost(Request* req);
 
-  std::unique_ptr<Segment> peerBellSeg_;  // outlives sender_/receiver_ (they ring it)
+  std::shared_ptr<Segment> peerBellSeg_;  // outlives sender_/receiver_ (they ring it)
   std::shared_ptr<LocalBell> myBell_;
-  Sender sender_;
-  Receiver receiver_;
   pid_t peerPid_;
   ProcessWatch watch_;
+  Sender sender_;
+  Receiver receiver_;
   bool broken_ = false;
   attnResult_t brokenCode_ = attnSuccess;
   std::string brokenWhy_;

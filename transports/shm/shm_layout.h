@@ -38,6 +38,7 @@ enum SlotKind : uint32_t {
   kSlotDirect = 1,  // the whole message sits at `addr` in the sender
 };
 
+
 // A futex word that peers bump after changing something this rank may be
 // waiting for. `sleepers` lets a ringer skip the wake syscall when nobody
 // sleeps.
@@ -49,6 +50,7 @@ struct alignas(kCacheLine) Bell {
 // Written by the sender before it publishes the slot (head), read by the
 // receiver after it sees it.
 struct alignas(kCacheLine) SlotHeader {
+  uint64_t msgIndex;    // the sender's message number (0, 1, ...)
   uint64_t msgBytes;    // size of the whole message
   uint64_t offset;      // inline: where this chunk goes in the message
   uint64_t chunkBytes;  // inline: bytes in this slot
@@ -78,9 +80,9 @@ struct ChannelHeader {
   uint64_t truncMsgBytes;   // kTruncated: the message's size ...
   uint64_t truncCapacity;   // ... and the receive's capacity
 
-  // Same-process direct reads: the receiver holds this while it memcpy's from
-  // the sender's buffer, so close() on the sender can wait before the
-  // caller frees that buffer.
+  // Raised by the receiver around each piece it copies from the sender's
+  // buffer, so close() on the sender can wait before the caller frees it
+  // (see shm_copy.h).
   alignas(kCacheLine) std::atomic<uint32_t> readerBusy;
 };
 

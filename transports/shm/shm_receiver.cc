@@ -3,27 +3,19 @@
 #include <cerrno>
 #include <cstring>
 
-#include "src/core/error.h"
 #include "src/core/log.h"
 #include "transports/shm/shm_bell.h"
 #include "transports/shm/shm_config.h"
-#include "transports/shm/shm_process.h"
 
 namespace attn::shm {
 
-Receiver::Receiver(Channel ch, Bell* peerBell, DirectMode mode, int peer)
-    : ch_(std::move(ch)),
-      peerBell_(peerBell),
-      mode_(mode),
-      peer_(peer),
-      senderPid_(static_cast<pid_t>(ch_.hdr->senderPid)) {}
+Receiver::Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer)
+    : ch_(std::move(ch)), peerBell_(peerBell), peerMemory_(peerMemory), peer_(peer) {}
 
 void Receiver::post(void* buf, size_t capacity, Request* req) {
-  q_.push_back(Op{static_cast<uint8_t*>(buf), capacity, req});
-}
-
-bool Receiver::hasPublished() const {
-  return ch_.hdr->head.load(std::memory_order_acquire) > tail_;
+  Op op{static_cast<uint8_t*>(buf), capacity, req};
+  op.index = posted_++;
+  q_.push_back(op);
 }
 
 void Receiver::consumeSlot() {
@@ -33,39 +25,22 @@ void Receiver::consumeSlot() {
   ringBell(peerBell_);
 }
 
-attnResult_t Receiver::copyDirect(Op& op, const SlotHeader& s, size_t n, std::string* why) {
-  uint8_t* dst = op.buf + op.got;
-  const uint64_t src = s.addr + op.got;
-  if (mode_ == kDirectMemcpy) {
-    // Dekker pair with Sender::markClosed: raise busy, then look at closed.
-    ch_.hdr->readerBusy.store(1, std::memory_order_seq_cst);
-    if (ch_.hdr->senderClosed.load(std::memory_order_seq_cst) != kOpen) {
-      ch_.hdr->readerBusy.store(0, std::memory_order_release);
-      *why = "peer " + std::to_string(peer_) + " closed the connection during a transfer";
-      return attnRemoteError;
-    }
-    std::memcpy(dst, reinterpret_cast<const void*>(src), n);
-    ch_.hdr->readerBusy.store(0, std::memory_order_release);
-    return attnSuccess;
-  }
-  if (mode_ == kDirectCma) {
-    // A closed sender may have freed the buffer: do not read garbage.
-    if (ch_.hdr->senderClosed.load(std::memory_order_acquire) != kOpen) {
-      *why = "peer " + std::to_string(peer_) + " closed the connection during a transfer";
-      return attnRemoteError;
-    }
-    int err = cmaRead(senderPid_, dst, src, n);
-    if (err == 0) return attnSuccess;
-    if (err == ESRCH)
-      *why = "peer " + std::to_string(peer_) + " (pid " + std::to_string(senderPid_) + ") died";
-    else
-      *why = "reading " + std::to_string(n) + " bytes from peer " + std::to_string(peer_) +
-             " (pid " + std::to_string(senderPid_) + ") with process_vm_readv failed: " +
-             strerror(err);
+// One piece per call keeps progress() short on huge messages.
+attnResult_t Receiver::copyDirectPiece(Op& op, const SlotHeader& s, std::string* why) {
+  size_t n = op.total - op.got < kDirectPieceBytes ? op.total - op.got : kDirectPieceBytes;
+  ChannelHeader* h = ch_.hdr;
+  int err = guardedCopy(peerMemory_, op.buf + op.got, s.addr + op.got, n, h->readerBusy,
+                        h->senderClosed);
+  if (err != 0) {
+    const std::string p = "peer " + std::to_string(peer_);
+    *why = err == ECANCELED ? p + " closed the connection during a transfer"
+           : err == ESRCH   ? p + " (pid " + std::to_string(peerMemory_.pid) + ") died"
+                            : "reading " + std::to_string(n) + " bytes from " + p +
+                                " with process_vm_readv failed: " + strerror(err);
     return attnRemoteError;
   }
-  *why = "peer " + std::to_string(peer_) + " sent a direct message to a ring-only receiver";
-  return attnInternalError;
+  op.got += n;
+  return attnSuccess;
 }
 
 attnResult_t Receiver::progress(bool* progressed, std::string* why) {
@@ -74,7 +49,7 @@ attnResult_t Receiver::progress(bool* progressed, std::string* why) {
     Op& op = q_.front();
     const SlotHeader& s = ch_.slot(tail_);
     if (!op.started) {
-      if (s.offset != 0) {
+      if (s.offset != 0 || s.msgIndex != op.index) {
         *why = "shm ring from peer " + std::to_string(peer_) + " out of sequence";
         return attnInternalError;
       }
@@ -99,18 +74,20 @@ attnResult_t Receiver::progress(bool* progressed, std::string* why) {
       op.got += s.chunkBytes;
       consumeSlot();
     } else {
-      // One piece per call keeps progress() short on huge messages.
-      size_t n = op.total - op.got < kDirectPieceBytes ? op.total - op.got : kDirectPieceBytes;
-      attnResult_t r = copyDirect(op, s, n, why);
+      if (peerMemory_.mode == kDirectNone) {
+        *why = "peer " + std::to_string(peer_) + " sent a direct message to a ring-only receiver";
+        return attnInternalError;
+      }
+      attnResult_t r = copyDirectPiece(op, s, why);
       if (r != attnSuccess) return r;
-      op.got += n;
       *progressed = true;
       if (op.got < op.total) return attnSuccess;
       consumeSlot();  // also tells the sender its buffer is free
     }
     *progressed = true;
     if (op.got == op.total) {
-      ATTN_TRACE(kLogShm, "received %zu bytes from peer %d", op.total, peer_);
+      ATTN_TRACE(kLogShm, "received #%llu, %zu bytes from peer %d", (unsigned long long)op.index,
+                 op.total, peer_);
       op.req->complete(op.total);
       q_.pop_front();
     }

@@ -3,8 +3,6 @@
 // from the sender's buffer for a direct message).
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -12,13 +10,14 @@
 
 #include "src/core/transport.h"
 #include "transports/shm/shm_channel.h"
+#include "transports/shm/shm_copy.h"
 
 namespace attn::shm {
 
 class Receiver {
  public:
-  // mode: how this side reads direct messages (decided at connect).
-  Receiver(Channel ch, Bell* peerBell, DirectMode mode, int peer);
+  // peerMemory: how we read direct messages (decided at connect).
+  Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer);
 
   void post(void* buf, size_t capacity, Request* req);
   // Copies what has arrived. On failure returns the code, with *why set:
@@ -26,12 +25,10 @@ class Receiver {
   // sender's buffer could not be read (it closed or died).
   attnResult_t progress(bool* progressed, std::string* why);
   bool idle() const { return q_.empty(); }
-  // True when a published slot is waiting (data or a direct message).
-  bool hasPublished() const;
   void failAll(attnResult_t code, const std::string& why);
 
   ChannelHeader* header() const { return ch_.hdr; }
-  DirectMode mode() const { return mode_; }
+  DirectMode mode() const { return peerMemory_.mode; }
   // Marks our side closed; reason is a CloseReason.
   void markClosed(uint32_t reason);
 
@@ -40,19 +37,20 @@ class Receiver {
     uint8_t* buf;
     size_t capacity;
     Request* req;
+    uint64_t index = 0;  // the message number it matches
     bool started = false;
     size_t total = 0;
     size_t got = 0;
   };
   void consumeSlot();
-  attnResult_t copyDirect(Op& op, const SlotHeader& s, size_t n, std::string* why);
+  attnResult_t copyDirectPiece(Op& op, const SlotHeader& s, std::string* why);
 
   Channel ch_;
   Bell* peerBell_;
-  DirectMode mode_;
+  PeerMemory peerMemory_;
   int peer_;
-  pid_t senderPid_;
   uint64_t tail_ = 0;
+  uint64_t posted_ = 0;  // receives posted so far
   std::deque<Op> q_;
 };
 

@@ -7,13 +7,29 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "src/core/error.h"
 
 namespace attn::shm {
+namespace {
+
+// Segments this process created, by name (see the header).
+struct Registry {
+  std::mutex mu;
+  pid_t pid = 0;  // a forked child starts with an empty registry
+  std::map<std::string, std::weak_ptr<Segment>> byName;
+};
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: segments may outlive statics
+  return *r;
+}
+
+}  // namespace
 
 attnResult_t Segment::create(const std::string& name, size_t bytes,
-                             std::unique_ptr<Segment>* out) {
+                             std::shared_ptr<Segment>* out) {
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)
     return setError(attnSystemError, "shm: shm_open(%s) failed: %s", name.c_str(), strerror(errno));
@@ -29,19 +45,38 @@ attnResult_t Segment::create(const std::string& name, size_t bytes,
                     "ATTN_SHM_SLOTS / ATTN_SHM_SLOT_BYTES shrink the rings)",
                     bytes, name.c_str(), strerror(e));
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   e = errno;
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
     return setError(attnSystemError, "shm: mmap(%s, %zu) failed: %s", name.c_str(), bytes, strerror(e));
   }
-  out->reset(new Segment(name, p, bytes, /*ownsName=*/true));
+  std::shared_ptr<Segment> seg(new Segment(name, p, bytes, /*ownsName=*/true));
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> g(reg.mu);
+  if (reg.pid != getpid()) {
+    reg.byName.clear();
+    reg.pid = getpid();
+  }
+  reg.byName[name] = seg;
+  *out = std::move(seg);
   return attnSuccess;
 }
 
 attnResult_t Segment::open(const std::string& name, size_t bytes,
-                           std::unique_ptr<Segment>* out) {
+                           std::shared_ptr<Segment>* out) {
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> g(reg.mu);
+    auto it = reg.byName.find(name);
+    if (reg.pid == getpid() && it != reg.byName.end()) {
+      if (auto mine = it->second.lock(); mine && (bytes == 0 || mine->size() == bytes)) {
+        *out = std::move(mine);
+        return attnSuccess;
+      }
+    }
+  }
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0)
     return setError(attnSystemError, "shm: shm_open(%s) of a peer's segment failed: %s",
@@ -54,7 +89,7 @@ attnResult_t Segment::open(const std::string& name, size_t bytes,
                     name.c_str(), (long long)st.st_size, bytes);
   }
   size_t size = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int e = errno;
   close(fd);
   if (p == MAP_FAILED)
@@ -70,6 +105,12 @@ void Segment::unlink() {
 
 Segment::~Segment() {
   if (linked_) shm_unlink(name_.c_str());
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> g(reg.mu);
+    auto it = reg.byName.find(name_);
+    if (it != reg.byName.end() && it->second.expired()) reg.byName.erase(it);
+  }
   if (base_) munmap(base_, size_);
 }
 

@@ -3,6 +3,10 @@
 // The creator makes the name, the peer opens it; the name is unlinked as
 // soon as both have mapped it, so nothing is left in /dev/shm even when a
 // process crashes later. Until then the creator unlinks it on destruction.
+//
+// A peer in the same process (ranks as threads) gets the creator's mapping
+// back instead of a second one: one address per shared byte keeps tools
+// such as ThreadSanitizer able to see the release/acquire pairs.
 #pragma once
 
 #include <cstddef>
@@ -17,11 +21,11 @@ class Segment {
  public:
   // Creates `name` (exclusive) of `bytes` zero bytes and maps it.
   static attnResult_t create(const std::string& name, size_t bytes,
-                             std::unique_ptr<Segment>* out);
+                             std::shared_ptr<Segment>* out);
   // Maps an existing segment; fails unless it is exactly `bytes` long
   // (bytes == 0: any size).
   static attnResult_t open(const std::string& name, size_t bytes,
-                           std::unique_ptr<Segment>* out);
+                           std::shared_ptr<Segment>* out);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;

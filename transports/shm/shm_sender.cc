@@ -1,12 +1,10 @@
 #include "transports/shm/shm_sender.h"
 
-#include <sched.h>
-
-#include <chrono>
 #include <cstring>
 
 #include "src/core/log.h"
 #include "transports/shm/shm_bell.h"
+#include "transports/shm/shm_copy.h"
 
 namespace attn::shm {
 
@@ -15,8 +13,10 @@ Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, int peer)
 
 void Sender::post(const void* buf, size_t bytes, Request* req) {
   Op op{static_cast<const uint8_t*>(buf), bytes, req};
+  op.index = posted_++;
   op.direct = directMin_ != 0 && bytes >= directMin_;
-  ATTN_TRACE(kLogShm, "send %zu bytes to peer %d (%s)", bytes, peer_, op.direct ? "direct" : "ring");
+  ATTN_TRACE(kLogShm, "send #%llu, %zu bytes to peer %d (%s)", (unsigned long long)op.index, bytes,
+             peer_, op.direct ? "direct" : "ring");
   toSend_.push_back(op);
 }
 
@@ -27,7 +27,7 @@ void Sender::publish() {
 }
 
 void Sender::progress(bool* progressed) {
-  // acquire: the receiver finished reading a slot before it moved tail past it.
+  // acquire: the receiver finished with a slot before it moved tail past it.
   const uint64_t tail = ch_.hdr->tail.load(std::memory_order_acquire);
   while (!inFlight_.empty() && tail > inFlight_.front().slot) {
     inFlight_.front().req->complete(inFlight_.front().bytes);
@@ -39,6 +39,7 @@ void Sender::progress(bool* progressed) {
   while (!toSend_.empty() && head_ - tail < ch_.nslots) {
     Op& op = toSend_.front();
     SlotHeader& s = ch_.slot(head_);
+    s.msgIndex = op.index;
     s.msgBytes = op.bytes;
     if (op.direct) {
       s.offset = 0;
@@ -77,15 +78,7 @@ void Sender::failAll(attnResult_t code, const std::string& why) {
 void Sender::markClosed() {
   uint32_t open = kOpen;
   ch_.hdr->senderClosed.compare_exchange_strong(open, kClosed, std::memory_order_seq_cst);
-  if (mode() == kDirectMemcpy) {
-    // The reader checks senderClosed after raising readerBusy (both seq_cst),
-    // so once we see readerBusy == 0 it will not touch our buffers again. It
-    // copies at most one piece (a few ms) at a time; bound the wait anyway.
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (ch_.hdr->readerBusy.load(std::memory_order_seq_cst) != 0 &&
-           std::chrono::steady_clock::now() < until)
-      sched_yield();
-  }
+  if (mode() == kDirectMemcpy) waitWhileBusy(ch_.hdr->readerBusy);
   ringBell(peerBell_);
 }
 

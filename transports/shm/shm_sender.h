@@ -1,17 +1,22 @@
 // The sending half of a shm connection: fills ring slots in posting order.
 //
 // A message below the direct threshold (or any message when the receiver
-// cannot read our memory) is copied into slots, chunk by chunk, each slot
+// cannot reach our memory) is copied into slots, chunk by chunk, each slot
 // published as soon as it is full so the receiver copies chunk i while we
-// fill chunk i+1; the send completes when the last chunk is in the ring. A
-// larger message takes one slot that carries only its address: the receiver
-// copies it straight from our buffer (memcpy or CMA), and the send completes
-// when the receiver has consumed that slot.
+// fill chunk i+1; the send completes when the last chunk is in the ring.
+//
+// A larger message takes one slot that carries only its address: the
+// receiver copies it once, straight from our buffer (memcpy or CMA), and
+// the send completes when the receiver has consumed that slot. (We tried
+// letting the sender write into an already posted receive instead: no gain
+// on small messages, and slower large ring all-gathers, because a late rank
+// then had two copies to do in one step.)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <string>
 
 #include "src/core/transport.h"
 #include "transports/shm/shm_channel.h"
@@ -30,9 +35,10 @@ class Sender {
   void failAll(attnResult_t code, const std::string& why);
 
   ChannelHeader* header() const { return ch_.hdr; }
+  // How the receiver reads our direct messages (it decided at connect).
   DirectMode mode() const { return static_cast<DirectMode>(ch_.hdr->directMode.load()); }
-  // Marks our side closed; in memcpy mode waits until the receiver is out of
-  // our buffers, so the caller may free them once its requests failed.
+  // Marks our side closed and waits until a receiver thread is out of our
+  // send buffers, so their owners may free them once their requests failed.
   void markClosed();
 
  private:
@@ -40,6 +46,7 @@ class Sender {
     const uint8_t* buf;
     size_t bytes;
     Request* req;
+    uint64_t index = 0;   // message number on this channel
     size_t sent = 0;      // inline: bytes already in the ring
     bool direct = false;
     uint64_t slot = 0;    // direct: the slot that carries the address
@@ -51,8 +58,9 @@ class Sender {
   size_t directMin_;
   int peer_;
   uint64_t head_ = 0;
-  std::deque<Op> toSend_;   // not yet (fully) in the ring
-  std::deque<Op> inFlight_; // direct sends the receiver has not read yet
+  uint64_t posted_ = 0;      // messages posted so far
+  std::deque<Op> toSend_;    // not yet (fully) in the ring
+  std::deque<Op> inFlight_;  // direct sends the receiver has not read yet
 };
 
 }  // namespace attn::shm

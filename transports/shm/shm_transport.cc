@@ -105,8 +105,9 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
   bell->bell = new (bell->seg->base()) Bell();
   const size_t n = peers.size();
   std::vector<Channel> out(n), in(n);
-  std::vector<std::unique_ptr<Segment>> peerBells(n);
+  std::vector<std::shared_ptr<Segment>> peerBells(n);
   std::vector<Hello> theirs(n);
+  std::vector<char> sameProcess(n, 0);  // the peer is a thread of ours
   for (size_t i = 0; i < n; ++i)
     ATTN_CHECK(Channel::create(segmentName(myInfo.commHash, "ch", me, peers[i], serial), me,
                                cfg_.nslots, cfg_.slotBytes, &out[i]));
@@ -139,8 +140,9 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
     ATTN_CHECK(Channel::attach(h.channel, p, &in[i]));
     in[i].seg->unlink();  // only the two of us use it, and both have it mapped
     ATTN_CHECK(Segment::open(h.bell, kPage, &peerBells[i]));
+    sameProcess[i] = h.probe.token == probe.token && h.pid == getpid();
     uint32_t mode = kDirectNone;
-    if (h.probe.token == probe.token && h.pid == getpid())
+    if (sameProcess[i])
       mode = kDirectMemcpy;
     else if (cfg_.cma && h.cmaAllowed && cmaProbe(static_cast<pid_t>(h.pid), h.probe))
       mode = kDirectCma;
@@ -174,7 +176,7 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
     parts.myBell = bell;
     parts.inMode = static_cast<DirectMode>(parts.in.hdr->directMode.load());
     parts.peerPid = static_cast<pid_t>(theirs[i].pid);
-    parts.sameProcess = theirs[i].probe.token == probe.token && theirs[i].pid == getpid();
+    parts.sameProcess = sameProcess[i];
     parts.livenessMs = cfg_.livenessMs;
     otherProcesses_ |= !parts.sameProcess;
     ATTN_INFO(kLogShm,
