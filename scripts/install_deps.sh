@@ -7,7 +7,7 @@
 set -euo pipefail
 REQUIRED=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev iproute2 python3)
 OPTIONAL=(libopenblas-dev libhwloc-dev hwloc libucx-dev ucx-utils libibverbs-dev
-          openmpi-bin libopenmpi-dev libgloo-dev graphviz python3-numpy)
+          openmpi-bin libopenmpi-dev libgloo-dev graphviz python3-numpy python3-matplotlib)
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=$(command -v sudo || true); fi
 missing=()
