@@ -114,24 +114,7 @@ AttnCase MakeCase(const std::string& name, const AttnProblemSpec& spec, uint64_t
   fillRandom(&c.v, cfg.dtype, kvElems, -1.0f, 1.0f, rng);
 
   std::vector<attn::cpu::AttnSegment> segs;
-  for (int s = 0; s < c.num_seqs; ++s)
-    segs.push_back({c.q_off[s], c.q_off[s + 1], c.kv_off[s], c.kv_off[s + 1]});
-  attn::cpu::AttnProblem p;
-  p.q = c.q.data();
-  p.k = c.k.data();
-  p.v = c.v.data();
-  p.dtype = cfg.dtype;
-  p.nq = static_cast<int32_t>(c.q_pos.size());
-  p.nk = static_cast<int32_t>(c.kv_pos.size());
-  p.num_q_heads = cfg.num_q_heads;
-  p.num_kv_heads = cfg.num_kv_heads;
-  p.head_dim = cfg.head_dim;
-  p.scale = cfg.softmax_scale;
-  p.causal = cfg.causal != 0;
-  p.q_pos = c.q_pos.data();
-  p.k_pos = c.kv_pos.data();
-  p.segments = segs.data();
-  p.num_segments = static_cast<int32_t>(segs.size());
+  attn::cpu::AttnProblem p = ProblemFor(c, c.num_seqs, cfg, &segs);
   c.ref_o.assign(qElems, 0.0);
   c.ref_lse.assign(c.q_pos.size() * cfg.num_q_heads, kNinf);
   const attnResult_t r = attn::cpu::referenceAttention(p, c.ref_o.data(), c.ref_lse.data());

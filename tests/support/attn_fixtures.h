@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "kernels/cpu/attention.h"
 
 namespace attn_test {
 
@@ -154,5 +155,33 @@ struct AttnKernelCounter {
 };
 attnResult_t LoopAttentionKernel(const attnAttnKernelArgs_t* args, void* user_data,
                                  attnStream_t stream);
+
+// The kernel problem for rows laid out like AttnCase / RankShard (fields q,
+// k, v, q_off, kv_off, q_pos, kv_pos): one segment per sequence, filled
+// into `segs`, which must outlive the problem.
+template <typename Rows>
+attn::cpu::AttnProblem ProblemFor(const Rows& r, int num_seqs, const attnAttnConfig_t& cfg,
+                                  std::vector<attn::cpu::AttnSegment>* segs) {
+  segs->clear();
+  for (int s = 0; s < num_seqs; ++s)
+    segs->push_back({r.q_off[s], r.q_off[s + 1], r.kv_off[s], r.kv_off[s + 1]});
+  attn::cpu::AttnProblem p;
+  p.q = r.q.data();
+  p.k = r.k.data();
+  p.v = r.v.data();
+  p.dtype = cfg.dtype;
+  p.nq = static_cast<int32_t>(r.q_pos.size());
+  p.nk = static_cast<int32_t>(r.kv_pos.size());
+  p.num_q_heads = cfg.num_q_heads;
+  p.num_kv_heads = cfg.num_kv_heads;
+  p.head_dim = cfg.head_dim;
+  p.scale = cfg.softmax_scale;
+  p.causal = cfg.causal != 0;
+  p.q_pos = r.q_pos.data();
+  p.k_pos = r.kv_pos.data();
+  p.segments = segs->data();
+  p.num_segments = static_cast<int32_t>(segs->size());
+  return p;
+}
 
 }  // namespace attn_test
