@@ -31,4 +31,9 @@ std::string hostIdentity() {
   return shortHostName() + (boot.empty() ? "" : "/" + boot);
 }
 
+std::string rackIdentity() {
+  if (auto id = envString("ATTN_RACKID")) return *id;
+  return "";
+}
+
 }  // namespace attn

@@ -9,6 +9,8 @@
 namespace attn {
 
 std::string hostIdentity();
+// Rack identity: ATTN_RACKID, else "" (unknown: every host its own rack tier).
+std::string rackIdentity();
 std::string shortHostName();
 uint64_t hash64(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325ull);
 

@@ -53,6 +53,9 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
   me.info.pid = getpid();
   std::strncpy(me.info.hostId, host.c_str(), sizeof(me.info.hostId) - 1);
   me.info.hostHash = hash64(host.data(), host.size());
+  const std::string rack = rackIdentity();
+  std::strncpy(me.info.rackId, rack.c_str(), sizeof(me.info.rackId) - 1);
+  me.info.rackHash = hash64(rack.data(), rack.size());
   me.info.commHash = hash64(&id, sizeof(id));
   me.transportMask = comm->config.transports;
   me.version = ATTN_VERSION_CODE;
@@ -69,6 +72,9 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
     comm->peers[r] = cards[r].info;
     mask &= cards[r].transportMask;
   }
+  // Proximity order (rings follow it); identity until topology orders it.
+  comm->topoOrder.resize(nranks);
+  for (int r = 0; r < nranks; ++r) comm->topoOrder[r] = r;
 
   // Choose one transport per peer: shared memory on the same host, else TCP.
   std::vector<int> slotOfPeer(nranks, -1);

@@ -29,6 +29,8 @@ struct attnComm {
 
   std::unique_ptr<attn::Bootstrap> bootstrap;
   std::vector<attn::PeerInfo> peers;
+  // Ranks in proximity order (rack, host, device): rings follow it.
+  std::vector<int> topoOrder;
   std::unique_ptr<attn::Engine> engine;
 
   std::atomic<bool> abortFlag{false};

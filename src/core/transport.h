@@ -55,6 +55,8 @@ struct PeerInfo {
   int64_t pid = 0;
   char hostId[64] = {};   // ATTN_HOSTID, else hostname + boot id
   uint64_t hostHash = 0;  // hash of hostId: same host <=> same hash
+  char rackId[64] = {};   // ATTN_RACKID (or topology file); "" = unknown
+  uint64_t rackHash = 0;  // hash of rackId: same rack <=> same hash
   uint64_t commHash = 0;  // unique per communicator instance
 };
 
