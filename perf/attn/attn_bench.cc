@@ -188,8 +188,8 @@ const char* modeName(int mode) {
   }
 }
 
-int runMode(attnComm_t comm, const Batch& b, const Shard& s, int mode, const RunOptions& o,
-            ModeResult* r) {
+int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<int>& modes,
+             const RunOptions& o, std::vector<ModeResult>* results) {
   const size_t nq = s.qPos.size(), nk = s.kvPos.size();
   const size_t es = elemSize(b.cfg.dtype);
   std::vector<char> q(es * nq * b.cfg.num_q_heads * b.cfg.head_dim), out(q.size());
@@ -198,9 +198,9 @@ int runMode(attnComm_t comm, const Batch& b, const Shard& s, int mode, const Run
   b.fillQ(s.qGlobal, q.data());
   b.fillKV(s.kvGlobal, k.data(), v.data());
   attn::AttnState& st = attn::attnStateOf(comm);
-  r->mode = modeName(mode);
 
-  auto once = [&](double* computeUs) -> bool {
+  // One call of `mode`; its compute time in *computeUs, AUTO's pick in *chose.
+  auto once = [&](int mode, double* computeUs, int* chose) -> bool {
     if (mode < 0) {
       if (!sequentialOnce(comm, b, s, q.data(), k.data(), v.data(), accO.data(), lse.data(), computeUs))
         return false;
@@ -211,43 +211,62 @@ int runMode(attnComm_t comm, const Batch& b, const Shard& s, int mode, const Run
             comm, "attnRingAttention"))
       return false;
     *computeUs = st.last.computeUs;
+    *chose = st.last.mode;
     return true;
   };
-  auto timed = [&](int iters, std::vector<double>* t, std::vector<double>* c) -> bool {
-    for (int i = 0; i < o.warmup + iters; ++i) {
-      if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return false;
-      double t0 = nowUs(), cu = 0;
-      if (!once(&cu)) return false;
-      if (i >= o.warmup) {
-        t->push_back(nowUs() - t0);
-        c->push_back(cu);
+  // Iterations are the outer loop and modes the inner one, so background
+  // load on a shared machine hits every mode alike. `commOnly` runs the
+  // ring modes with the kernel switched off (their communication alone).
+  const size_t m = modes.size();
+  auto timed = [&](bool commOnly, std::vector<std::vector<double>>* t,
+                   std::vector<std::vector<double>>* c, std::vector<int>* chose) -> bool {
+    t->assign(m, {});
+    c->assign(m, {});
+    chose->assign(m, -1);
+    auto loop = [&] {
+      for (int i = 0; i < o.warmup + o.iters; ++i) {
+        for (size_t j = 0; j < m; ++j) {
+          if (commOnly && modes[j] < 0) continue;
+          if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return false;
+          double t0 = nowUs(), cu = 0;
+          if (!once(modes[j], &cu, &(*chose)[j])) return false;
+          if (i >= o.warmup) {
+            (*t)[j].push_back(nowUs() - t0);
+            (*c)[j].push_back(cu);
+          }
+        }
       }
-    }
-    return maxOverRanks(comm, t) && maxOverRanks(comm, c);
-  };
-  std::vector<double> t, c;
-  if (!timed(o.iters, &t, &c)) return 1;
-  r->timeUs = median(t);
-  r->computeUs = median(c);
-  if (mode == attnModeAuto) r->autoChose = modeName(st.last.mode);
-  // Communication alone: the same call with the kernel switched off. The
-  // baseline's communication is its all-gather: time minus compute.
-  if (mode >= 0) {
-    std::vector<double> tc, cc;
-    st.skipCompute = true;
-    bool good = timed(o.iters, &tc, &cc);
+      return true;
+    };
+    st.skipCompute = commOnly;
+    const bool good = loop();
     st.skipCompute = false;
-    if (!good) return 1;
-    r->commUs = median(tc);
-  } else if (mode < 0) {
-    r->commUs = r->timeUs - r->computeUs;
-  }
-  r->overlap = r->timeUs > 0 ? std::max(r->computeUs, r->commUs) / r->timeUs : 0;
-  if (o.check) {
-    double cu;
-    if (!once(&cu)) return 1;
-    if (!checkAgainstReference(comm, b, s, q.data(), out.data(), lse.data(), &r->maxErr, &r->lseErr))
-      return 1;
+    if (!good) return false;
+    for (size_t j = 0; j < m; ++j)
+      if (!(*t)[j].empty() && !(maxOverRanks(comm, &(*t)[j]) && maxOverRanks(comm, &(*c)[j])))
+        return false;
+    return true;
+  };
+  std::vector<std::vector<double>> t, c, tc, cc;
+  std::vector<int> chose, choseOff;
+  if (!timed(false, &t, &c, &chose) || !timed(true, &tc, &cc, &choseOff)) return 1;
+  results->assign(m, {});
+  for (size_t j = 0; j < m; ++j) {
+    ModeResult& r = (*results)[j];
+    r.mode = modeName(modes[j]);
+    r.timeUs = median(t[j]);
+    r.computeUs = median(c[j]);
+    if (modes[j] == attnModeAuto) r.autoChose = modeName(chose[j]);
+    // The baseline's communication is its all-gather: time minus compute.
+    r.commUs = modes[j] >= 0 ? median(tc[j]) : r.timeUs - r.computeUs;
+    r.overlap = r.timeUs > 0 ? std::max(r.computeUs, r.commUs) / r.timeUs : 0;
+    if (o.check) {
+      double cu;
+      int ch;
+      if (!once(modes[j], &cu, &ch)) return 1;
+      if (!checkAgainstReference(comm, b, s, q.data(), out.data(), lse.data(), &r.maxErr, &r.lseErr))
+        return 1;
+    }
   }
   return 0;
 }

@@ -48,10 +48,11 @@ struct RunOptions {
   bool check = true;
 };
 
-// Runs `mode` (attnModeAuto.. or -1 for the all-gather-then-compute
-// baseline) on this rank's shard; collective.
-int runMode(attnComm_t comm, const Batch& b, const Shard& s, int mode, const RunOptions& o,
-            ModeResult* r);
+// Runs every mode of `modes` (attnModeAuto.. or -1 for the
+// all-gather-then-compute baseline) on this rank's shard, interleaved
+// (iterations outer, modes inner); one result per mode. Collective.
+int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<int>& modes,
+             const RunOptions& o, std::vector<ModeResult>* results);
 
 const char* modeName(int mode);
 // Fixed-width table row and header; JSON object.

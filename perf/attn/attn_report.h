@@ -25,7 +25,8 @@ class AttnReport {
   int nranks_;
   std::vector<std::string> json_;
   double worstErr_ = 0;
-  int autoPoints_ = 0, autoRight_ = 0;
+  int autoPoints_ = 0, autoRight_ = 0;        // AUTO's pick, judged by that mode's row
+  int autoRunPoints_ = 0, autoRunRight_ = 0;  // AUTO's own timed run
 };
 
 }  // namespace attnperf

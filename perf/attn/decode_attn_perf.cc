@@ -82,11 +82,7 @@ int main(int argc, char** argv) {
       Shard s;
       if (!decodeShard(b, n, me, /*step=*/B, &s)) return 1;
       std::vector<ModeResult> rows;
-      for (int mode : o.modes) {
-        ModeResult r;
-        if (runMode(comm, b, s, mode, ro, &r) != 0) return 1;
-        rows.push_back(r);
-      }
+      if (runModes(comm, b, s, o.modes, ro, &rows) != 0) return 1;
       if (me == 0) report.add(B, static_cast<int64_t>(B) * (o.length - 1), B, rows);
     }
     return me == 0 ? report.finish(o.json) : 0;
