@@ -15,10 +15,20 @@ attnResult_t parseTransportList(const std::string& list, uint32_t* mask) {
   while (std::getline(ss, tok, ',')) {
     if (tok == "shm") m |= kTransportShm;
     else if (tok == "tcp") m |= kTransportTcp;
+    else if (tok == "ucx") {
+#if ATTN_HAVE_UCX
+      m |= kTransportUcx;
+#else
+      return setError(attnNotSupported,
+                      "transport \"ucx\" in \"%s\": this build of attncomm has no UCX "
+                      "(install libucx-dev and rebuild)",
+                      list.c_str());
+#endif
+    }
     else if (tok.empty()) continue;
     else
       return setError(attnInvalidArgument,
-                      "unknown transport \"%s\" in \"%s\" (known: shm, tcp)",
+                      "unknown transport \"%s\" in \"%s\" (known: shm, tcp, ucx)",
                       tok.c_str(), list.c_str());
   }
   if (m == 0) return setError(attnInvalidArgument, "transport list \"%s\" names no transport", list.c_str());
@@ -30,6 +40,7 @@ std::string transportListString(uint32_t mask) {
   std::string s;
   if (mask & kTransportShm) s += "shm";
   if (mask & kTransportTcp) s += s.empty() ? "tcp" : ",tcp";
+  if (mask & kTransportUcx) s += s.empty() ? "ucx" : ",ucx";
   return s;
 }
 
@@ -70,7 +81,7 @@ attnResult_t resolveConfig(const attnConfig_t* user, const CommConfig* inherit,
     if (user->size >= offsetof(attnConfig_t, comm_name) + sizeof(const char*) && user->comm_name)
       c.name = user->comm_name;
   }
-  if (c.device != ATTN_DEVICE_HOST)
+  if (c.device != ATTN_DEVICE_HOST && !ATTN_HAVE_CUDA)
     return setError(attnNotSupported,
                     "config.device=%d: device communicators need the CUDA path, "
                     "which this build does not provide; use ATTN_DEVICE_HOST",

@@ -9,7 +9,13 @@
 
 namespace attn {
 
-enum TransportBit : uint32_t { kTransportShm = 1u << 0, kTransportTcp = 1u << 1 };
+// kTransportUcx is never in the default set: UCX serves a communicator only
+// when asked for (ATTN_TRANSPORT / config.transports).
+enum TransportBit : uint32_t {
+  kTransportShm = 1u << 0,
+  kTransportTcp = 1u << 1,
+  kTransportUcx = 1u << 2,
+};
 
 struct CommConfig {
   bool blocking = true;
@@ -24,7 +30,8 @@ struct CommConfig {
 // supplies values for unset fields before the environment does (split).
 attnResult_t resolveConfig(const attnConfig_t* user, const CommConfig* inherit,
                            CommConfig* out);
-// Parses "shm,tcp" into TransportBit flags; unknown names are an error.
+// Parses "shm,tcp" into TransportBit flags; unknown names are an error, and
+// so is "ucx" in a build without UCX (attnNotSupported).
 attnResult_t parseTransportList(const std::string& list, uint32_t* mask);
 std::string transportListString(uint32_t mask);
 

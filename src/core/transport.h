@@ -119,5 +119,8 @@ class Transport {
 // Factories: transports/<name>/ implements these.
 std::unique_ptr<Transport> createTcpTransport();
 std::unique_ptr<Transport> createShmTransport();
+#if ATTN_HAVE_UCX
+std::unique_ptr<Transport> createUcxTransport();  // transports/ucx
+#endif
 
 }  // namespace attn

@@ -509,39 +509,68 @@ std::vector<ProcResult> ForkRanks(int n,
                                   const RunOptions& opts) {
   std::vector<ProcResult> results(n);
   for (int r = 0; r < n; ++r) results[r].rank = r;
-  attnUniqueId id;
-  const attnResult_t ir = attnGetUniqueId(&id);
-  if (ir != attnSuccess) {
-    ADD_FAILURE() << "attnGetUniqueId -> " << ResultName(ir) << ": " << attnGetLastError(nullptr);
-    for (auto& res : results) res.messages = "not started: attnGetUniqueId failed";
-    return results;
-  }
   std::fflush(stdout);
   std::fflush(stderr);
+  // Fork first, then create the id (which starts the bootstrap root's
+  // thread) and hand it to the children through a pipe: forking a process
+  // that already runs threads can leave a child with a lock held by a
+  // thread that does not exist there (UCX's memory-hook lock did this).
   std::vector<pid_t> pids(n, -1);
-  std::vector<int> fds(n, -1);
+  std::vector<int> fds(n, -1), idFds(n, -1);
   for (int r = 0; r < n; ++r) {
-    int p[2];
+    int p[2], q[2];
     if (pipe(p) != 0) {
       ADD_FAILURE() << "pipe: " << strerror(errno);
+      break;
+    }
+    if (pipe(q) != 0) {
+      ADD_FAILURE() << "pipe: " << strerror(errno);
+      ::close(p[0]);
+      ::close(p[1]);
       break;
     }
     const pid_t pid = fork();
     if (pid < 0) {
       ADD_FAILURE() << "fork: " << strerror(errno);
-      ::close(p[0]);
-      ::close(p[1]);
+      for (int fd : {p[0], p[1], q[0], q[1]}) ::close(fd);
       break;
     }
     if (pid == 0) {
       ::close(p[0]);
-      for (int q = 0; q < r; ++q) ::close(fds[q]);
+      ::close(q[1]);
+      for (int k = 0; k < r; ++k) {
+        ::close(fds[k]);
+        ::close(idFds[k]);
+      }
+      attnUniqueId id;
+      size_t got = 0;
+      while (got < sizeof(id)) {
+        const ssize_t k = ::read(q[0], reinterpret_cast<char*>(&id) + got, sizeof(id) - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) _exit(3);  // the parent could not make an id
+        got += size_t(k);
+      }
+      ::close(q[0]);
       childMain(r, p[1], id, child, opts);
     }
     ::close(p[1]);
+    ::close(q[0]);
     fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
     pids[r] = pid;
     fds[r] = p[0];
+    idFds[r] = q[1];
+  }
+  attnUniqueId id;
+  const attnResult_t ir = attnGetUniqueId(&id);
+  if (ir != attnSuccess) {
+    ADD_FAILURE() << "attnGetUniqueId -> " << ResultName(ir) << ": " << attnGetLastError(nullptr);
+    for (auto& res : results) res.messages = "not started: attnGetUniqueId failed";
+  }
+  for (int r = 0; r < n; ++r) {
+    if (idFds[r] < 0) continue;
+    if (ir == attnSuccess && ::write(idFds[r], &id, sizeof(id)) != ssize_t(sizeof(id)))
+      ADD_FAILURE() << "rank " << r << ": could not pass the unique id: " << strerror(errno);
+    ::close(idFds[r]);  // without an id the child exits
   }
 
   const auto deadline =

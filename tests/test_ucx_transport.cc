@@ -1,0 +1,494 @@
+// UCX transport (transports/ucx): the Connection contract tested directly
+// (sizes 0 B .. 64 MiB, FIFO, truncation, a closing peer, local close), the
+// registration cache, and whole communicators over ATTN_TRANSPORT=ucx:
+// collectives on 2..4 ranks as threads and as processes, over UCX's TCP and
+// shared-memory transports (UCX_TLS), and a SIGKILLed peer.
+//
+// Built in every configuration; without UCX it only checks that asking for
+// it is a clear error.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/core/comm.h"
+#include "src/core/config.h"
+#include "src/core/error.h"
+#include "src/core/transport.h"
+#include "tests/support/fake_bootstrap.h"
+#include "tests/support/multirank.h"
+#if ATTN_HAVE_UCX
+#include "transports/ucx/ucx_context.h"
+#include "transports/ucx/ucx_memreg.h"
+#endif
+
+namespace {
+
+using attn_test::RunOptions;
+using Clock = std::chrono::steady_clock;
+
+#if !ATTN_HAVE_UCX
+
+TEST(Ucx, NotBuiltIsAClearError) {
+  uint32_t mask = 0;
+  EXPECT_EQ(attn::parseTransportList("ucx", &mask), attnNotSupported);
+  EXPECT_NE(attn::threadLastError().find("no UCX"), std::string::npos) << attn::threadLastError();
+}
+
+#else  // ATTN_HAVE_UCX
+
+using attn::Connection;
+using attn::Request;
+constexpr int kTimeoutMs = 30000;
+
+// ---------------------------------------------------------------------------
+// Transport level: ranks are threads over the in-process fake bootstrap.
+
+struct Rank {
+  int rank = 0;
+  std::unique_ptr<attn::Bootstrap> boot;
+  std::unique_ptr<attn::Transport> transport;
+  std::vector<std::unique_ptr<Connection>> conns;  // conns[p] for peer p
+  std::vector<attn::PeerInfo> peers;
+  std::atomic<bool> abortFlag{false};
+  ~Rank() { conns.clear(); }  // connections go before their transport
+};
+
+void runThreads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) ts.emplace_back(fn, r);
+  for (auto& t : ts) t.join();
+}
+
+// Ranks go away together, as a communicator's do: a closing endpoint's
+// flush is answered by the peer's progress.
+struct Ranks : std::vector<std::unique_ptr<Rank>> {
+  explicit Ranks(size_t n) : std::vector<std::unique_ptr<Rank>>(n) {}
+  Ranks(Ranks&&) = default;
+  ~Ranks() {
+    runThreads(int(size()), [this](int r) { (*this)[r].reset(); });
+  }
+};
+
+Ranks makeRanks(int n, attn::testing::FakeBootstrapHub* hub) {
+  Ranks ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ranks[r] = std::make_unique<Rank>();
+    ranks[r]->rank = r;
+    ranks[r]->boot = std::make_unique<attn::testing::FakeBootstrap>(hub, r);
+  }
+  runThreads(n, [&](int r) {
+    Rank* rk = ranks[r].get();
+    rk->peers.resize(n);
+    for (int i = 0; i < n; ++i) rk->peers[i].rank = i;
+    attn::TransportContext ctx;
+    ctx.rank = r;
+    ctx.nranks = n;
+    ctx.bootstrap = rk->boot.get();
+    ctx.peers = rk->peers.data();
+    ctx.timeoutMs = kTimeoutMs;
+    ctx.abortFlag = &rk->abortFlag;
+    rk->transport = attn::createUcxTransport();
+    std::vector<int> want;
+    for (int p = 0; p < n; ++p)
+      if (p != r) want.push_back(p);
+    std::vector<std::unique_ptr<Connection>> conns;
+    ASSERT_EQ(rk->transport->connect(ctx, want, &conns), attnSuccess) << attn::threadLastError();
+    ASSERT_EQ(conns.size(), want.size());
+    rk->conns.resize(n);
+    for (size_t i = 0; i < want.size(); ++i) rk->conns[want[i]] = std::move(conns[i]);
+  });
+  return ranks;
+}
+
+// Drives rank's connections until no request is pending (false: timeout).
+bool drive(Rank* rk, const std::vector<Request*>& reqs, int timeoutMs = kTimeoutMs) {
+  auto end = Clock::now() + std::chrono::milliseconds(timeoutMs);
+  for (;;) {
+    bool pending = false;
+    for (Request* q : reqs) pending |= q->pending();
+    if (!pending) return true;
+    if (Clock::now() > end) return false;
+    bool any = false;
+    for (auto& c : rk->conns) {
+      if (!c || c->idle()) continue;
+      bool p = false;
+      c->progress(&p);  // failures land in the requests
+      any |= p;
+    }
+    if (!any) rk->transport->waitForActivity(1000);
+  }
+}
+
+uint8_t pattern(int src, int dst, size_t msg, size_t i) {
+  return uint8_t((i * 131) ^ (src * 7 + dst * 13 + msg * 29) ^ (i >> 12));
+}
+void fill(std::vector<uint8_t>* b, int src, int dst, size_t msg) {
+  for (size_t i = 0; i < b->size(); ++i) (*b)[i] = pattern(src, dst, msg, i);
+}
+bool check(const uint8_t* b, size_t n, int src, int dst, size_t msg) {
+  for (size_t i = 0; i < n; ++i)
+    if (b[i] != pattern(src, dst, msg, i)) {
+      ADD_FAILURE() << "byte " << i << " of message " << msg << " from " << src << " to " << dst;
+      return false;
+    }
+  return true;
+}
+
+// Every rank sends each size to every peer and receives them all.
+void exchange(Ranks& ranks, const std::vector<size_t>& sizes) {
+  const int n = int(ranks.size());
+  runThreads(n, [&](int r) {
+    Rank* rk = ranks[r].get();
+    const size_t m = sizes.size();
+    std::vector<std::vector<uint8_t>> out(n * m), in(n * m);
+    std::vector<Request> sreq(n * m), rreq(n * m);
+    std::vector<Request*> all;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t k = 0; k < m; ++k) {
+        size_t i = p * m + k;
+        out[i].resize(sizes[k]);
+        fill(&out[i], r, p, k);
+        in[i].assign(sizes[k] + 16, 0xEE);
+        ASSERT_EQ(rk->conns[p]->postRecv(in[i].data(), in[i].size(), &rreq[i]), attnSuccess);
+        ASSERT_EQ(rk->conns[p]->postSend(out[i].data(), sizes[k], &sreq[i]), attnSuccess);
+        all.push_back(&sreq[i]);
+        all.push_back(&rreq[i]);
+      }
+    }
+    ASSERT_TRUE(drive(rk, all)) << "rank " << r << " timed out";
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t k = 0; k < m; ++k) {
+        size_t i = p * m + k;
+        ASSERT_EQ(sreq[i].state.load(), Request::kDone) << sreq[i].message;
+        ASSERT_EQ(rreq[i].state.load(), Request::kDone) << rreq[i].message;
+        ASSERT_EQ(rreq[i].bytes, sizes[k]);
+        EXPECT_TRUE(check(in[i].data(), sizes[k], p, r, k));
+        EXPECT_EQ(in[i][sizes[k]], 0xEE) << "wrote past the message";
+      }
+      EXPECT_TRUE(rk->conns[p]->idle());
+    }
+  });
+}
+
+class UcxRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(UcxRanks, AllSizesBothDirections) {
+  const int n = GetParam();
+  attn::testing::FakeBootstrapHub hub(n);
+  auto ranks = makeRanks(n, &hub);
+  const std::vector<size_t> sizes = {0, 1, 7, 4096, 65536 + 1, (size_t(1) << 20) + 3,
+                                     size_t(4) << 20};
+  exchange(ranks, sizes);
+  exchange(ranks, sizes);  // the connections stay usable (and the cache hits)
+}
+
+INSTANTIATE_TEST_SUITE_P(N, UcxRanks, ::testing::Values(2, 3, 4));
+
+TEST(Ucx, SixtyFourMiB) {
+  attn::testing::FakeBootstrapHub hub(2);
+  auto ranks = makeRanks(2, &hub);
+  exchange(ranks, {size_t(64) << 20});
+}
+
+// Many messages of mixed sizes (eager and rendezvous), receives posted a few
+// at a time after the sender ran ahead: order and content hold.
+TEST(Ucx, FifoOrder) {
+  attn::testing::FakeBootstrapHub hub(2);
+  auto ranks = makeRanks(2, &hub);
+  const size_t count = 300;
+  std::vector<size_t> sizes(count);
+  std::mt19937 rng(7);
+  for (auto& s : sizes) s = rng() % 4 == 0 ? rng() % (600 << 10) : rng() % 300;
+  runThreads(2, [&](int r) {
+    Rank* rk = ranks[r].get();
+    Connection* c = rk->conns[1 - r].get();
+    if (r == 0) {
+      std::vector<std::vector<uint8_t>> bufs(count);
+      std::vector<Request> reqs(count);
+      std::vector<Request*> all;
+      for (size_t i = 0; i < count; ++i) {
+        bufs[i].resize(sizes[i]);
+        fill(&bufs[i], 0, 1, i);
+        ASSERT_EQ(c->postSend(bufs[i].data(), sizes[i], &reqs[i]), attnSuccess);
+        all.push_back(&reqs[i]);
+      }
+      ASSERT_TRUE(drive(rk, all));
+      for (auto& q : reqs) ASSERT_EQ(q.state.load(), Request::kDone) << q.message;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const size_t window = 5;
+      for (size_t base = 0; base < count; base += window) {
+        size_t k = std::min(window, count - base);
+        std::vector<std::vector<uint8_t>> bufs(k, std::vector<uint8_t>(600 << 10));
+        std::vector<Request> reqs(k);
+        std::vector<Request*> all;
+        for (size_t j = 0; j < k; ++j) {
+          ASSERT_EQ(c->postRecv(bufs[j].data(), bufs[j].size(), &reqs[j]), attnSuccess);
+          all.push_back(&reqs[j]);
+        }
+        ASSERT_TRUE(drive(rk, all));
+        for (size_t j = 0; j < k; ++j) {
+          ASSERT_EQ(reqs[j].state.load(), Request::kDone) << reqs[j].message;
+          ASSERT_EQ(reqs[j].bytes, sizes[base + j]) << "message " << base + j << " out of order";
+          ASSERT_TRUE(check(bufs[j].data(), sizes[base + j], 0, 1, base + j));
+        }
+      }
+    }
+  });
+}
+
+TEST(Ucx, TruncatedReceiveFails) {
+  for (size_t size : {size_t(1000), size_t(2) << 20}) {  // eager and rendezvous
+    attn::testing::FakeBootstrapHub hub(2);
+    auto ranks = makeRanks(2, &hub);
+    std::vector<uint8_t> out(size, 1), in(size - 1);
+    Request s, q, later;
+    ASSERT_EQ(ranks[0]->conns[1]->postSend(out.data(), out.size(), &s), attnSuccess);
+    std::thread sender([&] { drive(ranks[0].get(), {&s}, 10000); });
+    ASSERT_EQ(ranks[1]->conns[0]->postRecv(in.data(), in.size(), &q), attnSuccess);
+    ASSERT_EQ(ranks[1]->conns[0]->postRecv(in.data(), in.size(), &later), attnSuccess);
+    ASSERT_TRUE(drive(ranks[1].get(), {&q, &later}));
+    sender.join();
+    EXPECT_EQ(q.state.load(), Request::kFailed) << size;
+    EXPECT_EQ(q.error, attnInvalidUsage);
+    EXPECT_NE(q.message.find("truncated"), std::string::npos) << q.message;
+    EXPECT_NE(q.message.find("peer 0"), std::string::npos) << q.message;
+    EXPECT_EQ(later.state.load(), Request::kFailed);
+    EXPECT_EQ(later.error, attnRemoteError);
+    bool p;
+    EXPECT_NE(ranks[1]->conns[0]->progress(&p), attnSuccess);  // stays broken
+    Request after;
+    EXPECT_EQ(ranks[1]->conns[0]->postRecv(in.data(), in.size(), &after), attnRemoteError);
+    EXPECT_EQ(after.state.load(), Request::kFailed);
+  }
+}
+
+// A peer that closes its side: a receive that can never be matched fails
+// promptly, naming the peer; the other links are untouched.
+TEST(Ucx, PeerCloseFailsPendingReceive) {
+  attn::testing::FakeBootstrapHub hub(3);
+  auto ranks = makeRanks(3, &hub);
+  std::vector<uint8_t> buf(1 << 20);
+  Request q;
+  ASSERT_EQ(ranks[1]->conns[0]->postRecv(buf.data(), buf.size(), &q), attnSuccess);
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ranks[0]->conns[1]->close();
+  });
+  auto t0 = Clock::now();
+  ASSERT_TRUE(drive(ranks[1].get(), {&q}, 10000)) << "hung on a closed peer";
+  closer.join();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(q.state.load(), Request::kFailed);
+  EXPECT_EQ(q.error, attnRemoteError);
+  EXPECT_NE(q.message.find("peer 0"), std::string::npos) << q.message;
+  std::vector<uint8_t> a(100, 5), b(100);
+  Request s, r2;
+  ASSERT_EQ(ranks[1]->conns[2]->postSend(a.data(), a.size(), &s), attnSuccess);
+  ASSERT_EQ(ranks[2]->conns[1]->postRecv(b.data(), b.size(), &r2), attnSuccess);
+  runThreads(2, [&](int i) { ASSERT_TRUE(drive(ranks[i + 1].get(), {i ? &r2 : &s})); });
+  EXPECT_EQ(r2.state.load(), Request::kDone);
+  EXPECT_EQ(a, b);
+}
+
+// Messages sent before the close still arrive; only later receives fail.
+TEST(Ucx, DataBeforeCloseIsDelivered) {
+  attn::testing::FakeBootstrapHub hub(2);
+  auto ranks = makeRanks(2, &hub);
+  std::vector<uint8_t> small(100), big(3 << 20), in1(100), in2(3 << 20), in3(10);
+  fill(&small, 0, 1, 0);
+  fill(&big, 0, 1, 1);
+  Request s1, s2, q1, q2, q3;
+  ASSERT_EQ(ranks[0]->conns[1]->postSend(small.data(), small.size(), &s1), attnSuccess);
+  ASSERT_EQ(ranks[0]->conns[1]->postSend(big.data(), big.size(), &s2), attnSuccess);
+  std::thread sender([&] {
+    EXPECT_TRUE(drive(ranks[0].get(), {&s1, &s2}));
+    ranks[0]->conns[1]->close();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(ranks[1]->conns[0]->postRecv(in1.data(), in1.size(), &q1), attnSuccess);
+  ASSERT_EQ(ranks[1]->conns[0]->postRecv(in2.data(), in2.size(), &q2), attnSuccess);
+  ASSERT_TRUE(drive(ranks[1].get(), {&q1, &q2}));
+  sender.join();
+  ASSERT_EQ(q1.state.load(), Request::kDone) << q1.message;
+  ASSERT_EQ(q2.state.load(), Request::kDone) << q2.message;
+  EXPECT_TRUE(check(in1.data(), in1.size(), 0, 1, 0));
+  EXPECT_TRUE(check(in2.data(), in2.size(), 0, 1, 1));
+  ASSERT_EQ(ranks[1]->conns[0]->postRecv(in3.data(), in3.size(), &q3), attnSuccess);
+  ASSERT_TRUE(drive(ranks[1].get(), {&q3}, 10000));
+  EXPECT_EQ(q3.state.load(), Request::kFailed);
+  EXPECT_EQ(q3.error, attnRemoteError);
+}
+
+TEST(Ucx, LocalCloseFailsQueuedRequests) {
+  attn::testing::FakeBootstrapHub hub(2);
+  auto ranks = makeRanks(2, &hub);
+  std::vector<uint8_t> buf(16);
+  Request q, s;
+  ASSERT_EQ(ranks[0]->conns[1]->postRecv(buf.data(), buf.size(), &q), attnSuccess);
+  ranks[0]->conns[1]->close();
+  EXPECT_EQ(q.state.load(), Request::kFailed);
+  EXPECT_EQ(q.error, attnRemoteError);
+  EXPECT_TRUE(ranks[0]->conns[1]->idle());
+  EXPECT_EQ(ranks[0]->conns[1]->postSend(buf.data(), buf.size(), &s), attnRemoteError);
+}
+
+// The registration cache reuses a registration for any range inside it and
+// forgets it once the memory is unmapped.
+TEST(Ucx, RegistrationCache) {
+  std::unique_ptr<attn::ucx::UcxWorker> w;
+  ASSERT_EQ(attn::ucx::UcxWorker::create(&w), attnSuccess) << attn::threadLastError();
+  attn::ucx::UcxRegCache cache(w->context(), 4096, 4);
+  if (!cache.enabled()) GTEST_SKIP() << "UCM memory events are off (UCX_MEM_EVENTS=no)";
+  const size_t len = size_t(8) << 20;
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  char* c = static_cast<char*>(p);
+  EXPECT_EQ(cache.acquire(c, 100), nullptr);  // below the threshold
+  auto* e1 = cache.acquire(c, len);
+  ASSERT_NE(e1, nullptr);
+  auto* e2 = cache.acquire(c + 4096, len / 2);  // inside: reused
+  EXPECT_EQ(e1, e2);
+  EXPECT_EQ(cache.hits(), 1u);
+  cache.release(e1);
+  cache.release(e2);
+  munmap(p, len);
+  void* q = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(q, MAP_FAILED);
+  auto* e3 = cache.acquire(q, len);  // maybe the same address: must not be the old entry
+  ASSERT_NE(e3, nullptr);
+  EXPECT_EQ(cache.hits(), 1u) << "a registration of unmapped memory was reused";
+  EXPECT_EQ(cache.size(), 1u);
+  cache.release(e3);
+  munmap(q, len);
+}
+
+// ---------------------------------------------------------------------------
+// Communicators over ATTN_TRANSPORT=ucx.
+
+void CollectivesBody(attnComm_t comm, int rank, int n, bool big) {
+  for (int p = 0; p < n; ++p)
+    if (p != rank) EXPECT_STREQ(comm->engine->transportName(p), "ucx") << "peer " << p;
+  for (size_t count : {size_t(1), size_t(7), size_t(65537)}) {
+    attn_test::CheckAllGather(comm, rank, n, attnInt32, count, false);
+    attn_test::CheckReduceScatter(comm, rank, n, attnFloat32, attnSum, count, count == 7);
+    attn_test::CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, false);
+    attn_test::CheckAllToAll(comm, rank, n, attnFloat64, count);
+    attn_test::CheckBroadcast(comm, rank, n, attnUint8, count, 1 % n, false);
+  }
+  attn_test::CheckRingExchange(comm, rank, n, attnFloat16, 10007);
+  if (big) attn_test::CheckAllReduce(comm, rank, n, attnFloat32, attnSum, (size_t(4) << 20) / 4 + 3, true);
+}
+
+using CollParam = std::tuple<int, bool>;  // ranks, processes?
+class UcxCollectives : public ::testing::TestWithParam<CollParam> {};
+
+TEST_P(UcxCollectives, AllKinds) {
+  const auto [n, processes] = GetParam();
+  RunOptions opts;
+  opts.env = {{"ATTN_TRANSPORT", "ucx"}};
+  opts.deadline_ms = 120000;
+  auto body = [&](int rank, int nr, attnComm_t& comm) { CollectivesBody(comm, rank, nr, n == 3); };
+  if (processes) attn_test::RunProcesses(n, body, opts);
+  else attn_test::RunThreads(n, body, opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxCollectives,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<CollParam>& info) {
+                           return "N" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_processes" : "_threads");
+                         });
+
+// UCX's own transports chosen by UCX_TLS: TCP only, shared memory only.
+class UcxWires : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxWires, CollectivesAsProcesses) {
+  RunOptions opts;
+  opts.env = {{"ATTN_TRANSPORT", "ucx"}, {"UCX_TLS", GetParam()}};
+  opts.deadline_ms = 120000;
+  attn_test::RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    CollectivesBody(comm, rank, n, true);
+  }, opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, UcxWires, ::testing::Values("tcp", "sm,self"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "tcp" ? std::string("tcp") : std::string("sm");
+                         });
+
+// The same selection through attnConfig_t.transports.
+TEST(Ucx, ConfigSelectsUcx) {
+  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+  cfg.transports = "ucx";
+  RunOptions opts;
+  opts.config = &cfg;
+  attn_test::RunThreads(2, [&](int rank, int n, attnComm_t& comm) {
+    EXPECT_STREQ(comm->engine->transportName(1 - rank), "ucx");
+    attn_test::CheckAllReduce(comm, rank, n, attnFloat32, attnAvg, 65537, true);
+  }, opts);
+}
+
+// A SIGKILLed peer: survivors get attnRemoteError or attnTimeout naming a
+// peer, never a hang.
+class UcxKilledPeer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxKilledPeer, SurvivorsGetAnError) {
+  const int n = 3, victim = 2;
+  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = 3000;
+  RunOptions opts;
+  opts.config = &cfg;
+  opts.env = {{"ATTN_TRANSPORT", "ucx"}, {"UCX_TLS", GetParam()}};
+  opts.deadline_ms = 60000;
+  auto results = attn_test::RunProcessesCollect(n, [&](int rank, int nr, attnComm_t& comm) {
+    attn_test::CheckAllReduce(comm, rank, nr, attnFloat32, attnSum, 1023, false);
+    const size_t count = 1 << 18;
+    attn_test::TypedBuf b(attnFloat32, count);
+    if (rank == victim) {
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        raise(SIGKILL);
+      }).detach();
+      for (;;) attnAllReduce(b.data(), b.data(), count, attnFloat32, attnSum, comm, nullptr);
+    }
+    attnResult_t r = attnSuccess;
+    int it = 0;
+    for (; it < 100000 && r == attnSuccess; ++it)
+      r = attnAllReduce(b.data(), b.data(), count, attnFloat32, attnMax, comm, nullptr);
+    EXPECT_TRUE(r == attnRemoteError || r == attnTimeout)
+        << "rank " << rank << " got " << attn_test::ResultName(r) << ": " << attnGetLastError(comm);
+    const std::string why = attnGetLastError(comm);
+    EXPECT_NE(why.find("peer"), std::string::npos) << why;
+    attn_test::ReportFromChild("rank " + std::to_string(rank) + ": " +
+                               attn_test::ResultName(r) + " after " + std::to_string(it) +
+                               " all-reduces: " + why);
+    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+    comm = nullptr;
+  }, opts);
+  ASSERT_EQ(results.size(), size_t(n));
+  EXPECT_TRUE(results[victim].signaled) << results[victim].Describe();
+  for (int r = 0; r < n; ++r)
+    if (r != victim) EXPECT_TRUE(results[r].passed()) << results[r].Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, UcxKilledPeer, ::testing::Values("tcp", "sm,self"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "tcp" ? std::string("tcp") : std::string("sm");
+                         });
+
+#endif  // ATTN_HAVE_UCX
+
+}  // namespace
