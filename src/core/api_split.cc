@@ -18,21 +18,33 @@ using namespace attn;
 namespace {
 struct SplitCard {
   int32_t color;
-  int32_t key;
+  int64_t key;
   attnUniqueId id;  // filled by the leader of each color
 };
 }  // namespace
 
+namespace attn {
+// attnCommSplit with a 64-bit key (attnCommSplitType orders by the user's
+// key, then by proximity). The caller holds the ApiCall.
+attnResult_t commSplit(attnComm* comm, int color, int64_t key, attnComm_t* newcomm,
+                       attnConfig_t* config);
+}  // namespace attn
+
 extern "C" attnResult_t attnCommSplit(attnComm_t comm, int color, int key, attnComm_t* newcomm,
                                       attnConfig_t* config) {
   ApiCall call(comm);
-  if (newcomm == nullptr) return call.finish(setError(attnInvalidArgument, "newcomm is NULL"));
+  return call.finish(commSplit(comm, color, key, newcomm, config));
+}
+
+attnResult_t attn::commSplit(attnComm* comm, int color, int64_t key, attnComm_t* newcomm,
+                             attnConfig_t* config) {
+  if (newcomm == nullptr) return setError(attnInvalidArgument, "newcomm is NULL");
   *newcomm = nullptr;
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  ATTN_CHECK(checkCommUsable(comm));
   if (color < 0 && color != ATTN_SPLIT_NOCOLOR)
-    return call.finish(setError(attnInvalidArgument,
-                                "color must be >= 0 or ATTN_SPLIT_NOCOLOR, got %d", color));
-  if (inGroup()) return call.finish(setError(attnInvalidUsage, "attnCommSplit inside a group"));
+    return setError(attnInvalidArgument, "color must be >= 0 or ATTN_SPLIT_NOCOLOR, got %d",
+                    color);
+  if (inGroup()) return setError(attnInvalidUsage, "attnCommSplit inside a group");
   const int n = comm->nranks, me = comm->rank;
   Engine& e = *comm->engine;
   Ring ring = Ring::identity(me, n);
@@ -44,8 +56,8 @@ extern "C" attnResult_t attnCommSplit(attnComm_t comm, int color, int key, attnC
   cards[me].key = key;
   std::vector<Block> blocks(n);
   for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(SplitCard), sizeof(SplitCard)};
-  ATTN_CHECK(call.finish(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
-                                        chunkBytes(1))));
+  ATTN_CHECK(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
+                           chunkBytes(1)));
   std::vector<int> members;
   for (int r = 0; r < n; ++r)
     if (color != ATTN_SPLIT_NOCOLOR && cards[r].color == color) members.push_back(r);
@@ -55,13 +67,12 @@ extern "C" attnResult_t attnCommSplit(attnComm_t comm, int color, int key, attnC
   const bool leader = !members.empty() && *std::min_element(members.begin(), members.end()) == me;
 
   // Round 2: each color's leader publishes the new id.
-  if (leader) ATTN_CHECK(call.finish(bootstrapCreateRoot(&cards[me].id)));
-  ATTN_CHECK(call.finish(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
-                                        chunkBytes(1))));
+  if (leader) ATTN_CHECK(bootstrapCreateRoot(&cards[me].id));
+  ATTN_CHECK(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
+                           chunkBytes(1)));
   if (color == ATTN_SPLIT_NOCOLOR) return attnSuccess;
   const int leaderRank = *std::min_element(members.begin(), members.end());
   const int newRank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
-  attnResult_t r = newCommInternal(newcomm, static_cast<int>(members.size()), cards[leaderRank].id,
-                                   newRank, config, config ? nullptr : &comm->config);
-  return call.finish(r);
+  return newCommInternal(newcomm, static_cast<int>(members.size()), cards[leaderRank].id, newRank,
+                         config, config ? nullptr : &comm->config);
 }
