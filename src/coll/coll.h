@@ -39,8 +39,26 @@ attnResult_t ringAllGatherv(Engine& e, const Ring& ring, char* buf,
 
 // Ring reduce-scatter: `in` holds every block (by ring position); `out`
 // receives op over ranks of block ring.pos. `out` may alias that block of
-// `in`. elemSize-aligned blocks.
+// `in`. elemSize-aligned blocks. `staging` (2 x the largest block) is where
+// partials land; null: the engine's scratch.
 attnResult_t ringReduceScatterv(Engine& e, const Ring& ring, const char* in, char* out,
+                                const std::vector<Block>& blocks, attnDataType_t type,
+                                attnRedOp_t op, size_t chunk, char* staging = nullptr);
+
+struct Hierarchy;  // src/coll/hierarchy.h
+
+// Hierarchical all-gather over a regular hierarchy: from the outermost level
+// in, each rank exchanges over its rail (the ranks sharing every coordinate
+// but that level's) what it holds so far. `blocks[r]` is rank r's block of
+// `buf` (global rank order); on entry `me`'s block holds its data.
+attnResult_t hierAllGatherv(Engine& e, const Hierarchy& h, int me, char* buf,
+                            const std::vector<Block>& blocks, size_t chunk);
+
+// Hierarchical reduce-scatter, the mirror image: from the innermost level
+// out, reduce-scatter over each level's group what is still to be reduced
+// (partials staged in the engine's scratch). `blocks[r]` is rank r's block
+// of `in`; `out` (may alias me's block of `in`) receives op over all ranks.
+attnResult_t hierReduceScatterv(Engine& e, const Hierarchy& h, int me, const char* in, char* out,
                                 const std::vector<Block>& blocks, attnDataType_t type,
                                 attnRedOp_t op, size_t chunk);
 

@@ -15,7 +15,7 @@ namespace attn {
 
 attnResult_t ringReduceScatterv(Engine& e, const Ring& ring, const char* in, char* out,
                                 const std::vector<Block>& blocks, attnDataType_t type,
-                                attnRedOp_t op, size_t chunk) {
+                                attnRedOp_t op, size_t chunk, char* staging) {
   const int n = ring.size();
   const size_t esz = dataTypeSize(type);
   const Block& mine = blocks[ring.pos];
@@ -26,7 +26,7 @@ attnResult_t ringReduceScatterv(Engine& e, const Ring& ring, const char* in, cha
   auto blockAt = [&](int p) -> const Block& { return blocks[((p % n) + n) % n]; };
   size_t maxBytes = 0;
   for (const Block& b : blocks) maxBytes = std::max(maxBytes, b.bytes);
-  char* staging = e.scratch(2 * maxBytes);
+  if (!staging) staging = e.scratch(2 * maxBytes);
   char* stage[2] = {staging, staging + maxBytes};
 
   // Step s sends the partial of block pos-s-1 and receives that of pos-s-2;

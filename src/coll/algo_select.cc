@@ -1,0 +1,127 @@
+#include "src/coll/algo_select.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include "src/core/comm.h"
+#include "src/core/env.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace attn {
+
+namespace {
+
+double rateAt(const std::vector<double>& v, size_t i) {
+  return v.empty() ? 1e9 : v[std::min(i, v.size() - 1)];
+}
+
+}  // namespace
+
+attnResult_t readAlgoSetting(AlgoSetting* out) {
+  std::optional<std::string> v = envString("ATTN_ALGO");
+  if (!v || v->empty() || *v == "auto") { *out = AlgoSetting::kAuto; return attnSuccess; }
+  if (*v == "ring") { *out = AlgoSetting::kRing; return attnSuccess; }
+  if (*v == "hier") { *out = AlgoSetting::kHier; return attnSuccess; }
+  return setError(attnInvalidArgument, "ATTN_ALGO='%s' is not one of ring, hier, auto", v->c_str());
+}
+
+TierRates defaultTierRates() {
+  TierRates r;
+  r.bytesPerSec = {8e9, 1.25e9, 1.25e9};
+  r.latencySec = {2e-6, 30e-6, 30e-6};
+  return r;
+}
+
+double flatRingSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates) {
+  const int n = h.nranks;
+  if (n <= 1) return 0;
+  // The ring is paced by the slowest boundary it crosses: the outermost
+  // tier with more than one group (boundary index = tier + 1).
+  size_t slow = 0;
+  for (size_t t = 0; t < h.groupsPerTier.size(); ++t)
+    if (h.groupsPerTier[t] > 1) slow = t + 1;
+  const double blk = static_cast<double>(totalBytes) / n;
+  return (n - 1) * (blk / rateAt(rates.bytesPerSec, slow) + rateAt(rates.latencySec, slow));
+}
+
+double hierSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates) {
+  if (!h.regular) return std::numeric_limits<double>::infinity();
+  if (h.nranks <= 1) return 0;
+  const double blk = static_cast<double>(totalBytes) / h.nranks;
+  double t = 0, sharers = 1;
+  for (int k = 0; k < h.levels(); ++k) {
+    // Every rank of a level-k subgroup runs its own rail over the same
+    // boundary, so they share its rate.
+    const size_t b = static_cast<size_t>(h.tierOfLevel[k]);
+    t += slicesAbove(h, k) * (h.shape[k] - 1) *
+         (blk * sharers / rateAt(rates.bytesPerSec, b) + rateAt(rates.latencySec, b));
+    sharers *= h.shape[k];
+  }
+  return t;
+}
+
+CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const TierRates& rates) {
+  if (s == AlgoSetting::kRing || !h.regular) return CollAlgo::kRing;
+  if (s == AlgoSetting::kHier) return CollAlgo::kHier;
+  if (!h.worthwhile()) return CollAlgo::kRing;
+  return hierSeconds(h, totalBytes, rates) < flatRingSeconds(h, totalBytes, rates) ? CollAlgo::kHier
+                                                                                    : CollAlgo::kRing;
+}
+
+TierRates tierRatesFor(const attnComm*) {
+  // Hook: the fabric model (topology/) will supply measured per-tier rates.
+  return defaultTierRates();
+}
+
+const CollTopo& collTopo(attnComm* comm) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> g(mu);
+  if (!comm->collTopo) {
+    auto t = std::make_shared<CollTopo>();
+    const int n = comm->nranks;
+    std::vector<TierKeys> keys(n);
+    for (int r = 0; r < n; ++r) keys[r] = {comm->peers[r].rackHash, comm->peers[r].hostHash};
+    std::vector<int> order = comm->topoOrder;
+    if (static_cast<int>(order.size()) != n) {
+      order.resize(n);
+      for (int r = 0; r < n; ++r) order[r] = r;
+    }
+    t->hier = buildHierarchy(keys, order);
+    t->ring.ranks = order;
+    t->ring.pos = static_cast<int>(std::find(order.begin(), order.end(), comm->rank) - order.begin());
+    t->rates = tierRatesFor(comm);
+    ATTN_INFO(kLogColl, "hierarchy %s; ring in proximity order", t->hier.describe().c_str());
+    comm->collTopo = std::move(t);
+  }
+  return *comm->collTopo;
+}
+
+CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll,
+                  size_t totalBytes) {
+  const CollTopo& t = collTopo(comm);
+  CollAlgo a = chooseAlgo(s, t.hier, totalBytes, t.rates);
+  unsigned bit = 1u << (collIndex * 2 + (a == CollAlgo::kHier));
+  if (!(comm->collTopo->logged & bit)) {
+    comm->collTopo->logged |= bit;
+    const char* why = s == AlgoSetting::kRing   ? "ATTN_ALGO=ring"
+                      : !t.hier.regular         ? "hierarchy irregular"
+                      : s == AlgoSetting::kHier ? "ATTN_ALGO=hier"
+                      : !t.hier.worthwhile()    ? "single tier"
+                                                : "cost model";
+    ATTN_INFO(kLogColl, "%s: %s (%s; %s; model for %zu bytes: ring %.3g s, hier %.3g s)", coll,
+              a == CollAlgo::kHier ? "hier" : "ring", why, t.hier.describe().c_str(), totalBytes,
+              flatRingSeconds(t.hier, totalBytes, t.rates), hierSeconds(t.hier, totalBytes, t.rates));
+  }
+  return a;
+}
+
+std::vector<Block> blocksByRing(const Ring& ring, const std::vector<Block>& byRank) {
+  std::vector<Block> out(ring.size());
+  for (int i = 0; i < ring.size(); ++i) out[i] = byRank[ring.ranks[i]];
+  return out;
+}
+
+}  // namespace attn

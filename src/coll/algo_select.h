@@ -1,0 +1,83 @@
+// Which algorithm runs all-gather / reduce-scatter / all-reduce: the flat
+// ring in proximity order, or the hierarchical (rail) one.
+//
+// ATTN_ALGO=ring|hier|auto (default auto), read at every call so a launcher
+// or perf binary may set it before any collective. auto compares a simple
+// cost model of both (bytes over the slowest boundary each crosses, plus
+// per-step latency) using per-tier rates; the fabric model (topology/) plugs
+// in through tierRatesFor().
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/coll/coll.h"
+#include "src/coll/hierarchy.h"
+
+struct attnComm;
+
+namespace attn {
+
+enum class AlgoSetting { kAuto, kRing, kHier };
+enum class CollAlgo { kRing, kHier };
+
+// Parses ATTN_ALGO (unset or empty: auto). Unknown value: attnInvalidArgument.
+attnResult_t readAlgoSetting(AlgoSetting* out);
+
+// Rate and per-message latency of each boundary, innermost first:
+// [0] between ranks of one host, [1] between hosts (of a rack), [2] between
+// racks. Missing outer entries repeat the last one.
+struct TierRates {
+  std::vector<double> bytesPerSec;
+  std::vector<double> latencySec;
+};
+// Defaults (shared memory, 10 Gbit/s hosts, 10 Gbit/s racks) until the
+// fabric model supplies measured figures.
+TierRates defaultTierRates();
+
+// Modelled seconds to all-gather (or reduce-scatter) `totalBytes` (all
+// ranks' blocks together) with each algorithm.
+double flatRingSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates);
+double hierSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates);
+// The algorithm to run (kHier only when the hierarchy is regular and
+// worthwhile; an explicit "hier" on an irregular one runs the ring).
+CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const TierRates& rates);
+
+// Per-communicator view used by the collectives, built on first use from
+// comm->peers (rack, host keys) and comm->topoOrder.
+struct CollTopo {
+  Hierarchy hier;
+  Ring ring;           // flat ring in proximity order
+  TierRates rates;
+  unsigned logged = 0;  // (collective, algorithm) pairs already logged
+};
+const CollTopo& collTopo(attnComm* comm);
+// Rates for this communicator: the hook for the fabric model.
+TierRates tierRatesFor(const attnComm* comm);
+
+// Picks the algorithm of one call (logs each new choice once per
+// communicator at INFO, COLL). `coll` is a short name for the log.
+CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll,
+                  size_t totalBytes);
+
+// Blocks listed by rank, reordered by ring position.
+std::vector<Block> blocksByRing(const Ring& ring, const std::vector<Block>& byRank);
+
+// The public collectives' bodies (src/coll/run_algo.cc): pick the algorithm
+// (`coll` names the call in the log) and run it. byRank[r] = rank r's block.
+// all-gather: in place in `buf`, this rank's block filled on entry.
+attnResult_t runAllGather(attnComm* comm, AlgoSetting s, const char* coll, char* buf,
+                          const std::vector<Block>& byRank, size_t elemSize);
+// reduce-scatter: `out` (may alias this rank's block of `in`) gets op over
+// all ranks of this rank's block.
+attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, const char* in,
+                              char* out, const std::vector<Block>& byRank, attnDataType_t type,
+                              attnRedOp_t op);
+// all-reduce of `count` elements: reduce-scatter, then all-gather, both by
+// the same algorithm. attnAvg divides this rank's share in between.
+attnResult_t runAllReduce(attnComm* comm, AlgoSetting s, const char* in, char* out, size_t count,
+                          attnDataType_t type, attnRedOp_t op);
+
+}  // namespace attn

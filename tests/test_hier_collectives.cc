@@ -1,0 +1,270 @@
+// Hierarchical all-gather / reduce-scatter / all-reduce (src/coll/*_hier.cc)
+// and the algorithm choice (src/coll/algo_select.cc).
+//
+// - buildHierarchy as a pure function: shapes, coordinates, proximity order,
+//   irregular trees; a simulation of the rail plan proves every rank ends
+//   with every block, each carried by a rank that holds it.
+// - The cost model: hier on a slow host link, ring inside one host, ring on
+//   an irregular tree even when forced.
+// - Ranks as processes with per-rank ATTN_HOSTID / ATTN_RACKID (ranks of one
+//   "host" use shm, others tcp): every type, odd counts, exact values, over
+//   2x2, 2x3, 3+1, 2 racks x 2 hosts x 2, interleaved hosts, 1 host, N=1,
+//   with ATTN_ALGO=hier, ring and auto.
+// - An unknown ATTN_ALGO is a clear attnInvalidArgument.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/coll/algo_select.h"
+#include "src/coll/hierarchy.h"
+#include "tests/support/multirank.h"
+
+using namespace attn_test;
+using attn::buildHierarchy;
+using attn::Hierarchy;
+using attn::TierKeys;
+
+namespace {
+
+// A placement: rack and host of every rank.
+struct Shape {
+  const char* name;
+  std::vector<int> rack, host;
+  int n() const { return static_cast<int>(host.size()); }
+};
+
+std::vector<TierKeys> keysOf(const Shape& s) {
+  std::vector<TierKeys> k(s.n());
+  for (int r = 0; r < s.n(); ++r) k[r] = {uint64_t(100 + s.rack[r]), uint64_t(1000 + s.host[r])};
+  return k;
+}
+
+std::vector<int> identity(int n) {
+  std::vector<int> o(n);
+  for (int i = 0; i < n; ++i) o[i] = i;
+  return o;
+}
+
+// r -> host r / perHost, rack host / hostsPerRack.
+Shape grid(const char* name, int racks, int hostsPerRack, int perHost) {
+  Shape s{name, {}, {}};
+  for (int r = 0; r < racks * hostsPerRack * perHost; ++r) {
+    s.host.push_back(r / perHost);
+    s.rack.push_back(r / perHost / hostsPerRack);
+  }
+  return s;
+}
+
+const Shape k2x2 = grid("2x2", 1, 2, 2);
+const Shape k2x3 = grid("2x3", 1, 2, 3);
+const Shape k3plus1{"3plus1", {0, 0, 0, 0}, {0, 0, 0, 1}};
+const Shape k2r2h2 = grid("2racks_2x2", 2, 2, 2);
+const Shape kInterleaved{"interleaved_2x2", {0, 0, 0, 0}, {0, 1, 0, 1}};
+const Shape kOneHost = grid("1host", 1, 1, 3);
+const Shape kSingle = grid("N1", 1, 1, 1);
+
+// ---------------------------------------------------------------------------
+// The hierarchy as a pure function
+
+TEST(Hierarchy, TwoHostsTwoRanks) {
+  Hierarchy h = buildHierarchy(keysOf(k2x2), identity(4));
+  ASSERT_TRUE(h.regular);
+  EXPECT_EQ(h.shape, (std::vector<int>{2, 2}));
+  EXPECT_EQ(h.tierOfLevel, (std::vector<int>{0, 1}));
+  EXPECT_EQ(h.coords[3], (std::vector<int>{1, 1}));
+  EXPECT_EQ(h.coords[1], (std::vector<int>{1, 0}));
+  EXPECT_TRUE(h.worthwhile());
+  // Rail of rank 1 across hosts: ranks 1 and 3; its host: 0 and 1.
+  EXPECT_EQ(attn::sliceMembers(h, 1, 1, 0), (std::vector<int>{1, 3}));
+  EXPECT_EQ(attn::sliceMembers(h, 1, 0, 0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(attn::sliceMembers(h, 1, 0, 1), (std::vector<int>{2, 3}));
+}
+
+TEST(Hierarchy, RacksHostsRanks) {
+  Hierarchy h = buildHierarchy(keysOf(k2r2h2), identity(8));
+  ASSERT_TRUE(h.regular);
+  EXPECT_EQ(h.shape, (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(h.tierOfLevel, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(h.coords[6], (std::vector<int>{0, 1, 1}));
+  EXPECT_EQ(h.groupsPerTier, (std::vector<int>{4, 2}));
+  EXPECT_EQ(attn::sliceMembers(h, 5, 2, 0), (std::vector<int>{1, 5}));  // rail across racks
+  EXPECT_EQ(attn::slicesAbove(h, 0), 4);
+}
+
+TEST(Hierarchy, OneHostPerRackDropsTheHostLevel) {
+  Hierarchy h = buildHierarchy(keysOf(grid("2r1h2", 2, 1, 2)), identity(4));
+  ASSERT_TRUE(h.regular);
+  EXPECT_EQ(h.shape, (std::vector<int>{2, 2}));
+  EXPECT_EQ(h.tierOfLevel, (std::vector<int>{0, 2}));  // ranks, racks
+}
+
+TEST(Hierarchy, ProximityOrderDecidesPositions) {
+  // Hosts interleaved by rank; the order puts host 1 first.
+  Hierarchy h = buildHierarchy(keysOf(kInterleaved), {3, 1, 2, 0});
+  ASSERT_TRUE(h.regular);
+  EXPECT_EQ(h.coords[3], (std::vector<int>{0, 0}));
+  EXPECT_EQ(h.coords[1], (std::vector<int>{1, 0}));
+  EXPECT_EQ(h.coords[2], (std::vector<int>{0, 1}));
+  EXPECT_EQ(h.coords[0], (std::vector<int>{1, 1}));
+}
+
+TEST(Hierarchy, IrregularAndDegenerate) {
+  Hierarchy u = buildHierarchy(keysOf(k3plus1), identity(4));
+  EXPECT_FALSE(u.regular);
+  EXPECT_TRUE(u.worthwhile());
+  EXPECT_EQ(u.maxGroupSizePerTier[0], 3);
+  EXPECT_NE(u.describe().find("irregular"), std::string::npos);
+
+  Hierarchy one = buildHierarchy(keysOf(kOneHost), identity(3));
+  EXPECT_TRUE(one.regular);
+  EXPECT_EQ(one.shape, (std::vector<int>{3}));
+  EXPECT_FALSE(one.worthwhile());
+
+  Hierarchy single = buildHierarchy(keysOf(kSingle), identity(1));
+  EXPECT_TRUE(single.regular);
+  EXPECT_EQ(single.levels(), 0);
+  EXPECT_FALSE(single.worthwhile());
+
+  Hierarchy perRank = buildHierarchy(keysOf(grid("4x1", 1, 4, 1)), identity(4));
+  EXPECT_EQ(perRank.shape, (std::vector<int>{4}));
+  EXPECT_FALSE(perRank.worthwhile());
+}
+
+// Runs the all-gather plan on sets of held blocks: at each ring, member m
+// must hold the block it forwards, and at the end everyone holds all.
+void SimulateAllGather(const Hierarchy& h) {
+  const int n = h.nranks;
+  std::vector<std::set<int>> held(n);
+  for (int r = 0; r < n; ++r) held[r] = {r};
+  for (int k = h.levels() - 1; k >= 0; --k) {
+    std::vector<std::set<int>> next = held;
+    for (int me = 0; me < n; ++me)
+      for (int j = 0; j < attn::slicesAbove(h, k); ++j) {
+        std::vector<int> ring = attn::sliceMembers(h, me, k, attn::sliceOf(h, me, k));
+        std::vector<int> owners = attn::sliceMembers(h, me, k, j);
+        ASSERT_EQ(ring[h.coords[me][k]], me);
+        for (int pos = 0; pos < static_cast<int>(ring.size()); ++pos) {
+          // Position pos forwards the block of owners[pos] (it must hold
+          // it); a block must never arrive twice.
+          const int m = ring[pos], block = owners[pos];
+          ASSERT_TRUE(held[m].count(block)) << "rank " << m << " forwards block " << block
+                                            << " it does not hold (level " << k << ")";
+          if (m == me) {
+            EXPECT_TRUE(next[me].count(block));
+            continue;
+          }
+          ASSERT_FALSE(next[me].count(block)) << "block " << block << " reaches rank " << me
+                                              << " twice (level " << k << ")";
+          next[me].insert(block);
+        }
+      }
+    held = next;
+  }
+  for (int r = 0; r < n; ++r) EXPECT_EQ(held[r].size(), size_t(n)) << "rank " << r;
+}
+
+TEST(Hierarchy, RailPlanCoversEveryBlockOnce) {
+  for (const Shape& s : {k2x2, k2x3, k2r2h2, kOneHost, kSingle, grid("3r2h2", 3, 2, 2)}) {
+    SCOPED_TRACE(s.name);
+    SimulateAllGather(buildHierarchy(keysOf(s), identity(s.n())));
+  }
+  SimulateAllGather(buildHierarchy(keysOf(kInterleaved), {3, 1, 2, 0}));
+}
+
+// ---------------------------------------------------------------------------
+// The cost model
+
+TEST(AlgoSelect, ModelPrefersHierAcrossSlowHostLink) {
+  Hierarchy h = buildHierarchy(keysOf(grid("2x4", 1, 2, 4)), identity(8));
+  const size_t big = size_t(64) << 20;
+  // With shared memory ~free, the link decides. Ring: 7 blocks over the
+  // host link; hier: 4 (all that must cross).
+  attn::TierRates linkBound{{1e13, 1.25e8, 1.25e8}, {0, 0, 0}};
+  EXPECT_NEAR(attn::flatRingSeconds(h, big, linkBound) / attn::hierSeconds(h, big, linkBound),
+              7.0 / 4.0, 0.01);
+  attn::TierRates rates = attn::defaultTierRates();
+  EXPECT_EQ(attn::chooseAlgo(attn::AlgoSetting::kAuto, h, big, rates), attn::CollAlgo::kHier);
+  EXPECT_EQ(attn::chooseAlgo(attn::AlgoSetting::kRing, h, big, rates), attn::CollAlgo::kRing);
+
+  Hierarchy one = buildHierarchy(keysOf(kOneHost), identity(3));
+  EXPECT_EQ(attn::chooseAlgo(attn::AlgoSetting::kAuto, one, big, rates), attn::CollAlgo::kRing);
+  EXPECT_EQ(attn::chooseAlgo(attn::AlgoSetting::kHier, one, big, rates), attn::CollAlgo::kHier);
+
+  Hierarchy odd = buildHierarchy(keysOf(k3plus1), identity(4));
+  EXPECT_EQ(attn::chooseAlgo(attn::AlgoSetting::kHier, odd, big, rates), attn::CollAlgo::kRing);
+}
+
+// ---------------------------------------------------------------------------
+// Processes with per-rank host / rack identity
+
+void CollectiveMatrix(attnComm_t comm, int rank, int n) {
+  for (attnDataType_t t : kAllTypes) {
+    for (bool inPlace : {false, true}) {
+      for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1001)})
+        CheckAllGather(comm, rank, n, t, count, inPlace);
+      for (attnRedOp_t op : kAllOps) {
+        CheckReduceScatter(comm, rank, n, t, op, 5, inPlace);
+        CheckAllReduce(comm, rank, n, t, op, 13, inPlace);
+        CheckAllReduce(comm, rank, n, t, op, 1, inPlace);  // fewer elements than ranks
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    // Several pipeline chunks per block (ATTN_CHUNK_SIZE = 4096 below).
+    CheckAllGather(comm, rank, n, t, 3001, false);
+    CheckReduceScatter(comm, rank, n, t, attnSum, 3001, false);
+    CheckAllReduce(comm, rank, n, t, attnMax, 12007, true);
+  }
+}
+
+void RunShape(const Shape& s, const char* algo) {
+  RunOptions o;
+  o.env = {{"ATTN_ALGO", algo}, {"ATTN_CHUNK_SIZE", "4096"}};
+  o.child_setup = [&s](int rank) {
+    setenv("ATTN_HOSTID", ("h" + std::to_string(s.host[rank])).c_str(), 1);
+    setenv("ATTN_RACKID", ("r" + std::to_string(s.rack[rank])).c_str(), 1);
+  };
+  o.deadline_ms = 240000;
+  RunProcesses(s.n(), [](int rank, int n, attnComm_t& comm) { CollectiveMatrix(comm, rank, n); }, o);
+}
+
+class HierProcs : public ::testing::TestWithParam<const Shape*> {};
+
+TEST_P(HierProcs, AllCollectivesForcedHier) { RunShape(*GetParam(), "hier"); }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HierProcs,
+                         ::testing::Values(&k2x2, &k2x3, &k3plus1, &k2r2h2, &kInterleaved,
+                                           &kOneHost, &kSingle),
+                         [](const ::testing::TestParamInfo<const Shape*>& i) {
+                           return std::string(i.param->name);
+                         });
+
+TEST(HierProcsAlgo, RingAndAutoOnRacks) {
+  RunShape(k2r2h2, "ring");
+  RunShape(k2r2h2, "auto");
+}
+
+TEST(HierProcsAlgo, RingOnInterleavedHosts) { RunShape(kInterleaved, "ring"); }
+
+// ---------------------------------------------------------------------------
+// Bad setting
+
+TEST(AlgoSelect, UnknownAlgoIsInvalidArgument) {
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALGO", "tree"}});
+  RunThreads(2, [](int rank, int n, attnComm_t& comm) {
+    std::vector<float> buf(2 * n, 0.f);
+    attnResult_t r = attnAllGather(buf.data() + rank * 2, buf.data(), 2, attnFloat32, comm, nullptr);
+    EXPECT_EQ(r, attnInvalidArgument);
+    EXPECT_NE(std::string(attnGetLastError(comm)).find("ATTN_ALGO"), std::string::npos)
+        << attnGetLastError(comm);
+    r = attnAllReduce(buf.data(), buf.data(), 2, attnFloat32, attnSum, comm, nullptr);
+    EXPECT_EQ(r, attnInvalidArgument);
+    r = attnReduceScatter(buf.data(), buf.data(), 1, attnFloat32, attnSum, comm, nullptr);
+    EXPECT_EQ(r, attnInvalidArgument);
+  });
+}
+
+}  // namespace
