@@ -1,0 +1,182 @@
+// Host side of the device attention: checks the problem, picks the kernel
+// (WMMA tensor cores or SIMT), and launches it on the caller's stream.
+#include <cmath>
+
+#include "kernels/cuda/attention_simt.cuh"
+#include "kernels/cuda/attention_wmma.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+#include "src/core/error.h"
+
+namespace attn::cuda {
+namespace {
+
+__global__ void initAccKernel(float* o, float* lse, size_t rows, int d) {
+  const size_t n = rows * size_t(d);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    o[i] = 0.0f;
+    if (i < rows) lse[i] = -INFINITY;
+  }
+}
+
+attnResult_t checkProblem(const cpu::AttnProblem& p, const float* o, const float* lse) {
+  ATTN_REQUIRE(p.dtype == attnFloat32 || p.dtype == attnFloat16 || p.dtype == attnBfloat16,
+               "cuda attention: dtype %d is not fp32, fp16 or bf16", int(p.dtype));
+  ATTN_REQUIRE(p.nq >= 0 && p.nk >= 0, "cuda attention: negative row count (nq %d, nk %d)",
+               p.nq, p.nk);
+  ATTN_REQUIRE(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+               "cuda attention: %d query heads are not a multiple of %d kv heads",
+               p.num_q_heads, p.num_kv_heads);
+  ATTN_REQUIRE(p.head_dim >= 1 && p.head_dim <= cpu::kAttnMaxHeadDim,
+               "cuda attention: head_dim %d outside 1..%d", p.head_dim, cpu::kAttnMaxHeadDim);
+  ATTN_REQUIRE(std::isfinite(p.scale), "cuda attention: scale is not finite");
+  ATTN_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments != nullptr),
+               "cuda attention: %d segments but no segment array", p.num_segments);
+  ATTN_REQUIRE(p.nq == 0 || (p.q && o && lse), "cuda attention: null q, o or lse");
+  ATTN_REQUIRE(p.nk == 0 || (p.k && p.v), "cuda attention: null k or v");
+  ATTN_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
+               "cuda attention: causal needs q_pos and k_pos");
+  // Grid: heads x query tiles in one dimension.
+  const long long tiles = (long long)p.nq / 32 + 1 + p.num_segments;
+  ATTN_REQUIRE(tiles * p.num_q_heads < (1ll << 31) - 1,
+               "cuda attention: %d rows x %d heads is too large for one launch", p.nq,
+               p.num_q_heads);
+  return attnSuccess;
+}
+
+int deviceCc(attnResult_t* res) {
+  int dev = 0, major = 0, minor = 0;
+  *res = cudaResult(cudaGetDevice(&dev), "cudaGetDevice");
+  if (*res != attnSuccess) return 0;
+  *res = cudaResult(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                    "cudaDeviceGetAttribute(compute capability)");
+  if (*res != attnSuccess) return 0;
+  (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major * 10 + minor;
+}
+
+bool wmmaEligible(const cpu::AttnProblem& p, const AttnCudaExec& ex, int cc, const float* o) {
+  const int d = p.head_dim;
+  return !ex.force_generic && cc >= 80 && (p.dtype == attnFloat16 || p.dtype == attnBfloat16) &&
+         (d == 64 || d == 128 || d == 256) && aligned(p.q, 16) && aligned(p.k, 16) &&
+         aligned(p.v, 16) && aligned(o, 16);
+}
+
+template <class T, int D>
+attnResult_t launchWmma(const AttnArgs& a, cudaStream_t s) {
+  auto* kern = attnWmmaKernel<T, D>;
+  constexpr size_t bytes = WmmaSmem<D>::kBytes;
+  ATTN_CHECK(cudaResult(
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+      "cudaFuncSetAttribute(attention shared memory)"));
+  kern<<<unsigned(a.tiles) * unsigned(a.hq), kWmmaThreads, bytes, s>>>(a);
+  return checkLaunch("attention (wmma) launch");
+}
+
+template <class T>
+attnResult_t launchWmmaD(const AttnArgs& a, cudaStream_t s) {
+  switch (a.d) {
+    case 64: return launchWmma<T, 64>(a, s);
+    case 128: return launchWmma<T, 128>(a, s);
+    default: return launchWmma<T, 256>(a, s);
+  }
+}
+
+template <class T>
+attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
+  auto* kern = attnSimtKernel<T>;
+  const size_t bytes = simtSmemBytes(a.d);
+  ATTN_CHECK(cudaResult(
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+      "cudaFuncSetAttribute(attention shared memory)"));
+  kern<<<unsigned(a.tiles) * unsigned(a.hq), kSimtThreads, bytes, s>>>(a);
+  return checkLaunch("attention (simt) launch");
+}
+
+attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const float* o,
+                      AttnCudaPlan* plan) {
+  attnResult_t res = attnSuccess;
+  const int cc = deviceCc(&res);
+  ATTN_CHECK(res);
+  const bool tc = wmmaEligible(p, ex, cc, o);
+  *plan = tc ? AttnCudaPlan{true, kWmmaBQ, kWmmaBK} : AttnCudaPlan{false, kSimtBQ, kSimtBK};
+  return attnSuccess;
+}
+
+attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCudaExec& ex,
+                 bool accumulate) {
+  ATTN_CHECK(checkProblem(p, o, lse));
+  if (p.nq == 0) return attnSuccess;
+  AttnCudaPlan plan;
+  ATTN_CHECK(makePlan(p, ex, o, &plan));
+  const bool segs = p.segments != nullptr;
+  // Rows outside every segment are never visited by a CTA: clear them first.
+  if (!accumulate && segs)
+    ATTN_CHECK(initAccumulator(o, lse, p.nq, p.num_q_heads, p.head_dim, ex.stream));
+  if (segs && p.num_segments == 0) return attnSuccess;
+
+  AttnArgs a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.q_pos = p.q_pos;
+  a.k_pos = p.k_pos;
+  a.segs = p.segments;
+  a.nseg = p.num_segments;
+  a.nq = p.nq;
+  a.nk = p.nk;
+  a.hq = p.num_q_heads;
+  a.hkv = p.num_kv_heads;
+  a.d = p.head_dim;
+  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim));
+  a.scale_log2 = scale * 1.4426950408889634f;
+  a.causal = p.causal;
+  a.accumulate = accumulate;
+  a.o = o;
+  a.lse = lse;
+  a.stats = ex.stats;
+  // With segments each one starts a new tile: sum ceil(len / bq) <= nq / bq + nseg.
+  a.tiles = (p.nq + plan.block_q - 1) / plan.block_q + (segs ? p.num_segments : 0);
+
+  if (plan.tensor_cores) {
+    if (p.dtype == attnFloat16) return launchWmmaD<__half>(a, ex.stream);
+    return launchWmmaD<__nv_bfloat16>(a, ex.stream);
+  }
+  switch (p.dtype) {
+    case attnFloat16: return launchSimt<__half>(a, ex.stream);
+    case attnBfloat16: return launchSimt<__nv_bfloat16>(a, ex.stream);
+    default: return launchSimt<float>(a, ex.stream);
+  }
+}
+
+}  // namespace
+
+attnResult_t attentionPlan(const cpu::AttnProblem& p, const AttnCudaExec& ex,
+                           AttnCudaPlan* plan) {
+  ATTN_REQUIRE(plan != nullptr, "cuda attention: null plan");
+  // As if o were 16-byte aligned (cudaMalloc's is): an unaligned o falls
+  // back to the SIMT kernel at launch.
+  return makePlan(p, ex, reinterpret_cast<const float*>(256), plan);
+}
+
+attnResult_t attentionPartial(const cpu::AttnProblem& p, float* o, float* lse,
+                              const AttnCudaExec& ex) {
+  return run(p, o, lse, ex, false);
+}
+
+attnResult_t attentionAccumulate(const cpu::AttnProblem& p, float* o_acc, float* lse_acc,
+                                 const AttnCudaExec& ex) {
+  return run(p, o_acc, lse_acc, ex, true);
+}
+
+attnResult_t initAccumulator(float* o, float* lse, int64_t rows, int heads, int head_dim,
+                             cudaStream_t stream) {
+  ATTN_REQUIRE(rows >= 0 && heads > 0 && head_dim > 0, "cuda initAccumulator: bad shape");
+  const size_t nrows = size_t(rows) * size_t(heads);
+  if (nrows == 0) return attnSuccess;
+  ATTN_REQUIRE(o && lse, "cuda initAccumulator: null o or lse");
+  initAccKernel<<<gridFor(nrows * head_dim, 256), 256, 0, stream>>>(o, lse, nrows, head_dim);
+  return checkLaunch("initAccumulator launch");
+}
+
+}  // namespace attn::cuda

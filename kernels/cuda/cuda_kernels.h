@@ -1,0 +1,134 @@
+// Device kernels of attncomm, callable from host C++ code: the CUDA twins of
+// kernels/cpu (same problem structs, same conventions), so src/attn can run
+// either. Every function only enqueues work on `stream` (stream-ordered, no
+// host synchronisation); arguments are checked on the host and a bad one
+// returns attnInvalidArgument with a message (setError), a failed launch
+// attnUnhandledCudaError naming the CUDA error.
+//
+// All tensor, position, segment and index pointers are device-accessible
+// (device memory, or managed / mapped host memory). The problem structs
+// themselves (AttnProblem, AttnPartialRef arrays) are read on the host at
+// the call and need not outlive it.
+//
+// This header needs only the CUDA runtime API header (no nvcc): host code
+// compiled by the C++ compiler may include it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attncomm.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/merge.h"
+
+namespace attn::cuda {
+
+// ---- attention (attention.cu) -----------------------------------------------
+// Contract of kernels/cpu/attention.h: THD tensors (q [nq, Hq, D], k/v
+// [nk, Hkv, D]), fp32 / fp16 / bf16, GQA (query head h reads kv head
+// h / (Hq / Hkv)), causal on global positions (key j visible to query i iff
+// k_pos[j] <= q_pos[i]; positions may be in any order), segments for
+// variable-length batches, O fp32 normalised, LSE fp32 natural log, a row
+// that sees no key O = 0 and LSE = -inf. head_dim 1..256.
+//
+// Device-side differences, all because the host must not read device data:
+//  - q_pos, k_pos and segments are device pointers;
+//  - segment ranges are clamped to [0, nq) / [0, nk) on the device (a bad
+//    range computes less, it never reads out of bounds); query ranges of
+//    different segments must not overlap (rows of an overlap are computed
+//    by whichever CTA writes last).
+
+// Tile counts, added to by the kernel with atomics (device memory; zero it
+// yourself). One tile = one (query tile, q head) x one key tile.
+struct AttnCudaStats {
+  unsigned long long tiles_full;     // computed without the causal mask
+  unsigned long long tiles_masked;   // computed with the causal mask
+  unsigned long long tiles_skipped;  // every (query, key) pair masked: not loaded, not computed
+};
+
+struct AttnCudaExec {
+  cudaStream_t stream = nullptr;
+  AttnCudaStats* stats = nullptr;  // optional, device pointer
+  bool force_generic = false;      // tests: use the SIMT path even where tensor cores apply
+};
+
+// Which kernel a problem runs on and its tile shape (tests use it to predict
+// tile counts).
+struct AttnCudaPlan {
+  bool tensor_cores;  // WMMA path: fp16/bf16, head_dim 64/128/256, sm_80+, 16-byte aligned
+  int block_q;        // query rows per CTA
+  int block_k;        // keys per tile
+};
+[[nodiscard]] attnResult_t attentionPlan(const cpu::AttnProblem& p, const AttnCudaExec& ex,
+                                         AttnCudaPlan* plan);
+
+// O and LSE of softmax(scale * Q K^T + mask) V; rows outside every segment
+// get O = 0, LSE = -inf.
+[[nodiscard]] attnResult_t attentionPartial(const cpu::AttnProblem& p, float* o, float* lse,
+                                            const AttnCudaExec& ex);
+
+// Folds this call's keys into (o_acc, lse_acc) in the kernel's epilogue
+// (merge-on-receive without materialising the partial). Rows that see none
+// of these keys are left untouched. Start from initAccumulator.
+[[nodiscard]] attnResult_t attentionAccumulate(const cpu::AttnProblem& p, float* o_acc,
+                                               float* lse_acc, const AttnCudaExec& ex);
+
+// O = 0, LSE = -inf for rows x heads rows of head_dim.
+[[nodiscard]] attnResult_t initAccumulator(float* o, float* lse, int64_t rows, int heads,
+                                           int head_dim, cudaStream_t stream);
+
+// ---- merge (merge.cu) -------------------------------------------------------
+// Contract of kernels/cpu/merge.h. parts is a host array of device pointers;
+// any number of parts (more than kMergeMaxPartsPerLaunch are folded in
+// successive launches, which is the same merge).
+constexpr int kMergeMaxPartsPerLaunch = 8;
+
+[[nodiscard]] attnResult_t mergePartials(float* o_acc, float* lse_acc,
+                                         const cpu::AttnPartialRef* parts, int nparts,
+                                         size_t rows, int head_dim, cudaStream_t stream);
+[[nodiscard]] attnResult_t foldPartial(float* o_acc, float* lse_acc,
+                                       const cpu::AttnPartialRef& part, size_t rows,
+                                       int head_dim, cudaStream_t stream);
+// Partial token row i folds into accumulator token row acc_rows[i] (device
+// array), each token row being `heads` rows of head_dim. Indices outside
+// [0, acc_tokens) are skipped.
+[[nodiscard]] attnResult_t foldPartialRows(float* o_acc, float* lse_acc,
+                                           const cpu::AttnPartialRef& part,
+                                           const int32_t* acc_rows, size_t ntokens,
+                                           size_t acc_tokens, int heads, int head_dim,
+                                           cudaStream_t stream);
+
+// ---- pack / unpack (pack.cu) ------------------------------------------------
+// dst row i = src row idx[i] (gather), dst row idx[i] = src row i (scatter);
+// idx is a device array. `bound` is the number of rows of the indexed
+// tensor (src for gather, dst for scatter): indices outside [0, bound) are
+// skipped, so a bad index cannot fault the device.
+[[nodiscard]] attnResult_t gatherRows(void* dst, const void* src, const int32_t* idx, size_t n,
+                                      size_t bound, size_t row_bytes, cudaStream_t stream);
+[[nodiscard]] attnResult_t scatterRows(void* dst, const void* src, const int32_t* idx, size_t n,
+                                       size_t bound, size_t row_bytes, cudaStream_t stream);
+
+// ---- reductions and conversions (reduce.cu) ---------------------------------
+// Contract of kernels/cpu/reduce.h: all 8 types; integers wrap; floating
+// max/min propagate NaN; fp16/bf16 combine in fp32 and round to nearest
+// even; attnAvg combines as attnSum (finish with divideInPlace).
+[[nodiscard]] attnResult_t reduceInto(void* dst, const void* src, size_t count,
+                                      attnDataType_t type, attnRedOp_t op, cudaStream_t stream);
+[[nodiscard]] attnResult_t reduce2(void* dst, const void* a, const void* b, size_t count,
+                                   attnDataType_t type, attnRedOp_t op, cudaStream_t stream);
+[[nodiscard]] attnResult_t divideInPlace(void* dst, size_t count, attnDataType_t type, int n,
+                                         cudaStream_t stream);
+// fp32 <-> fp16 / bf16 / fp32 (round to nearest even), as kernels/cpu/convert.h.
+[[nodiscard]] attnResult_t convertToFloat(float* dst, const void* src, attnDataType_t type,
+                                          size_t count, cudaStream_t stream);
+[[nodiscard]] attnResult_t convertFromFloat(void* dst, attnDataType_t type, const float* src,
+                                            size_t count, cudaStream_t stream);
+
+// ---- errors -----------------------------------------------------------------
+// attnSuccess, or attnUnhandledCudaError with "cuda: <what>: <name> (<text>)"
+// recorded by setError.
+[[nodiscard]] attnResult_t cudaResult(cudaError_t err, const char* what);
+
+}  // namespace attn::cuda

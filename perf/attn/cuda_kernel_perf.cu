@@ -1,0 +1,242 @@
+// Device kernel rates, each next to its yardstick measured in the same run:
+//  - merge (fold of fp32 / bf16 partials, 4-way merge) in GB/s of memory
+//    traffic, next to cudaMemcpyAsync device-to-device GB/s (goal: >= 80%);
+//  - partial attention, causal, bf16, head_dim 128, in TFLOP/s at 8K / 16K /
+//    32K tokens (compare with perf/attn/sdpa_reference.py: torch SDPA flash
+//    on the same shapes; first goal >= 0.5 of it).
+// Times are medians of -n iterations (CUDA events). Without a device it
+// says so and exits 77 (the suite's "skipped").
+//
+//   cuda_kernel_perf [-n iters] [-w warmup] [-t tokens,...] [-q heads] [-k kv_heads]
+//                    [-m merge_MiB] [-g (use the SIMT kernel)]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "perf/timing.h"
+
+namespace {
+
+#define CK(call)                                                                     \
+  do {                                                                               \
+    cudaError_t e_ = (call);                                                         \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "cuda_kernel_perf: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+#define AK(call)                                                                     \
+  do {                                                                               \
+    if ((call) != attnSuccess) {                                                     \
+      std::fprintf(stderr, "cuda_kernel_perf: %s failed\n", #call);                  \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+struct Opts {
+  int iters = 20, warmup = 3, hq = 32, hkv = 8;
+  size_t merge_mib = 512;
+  bool generic = false;
+  std::vector<int> tokens{8192, 16384, 32768};
+};
+
+__global__ void fillKernel(uint16_t* p, size_t n, bool bf16, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    const float f = float(x & 0xffff) / 32768.0f - 1.0f;  // [-1, 1)
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    p[i] = bf16 ? uint16_t(u >> 16) : uint16_t(0x3c00 | (x & 0x3ff));
+  }
+}
+
+__global__ void fillF32(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = v + float(i % 7) * 0.25f;
+}
+
+// Median time in microseconds of `fn` enqueued on `s`.
+template <class F>
+double medianUs(const Opts& o, cudaStream_t s, F&& fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < o.warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < o.iters; ++i) {
+    CK(cudaEventRecord(a, s));
+    fn();
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e3);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return attnperf::summarize(t).medianUs;
+}
+
+void benchMerge(const Opts& o, cudaStream_t s) {
+  const int d = 128;
+  const size_t rows = o.merge_mib * (1u << 20) / (d * 4);
+  const size_t obytes = rows * d * 4;
+  float *acc, *acc_l, *src;
+  CK(cudaMalloc(&acc, obytes));
+  CK(cudaMalloc(&acc_l, rows * 4));
+  CK(cudaMalloc(&src, obytes));
+  std::vector<float*> part_o(4), part_l(4);
+  for (int j = 0; j < 4; ++j) {
+    CK(cudaMalloc(&part_o[j], obytes));
+    CK(cudaMalloc(&part_l[j], rows * 4));
+    fillF32<<<1024, 256, 0, s>>>(part_o[j], rows * d, 0.1f * j);
+    fillF32<<<1024, 256, 0, s>>>(part_l[j], rows, 1.0f + j);
+  }
+  fillF32<<<1024, 256, 0, s>>>(acc, rows * d, 0.5f);
+  fillF32<<<1024, 256, 0, s>>>(acc_l, rows, 0.0f);
+  uint16_t* part_bf16;
+  CK(cudaMalloc(&part_bf16, rows * d * 2));
+  fillKernel<<<1024, 256, 0, s>>>(part_bf16, rows * d, true, 7);
+  CK(cudaStreamSynchronize(s));
+
+  const double copy_us = medianUs(o, s, [&] { CK(cudaMemcpyAsync(src, acc, obytes, cudaMemcpyDeviceToDevice, s)); });
+  const double copy_gbs = 2.0 * obytes / copy_us / 1e3;  // read + write
+  std::printf("# merge: %zu rows x head_dim %d (fp32 accumulator %.0f MiB); traffic = bytes read + written\n",
+              rows, d, obytes / 1048576.0);
+  std::printf("%-34s %10s %10s %10s\n", "operation", "time(us)", "GB/s", "vs copy");
+  std::printf("%-34s %10.1f %10.1f %9.0f%%\n", "cudaMemcpyAsync D2D", copy_us, copy_gbs, 100.0);
+  auto row = [&](const char* name, double us, double bytes) {
+    const double gbs = bytes / us / 1e3;
+    std::printf("%-34s %10.1f %10.1f %9.0f%%\n", name, us, gbs, 100.0 * gbs / copy_gbs);
+  };
+  attn::cpu::AttnPartialRef p32{part_o[0], attnFloat32, part_l[0]};
+  row("fold 1 fp32 partial", medianUs(o, s, [&] { AK(attn::cuda::foldPartial(acc, acc_l, p32, rows, d, s)); }),
+      3.0 * obytes + 3.0 * rows * 4);
+  attn::cpu::AttnPartialRef p16{part_bf16, attnBfloat16, part_l[1]};
+  row("fold 1 bf16 partial", medianUs(o, s, [&] { AK(attn::cuda::foldPartial(acc, acc_l, p16, rows, d, s)); }),
+      2.5 * obytes + 3.0 * rows * 4);
+  std::vector<attn::cpu::AttnPartialRef> parts;
+  for (int j = 0; j < 4; ++j) parts.push_back({part_o[j], attnFloat32, part_l[j]});
+  row("merge 4 fp32 partials", medianUs(o, s, [&] {
+        AK(attn::cuda::mergePartials(acc, acc_l, parts.data(), 4, rows, d, s));
+      }),
+      6.0 * obytes + 6.0 * rows * 4);
+  CK(cudaStreamSynchronize(s));
+  for (int j = 0; j < 4; ++j) cudaFree(part_o[j]), cudaFree(part_l[j]);
+  cudaFree(acc), cudaFree(acc_l), cudaFree(src), cudaFree(part_bf16);
+}
+
+void benchAttention(const Opts& o, cudaStream_t s) {
+  const int d = 128;
+  std::printf("\n# partial attention: causal, bf16, head_dim %d, Hq %d, Hkv %d, one sequence%s\n", d,
+              o.hq, o.hkv, o.generic ? " (SIMT kernel)" : "");
+  std::printf("# TFLOP/s counts 4 * T^2 * Hq * D / 2 (causal half), as flash-attention benchmarks\n");
+  std::printf("%8s %12s %10s %8s %14s\n", "tokens", "time(us)", "TFLOP/s", "kernel", "tiles skipped");
+  for (int t : o.tokens) {
+    const size_t qn = size_t(t) * o.hq * d, kn = size_t(t) * o.hkv * d;
+    uint16_t *q, *k, *v;
+    float *out, *lse;
+    int32_t* pos;
+    attn::cuda::AttnCudaStats* stats;
+    CK(cudaMalloc(&q, qn * 2));
+    CK(cudaMalloc(&k, kn * 2));
+    CK(cudaMalloc(&v, kn * 2));
+    CK(cudaMalloc(&out, qn * 4));
+    CK(cudaMalloc(&lse, size_t(t) * o.hq * 4));
+    CK(cudaMalloc(&pos, size_t(t) * 4));
+    CK(cudaMalloc(&stats, sizeof(*stats)));
+    fillKernel<<<1024, 256, 0, s>>>(q, qn, true, 1);
+    fillKernel<<<1024, 256, 0, s>>>(k, kn, true, 2);
+    fillKernel<<<1024, 256, 0, s>>>(v, kn, true, 3);
+    std::vector<int32_t> hp(t);
+    for (int i = 0; i < t; ++i) hp[i] = i;
+    CK(cudaMemcpy(pos, hp.data(), size_t(t) * 4, cudaMemcpyHostToDevice));
+    attn::cpu::AttnProblem p;
+    p.q = q, p.k = k, p.v = v;
+    p.dtype = attnBfloat16;
+    p.nq = p.nk = t;
+    p.num_q_heads = o.hq, p.num_kv_heads = o.hkv, p.head_dim = d;
+    p.causal = true;
+    p.q_pos = p.k_pos = pos;
+    attn::cuda::AttnCudaExec ex;
+    ex.stream = s;
+    ex.force_generic = o.generic;
+    attn::cuda::AttnCudaPlan plan;
+    AK(attn::cuda::attentionPlan(p, ex, &plan));
+    const double us = medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, ex)); });
+    CK(cudaMemset(stats, 0, sizeof(*stats)));
+    ex.stats = stats;
+    AK(attn::cuda::attentionPartial(p, out, lse, ex));
+    attn::cuda::AttnCudaStats st;
+    CK(cudaMemcpy(&st, stats, sizeof(st), cudaMemcpyDeviceToHost));
+    const double flops = 4.0 * double(t) * double(t) * o.hq * d / 2.0;
+    const double total = double(st.tiles_full + st.tiles_masked + st.tiles_skipped);
+    std::printf("%8d %12.1f %10.2f %8s %13.1f%%\n", t, us, flops / us / 1e6,
+                plan.tensor_cores ? "wmma" : "simt", total > 0 ? 100.0 * st.tiles_skipped / total : 0.0);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(pos), cudaFree(stats);
+  }
+}
+
+std::vector<int> parseList(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    char* end;
+    v.push_back(int(std::strtol(p, &end, 10)));
+    if (end == p) break;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Opts o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char* val = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (a == "-g") { o.generic = true; continue; }
+    if (a == "-h" || !val) {
+      std::printf("usage: %s [-n iters] [-w warmup] [-t tokens,...] [-q heads] [-k kv_heads] "
+                  "[-m merge_MiB] [-g]\n", argv[0]);
+      return a == "-h" ? 0 : 2;
+    }
+    ++i;
+    if (a == "-n") o.iters = std::max(1, std::atoi(val));
+    else if (a == "-w") o.warmup = std::max(0, std::atoi(val));
+    else if (a == "-t") o.tokens = parseList(val);
+    else if (a == "-q") o.hq = std::atoi(val);
+    else if (a == "-k") o.hkv = std::atoi(val);
+    else if (a == "-m") o.merge_mib = size_t(std::max(1, std::atoi(val)));
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    std::printf("cuda_kernel_perf: no CUDA device (%s); nothing to measure\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# device: %s (sm_%d%d), %d SMs\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  benchMerge(o, s);
+  benchAttention(o, s);
+  CK(cudaStreamDestroy(s));
+  return 0;
+}

@@ -1,0 +1,602 @@
+// Device kernels (kernels/cuda) against the CPU double-precision reference
+// and the CPU kernels. Built only when CUDA was found; every test that needs
+// a device skips with the reason when none is usable. Argument checking runs
+// everywhere (it happens on the host before any CUDA call).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/merge.h"
+#include "kernels/cpu/pack.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cpu/reference_attention.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "src/core/datatype.h"
+
+namespace attn::cuda {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Empty when a device is usable, else why not.
+const std::string& noGpuReason() {
+  static const std::string reason = [] {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+      return std::string("no usable CUDA device: cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    if (n == 0) return std::string("no CUDA device present");
+    return std::string();
+  }();
+  return reason;
+}
+#define REQUIRE_GPU()                                                    \
+  do {                                                                   \
+    if (!noGpuReason().empty()) GTEST_SKIP() << noGpuReason();           \
+  } while (0)
+
+// A device buffer; bytes + 256 so tests can offset pointers (misalignment).
+struct Dev {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t bytes) : n(bytes) { EXPECT_EQ(cudaMalloc(&p, bytes + 256), cudaSuccess); }
+  template <class T>
+  explicit Dev(const std::vector<T>& h) : Dev(h.size() * sizeof(T)) { up(h.data(), n); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void up(const void* h, size_t bytes, size_t off = 0) {
+    EXPECT_EQ(cudaMemcpy(static_cast<char*>(p) + off, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  template <class T>
+  std::vector<T> down(size_t count, size_t off = 0) const {
+    std::vector<T> h(count);
+    EXPECT_EQ(cudaMemcpy(h.data(), static_cast<const char*>(p) + off, count * sizeof(T),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return h;
+  }
+  template <class T> T* as(size_t off = 0) const {
+    return reinterpret_cast<T*>(static_cast<char*>(p) + off);
+  }
+};
+
+void sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
+// Random values rounded to `t`, as raw bytes.
+std::vector<char> randomBytes(attnDataType_t t, size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> f(n);
+  for (auto& x : f) x = u(rng);
+  std::vector<char> b(n * dataTypeSize(t) + 1);
+  EXPECT_EQ(cpu::convertFromFloat(b.data(), t, f.data(), n), attnSuccess);
+  return b;
+}
+
+const char* dtName(attnDataType_t t) { return dataTypeName(t); }
+
+// ---- attention ------------------------------------------------------------------
+
+struct Case {
+  int nq = 0, nk = 0, hq = 1, hkv = 1, d = 64;
+  attnDataType_t dtype = attnBfloat16;
+  bool causal = false;
+  bool force_generic = false;
+  std::vector<cpu::AttnSegment> segs;  // empty: one segment
+  std::vector<int32_t> qpos, kpos;
+  std::string name() const {
+    return std::string(dtName(dtype)) + " nq " + std::to_string(nq) + " nk " + std::to_string(nk) +
+           " hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " d " + std::to_string(d) +
+           (causal ? " causal" : "") + (force_generic ? " simt" : "") +
+           (segs.empty() ? "" : " segs " + std::to_string(segs.size()));
+  }
+};
+
+Case selfAttn(int t, int hq, int hkv, int d, bool causal, attnDataType_t dt) {
+  Case c;
+  c.nq = c.nk = t;
+  c.hq = hq;
+  c.hkv = hkv;
+  c.d = d;
+  c.causal = causal;
+  c.dtype = dt;
+  for (int i = 0; i < t; ++i) c.qpos.push_back(i), c.kpos.push_back(i);
+  return c;
+}
+
+// Tolerances: fp32 and the SIMT path compute in fp32 from exact inputs; the
+// tensor-core path rounds the softmax weights to the input type (as flash
+// attention does), DESIGN.md §4's bf16/fp16 bound.
+double tolerance(const Case& c, bool tensor_cores) {
+  if (!tensor_cores) return 2e-5;
+  return c.dtype == attnBfloat16 ? 1e-2 : 5e-3;
+}
+
+struct HostProblem {
+  std::vector<char> q, k, v;
+  cpu::AttnProblem p;  // host pointers: for the reference
+  HostProblem(const Case& c, uint32_t seed) {
+    std::mt19937 rng(seed);
+    q = randomBytes(c.dtype, size_t(c.nq) * c.hq * c.d, rng);
+    k = randomBytes(c.dtype, size_t(c.nk) * c.hkv * c.d, rng);
+    v = randomBytes(c.dtype, size_t(c.nk) * c.hkv * c.d, rng);
+    p.q = q.data();
+    p.k = k.data();
+    p.v = v.data();
+    p.dtype = c.dtype;
+    p.nq = c.nq;
+    p.nk = c.nk;
+    p.num_q_heads = c.hq;
+    p.num_kv_heads = c.hkv;
+    p.head_dim = c.d;
+    p.scale = 4.0f / std::sqrt(float(c.d));  // peaked softmax: errors stay visible
+    p.causal = c.causal;
+    p.q_pos = c.qpos.empty() ? nullptr : c.qpos.data();
+    p.k_pos = c.kpos.empty() ? nullptr : c.kpos.data();
+    p.segments = c.segs.empty() ? nullptr : c.segs.data();
+    p.num_segments = int32_t(c.segs.size());
+  }
+};
+
+// The same problem in device memory.
+struct DevProblem {
+  Dev q, k, v, qpos, kpos, segs;
+  cpu::AttnProblem p;
+  DevProblem(const HostProblem& h, const Case& c)
+      : q(h.q), k(h.k), v(h.v), qpos(std::max<size_t>(c.qpos.size(), 1) * 4),
+        kpos(std::max<size_t>(c.kpos.size(), 1) * 4), segs(std::max<size_t>(c.segs.size(), 1) * 16) {
+    if (!c.qpos.empty()) qpos.up(c.qpos.data(), c.qpos.size() * 4);
+    if (!c.kpos.empty()) kpos.up(c.kpos.data(), c.kpos.size() * 4);
+    if (!c.segs.empty()) segs.up(c.segs.data(), c.segs.size() * sizeof(cpu::AttnSegment));
+    p = h.p;
+    p.q = q.p;
+    p.k = k.p;
+    p.v = v.p;
+    p.q_pos = c.qpos.empty() ? nullptr : qpos.as<int32_t>();
+    p.k_pos = c.kpos.empty() ? nullptr : kpos.as<int32_t>();
+    p.segments = c.segs.empty() ? nullptr : segs.as<cpu::AttnSegment>();
+  }
+};
+
+// Tile counts the kernel must report, from the same rule on the host.
+AttnCudaStats expectedTiles(const Case& c, const AttnCudaPlan& plan) {
+  AttnCudaStats s{};
+  std::vector<cpu::AttnSegment> segs = c.segs;
+  if (segs.empty()) segs.push_back({0, c.nq, 0, c.nk});
+  for (const auto& g : segs) {
+    for (int q0 = g.q_begin; q0 < g.q_end; q0 += plan.block_q) {
+      const int q1 = std::min(g.q_end, q0 + plan.block_q);
+      int qlo = INT32_MAX, qhi = INT32_MIN;
+      if (c.causal)
+        for (int i = q0; i < q1; ++i) qlo = std::min(qlo, c.qpos[i]), qhi = std::max(qhi, c.qpos[i]);
+      for (int k0 = g.k_begin; k0 < g.k_end; k0 += plan.block_k) {
+        const int k1 = std::min(g.k_end, k0 + plan.block_k);
+        int klo = INT32_MAX, khi = INT32_MIN;
+        if (c.causal)
+          for (int j = k0; j < k1; ++j) klo = std::min(klo, c.kpos[j]), khi = std::max(khi, c.kpos[j]);
+        unsigned long long& slot =
+            !c.causal || khi <= qlo ? s.tiles_full : (klo > qhi ? s.tiles_skipped : s.tiles_masked);
+        slot += unsigned(c.hq);
+      }
+    }
+  }
+  return s;
+}
+
+// Runs a case on the device, checks it against the double reference and
+// the tile counts against the host's prediction.
+void checkCase(const Case& c, uint32_t seed = 1) {
+  SCOPED_TRACE(c.name());
+  HostProblem h(c, seed);
+  DevProblem dp(h, c);
+  const size_t rows = size_t(c.nq) * c.hq;
+  Dev o(rows * c.d * 4 + 4), lse(rows * 4 + 4), stats(sizeof(AttnCudaStats));
+  // NaN everywhere first: every row must be written.
+  ASSERT_EQ(cudaMemset(o.p, 0xff, o.n), cudaSuccess);
+  ASSERT_EQ(cudaMemset(lse.p, 0xff, lse.n), cudaSuccess);
+  ASSERT_EQ(cudaMemset(stats.p, 0, stats.n), cudaSuccess);
+  AttnCudaExec ex;
+  ex.stats = stats.as<AttnCudaStats>();
+  ex.force_generic = c.force_generic;
+  AttnCudaPlan plan;
+  ASSERT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
+  ASSERT_EQ(attentionPartial(dp.p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
+  sync();
+  const auto go = o.down<float>(rows * c.d);
+  const auto gl = lse.down<float>(rows);
+  std::vector<double> ro(rows * c.d), rl(rows);
+  ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
+  const cpu::AttnErrors e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
+  const double tol = tolerance(c, plan.tensor_cores);
+  EXPECT_EQ(e.nan_values, 0);
+  EXPECT_EQ(e.empty_mismatch, 0);
+  EXPECT_LE(e.max_o_rel, tol) << (plan.tensor_cores ? "wmma" : "simt");
+  EXPECT_LE(e.max_lse_abs, tol);  // an LSE error d is a relative error d of the denominator
+  if (c.nq > 0 && c.nk > 0) {
+    const auto got = stats.down<AttnCudaStats>(1)[0];
+    const AttnCudaStats want = expectedTiles(c, plan);
+    EXPECT_EQ(got.tiles_full, want.tiles_full);
+    EXPECT_EQ(got.tiles_masked, want.tiles_masked);
+    EXPECT_EQ(got.tiles_skipped, want.tiles_skipped);
+  }
+}
+
+TEST(CudaAttention, ShapesDtypesGqaCausal) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32})
+    for (int d : {64, 128, 256})
+      for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{8, 1}})
+        for (bool causal : {false, true}) checkCase(selfAttn(131, hq, hkv, d, causal, dt));
+}
+
+TEST(CudaAttention, SimtPathAndOddHeadDims) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16}) {
+    Case c = selfAttn(97, 4, 2, 128, true, dt);
+    c.force_generic = true;
+    checkCase(c);
+  }
+  for (int d : {1, 40, 96, 200, 256})
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16}) checkCase(selfAttn(70, 2, 1, d, true, dt));
+}
+
+TEST(CudaAttention, QueriesAgainstLongerCache) {
+  REQUIRE_GPU();
+  // Partial prefill: 100 new tokens at positions 400.. over 500 keys.
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    Case c;
+    c.nq = 100, c.nk = 500, c.hq = 8, c.hkv = 2, c.d = 128, c.causal = true, c.dtype = dt;
+    for (int i = 0; i < c.nq; ++i) c.qpos.push_back(400 + i);
+    for (int j = 0; j < c.nk; ++j) c.kpos.push_back(j);
+    checkCase(c);
+  }
+}
+
+// Unsorted positions: tiles are skipped by their actual min / max, and a
+// query whose position precedes every key sees nothing (O = 0, LSE = -inf).
+TEST(CudaAttention, UnsortedPositionsAndFullyMaskedRows) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32}) {
+    Case c;
+    c.nq = 200, c.nk = 300, c.hq = 4, c.hkv = 1, c.d = 64, c.causal = true, c.dtype = dt;
+    // Keys: blocks of 64 with disjoint position ranges in shuffled block order.
+    std::vector<int> blocks(5);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    for (int j = 0; j < c.nk; ++j) c.kpos.push_back(100 + blocks[j / 64] * 1000 + (j * 37) % 64);
+    // Queries: shuffled positions, some before every key (fully masked rows).
+    for (int i = 0; i < c.nq; ++i) c.qpos.push_back(i % 7 == 0 ? i % 50 : int(rng() % 5200));
+    std::shuffle(c.qpos.begin() + 64, c.qpos.end(), rng);
+    checkCase(c);
+    c.force_generic = true;
+    checkCase(c);
+  }
+}
+
+// Packed variable-length batch: empty query and key ranges, rows outside
+// every segment, load-balanced shards (two chunks per sequence).
+TEST(CudaAttention, VariableLengthSegments) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    Case c;
+    c.hq = 8, c.hkv = 2, c.d = 128, c.causal = true, c.dtype = dt;
+    // (q rows, k rows, first q position, first k position)
+    const int shape[][4] = {{70, 150, 80, 0}, {0, 40, 0, 0}, {33, 0, 5, 0},
+                            {1, 1, 0, 0},     {129, 129, 0, 0}, {5, 300, 2, 10}};
+    for (const auto& s : shape) {
+      cpu::AttnSegment g{c.nq, c.nq + s[0], c.nk, c.nk + s[1]};
+      for (int i = 0; i < s[0]; ++i) c.qpos.push_back(s[2] + i);
+      for (int j = 0; j < s[1]; ++j) c.kpos.push_back(s[3] + j);
+      c.nq += s[0];
+      c.nk += s[1];
+      c.segs.push_back(g);
+      // 3 rows that belong to no segment between sequences.
+      for (int i = 0; i < 3; ++i) c.qpos.push_back(0);
+      c.nq += 3;
+    }
+    checkCase(c);
+    c.causal = false;
+    checkCase(c);
+  }
+}
+
+TEST(CudaAttention, AccumulateMatchesOneCall) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    Case c = selfAttn(150, 8, 2, 128, true, dt);
+    std::shuffle(c.kpos.begin(), c.kpos.end(), std::mt19937(3));  // blocks out of order
+    HostProblem h(c, 5);
+    DevProblem dp(h, c);
+    const size_t rows = size_t(c.nq) * c.hq;
+    Dev o(rows * c.d * 4), lse(rows * 4);
+    ASSERT_EQ(initAccumulator(o.as<float>(), lse.as<float>(), c.nq, c.hq, c.d, nullptr), attnSuccess);
+    // Three key blocks: [0,64) [64,64) (empty) [64,150).
+    const int cuts[] = {0, 64, 64, 150};
+    const size_t esz = dataTypeSize(dt), krow = size_t(c.hkv) * c.d * esz;
+    for (int b = 0; b < 3; ++b) {
+      cpu::AttnProblem p = dp.p;
+      p.nk = cuts[b + 1] - cuts[b];
+      p.k = static_cast<const char*>(dp.p.k) + cuts[b] * krow;
+      p.v = static_cast<const char*>(dp.p.v) + cuts[b] * krow;
+      p.k_pos = dp.p.k_pos + cuts[b];
+      AttnCudaExec ex;
+      ASSERT_EQ(attentionAccumulate(p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
+    }
+    sync();
+    std::vector<double> ro(rows * c.d), rl(rows);
+    ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
+    const auto go = o.down<float>(rows * c.d);
+    const auto gl = lse.down<float>(rows);
+    const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
+    EXPECT_EQ(e.nan_values, 0) << c.name();
+    EXPECT_EQ(e.empty_mismatch, 0) << c.name();
+    EXPECT_LE(e.max_o_rel, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
+    EXPECT_LE(e.max_lse_abs, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
+  }
+}
+
+// ---- merge --------------------------------------------------------------------
+
+// Random partials (some rows -inf with NaN garbage in O), merged on the
+// device and by kernels/cpu/merge.h.
+TEST(CudaMerge, MatchesCpuMerge) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (int nparts : {0, 1, 3, 11})
+    for (int d : {128, 37})
+      for (bool misalign : {false, true}) {
+        SCOPED_TRACE("parts " + std::to_string(nparts) + " d " + std::to_string(d) +
+                     (misalign ? " misaligned" : ""));
+        const size_t rows = 777;
+        std::uniform_real_distribution<float> u(-3, 3);
+        auto makeRows = [&](std::vector<float>& o, std::vector<float>& l) {
+          o.resize(rows * d);
+          l.resize(rows);
+          for (auto& x : o) x = u(rng);
+          for (size_t r = 0; r < rows; ++r) {
+            l[r] = r % 5 == 0 ? kNegInf : u(rng) * 4;
+            if (l[r] == kNegInf)
+              for (int i = 0; i < d; ++i) o[r * d + i] = std::numeric_limits<float>::quiet_NaN();
+          }
+        };
+        std::vector<float> acc_o, acc_l;
+        makeRows(acc_o, acc_l);
+        for (size_t r = 0; r < rows; r += 3) acc_l[r] = kNegInf, acc_o[r * d] = 1e30f;
+        std::vector<std::vector<char>> host_o(nparts);
+        std::vector<std::vector<float>> host_l(nparts);
+        std::vector<cpu::AttnPartialRef> cparts(nparts), gparts(nparts);
+        std::vector<std::unique_ptr<Dev>> dev;
+        const size_t off = misalign ? 4 : 0;
+        for (int j = 0; j < nparts; ++j) {
+          std::vector<float> of;
+          makeRows(of, host_l[j]);
+          const attnDataType_t t = j % 3 == 0 ? attnFloat32 : (j % 3 == 1 ? attnBfloat16 : attnFloat16);
+          host_o[j].resize(rows * d * dataTypeSize(t));
+          ASSERT_EQ(cpu::convertFromFloat(host_o[j].data(), t, of.data(), rows * d), attnSuccess);
+          cparts[j] = {host_o[j].data(), t, host_l[j].data()};
+          dev.push_back(std::make_unique<Dev>(host_o[j].size()));
+          dev.back()->up(host_o[j].data(), host_o[j].size(), off);
+          dev.push_back(std::make_unique<Dev>(host_l[j]));
+          gparts[j] = {dev[dev.size() - 2]->as<char>(off), t, dev.back()->as<float>()};
+        }
+        Dev go(rows * d * 4), gl(acc_l);
+        go.up(acc_o.data(), rows * d * 4, off);
+        ASSERT_EQ(mergePartials(go.as<float>(off), gl.as<float>(), gparts.data(), nparts, rows, d, nullptr),
+                  attnSuccess);
+        ASSERT_EQ(cpu::mergePartials(acc_o.data(), acc_l.data(), cparts.data(), nparts, rows, d), attnSuccess);
+        sync();
+        const auto o = go.down<float>(rows * d, off);
+        const auto l = gl.down<float>(rows);
+        size_t bad = 0;
+        for (size_t r = 0; r < rows; ++r) {
+          if (std::isnan(l[r]) || (l[r] != acc_l[r] && std::fabs(l[r] - acc_l[r]) > 1e-5f)) ++bad;
+          for (int i = 0; i < d; ++i) {
+            const float a = o[r * d + i], b = acc_o[r * d + i];
+            if (std::isnan(a) || std::fabs(a - b) > 1e-5f * (1 + std::fabs(b))) ++bad;
+          }
+        }
+        EXPECT_EQ(bad, 0u);
+      }
+}
+
+TEST(CudaMerge, FoldRowsByIndex) {
+  REQUIRE_GPU();
+  const int heads = 4, d = 64;
+  const size_t acc_tokens = 50, ntok = 20;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> ao(acc_tokens * heads * d), al(acc_tokens * heads), po(ntok * heads * d),
+      pl(ntok * heads);
+  for (auto& x : ao) x = u(rng);
+  for (auto& x : al) x = u(rng);
+  for (auto& x : po) x = u(rng);
+  for (auto& x : pl) x = u(rng);
+  std::vector<int32_t> idx(ntok);
+  for (size_t t = 0; t < ntok; ++t) idx[t] = int32_t((t * 7) % acc_tokens);
+  Dev gao(ao), gal(al), gpo(po), gpl(pl), gidx(idx);
+  // One more token with an index out of range: skipped on the device.
+  std::vector<int32_t> idx_bad = idx;
+  idx_bad.back() = 1000;
+  Dev gidx_bad(idx_bad);
+  cpu::AttnPartialRef part{gpo.p, attnFloat32, gpl.as<float>()};
+  ASSERT_EQ(foldPartialRows(gao.as<float>(), gal.as<float>(), part, gidx_bad.as<int32_t>(), ntok,
+                            acc_tokens, heads, d, nullptr),
+            attnSuccess);
+  cpu::AttnPartialRef cpart{po.data(), attnFloat32, pl.data()};
+  ASSERT_EQ(cpu::foldPartialRows(ao.data(), al.data(), cpart, idx.data(), ntok - 1, heads, d), attnSuccess);
+  sync();
+  const auto o = gao.down<float>(ao.size());
+  const auto l = gal.down<float>(al.size());
+  for (size_t i = 0; i < ao.size(); ++i) ASSERT_NEAR(o[i], ao[i], 1e-5f) << i;
+  for (size_t i = 0; i < al.size(); ++i) ASSERT_NEAR(l[i], al[i], 1e-5f) << i;
+}
+
+// ---- pack -----------------------------------------------------------------------
+
+TEST(CudaPack, GatherScatterMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(4);
+  for (size_t row_bytes : {size_t(6), size_t(12), size_t(256), size_t(4096)}) {
+    SCOPED_TRACE("row_bytes " + std::to_string(row_bytes));
+    const size_t nsrc = 300, n = 123;
+    std::vector<unsigned char> src(nsrc * row_bytes);
+    for (auto& b : src) b = (unsigned char)rng();
+    std::vector<int32_t> idx(n);
+    for (auto& i : idx) i = int32_t(rng() % nsrc);
+    std::vector<unsigned char> want(n * row_bytes);
+    cpu::gatherRows(want.data(), src.data(), idx.data(), n, row_bytes);
+    Dev gs(src), gi(idx), gd(n * row_bytes);
+    ASSERT_EQ(gatherRows(gd.p, gs.p, gi.as<int32_t>(), n, nsrc, row_bytes, nullptr), attnSuccess);
+    sync();
+    EXPECT_EQ(gd.down<unsigned char>(want.size()), want);
+
+    // Scatter distinct indices back; an out-of-range index is skipped.
+    std::vector<int32_t> perm(nsrc);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    perm.resize(n);
+    std::vector<unsigned char> dst(nsrc * row_bytes, 0xab);
+    cpu::scatterRows(dst.data(), want.data(), perm.data(), n, row_bytes);
+    std::vector<int32_t> perm_bad = perm;
+    perm_bad.push_back(-1);
+    Dev gp(perm_bad), gdst(std::vector<unsigned char>(nsrc * row_bytes, 0xab)), gsrc(want.size() + row_bytes);
+    gsrc.up(want.data(), want.size());
+    ASSERT_EQ(scatterRows(gdst.p, gsrc.p, gp.as<int32_t>(), n + 1, nsrc, row_bytes, nullptr), attnSuccess);
+    sync();
+    EXPECT_EQ(gdst.down<unsigned char>(dst.size()), dst);
+  }
+}
+
+// ---- reductions --------------------------------------------------------------------
+
+std::vector<char> randomOfType(attnDataType_t t, size_t n, std::mt19937& rng) {
+  std::vector<char> b(n * dataTypeSize(t));
+  if (t == attnFloat16 || t == attnBfloat16 || t == attnFloat32) return randomBytes(t, n, rng, -4, 4);
+  if (t == attnFloat64) {
+    std::uniform_real_distribution<double> u(-4, 4);
+    for (size_t i = 0; i < n; ++i) {
+      const double x = u(rng);
+      std::memcpy(b.data() + i * 8, &x, 8);
+    }
+    return b;
+  }
+  for (auto& c : b) c = char(rng());  // integers: any bits, wrapping included
+  return b;
+}
+
+// Equal bits, or both NaN (payloads may differ between CPU and GPU rounding).
+bool sameValue(attnDataType_t t, const char* a, const char* b) {
+  const size_t s = dataTypeSize(t);
+  if (std::memcmp(a, b, s) == 0) return true;
+  auto isNan = [&](const char* p) {
+    uint16_t h;
+    float f;
+    double d;
+    switch (t) {
+      case attnFloat16: std::memcpy(&h, p, 2); return (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+      case attnBfloat16: std::memcpy(&h, p, 2); return (h & 0x7f80) == 0x7f80 && (h & 0x7f);
+      case attnFloat32: std::memcpy(&f, p, 4); return std::isnan(f);
+      case attnFloat64: std::memcpy(&d, p, 8); return std::isnan(d);
+      default: return false;
+    }
+  };
+  return isNan(a) && isNan(b);
+}
+
+TEST(CudaReduce, AllTypesAndOpsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(9);
+  for (int ti = 0; ti < attnNumTypes; ++ti)
+    for (int oi = 0; oi < attnNumOps; ++oi)
+      for (size_t off_elems : {size_t(0), size_t(1)}) {  // 1: the unaligned (scalar) path
+        const auto t = attnDataType_t(ti);
+        const auto op = attnRedOp_t(oi);
+        SCOPED_TRACE(std::string(dataTypeName(t)) + " " + redOpName(op) + " offset " +
+                     std::to_string(off_elems));
+        const size_t n = 4099, es = dataTypeSize(t), off = off_elems * es;
+        auto a = randomOfType(t, n, rng), b = randomOfType(t, n, rng);
+        if (t == attnFloat32) {  // NaN must win max / min on either side
+          const float nan = std::numeric_limits<float>::quiet_NaN();
+          std::memcpy(a.data() + 4 * 10, &nan, 4);
+          std::memcpy(b.data() + 4 * 20, &nan, 4);
+        }
+        Dev ga(n * es), gb(n * es);
+        ga.up(a.data(), n * es, off);
+        gb.up(b.data(), n * es, off);
+        ASSERT_EQ(reduceInto(ga.as<char>(off), gb.as<char>(off), n, t, op, nullptr), attnSuccess);
+        if (op == attnAvg) ASSERT_EQ(divideInPlace(ga.as<char>(off), n, t, 3, nullptr), attnSuccess);
+        sync();
+        cpu::reduceInto(a.data(), b.data(), n, t, op);
+        if (op == attnAvg) cpu::divideInPlace(a.data(), n, t, 3);
+        const auto got = ga.down<char>(n * es, off);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; ++i) bad += !sameValue(t, got.data() + i * es, a.data() + i * es);
+        EXPECT_EQ(bad, 0u);
+      }
+}
+
+TEST(CudaReduce, ConvertRoundTrip) {
+  REQUIRE_GPU();
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-70000, 70000);
+  const size_t n = 1001;
+  std::vector<float> f(n);
+  for (auto& x : f) x = u(rng);
+  for (attnDataType_t t : {attnFloat16, attnBfloat16, attnFloat32}) {
+    std::vector<char> want(n * dataTypeSize(t));
+    ASSERT_EQ(cpu::convertFromFloat(want.data(), t, f.data(), n), attnSuccess);
+    Dev gf(f), gn(want.size()), gback(n * 4);
+    ASSERT_EQ(convertFromFloat(gn.p, t, gf.as<float>(), n, nullptr), attnSuccess);
+    ASSERT_EQ(convertToFloat(gback.as<float>(), gn.p, t, n, nullptr), attnSuccess);
+    sync();
+    EXPECT_EQ(gn.down<char>(want.size()), want) << dataTypeName(t);
+    std::vector<float> back(n);
+    ASSERT_EQ(cpu::convertToFloat(back.data(), want.data(), t, n), attnSuccess);
+    EXPECT_EQ(gback.down<float>(n), back) << dataTypeName(t);
+  }
+}
+
+// ---- argument checking (host only: runs without a device) ----------------------------
+
+TEST(CudaKernelsArgs, BadInputIsRefusedBeforeAnyLaunch) {
+  cpu::AttnProblem p;
+  p.nq = p.nk = 4;
+  p.num_q_heads = 6;
+  p.num_kv_heads = 4;  // not a divisor
+  p.head_dim = 64;
+  float dummy[4];
+  p.q = p.k = p.v = dummy;
+  EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument);
+  p.num_kv_heads = 2;
+  p.head_dim = 300;
+  EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument);
+  p.head_dim = 64;
+  p.dtype = attnInt32;
+  EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument);
+  p.dtype = attnBfloat16;
+  p.causal = true;  // no positions
+  EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument);
+  cpu::AttnPartialRef bad{dummy, attnInt8, dummy};
+  EXPECT_EQ(mergePartials(dummy, dummy, &bad, 1, 1, 4, nullptr), attnInvalidArgument);
+  EXPECT_EQ(reduce2(dummy, dummy, dummy, 4, attnDataType_t(42), attnSum, nullptr), attnInvalidArgument);
+  EXPECT_EQ(reduce2(dummy, dummy, dummy, 4, attnFloat32, attnRedOp_t(9), nullptr), attnInvalidArgument);
+  EXPECT_EQ(divideInPlace(dummy, 4, attnFloat32, 0, nullptr), attnInvalidArgument);
+  EXPECT_EQ(gatherRows(nullptr, dummy, nullptr, 3, 3, 4, nullptr), attnInvalidArgument);
+  EXPECT_EQ(convertFromFloat(dummy, attnInt8, dummy, 4, nullptr), attnInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attn::cuda
