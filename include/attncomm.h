@@ -17,6 +17,15 @@
  * attnInProgress and completes in the background (non-blocking
  * communicators; poll attnCommGetAsyncError).
  *
+ * Device communicators (config.device = a CUDA ordinal; builds with CUDA)
+ * take device (or host) pointers and a cudaStream_t cast to attnStream_t:
+ * each call is enqueued on that stream and returns at once; the stream waits
+ * until the operation is done. Host-side arguments (counts, displacements,
+ * attention layouts) are copied at the call. An operation that fails later
+ * still releases its stream and is reported by attnCommGetAsyncError.
+ * Point-to-point calls inside a group are not supported on device
+ * communicators yet (attnNotSupported).
+ *
  * Ordering: like NCCL, all ranks of a communicator must issue its collectives
  * in the same order; point-to-point messages between two ranks match in
  * posting order.
@@ -468,6 +477,51 @@ typedef attnResult_t (*attnAttnKernelFn)(const attnAttnKernelArgs_t* args, void*
  * (fn == NULL restores it). The library still moves the data and merges. */
 ATTN_API attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn,
                                             void* user_data);
+
+/* --- Topology: proximity order, splits by locality, dumps --- */
+
+/* Every communicator knows where its ranks sit: rack (ATTN_RACKID or
+ * ATTN_TOPO_FILE), host (ATTN_HOSTID, else hostname + boot id), NUMA node
+ * and GPU (hwloc), and the tier between any two ranks (same device < same
+ * host < same rack < cluster) with a bandwidth and latency per tier. The
+ * proximity order sorts ranks by rack, host, NUMA node, GPU, then rank; all
+ * ranks derive the same order, and rings of the collectives follow it. */
+
+/* This rank's position (0..nranks-1) in the proximity order. Local. */
+ATTN_API attnResult_t attnCommTopoRank(attnComm_t comm, int* topoRank);
+
+/* Types of attnCommSplitType. */
+typedef enum {
+  attnSplitTypeHost = 0,        /* the ranks of my host */
+  attnSplitTypeHostLeaders = 1, /* the first rank (in proximity order) of each
+                                   host; the other ranks get *newcomm = NULL */
+  attnSplitTypeRack = 2,        /* the ranks of my rack (a host without a rack
+                                   id is a rack of its own) */
+  attnSplitTypeProximity = 3    /* every rank, renumbered in proximity order */
+} attnSplitType_t;
+
+/* Splits by locality, like MPI_Comm_split_type: collective over comm, every
+ * rank passes the same type. New ranks are ordered by key, then by
+ * proximity order (pass the same key everywhere, e.g. 0, to get the
+ * proximity order). config as in attnCommSplit. */
+ATTN_API attnResult_t attnCommSplitType(attnComm_t comm, int type, int key,
+                                        attnComm_t* newcomm, attnConfig_t* config);
+
+/* Formats of attnCommTopoDump. */
+typedef enum {
+  attnTopoFormatText = 0, /* tables for people: tiers, ranks in proximity
+                             order, this rank's local hardware view */
+  attnTopoFormatDot = 1,  /* Graphviz DOT: racks and hosts as boxes, the
+                             proximity ring coloured by tier */
+  attnTopoFormatJson = 2  /* the ATTN_TOPO_FILE / ATTN_TOPO_DUMP_FILE schema
+                             (topology/README.md) */
+} attnTopoFormat_t;
+
+/* Writes the communicator's fabric model as text into buf (NUL-terminated).
+ * buf == NULL: *size receives the bytes needed (with the NUL). Otherwise
+ * *size is buf's capacity; when too small, nothing is written, *size
+ * receives the bytes needed and attnInvalidArgument is returned. Local. */
+ATTN_API attnResult_t attnCommTopoDump(attnComm_t comm, int format, char* buf, size_t* size);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -2,6 +2,7 @@
 // cost model and kernel hooks.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -11,6 +12,7 @@
 #include "src/attn/selector.h"
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
+#include "src/device/device_route.h"
 #include "src/core/datatype.h"
 #include "src/core/log.h"
 
@@ -183,6 +185,38 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
   return attnSuccess;
 }
 
+// Device communicator: the layout (host memory) is copied now, the tensors
+// are staged by the stream bridge when the call's turn comes on the stream.
+attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* out, float* lse,
+                             const attnSeqLayout_t& lay, const attnAttnConfig_t& c, attnAttnMode_t mode,
+                             attnComm* comm, attnStream_t stream, int64_t qRows, int64_t kvRows) {
+  struct LayoutCopy {
+    std::vector<int32_t> qOff, qPos, kvOff, kvPos;
+    attnSeqLayout_t layout{};
+  };
+  auto lc = std::make_shared<LayoutCopy>();
+  const int S = lay.num_seqs;
+  lc->qOff.assign(lay.q_offsets, lay.q_offsets + S + 1);
+  lc->kvOff.assign(lay.kv_offsets, lay.kv_offsets + S + 1);
+  if (lay.q_pos) lc->qPos.assign(lay.q_pos, lay.q_pos + qRows);
+  if (lay.kv_pos) lc->kvPos.assign(lay.kv_pos, lay.kv_pos + kvRows);
+  lc->layout = {S, lc->qOff.data(), lay.q_pos ? lc->qPos.data() : nullptr, lc->kvOff.data(),
+                lay.kv_pos ? lc->kvPos.data() : nullptr};
+  const size_t es = c.dtype == attnFloat32 ? 4 : 2;
+  const size_t qBytes = size_t(qRows) * c.num_q_heads * c.head_dim * es;
+  const size_t kvBytes = size_t(kvRows) * c.num_kv_heads * c.head_dim * es;
+  const size_t lseBytes = lse ? size_t(qRows) * c.num_q_heads * sizeof(float) : 0;
+  const bool wantLse = lse != nullptr;
+  return deviceEnqueue(comm, stream,
+                       {{q, qBytes, true, false}, {k, kvBytes, true, false}, {v, kvBytes, true, false},
+                        {out, qBytes, false, true}, {lse, lseBytes, false, true}},
+                       [=](char* const* h) {
+                         return attnRingAttention(h[0], h[1], h[2], h[3],
+                                                  wantLse ? reinterpret_cast<float*>(h[4]) : nullptr,
+                                                  &lc->layout, &c, mode, comm, nullptr);
+                       });
+}
+
 }  // namespace
 
 extern "C" {
@@ -193,7 +227,7 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   ATTN_CHECK(call.finish(checkConfig(cfg)));
-  if (stream != nullptr)
+  if (stream != nullptr && !deviceRoute(comm))
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
   if (layout == nullptr) return call.finish(setError(attnInvalidArgument, "layout is NULL"));
   if (layout->num_seqs < 0)
@@ -213,6 +247,7 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
     return call.finish(setError(attnInvalidArgument, "more than 2^31 rows on one rank"));
   attnSeqLayout_t lay = *layout;
   attnAttnConfig_t c = *cfg;
+  if (deviceRoute(comm)) return call.finish(enqueueOnDevice(q, k, v, out, lse, lay, c, mode, comm, stream, qRows, kvRows));
   return call.finish(dispatch(comm, "RingAttention", [=] {
     return ringAttention(comm, q, k, v, out, lse, lay, c, mode);
   }));

@@ -1,13 +1,16 @@
 // C API: the standard collectives. Each entry validates its arguments, then
 // dispatches a closure that checks the signature (ATTN_CHECK) and runs the
 // algorithm from src/coll/.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
+#include "src/coll/algo_select.h"
 #include "src/coll/coll.h"
 #include "src/coll/signature.h"
 #include "src/core/api_call.h"
+#include "src/device/device_route.h"
 #include "src/core/datatype.h"
 
 using namespace attn;
@@ -17,7 +20,7 @@ namespace {
 attnResult_t checkCommon(attnComm* comm, attnDataType_t type, attnStream_t stream) {
   ATTN_CHECK(checkCommUsable(comm));
   ATTN_REQUIRE(validDataType(type), "invalid datatype %d", (int)type);
-  ATTN_REQUIRE(stream == nullptr,
+  ATTN_REQUIRE(stream == nullptr || deviceRoute(comm),
                "a host-memory communicator takes a NULL stream (got %p)", (void*)stream);
   return attnSuccess;
 }
@@ -60,12 +63,19 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     return call.finish(setError(attnInvalidArgument,
                                 "all-gather: sendbuff overlaps recvbuff but is not this rank's "
                                 "slot (in place needs sendbuff == recvbuff + rank*sendcount)"));
+  if (deviceRoute(comm))
+    return call.finish(deviceEnqueue(comm, stream, {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}},
+                                     [=](char* const* h) {
+                                       return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
+                                     }));
+  AlgoSetting algo;
+  ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "AllGather", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllGather, datatype, -1, -1, sendcount}));
     if (sendbuff != out + me * bytes) std::memcpy(out + me * bytes, sendbuff, bytes);
     std::vector<Block> blocks(n);
     for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-    return ringAllGatherv(*comm->engine, Ring::identity(me, n), out, blocks, chunkBytes(esz));
+    return runAllGather(comm, algo, "AllGather", out, blocks, esz);
   }));
 }
 
@@ -85,14 +95,19 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     return call.finish(setError(attnInvalidArgument,
                                 "reduce-scatter: recvbuff overlaps sendbuff but is not this "
                                 "rank's block (in place needs recvbuff == sendbuff + rank*recvcount)"));
+  if (deviceRoute(comm))
+    return call.finish(deviceEnqueue(comm, stream, {{in, bytes * n, true, false}, {out, bytes, false, true}},
+                                     [=](char* const* h) {
+                                       return attnReduceScatter(h[0], h[1], recvcount, datatype, op, comm,
+                                                                nullptr);
+                                     }));
+  AlgoSetting algo;
+  ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "ReduceScatter", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kReduceScatter, datatype, op, -1, recvcount}));
     std::vector<Block> blocks(n);
     for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-    ATTN_CHECK(ringReduceScatterv(*comm->engine, Ring::identity(me, n), in, out, blocks, datatype,
-                                  op == attnAvg ? attnSum : op, chunkBytes(esz)));
-    if (op == attnAvg) cpu::divideInPlace(out, recvcount, datatype, n);
-    return attnSuccess;
+    return runReduceScatter(comm, algo, "ReduceScatter", in, out, blocks, datatype, op);
   }));
 }
 
@@ -107,18 +122,19 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   const size_t esz = dataTypeSize(datatype);
   if (sendbuff != recvbuff && overlaps(sendbuff, count * esz, recvbuff, count * esz))
     return call.finish(setError(attnInvalidArgument, "all-reduce: buffers overlap partially"));
-  const int n = comm->nranks, me = comm->rank;
+  if (deviceRoute(comm))
+    return call.finish(deviceEnqueue(comm, stream,
+                                     {{sendbuff, count * esz, true, false}, {recvbuff, count * esz, false, true}},
+                                     [=](char* const* h) {
+                                       return attnAllReduce(h[0], h[1], count, datatype, op, comm, nullptr);
+                                     }));
+  AlgoSetting algo;
+  ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "AllReduce", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
     // Reduce-scatter into this rank's block of recvbuff, then all-gather.
-    std::vector<Block> blocks = splitEvenly(count, n, esz);
-    const char* in = static_cast<const char*>(sendbuff);
-    char* out = static_cast<char*>(recvbuff);
-    Ring ring = Ring::identity(me, n);
-    ATTN_CHECK(ringReduceScatterv(*comm->engine, ring, in, out + blocks[me].offset, blocks,
-                                  datatype, op == attnAvg ? attnSum : op, chunkBytes(esz)));
-    if (op == attnAvg) cpu::divideInPlace(out + blocks[me].offset, blocks[me].bytes / esz, datatype, n);
-    return ringAllGatherv(*comm->engine, ring, out, blocks, chunkBytes(esz));
+    return runAllReduce(comm, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
+                        count, datatype, op);
   }));
 }
 
@@ -136,6 +152,12 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     return call.finish(setError(attnInvalidArgument, "sendbuff is NULL on the root"));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
   const int n = comm->nranks, me = comm->rank;
+  if (deviceRoute(comm))
+    return call.finish(deviceEnqueue(comm, stream,
+                                     {{sendbuff, me == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}},
+                                     [=](char* const* h) {
+                                       return attnBroadcast(h[0], h[1], count, datatype, root, comm, nullptr);
+                                     }));
   return call.finish(dispatch(comm, "Broadcast", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
     char* buf = static_cast<char*>(recvbuff);
@@ -158,6 +180,11 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
   const int n = comm->nranks;
   if (overlaps(sendbuff, bytes * n, recvbuff, bytes * n))
     return call.finish(setError(attnInvalidArgument, "all-to-all cannot run in place: buffers overlap"));
+  if (deviceRoute(comm))
+    return call.finish(deviceEnqueue(comm, stream, {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}},
+                                     [=](char* const* h) {
+                                       return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr);
+                                     }));
   return call.finish(dispatch(comm, "AllToAll", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
     std::vector<Block> blocks(n);
@@ -195,6 +222,23 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
       if (overlaps((char*)recvbuff + rb[p].offset, rb[p].bytes, (char*)recvbuff + rb[q].offset, rb[q].bytes))
         return call.finish(setError(attnInvalidArgument,
                                     "all-to-allv: receive blocks of peers %d and %d overlap", p, q));
+  if (deviceRoute(comm)) {
+    // Extents of both buffers; the receive side is also copied in, so the
+    // gaps between blocks keep their contents. Counts are copied now: the
+    // operation runs later, in stream order.
+    size_t sendEnd = 0, recvEnd = 0;
+    for (int p = 0; p < n; ++p) {
+      if (sb[p].bytes) sendEnd = std::max(sendEnd, sb[p].offset + sb[p].bytes);
+      if (rb[p].bytes) recvEnd = std::max(recvEnd, rb[p].offset + rb[p].bytes);
+    }
+    std::vector<size_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n),
+        rc(recvcounts, recvcounts + n), rd(rdispls, rdispls + n);
+    return call.finish(deviceEnqueue(comm, stream, {{sendbuff, sendEnd, true, false}, {recvbuff, recvEnd, true, true}},
+                                     [=](char* const* h) {
+                                       return attnAllToAllv(h[0], sc.data(), sd.data(), h[1], rc.data(),
+                                                            rd.data(), datatype, comm, nullptr);
+                                     }));
+  }
   return call.finish(dispatch(comm, "AllToAllv", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
     return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), sb,
@@ -205,6 +249,8 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
 attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (deviceRoute(comm))
+    return call.finish(deviceEnqueue(comm, stream, {}, [=](char* const*) { return attnBarrier(comm, nullptr); }));
   if (stream != nullptr)
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
   return call.finish(dispatch(comm, "Barrier", [=] {

@@ -10,6 +10,7 @@
 #include "src/core/api_call.h"
 #include "src/core/bootstrap.h"
 #include "src/core/log.h"
+#include "src/device/device_route.h"
 
 using namespace attn;
 
@@ -86,6 +87,13 @@ attnResult_t newComm(attnComm** out, int nranks, const attnUniqueId& id, int ran
     }
   });
   *out = c;
+  // The device first: a bad device fails here, before any peer is met.
+  if (attnResult_t r = deviceInit(c); r != attnSuccess) {
+    commFree(c);  // nothing connected yet: leaves the thread's error text alone
+    delete c;
+    *out = nullptr;
+    return r;
+  }
   if (!c->config.blocking) {
     c->executor->submit([c, id, nranks, rank] {
       attnResult_t r = commInit(c, id, nranks, rank);
@@ -97,6 +105,7 @@ attnResult_t newComm(attnComm** out, int nranks, const attnUniqueId& id, int ran
   attnResult_t r = commInit(c, id, nranks, rank);
   if (r != attnSuccess) {
     tlsErrorCopy = threadLastError();
+    deviceFree(c);
     commFree(c);
     delete c;
     *out = nullptr;
@@ -163,11 +172,13 @@ attnResult_t attnCommInitAll(attnComm_t* comms, int ndev, const int* devlist) {
   ATTN_REQUIRE(comms != nullptr, "comms is NULL");
   ATTN_REQUIRE(ndev >= 1, "ndev must be >= 1, got %d", ndev);
   if (devlist != nullptr)
-    for (int i = 0; i < ndev; ++i)
-      if (devlist[i] != ATTN_DEVICE_HOST)
+    for (int i = 0; i < ndev; ++i) {
+      ATTN_REQUIRE(devlist[i] >= ATTN_DEVICE_HOST, "devlist[%d]=%d is invalid", i, devlist[i]);
+      if (devlist[i] != ATTN_DEVICE_HOST && !ATTN_HAVE_CUDA)
         return setError(attnNotSupported,
                         "devlist[%d]=%d: device ranks need the CUDA path, which this build "
                         "does not provide; pass NULL for host ranks", i, devlist[i]);
+    }
   attnUniqueId id;
   ATTN_CHECK(bootstrapCreateRoot(&id));
   std::vector<attnResult_t> results(ndev, attnSuccess);
@@ -175,7 +186,9 @@ attnResult_t attnCommInitAll(attnComm_t* comms, int ndev, const int* devlist) {
   std::vector<std::thread> threads;
   for (int i = 0; i < ndev; ++i)
     threads.emplace_back([&, i] {
-      results[i] = attnCommInitRank(&comms[i], ndev, id, i);
+      attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+      if (devlist) cfg.device = devlist[i];
+      results[i] = attnCommInitRankConfig(&comms[i], ndev, id, i, &cfg);
       if (results[i] != attnSuccess) errors[i] = threadLastError();
     });
   for (auto& t : threads) t.join();
@@ -195,6 +208,7 @@ attnResult_t attnCommDestroy(attnComm_t comm) {
   ErrorContext ctx("-");
   clearThreadLastError();
   ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
+  deviceFree(comm);  // runs the operations still queued on streams first
   commFree(comm);
   delete comm;
   return attnSuccess;
@@ -206,6 +220,7 @@ attnResult_t attnCommAbort(attnComm_t comm) {
   if (comm == nullptr) return attnSuccess;
   comm->abortFlag.store(true);
   if (comm->bootstrap) comm->bootstrap->close();
+  deviceAbort(comm);  // queued stream operations fail fast, releasing their streams
   // Wait for calls blocked in other threads to notice the flag and leave.
   while (comm->activeCalls.load(std::memory_order_acquire) > 0)
     std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -213,6 +228,7 @@ attnResult_t attnCommAbort(attnComm_t comm) {
     comm->executor->drain();  // queued work fails fast on the flag
   }
   if (comm->engine) comm->engine->breakWith(attnRemoteError, "communicator aborted");
+  deviceFree(comm);
   commFree(comm);
   delete comm;
   return attnSuccess;
@@ -225,6 +241,7 @@ attnResult_t attnCommGetAsyncError(attnComm_t comm, attnResult_t* asyncError) {
   attnResult_t e = comm->asyncError.load();
   if (e == attnSuccess && comm->engine && comm->engine->broken()) e = comm->engine->brokenResult();
   if (e == attnSuccess && comm->executor && comm->executor->busy()) e = attnInProgress;
+  if (e == attnSuccess && deviceBusy(comm)) e = attnInProgress;
   *asyncError = e;
   return attnSuccess;
 }

@@ -3,6 +3,7 @@
 // group runs them all together (src/core/group.cc).
 #include "src/core/api_call.h"
 #include "src/core/datatype.h"
+#include "src/device/device_route.h"
 
 using namespace attn;
 
@@ -14,7 +15,7 @@ attnResult_t p2p(bool isSend, void* buf, size_t count, attnDataType_t type, int 
   const char* what = isSend ? "send" : "receive";
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (!validDataType(type)) return call.finish(setError(attnInvalidArgument, "invalid datatype %d", (int)type));
-  if (stream != nullptr)
+  if (stream != nullptr && !deviceRoute(comm))
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
   if (peer < 0 || peer >= comm->nranks)
     return call.finish(setError(attnInvalidArgument, "%s: peer %d is outside [0, %d)", what, peer, comm->nranks));
@@ -23,6 +24,18 @@ attnResult_t p2p(bool isSend, void* buf, size_t count, attnDataType_t type, int 
   size_t bytes;
   if (__builtin_mul_overflow(count, dataTypeSize(type), &bytes) || bytes > (size_t(1) << 56))
     return call.finish(setError(attnInvalidArgument, "%s: count %zu is too large", what, count));
+  if (deviceRoute(comm)) {
+    if (inGroup())
+      return call.finish(setError(attnNotSupported,
+                                  "%s inside a group on a device communicator is not supported yet", what));
+    if (peer == comm->rank)
+      return call.finish(setError(attnInvalidUsage, "%s to self outside a group would never match", what));
+    // A receive stages its buffer in too: a shorter message leaves the rest as it was.
+    return call.finish(deviceEnqueue(comm, stream, {{buf, bytes, true, !isSend}}, [=](char* const* h) {
+      return isSend ? attnSend(h[0], count, type, peer, comm, nullptr)
+                    : attnRecv(h[0], count, type, peer, comm, nullptr);
+    }));
+  }
   P2pOp op{isSend, peer, buf, bytes};
   if (inGroup()) {
     groupAddP2p(comm, op);

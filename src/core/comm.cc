@@ -7,6 +7,7 @@
 #include "src/core/error.h"
 #include "topology/host_identity.h"
 #include "src/core/log.h"
+#include "src/core/topo_init.h"
 
 namespace attn {
 namespace {
@@ -23,7 +24,11 @@ struct TransportSlot {
   uint32_t bit;
   std::unique_ptr<Transport> (*create)();
 };
+// UCX comes first: when asked for, it serves every peer (same host or not).
 const TransportSlot kTransportSlots[] = {
+#if ATTN_HAVE_UCX
+    {kTransportUcx, &createUcxTransport},
+#endif
     {kTransportShm, &createShmTransport},
     {kTransportTcp, &createTcpTransport},
 };
@@ -72,9 +77,8 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
     comm->peers[r] = cards[r].info;
     mask &= cards[r].transportMask;
   }
-  // Proximity order (rings follow it); identity until topology orders it.
-  comm->topoOrder.resize(nranks);
-  for (int r = 0; r < nranks; ++r) comm->topoOrder[r] = r;
+  // Fabric model and proximity order (rings follow it): src/core/topo_init.cc.
+  ATTN_CHECK(topoBuild(comm, mask));
 
   // Choose one transport per peer: shared memory on the same host, else TCP.
   std::vector<int> slotOfPeer(nranks, -1);
@@ -128,6 +132,7 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
 
   comm->engine = std::make_unique<Engine>(rank, nranks, comm->config.timeoutMs, &comm->abortFlag);
   comm->engine->attach(std::move(transports), std::move(conns), std::move(transportOfPeer));
+  ATTN_CHECK(topoFinish(comm));  // probe (ATTN_TOPO_PROBE), dump, log
   ATTN_CHECK(comm->bootstrap->barrier());
   ATTN_INFO(kLogInit, "communicator ready: rank %d of %d, transports %s, timeout %d ms%s",
             rank, nranks, transportListString(mask).c_str(), comm->config.timeoutMs,

@@ -18,7 +18,9 @@
 #include "src/core/executor.h"
 #include "src/core/transport.h"
 
-namespace attn { struct AttnState; }
+namespace attn { struct AttnState; struct DeviceState; }
+namespace attn { class FabricModel; }
+namespace attn { struct CollTopo; }
 
 struct attnComm {
   int rank = -1;
@@ -31,6 +33,9 @@ struct attnComm {
   std::vector<attn::PeerInfo> peers;
   // Ranks in proximity order (rack, host, device): rings follow it.
   std::vector<int> topoOrder;
+  // Fabric model: every rank's place, tiers with bandwidth/latency
+  // (topology/fabric_model.h); the same on every rank.
+  std::shared_ptr<attn::FabricModel> fabric;
   std::unique_ptr<attn::Engine> engine;
 
   std::atomic<bool> abortFlag{false};
@@ -42,8 +47,14 @@ struct attnComm {
   std::unique_ptr<attn::Executor> executor;
   std::atomic<attnResult_t> asyncError{attnSuccess};
 
+  // Device communicators (config.device >= 0): the stream bridge and
+  // staging memory (src/device); null on host communicators.
+  std::shared_ptr<attn::DeviceState> device;
+
   // Attention collectives' state (src/attn), made on first use.
   std::shared_ptr<attn::AttnState> attnState;
+  // Hierarchy and proximity ring of the collectives (src/coll), made on first use.
+  std::shared_ptr<attn::CollTopo> collTopo;
 
   std::mutex errMu;
   std::string lastError;

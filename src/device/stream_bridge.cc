@@ -1,0 +1,177 @@
+#include "src/device/stream_bridge.h"
+
+#include <cuda.h>
+
+#include "src/core/log.h"
+#include "src/device/cuda_check.h"
+
+namespace attn {
+namespace {
+
+thread_local bool tlsOnProxy = false;
+
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// cuStreamWaitValue32 from the driver, found at run time so the library
+// does not link libcuda (absent on machines without a GPU driver).
+attnResult_t findWaitValue32(void** fn) {
+  cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", fn, 12000,
+                                                   cudaEnableDefault, &found);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint("cuStreamWaitValue32", fn, cudaEnableDefault, &found);
+#endif
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || *fn == nullptr)
+    return setError(attnUnhandledCudaError,
+                    "the CUDA driver has no cuStreamWaitValue32 (%s): device communicators need "
+                    "stream memory operations",
+                    e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found");
+  return attnSuccess;
+}
+
+// Makes `device` current for the scope, restoring the caller's device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+    if (saved_ != device) err_ = cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (saved_ >= 0) (void)cudaSetDevice(saved_);
+  }
+  cudaError_t error() const { return err_; }
+
+ private:
+  int saved_ = -1;
+  cudaError_t err_ = cudaSuccess;
+};
+
+}  // namespace
+
+bool StreamBridge::onProxyThread() { return tlsOnProxy; }
+
+attnResult_t StreamBridge::create(int device, OnError onError, std::unique_ptr<StreamBridge>* out) {
+  std::unique_ptr<StreamBridge> b(new StreamBridge());
+  ATTN_CHECK(b->start(device, std::move(onError)));
+  *out = std::move(b);
+  return attnSuccess;
+}
+
+attnResult_t StreamBridge::start(int device, OnError onError) {
+  int count = 0;
+  ATTN_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count)
+    return setError(attnInvalidArgument, "CUDA device %d does not exist (this process sees %d)",
+                    device, count);
+  device_ = device;
+  onError_ = std::move(onError);
+  DeviceScope scope(device);
+  ATTN_CUDA_CHECK(scope.error());
+  ATTN_CHECK(findWaitValue32(&waitValue32_));
+  ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking));
+  void* host = nullptr;
+  ATTN_CUDA_CHECK(cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+  counter_ = static_cast<volatile uint32_t*>(host);
+  *counter_ = 0;
+  ATTN_CUDA_CHECK(cudaHostGetDevicePointer(&counterDev_, host, 0));
+  proxy_ = std::thread([this] { proxyLoop(); });
+  ATTN_INFO(kLogInit, "device communicator on CUDA device %d: stream-ordered through a proxy thread",
+            device);
+  return attnSuccess;
+}
+
+StreamBridge::~StreamBridge() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (proxy_.joinable()) proxy_.join();
+  DeviceScope scope(device_ < 0 ? 0 : device_);
+  if (copyStream_) (void)cudaStreamDestroy(copyStream_);
+  if (counter_) (void)cudaFreeHost(const_cast<uint32_t*>(counter_));
+}
+
+attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
+  DeviceScope scope(device_);
+  ATTN_CUDA_CHECK(scope.error());
+  std::lock_guard<std::mutex> g(mu_);
+  if (aborted_ || stopping_)
+    return setError(attnInvalidUsage, "device communicator is aborted or being destroyed");
+  const uint32_t seq = issued_.load() + 1;
+  cudaEvent_t ready;
+  ATTN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming | cudaEventBlockingSync));
+  cudaError_t e = cudaEventRecord(ready, stream);
+  if (e != cudaSuccess) {
+    (void)cudaEventDestroy(ready);
+    return setError(attnUnhandledCudaError,
+                    "cudaEventRecord on the caller's stream failed: %s (is the stream on device %d?)",
+                    cudaGetErrorString(e), device_);
+  }
+  auto wait = reinterpret_cast<WaitValue32Fn>(waitValue32_);
+  CUresult r = wait(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(counterDev_),
+                    seq, CU_STREAM_WAIT_VALUE_GEQ);
+  if (r != CUDA_SUCCESS) {
+    (void)cudaEventDestroy(ready);
+    return setError(attnUnhandledCudaError, "cuStreamWaitValue32 failed with CUresult %d", (int)r);
+  }
+  queue_.push_back(Item{seq, ready, std::move(work)});
+  issued_.store(seq);
+  cv_.notify_one();
+  return attnSuccess;
+}
+
+void StreamBridge::abort() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
+void StreamBridge::release(uint32_t seq) {
+  // The GPU polls this word over the bus: publish the work's results first.
+  __atomic_store_n(const_cast<uint32_t*>(counter_), seq, __ATOMIC_SEQ_CST);
+  completed_.store(seq);
+}
+
+void StreamBridge::proxyLoop() {
+  tlsOnProxy = true;
+  (void)cudaSetDevice(device_);
+  for (;;) {
+    Item it;
+    bool aborted;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait(g, [&] { return !queue_.empty() || stopping_; });
+      if (queue_.empty()) return;  // stopping, drained
+      it = std::move(queue_.front());
+      queue_.pop_front();
+      aborted = aborted_;
+    }
+    attnResult_t r = attnSuccess;
+    std::string why;
+    if (aborted) {
+      r = attnRemoteError;
+      why = "communicator aborted before this operation ran";
+    } else if (cudaError_t e = cudaEventSynchronize(it.ready); e != cudaSuccess) {
+      r = attnUnhandledCudaError;
+      why = std::string("waiting for the caller's stream failed: ") + cudaGetErrorString(e);
+    } else {
+      clearThreadLastError();
+      try {
+        r = it.work(copyStream_);
+      } catch (const std::exception& ex) {
+        r = attnInternalError;
+        setError(r, "device operation threw: %s", ex.what());
+      }
+      if (r != attnSuccess) why = threadLastError();
+    }
+    (void)cudaEventDestroy(it.ready);
+    if (r != attnSuccess && onError_) onError_(r, why);
+    release(it.seq);
+  }
+}
+
+}  // namespace attn
