@@ -49,7 +49,13 @@ void ProgressThread::loop() {
         failure_ = threadLastError();
       }
       failed_.store(r);
+      doneCv_.notify_all();
       return;
+    }
+    if (progressed && waiters_.load() > 0) {
+      // Taking the lock orders our completions before the waiter's check.
+      { std::lock_guard<std::mutex> g(mu_); }
+      doneCv_.notify_all();
     }
   }
 }
@@ -74,11 +80,17 @@ attnResult_t ProgressThread::wait(Request* req) {
       return setError(f, "%s", failure_.c_str());
     }
     if (e_.broken()) return setError(e_.brokenResult(), "communicator broke during the attention collective");
-    if (++spins < 100) {
+    if (++spins < 16) {
       sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      continue;
     }
+    // Sleep until the driver reports progress; the bound keeps abort,
+    // timeout and a broken engine (set by other threads) noticed.
+    std::unique_lock<std::mutex> g(mu_);
+    ++waiters_;
+    doneCv_.wait_for(g, std::chrono::milliseconds(1),
+                     [&] { return !req->pending() || failed_.load() != attnSuccess; });
+    --waiters_;
   }
   if (req->state.load() == Request::kFailed)
     return setError(req->error == attnSuccess ? attnRemoteError : req->error, "%s", req->message.c_str());

@@ -23,7 +23,10 @@ class ProgressThread {
   // Call after posting, so a sleeping driver looks again.
   void kick();
   // Waits (without driving) until req is no longer pending, the engine
-  // broke, or the driver failed. Returns the request's result.
+  // broke, or the driver failed. Returns the request's result. Blocks on a
+  // condition the driver signals after each pass that moved something:
+  // spinning or polling here would take the CPU from the ranks still
+  // computing when threads outnumber cores, and slow the whole ring.
   attnResult_t wait(Request* req);
 
  private:
@@ -32,7 +35,9 @@ class ProgressThread {
   Engine& e_;
   std::string context_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;      // kicks, stop
+  std::condition_variable doneCv_;  // the driver moved something
+  std::atomic<int> waiters_{0};
   bool stop_ = false;
   uint64_t kicks_ = 0;
   std::atomic<attnResult_t> failed_{attnSuccess};

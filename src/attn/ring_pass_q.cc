@@ -13,6 +13,7 @@
 #include "src/attn/attn_call.h"
 #include "src/attn/progress_thread.h"
 #include "src/core/error.h"
+#include "src/core/log.h"
 
 namespace attn {
 namespace {
@@ -76,6 +77,8 @@ attnResult_t runPassQ(AttnCall& c) {
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     const bool moving = step < n - 1;
+    const auto stepStart = Clock::now();
+    const double computeBefore = c.stats.computeUs;
     Request sendReq, recvReq;
     if (moving) {
       ATTN_CHECK(e.irecv(prev, buf[1 - cur].data(), capacity, &recvReq));
@@ -116,6 +119,8 @@ attnResult_t runPassQ(AttnCall& c) {
       curBytes = recvReq.bytes;
       cur = 1 - cur;
     }
+    ATTN_TRACE(kLogAttn, "pass-Q step %d: compute %.0f us, step %.0f us", step,
+               c.stats.computeUs - computeBefore, usSince(stepStart));
   }
   // The rest of the all-to-all: fold partials in arrival order.
   auto t0 = Clock::now();

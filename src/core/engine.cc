@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "src/core/engine.h"
 
 #include <sched.h>
@@ -134,17 +135,7 @@ attnResult_t Engine::idleWait(int* spins, std::chrono::steady_clock::time_point*
   if (timeoutMs_ > 0 && now - *lastProgress > std::chrono::milliseconds(timeoutMs_))
     return timeoutError();
   // Sleep in the transport that has work, so a peer's doorbell wakes us.
-  std::vector<Transport*> busy;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    for (size_t p = 0; p < conns_.size(); ++p)
-      if (conns_[p] && !conns_[p]->idle()) {
-        Transport* t = transports_[transportOfPeer_[p]].get();
-        bool seen = false;
-        for (Transport* b : busy) seen |= b == t;
-        if (!seen) busy.push_back(t);
-      }
-  }
+  std::vector<Transport*> busy = busyTransports();
   if (busy.empty()) {
     std::this_thread::yield();
   } else {
@@ -152,6 +143,17 @@ attnResult_t Engine::idleWait(int* spins, std::chrono::steady_clock::time_point*
     for (Transport* t : busy) t->waitForActivity(slice);
   }
   return attnSuccess;
+}
+
+std::vector<Transport*> Engine::busyTransports() {
+  std::vector<Transport*> busy;
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t p = 0; p < conns_.size(); ++p)
+    if (conns_[p] && !conns_[p]->idle()) {
+      Transport* t = transports_[transportOfPeer_[p]].get();
+      if (std::find(busy.begin(), busy.end(), t) == busy.end()) busy.push_back(t);
+    }
+  return busy;
 }
 
 char* Engine::scratch(size_t bytes) {
@@ -172,11 +174,12 @@ bool Engine::busy() {
 attnResult_t Engine::progressOrSleep(int waitUs, bool* progressed) {
   ATTN_CHECK(progress(progressed));
   if (*progressed) return attnSuccess;
-  std::lock_guard<std::mutex> g(mu_);
-  Transport* busyT = nullptr;
-  for (size_t p = 0; p < conns_.size() && !busyT; ++p)
-    if (conns_[p] && !conns_[p]->idle()) busyT = transports_[transportOfPeer_[p]].get();
-  if (busyT) busyT->waitForActivity(waitUs);
+  // Sleep without the lock: a thread posting work must not queue behind a
+  // sleeper (std::mutex is not fair; a driver that sleeps holding it and
+  // re-locks at once can starve the poster for tens of milliseconds).
+  std::vector<Transport*> busy = busyTransports();
+  const int slice = busy.size() <= 1 ? waitUs : std::max(1, waitUs / static_cast<int>(busy.size()));
+  for (Transport* t : busy) t->waitForActivity(slice);
   return attnSuccess;
 }
 

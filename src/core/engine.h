@@ -75,6 +75,8 @@ class Engine {
  private:
   attnResult_t checkRequest(Request* req);
   attnResult_t timeoutError();
+  // The transports with unfinished work on some connection (locks mu_).
+  std::vector<Transport*> busyTransports();
 
   int rank_, nranks_, timeoutMs_;
   const std::atomic<bool>* abortFlag_;
