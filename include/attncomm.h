@@ -416,11 +416,19 @@ ATTN_API attnResult_t attnDecodePlacement(int num_seqs, int64_t step, int nranks
 
 /* Rates the selector's cost model uses. Calibrated once per communicator
  * (link: a short ping-pong with the ring neighbours; kernel: a timed run of
- * the attention kernel), overridable here or by ATTN_MODEL_* variables. */
+ * the attention kernel; interference: the kernel and an exchange timed
+ * together), overridable here or by ATTN_MODEL_* variables. */
 typedef struct {
   double link_bandwidth_GBps; /* bytes/ns between ring neighbours */
   double link_latency_us;     /* per message */
   double attn_tflops;         /* partial attention compute rate */
+  /* Share, 0 to 1, of a transfer's time that also delays the kernel when the
+   * two run together. 0: the transfer runs beside it on its own hardware
+   * (copy engines, NICs); the CP paper's model, and what a zeroed struct
+   * means. 1: it takes the cores the kernel needs (host-memory copies with
+   * more ranks than cores), so overlap hides nothing. A step that computes
+   * for a and moves data for c then takes max(a, c) + interference * min(a, c). */
+  double comm_interference;
 } attnCostModel_t;
 
 typedef struct {

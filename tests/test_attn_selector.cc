@@ -107,6 +107,44 @@ TEST(EstimateModes, MonotoneInRates) {
   EXPECT_DOUBLE_EQ(b.pass_kv_us, b.pass_q_us);
 }
 
+// comm_interference: when a transfer takes the kernel's cores, overlap hides
+// nothing and the mode that moves fewer bytes wins, even where the paper's
+// max() model calls the two a tie (both compute-bound).
+TEST(EstimateModes, InterferenceChargesTheBytesThatMove) {
+  attnAttnConfig_t cfg{};
+  cfg.num_q_heads = 8;
+  cfg.num_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.dtype = attnFloat32;
+  cfg.causal = 1;
+  attnCostModel_t m{};
+  m.link_bandwidth_GBps = 1.5;  // host copies between threads
+  m.link_latency_us = 5.0;
+  m.attn_tflops = 0.04;         // the CPU kernel
+  const int n = 4;
+  const int64_t total = 4096;
+  // 32 new tokens: both modes are compute-bound under max().
+  attnModeEstimate_t overlap, shared;
+  ASSERT_EQ(attnEstimateModes(&m, &cfg, n, 32, total - 32, &overlap), attnSuccess);
+  m.comm_interference = 1.0;
+  ASSERT_EQ(attnEstimateModes(&m, &cfg, n, 32, total - 32, &shared), attnSuccess);
+  EXPECT_GT(shared.pass_kv_us, overlap.pass_kv_us);
+  EXPECT_GT(shared.pass_q_us, overlap.pass_q_us);
+  EXPECT_EQ(shared.chosen, attnModePassQ) << "pass-Q moves 8 query rows, pass-KV 1024 KV rows per step";
+  // Full prefill: a KV block (2 heads) is smaller than a query block plus
+  // its partial (8 heads): pass-KV.
+  ASSERT_EQ(attnEstimateModes(&m, &cfg, n, total, 0, &shared), attnSuccess);
+  EXPECT_EQ(shared.chosen, attnModePassKV);
+  // Alg. 1 / Alg. 5 stay the paper's, whatever beta.
+  attnModeEstimate_t a, b;
+  m.comm_interference = 0;
+  ASSERT_EQ(attnEstimateModes(&m, &cfg, n, 512, total - 512, &a), attnSuccess);
+  m.comm_interference = 1;
+  ASSERT_EQ(attnEstimateModes(&m, &cfg, n, 512, total - 512, &b), attnSuccess);
+  EXPECT_EQ(a.alg1_choice, b.alg1_choice);
+  EXPECT_DOUBLE_EQ(a.alg1_threshold_tokens, b.alg1_threshold_tokens);
+}
+
 TEST(EstimateModes, BadArguments) {
   const attnAttnConfig_t cfg = Llama405B();
   const attnCostModel_t m = H100Model();
@@ -127,6 +165,12 @@ TEST(EstimateModes, BadArguments) {
   bad = m;
   bad.link_latency_us = -1;
   EXPECT_EQ(attnEstimateModes(&bad, &cfg, 4, 10, 10, &est), attnInvalidArgument);
+  for (double beta : {-0.1, 1.5, std::nan("")}) {
+    bad = m;
+    bad.comm_interference = beta;
+    EXPECT_EQ(attnEstimateModes(&bad, &cfg, 4, 10, 10, &est), attnInvalidArgument) << beta;
+    EXPECT_NE(std::strstr(attnGetLastError(nullptr), "interference"), nullptr) << attnGetLastError(nullptr);
+  }
   attnAttnConfig_t c2 = cfg;
   c2.num_kv_heads = 3;
   EXPECT_EQ(attnEstimateModes(&m, &c2, 4, 10, 10, &est), attnInvalidArgument);
@@ -222,6 +266,8 @@ TEST(SelectMode, SameAnswerOnEveryRankCalibratedThreads) {
     EXPECT_GE(m.link_latency_us, 0);
     EXPECT_GT(m.attn_tflops, 0);
     EXPECT_TRUE(std::isfinite(m.link_bandwidth_GBps) && std::isfinite(m.attn_tflops));
+    EXPECT_GE(m.comm_interference, 0.0);  // measured, agreed by all ranks
+    EXPECT_LE(m.comm_interference, 1.0);
   });
   CheckSameEverywhere(cases, n, got, ran);
 }
@@ -334,6 +380,9 @@ TEST(SelectMode, BadArguments) {
     m = H100Model();
     m.attn_tflops = -5;
     EXPECT_EQ(attnCommSetCostModel(comm, &m), attnInvalidArgument);
+    m = H100Model();
+    m.comm_interference = 2;
+    EXPECT_EQ(attnCommSetCostModel(comm, &m), attnInvalidArgument);
     EXPECT_EQ(attnCommGetCostModel(comm, nullptr), attnInvalidArgument);
     // Still collective-safe after local errors: a valid select works.
     ATTN_EXPECT_OK(comm, attnSelectMode(&lay, &cfg, comm, &est));
@@ -344,13 +393,28 @@ TEST(SelectMode, BadArguments) {
 // The ATTN_MODEL_* variables override the calibrated rates field by field.
 TEST(SelectMode, EnvironmentOverridesRates) {
   RunOptions o;
-  o.env = {{"ATTN_MODEL_BW_GBPS", "12.5"}, {"ATTN_MODEL_LAT_US", "7"}, {"ATTN_MODEL_TFLOPS", "3"}};
+  o.env = {{"ATTN_MODEL_BW_GBPS", "12.5"},
+           {"ATTN_MODEL_LAT_US", "7"},
+           {"ATTN_MODEL_TFLOPS", "3"},
+           {"ATTN_MODEL_INTERFERENCE", "0.25"}};
   RunProcesses(2, [&](int, int, attnComm_t& comm) {
     attnCostModel_t m;
     ATTN_ASSERT_OK(comm, attnCommGetCostModel(comm, &m));
     EXPECT_DOUBLE_EQ(m.link_bandwidth_GBps, 12.5);
     EXPECT_DOUBLE_EQ(m.link_latency_us, 7.0);
     EXPECT_DOUBLE_EQ(m.attn_tflops, 3.0);
+    EXPECT_DOUBLE_EQ(m.comm_interference, 0.25);
+  }, o);
+}
+
+// An out-of-range variable is refused with a message naming it, not used.
+TEST(SelectMode, EnvironmentOutOfRangeIsRefused) {
+  RunOptions o;
+  o.env = {{"ATTN_MODEL_INTERFERENCE", "3"}};
+  RunProcesses(2, [&](int, int, attnComm_t& comm) {
+    attnCostModel_t m;
+    EXPECT_EQ(attnCommGetCostModel(comm, &m), attnInvalidArgument);
+    EXPECT_NE(std::strstr(attnGetLastError(comm), "ATTN_MODEL_"), nullptr) << attnGetLastError(comm);
   }, o);
 }
 

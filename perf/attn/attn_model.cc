@@ -5,7 +5,7 @@
 // 400 Gb/s RDMA (50 GB/s).
 //
 //   attn_model [-N ranks] [-L T+P] [-H q_heads] [-K kv_heads] [-D head_dim]
-//              [-B GB/s] [-l latency_us] [-F TFLOP/s] [-m miss rates]
+//              [-B GB/s] [-l latency_us] [-F TFLOP/s] [-I interference 0..1] [-m miss rates]
 #include <getopt.h>
 
 #include <cmath>
@@ -27,10 +27,10 @@ int main(int argc, char** argv) {
   int N = 4;
   long long L = 128000;
   attnAttnConfig_t cfg{128, 8, 128, attnBfloat16, 0.0f, 1};
-  attnCostModel_t m{50.0, 10.0, 989.0};
+  attnCostModel_t m{50.0, 10.0, 989.0, 0.0};
   std::vector<double> miss = {0.01, 0.025, 0.05, 0.1, 0.125, 0.25, 0.5, 1.0};
   int c;
-  while ((c = getopt(argc, argv, "N:L:H:K:D:B:l:F:m:h")) != -1) {
+  while ((c = getopt(argc, argv, "N:L:H:K:D:B:l:F:I:m:h")) != -1) {
     switch (c) {
       case 'N': N = atoi(optarg); break;
       case 'L': L = atoll(optarg); break;
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
       case 'B': m.link_bandwidth_GBps = atof(optarg); break;
       case 'l': m.link_latency_us = atof(optarg); break;
       case 'F': m.attn_tflops = atof(optarg); break;
+      case 'I': m.comm_interference = atof(optarg); break;
       case 'm': {
         miss.clear();
         std::stringstream ss(optarg);
@@ -48,13 +49,14 @@ int main(int argc, char** argv) {
         break;
       }
       default:
-        fprintf(stderr, "usage: %s [-N ranks] [-L T+P] [-H] [-K] [-D] [-B GB/s] [-l us] [-F TFLOP/s] [-m rates]\n", argv[0]);
+        fprintf(stderr, "usage: %s [-N ranks] [-L T+P] [-H] [-K] [-D] [-B GB/s] [-l us] [-F TFLOP/s] [-I 0..1] [-m rates]\n", argv[0]);
         return c == 'h' ? 0 : 2;
     }
   }
-  printf("# N=%d T+P=%lld heads %d/%d D=%d bf16 causal; link %.1f GB/s %.1f us; kernel %.1f TFLOP/s\n", N, L,
-         cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, m.link_bandwidth_GBps, m.link_latency_us,
-         m.attn_tflops);
+  printf("# N=%d T+P=%lld heads %d/%d D=%d bf16 causal; link %.1f GB/s %.1f us; kernel %.1f TFLOP/s; "
+         "interference %.2f\n",
+         N, L, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, m.link_bandwidth_GBps, m.link_latency_us,
+         m.attn_tflops, m.comm_interference);
   printf("# %7s %8s %8s %12s %12s %10s %12s\n", "miss%", "T", "P", "pass-KV(ms)", "pass-Q(ms)", "choice",
          "Alg.5");
   for (double r : miss) {

@@ -80,6 +80,7 @@ attnResult_t agreedModel(attnComm* comm, const attnAttnConfig_t& cfg,
     model->link_bandwidth_GBps = std::min(model->link_bandwidth_GBps, m.link_bandwidth_GBps);
     model->link_latency_us = std::max(model->link_latency_us, m.link_latency_us);
     model->attn_tflops = std::min(model->attn_tflops, m.attn_tflops);
+    model->comm_interference = std::max(model->comm_interference, m.comm_interference);
   }
   return attnSuccess;
 }
@@ -282,8 +283,8 @@ attnResult_t attnEstimateModes(const attnCostModel_t* model, const attnAttnConfi
   ATTN_REQUIRE(model && estimate, "model and estimate must not be NULL");
   ATTN_REQUIRE(nranks >= 1, "nranks must be >= 1");
   ATTN_REQUIRE(newTokens >= 0 && cachedTokens >= 0, "token counts must be >= 0");
-  ATTN_REQUIRE(model->link_bandwidth_GBps > 0 && model->attn_tflops > 0 && model->link_latency_us >= 0,
-               "cost model rates must be positive");
+  ATTN_REQUIRE(costModelValid(*model),
+               "cost model rates must be positive and comm_interference within [0, 1]");
   ModelInput in;
   in.nranks = nranks;
   in.numSeqs = 1;
@@ -311,8 +312,9 @@ attnResult_t attnCommSetCostModel(attnComm_t comm, const attnCostModel_t* model)
     st.modelOverridden = false;
     return attnSuccess;
   }
-  if (!(model->link_bandwidth_GBps > 0 && model->attn_tflops > 0 && model->link_latency_us >= 0))
-    return call.finish(setError(attnInvalidArgument, "cost model rates must be positive"));
+  if (!costModelValid(*model))
+    return call.finish(setError(attnInvalidArgument,
+                                "cost model rates must be positive and comm_interference within [0, 1]"));
   st.override = *model;
   st.modelOverridden = true;
   return attnSuccess;

@@ -25,7 +25,7 @@ struct AttnState {
   void* userData = nullptr;
   // Rates by (dtype, head_dim) of the kernel; link rates once.
   bool haveLink = false;
-  double linkGBps = 0, linkLatencyUs = 0;
+  double linkGBps = 0, linkLatencyUs = 0, interference = 0;
   std::map<int, double> kernelTflops;
   bool modelOverridden = false;
   attnCostModel_t override{};

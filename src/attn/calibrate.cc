@@ -1,10 +1,12 @@
 #include "src/attn/calibrate.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
 #include "src/attn/attn_call.h"
+#include "src/attn/progress_thread.h"
 #include "src/coll/coll.h"
 #include "src/core/env.h"
 #include "src/core/error.h"
@@ -32,50 +34,108 @@ attnResult_t timeExchange(Engine& e, size_t bytes, int reps, double* seconds) {
   return attnSuccess;
 }
 
-// Everyone takes the slowest rank's figures.
-attnResult_t agree(attnComm* comm, double* lat, double* bw, double* tflops) {
-  const int n = comm->nranks;
-  std::vector<double> all(3 * n);
-  all[3 * comm->rank] = *lat;
-  all[3 * comm->rank + 1] = *bw;
-  all[3 * comm->rank + 2] = *tflops;
+// Every rank ends with the same figures: the worst rank's. A field is
+// { value, true if larger is worse }.
+struct Figure {
+  double* value;
+  bool largerIsWorse;
+};
+attnResult_t agree(attnComm* comm, std::initializer_list<Figure> figures) {
+  const int n = comm->nranks, k = static_cast<int>(figures.size());
+  std::vector<double> all(static_cast<size_t>(k) * n);
+  int i = 0;
+  for (const Figure& f : figures) all[k * comm->rank + i++] = *f.value;
   std::vector<Block> blocks(n);
-  for (int i = 0; i < n; ++i) blocks[i] = {i * 3 * sizeof(double), 3 * sizeof(double)};
+  for (int r = 0; r < n; ++r) blocks[r] = {r * k * sizeof(double), k * sizeof(double)};
   ATTN_CHECK(ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n),
                             reinterpret_cast<char*>(all.data()), blocks, chunkBytes(1)));
   for (int r = 0; r < n; ++r) {
-    *lat = std::max(*lat, all[3 * r]);
-    *bw = std::min(*bw, all[3 * r + 1]);
-    *tflops = std::min(*tflops, all[3 * r + 2]);
+    i = 0;
+    for (const Figure& f : figures) {
+      const double v = all[k * r + i++];
+      *f.value = f.largerIsWorse ? std::max(*f.value, v) : std::min(*f.value, v);
+    }
   }
   return attnSuccess;
 }
 
-attnResult_t timeKernel(attnComm* comm, const attnAttnConfig_t& cfg, double* tflops) {
-  AttnState& st = attnStateOf(comm);
-  const int nq = std::max(8, 1024 / cfg.num_q_heads), nk = 512;
-  const size_t esz = cfg.dtype == attnFloat32 ? 4 : 2;
-  std::vector<char> q(esz * nq * cfg.num_q_heads * cfg.head_dim, 0),
-      kv(esz * nk * cfg.num_kv_heads * cfg.head_dim, 0);
-  std::vector<int32_t> qpos(nq, nk), kpos(nk);
-  for (int i = 0; i < nk; ++i) kpos[i] = i;
-  std::vector<float> o(static_cast<size_t>(nq) * cfg.num_q_heads * cfg.head_dim), lse(nq * cfg.num_q_heads);
+// A fixed attention problem for timing the kernel: nq queries against nk
+// keys, all visible.
+struct KernelProbe {
   AttnCall c;
-  c.comm = comm;
-  c.state = &st;
-  c.cfg = cfg;
-  c.cfg.causal = 0;
-  c.numSeqs = 1;
-  int32_t qoff[2] = {0, nq}, koff[2] = {0, nk};
-  RowsRef qs{q.data(), nullptr, nq, qoff, qpos.data()}, ks{kv.data(), kv.data(), nk, koff, kpos.data()};
+  std::vector<char> q, kv;
+  std::vector<int32_t> qpos, kpos;
+  std::vector<float> o, lse;
+  int32_t qoff[2] = {0, 0}, koff[2] = {0, 0};
+  int nq = 0, nk = 512;
+
+  KernelProbe(attnComm* comm, const attnAttnConfig_t& cfg) {
+    nq = std::max(8, 1024 / cfg.num_q_heads);
+    const size_t esz = cfg.dtype == attnFloat32 ? 4 : 2;
+    q.assign(esz * nq * cfg.num_q_heads * cfg.head_dim, 0);
+    kv.assign(esz * nk * cfg.num_kv_heads * cfg.head_dim, 0);
+    qpos.assign(nq, nk);
+    kpos.resize(nk);
+    for (int i = 0; i < nk; ++i) kpos[i] = i;
+    o.resize(static_cast<size_t>(nq) * cfg.num_q_heads * cfg.head_dim);
+    lse.resize(static_cast<size_t>(nq) * cfg.num_q_heads);
+    c.comm = comm;
+    c.state = &attnStateOf(comm);
+    c.cfg = cfg;
+    c.cfg.causal = 0;
+    c.numSeqs = 1;
+    qoff[1] = nq;
+    koff[1] = nk;
+  }
+  double flops() const { return 4.0 * nq * nk * c.cfg.num_q_heads * c.cfg.head_dim; }
+  attnResult_t run() {
+    RowsRef qs{q.data(), nullptr, nq, qoff, qpos.data()}, ks{kv.data(), kv.data(), nk, koff, kpos.data()};
+    return c.partial(qs, ks, o.data(), lse.data());
+  }
+  // Median seconds of `reps` runs.
+  attnResult_t time(int reps, double* seconds) {
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      auto t0 = Clock::now();
+      ATTN_CHECK(run());
+      t.push_back(usSince(t0) * 1e-6);
+    }
+    std::sort(t.begin(), t.end());
+    *seconds = std::max(t[t.size() / 2], 1e-9);
+    return attnSuccess;
+  }
+};
+
+// How much a ring exchange running beside the kernel slows the pair down:
+// the kernel and an exchange sized to take about as long are timed alone and
+// together (every rank at once, as in the ring). Together they take
+// max(a, c) + interference * min(a, c).
+attnResult_t timeInterference(attnComm* comm, KernelProbe& k, double kernelSeconds, double bw,
+                              double* interference) {
+  Engine& e = *comm->engine;
+  const int n = comm->nranks, me = comm->rank;
+  const size_t bytes = std::clamp<size_t>(static_cast<size_t>(kernelSeconds * bw * 1e9), 64 << 10, 16 << 20);
+  double exchange = 0;
+  ATTN_CHECK(timeExchange(e, bytes, 3, &exchange));
+  std::vector<char> out(bytes, 1), in(bytes);
   std::vector<double> t;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = Clock::now();
-    ATTN_CHECK(c.partial(qs, ks, o.data(), lse.data()));
-    t.push_back(usSince(t0) * 1e-6);
+  {
+    ProgressThread driver(e, comm->prefix);
+    for (int i = 0; i < 3; ++i) {
+      auto t0 = Clock::now();
+      Request s, r;
+      ATTN_CHECK(e.irecv((me - 1 + n) % n, in.data(), bytes, &r));
+      ATTN_CHECK(e.isend((me + 1) % n, out.data(), bytes, &s));
+      driver.kick();
+      ATTN_CHECK(k.run());
+      ATTN_CHECK(driver.wait(&s));
+      ATTN_CHECK(driver.wait(&r));
+      t.push_back(usSince(t0) * 1e-6);
+    }
   }
   std::sort(t.begin(), t.end());
-  *tflops = 4.0 * nq * nk * cfg.num_q_heads * cfg.head_dim / std::max(t[1], 1e-9) / 1e12;
+  const double both = t[1], lo = std::min(kernelSeconds, exchange), hi = std::max(kernelSeconds, exchange);
+  *interference = std::clamp((both - hi) / std::max(lo, 1e-9), 0.0, 1.0);
   return attnSuccess;
 }
 
@@ -83,7 +143,8 @@ attnResult_t timeKernel(attnComm* comm, const attnAttnConfig_t& cfg, double* tfl
 
 bool costModelOverridden(attnComm* comm) {
   return attnStateOf(comm).modelOverridden || envString("ATTN_MODEL_BW_GBPS") ||
-         envString("ATTN_MODEL_LAT_US") || envString("ATTN_MODEL_TFLOPS");
+         envString("ATTN_MODEL_LAT_US") || envString("ATTN_MODEL_TFLOPS") ||
+         envString("ATTN_MODEL_INTERFERENCE");
 }
 
 attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostModel_t* model) {
@@ -95,7 +156,11 @@ attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostMo
   const int key = static_cast<int>(cfg.dtype) * 1000 + cfg.head_dim;
   const bool needLink = !st.haveLink, needKernel = !st.kernelTflops.count(key);
   if (needLink || needKernel) {
-    double lat = 0, bw = 1e9, tflops = 1e9;
+    double lat = 0, bw = 1e9, tflops = 1e9, interference = 0;
+    KernelProbe probe(comm, cfg);
+    double kernelSeconds = 0;
+    ATTN_CHECK(probe.time(3, &kernelSeconds));
+    if (needKernel) tflops = probe.flops() / kernelSeconds / 1e12;
     if (needLink && comm->nranks > 1) {
       double tSmall, tLarge;
       const size_t large = 4 << 20;
@@ -104,25 +169,45 @@ attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostMo
       lat = tSmall * 1e6;
       bw = large / std::max(tLarge - tSmall, 1e-9) / 1e9;
     }
-    if (needKernel) ATTN_CHECK(timeKernel(comm, cfg, &tflops));
-    ATTN_CHECK(agree(comm, &lat, &bw, &tflops));
+    ATTN_CHECK(agree(comm, {{&lat, true}, {&bw, false}, {&tflops, false}, {&kernelSeconds, true}}));
+    if (needLink && comm->nranks > 1) {
+      // Sized from agreed figures: every rank must exchange the same bytes.
+      ATTN_CHECK(timeInterference(comm, probe, kernelSeconds, bw, &interference));
+      ATTN_CHECK(agree(comm, {{&interference, true}}));
+    }
     if (needLink) {
       st.haveLink = true;
       st.linkLatencyUs = lat;
       st.linkGBps = bw;
+      st.interference = interference;
     }
     if (needKernel) st.kernelTflops[key] = tflops;
-    ATTN_INFO(kLogAttn, "cost model: link %.3f GB/s, %.1f us; kernel %.4f TFLOP/s (dtype %d, D %d)",
-              st.linkGBps, st.linkLatencyUs, st.kernelTflops[key], (int)cfg.dtype, cfg.head_dim);
+    ATTN_INFO(kLogAttn,
+              "cost model: link %.3f GB/s, %.1f us; kernel %.4f TFLOP/s (dtype %d, D %d); interference %.2f",
+              st.linkGBps, st.linkLatencyUs, st.kernelTflops[key], (int)cfg.dtype, cfg.head_dim,
+              st.interference);
   }
   model->link_bandwidth_GBps = st.linkGBps;
   model->link_latency_us = st.linkLatencyUs;
   model->attn_tflops = st.kernelTflops[key];
+  model->comm_interference = st.interference;
   // Environment overrides, field by field.
   if (auto v = envString("ATTN_MODEL_BW_GBPS")) model->link_bandwidth_GBps = atof(v->c_str());
   if (auto v = envString("ATTN_MODEL_LAT_US")) model->link_latency_us = atof(v->c_str());
   if (auto v = envString("ATTN_MODEL_TFLOPS")) model->attn_tflops = atof(v->c_str());
+  if (auto v = envString("ATTN_MODEL_INTERFERENCE")) model->comm_interference = atof(v->c_str());
+  if (!costModelValid(*model))
+    return setError(attnInvalidArgument,
+                    "cost model from ATTN_MODEL_* is out of range (bandwidth %g GB/s, latency %g us, "
+                    "%g TFLOP/s, interference %g)",
+                    model->link_bandwidth_GBps, model->link_latency_us, model->attn_tflops,
+                    model->comm_interference);
   return attnSuccess;
+}
+
+bool costModelValid(const attnCostModel_t& m) {
+  return m.link_bandwidth_GBps > 0 && m.attn_tflops > 0 && m.link_latency_us >= 0 &&
+         m.comm_interference >= 0 && m.comm_interference <= 1;
 }
 
 }  // namespace attn

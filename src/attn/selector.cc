@@ -1,16 +1,22 @@
-// Predicted time of each mode, step by step as the algorithms run:
-//   pass-KV: t_attn + (N-1) * max(t_attn, t_kv)
-//   pass-Q:  t_attn + (N-1) * max(t_attn, t_q + t_ret) + t_ret
+// Predicted time of each mode, step by step as the algorithms run. A step
+// that computes for a while moving data for c takes
+//   step(a, c) = max(a, c) + beta * min(a, c)
+// where beta (comm_interference) is the share of the transfer that also holds
+// the kernel up: 0 on GPUs and NICs (the CP paper's max), about 1 for
+// host-memory copies on oversubscribed cores, measured at calibration.
+//   pass-KV: t_attn + (N-1) * step(t_attn, t_kv)
+//   pass-Q:  t_attn + (N-1) * step(t_attn, t_q + t_ret) + t_ret
 //            (each step forwards a query block and sends one partial home;
 //            the last partial is exposed)
-//   ship-Q:  max(t_attn, Q to all) + max((N-1) t_attn, returns leaving) + t_ret
+//   ship-Q:  step(t_attn, Q to all) + step((N-1) t_attn, returns leaving) + t_ret
 //            (all queries go out at once, one latency; the N-1 partials
 //            leave as they are computed and share the link)
 // with t_attn one step's attention (the largest shard against one rank's
 // keys), t_kv / t_q a KV / Q block on the link, t_ret one partial (fp32 O
 // and lse) coming home. Ship-Q is a candidate only for decode-like shapes
 // (at most one new token per sequence and rank), where its single hop pays.
-// Alg. 1's threshold (Eq. 2) and Alg. 5's choice (App. C) are reported too.
+// Alg. 1's threshold (Eq. 2) and Alg. 5's choice (App. C) are reported too,
+// with the paper's rates and no interference.
 #include "src/attn/selector.h"
 
 #include <algorithm>
@@ -38,10 +44,12 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   const double tQ = lat + qRows * Hq * D * e / bw;
   const double tRet = lat + qRows * Hq * (D + 1) * 4.0 / bw;
   const double steps = N - 1;
-  out->pass_kv_us = 1e6 * (tAttn + steps * std::max(tAttn, tKv));
-  out->pass_q_us = 1e6 * (tAttn + steps * std::max(tAttn, tQ + tRet) + (N > 1 ? tRet : 0));
-  out->ship_q_us = 1e6 * (std::max(tAttn, steps * (tQ - lat) + lat) +
-                          std::max(steps * tAttn, steps * (tRet - lat)) + (N > 1 ? tRet : 0));
+  const double beta = std::clamp(m.comm_interference, 0.0, 1.0);
+  auto step = [beta](double a, double c) { return std::max(a, c) + beta * std::min(a, c); };
+  out->pass_kv_us = 1e6 * (tAttn + steps * step(tAttn, tKv));
+  out->pass_q_us = 1e6 * (tAttn + steps * step(tAttn, tQ + tRet) + (N > 1 ? tRet : 0));
+  out->ship_q_us = 1e6 * (step(tAttn, steps * (tQ - lat) + lat) +
+                          step(steps * tAttn, steps * (tRet - lat)) + (N > 1 ? tRet : 0));
   if (N == 1) out->pass_q_us = out->ship_q_us = out->pass_kv_us;
 
   const bool decodeLike = in.newTokens <= static_cast<int64_t>(in.numSeqs) * in.nranks;
