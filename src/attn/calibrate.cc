@@ -109,19 +109,20 @@ struct KernelProbe {
 // How much a ring exchange running beside the kernel slows the pair down:
 // the kernel and an exchange sized to take about as long are timed alone and
 // together (every rank at once, as in the ring). Together they take
-// max(a, c) + interference * min(a, c).
+// max(a, c) + interference * min(a, c). The ring couples the ranks, so the
+// figures are the slowest rank's before the share is worked out.
 attnResult_t timeInterference(attnComm* comm, KernelProbe& k, double kernelSeconds, double bw,
                               double* interference) {
   Engine& e = *comm->engine;
-  const int n = comm->nranks, me = comm->rank;
+  const int n = comm->nranks, me = comm->rank, reps = 5;
   const size_t bytes = std::clamp<size_t>(static_cast<size_t>(kernelSeconds * bw * 1e9), 64 << 10, 16 << 20);
   double exchange = 0;
-  ATTN_CHECK(timeExchange(e, bytes, 3, &exchange));
+  ATTN_CHECK(timeExchange(e, bytes, reps, &exchange));
   std::vector<char> out(bytes, 1), in(bytes);
   std::vector<double> t;
   {
     ProgressThread driver(e, comm->prefix);
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < reps; ++i) {
       auto t0 = Clock::now();
       Request s, r;
       ATTN_CHECK(e.irecv((me - 1 + n) % n, in.data(), bytes, &r));
@@ -134,8 +135,12 @@ attnResult_t timeInterference(attnComm* comm, KernelProbe& k, double kernelSecon
     }
   }
   std::sort(t.begin(), t.end());
-  const double both = t[1], lo = std::min(kernelSeconds, exchange), hi = std::max(kernelSeconds, exchange);
+  double both = t[t.size() / 2];
+  ATTN_CHECK(agree(comm, {{&exchange, true}, {&both, true}}));
+  const double lo = std::min(kernelSeconds, exchange), hi = std::max(kernelSeconds, exchange);
   *interference = std::clamp((both - hi) / std::max(lo, 1e-9), 0.0, 1.0);
+  ATTN_TRACE(kLogAttn, "interference: kernel %.0f us, exchange of %zu bytes %.0f us, together %.0f us -> %.2f",
+             kernelSeconds * 1e6, bytes, exchange * 1e6, both * 1e6, *interference);
   return attnSuccess;
 }
 
@@ -173,7 +178,6 @@ attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostMo
     if (needLink && comm->nranks > 1) {
       // Sized from agreed figures: every rank must exchange the same bytes.
       ATTN_CHECK(timeInterference(comm, probe, kernelSeconds, bw, &interference));
-      ATTN_CHECK(agree(comm, {{&interference, true}}));
     }
     if (needLink) {
       st.haveLink = true;
