@@ -220,9 +220,10 @@ void CollectiveMatrix(attnComm_t comm, int rank, int n) {
   }
 }
 
-void RunShape(const Shape& s, const char* algo) {
+void RunShape(const Shape& s, const char* algo, const char* segments = nullptr) {
   RunOptions o;
   o.env = {{"ATTN_ALGO", algo}, {"ATTN_CHUNK_SIZE", "4096"}};
+  if (segments) o.env.push_back({"ATTN_HIER_SEGMENTS", segments});
   o.child_setup = [&s](int rank) {
     setenv("ATTN_HOSTID", ("h" + std::to_string(s.host[rank])).c_str(), 1);
     setenv("ATTN_RACKID", ("r" + std::to_string(s.rack[rank])).c_str(), 1);
@@ -241,6 +242,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HierProcs,
                          [](const ::testing::TestParamInfo<const Shape*>& i) {
                            return std::string(i.param->name);
                          });
+
+// The pipelined schedule (hier_pipeline.h) with uneven segments: 3 of them
+// over blocks of 1, 5, 7, 1001 elements (some segments empty), so levels run
+// at once on different segments.
+TEST_P(HierProcs, AllCollectivesHierThreeSegments) { RunShape(*GetParam(), "hier", "3"); }
 
 TEST(HierProcsAlgo, RingAndAutoOnRacks) {
   RunShape(k2r2h2, "ring");

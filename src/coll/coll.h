@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "attncomm.h"
@@ -44,6 +45,15 @@ attnResult_t ringAllGatherv(Engine& e, const Ring& ring, char* buf,
 attnResult_t ringReduceScatterv(Engine& e, const Ring& ring, const char* in, char* out,
                                 const std::vector<Block>& blocks, attnDataType_t type,
                                 attnRedOp_t op, size_t chunk, char* staging = nullptr);
+
+// The same two as step machines, to run beside other ops (coll_op.h).
+// `blocks` and `ring` are copied; the buffers must outlive the op.
+class CollOp;
+std::unique_ptr<CollOp> makeRingAllGatherOp(Engine& e, const Ring& ring, char* buf,
+                                            std::vector<Block> blocks, size_t chunk);
+std::unique_ptr<CollOp> makeRingReduceScatterOp(Engine& e, const Ring& ring, const char* in, char* out,
+                                                std::vector<Block> blocks, attnDataType_t type,
+                                                attnRedOp_t op, size_t chunk, char* staging);
 
 struct Hierarchy;  // src/coll/hierarchy.h
 
