@@ -13,6 +13,9 @@
 // - An unknown ATTN_ALGO is a clear attnInvalidArgument.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -257,6 +260,32 @@ TEST(HierProcsAlgo, RingOnInterleavedHosts) { RunShape(kInterleaved, "ring"); }
 
 // ---------------------------------------------------------------------------
 // Bad setting
+
+// auto decides with the fabric model's tiers (here from ATTN_TOPO_FILE),
+// and our defaults where the model has no figure.
+TEST(AlgoSelect, RatesComeFromTheFabricModel) {
+  const std::string file = "/tmp/attn_hier_rates_" + std::to_string(getpid()) + ".json";
+  {
+    FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"attncomm_topology": 1, "tiers": {
+        "host": {"bandwidth_Bps": 3e9, "latency_s": 4e-6},
+        "rack": {"bandwidth_Bps": 5e7, "latency_s": 1e-4}}})", f);
+    std::fclose(f);
+  }
+  RunOptions o;
+  o.env = {{"ATTN_TOPO_FILE", file}};
+  RunThreads(2, [&](int, int, attnComm_t& comm) {
+    const attn::TierRates& r = attn::collTopo(comm).rates;
+    ASSERT_EQ(r.bytesPerSec.size(), 3u);
+    EXPECT_EQ(r.bytesPerSec[0], 3e9);
+    EXPECT_EQ(r.latencySec[0], 4e-6);
+    EXPECT_EQ(r.bytesPerSec[1], 5e7);
+    EXPECT_EQ(r.latencySec[1], 1e-4);
+    EXPECT_GT(r.bytesPerSec[2], 0);  // cluster: the model's default for tcp
+  }, o);
+  std::remove(file.c_str());
+}
 
 TEST(AlgoSelect, UnknownAlgoIsInvalidArgument) {
   ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALGO", "tree"}});

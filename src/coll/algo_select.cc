@@ -9,6 +9,7 @@
 #include "src/core/env.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "topology/fabric_model.h"
 
 namespace attn {
 
@@ -71,9 +72,18 @@ CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const 
                                                                                     : CollAlgo::kRing;
 }
 
-TierRates tierRatesFor(const attnComm*) {
-  // Hook: the fabric model (topology/) will supply measured per-tier rates.
-  return defaultTierRates();
+TierRates tierRatesFor(const attnComm* comm) {
+  // The fabric model's tiers (defaults per transport, the init probe, or
+  // ATTN_TOPO_FILE), where it has a figure; our defaults elsewhere.
+  TierRates r = defaultTierRates();
+  if (!comm || !comm->fabric) return r;
+  const Tier tiers[] = {Tier::kHost, Tier::kRack, Tier::kCluster};
+  for (int i = 0; i < 3; ++i) {
+    const TierLink& l = comm->fabric->tiers[static_cast<int>(tiers[i])];
+    if (l.bandwidth > 0) r.bytesPerSec[i] = l.bandwidth;
+    if (l.bandwidth > 0 && l.latency >= 0) r.latencySec[i] = l.latency;
+  }
+  return r;
 }
 
 const CollTopo& collTopo(attnComm* comm) {

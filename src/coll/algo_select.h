@@ -4,8 +4,8 @@
 // ATTN_ALGO=ring|hier|auto (default auto), read at every call so a launcher
 // or perf binary may set it before any collective. auto compares a simple
 // cost model of both (bytes over the slowest boundary each crosses, plus
-// per-step latency) using per-tier rates; the fabric model (topology/) plugs
-// in through tierRatesFor().
+// per-step latency) using per-tier rates from the communicator's fabric
+// model (topology/), through tierRatesFor().
 #pragma once
 
 #include <cstddef>
@@ -33,8 +33,8 @@ struct TierRates {
   std::vector<double> bytesPerSec;
   std::vector<double> latencySec;
 };
-// Defaults (shared memory, 10 Gbit/s hosts, 10 Gbit/s racks) until the
-// fabric model supplies measured figures.
+// Defaults (shared memory, 10 Gbit/s hosts, 10 Gbit/s racks) for tiers the
+// fabric model has no figure for.
 TierRates defaultTierRates();
 
 // Modelled seconds to all-gather (or reduce-scatter) `totalBytes` (all
@@ -54,7 +54,8 @@ struct CollTopo {
   unsigned logged = 0;  // (collective, algorithm) pairs already logged
 };
 const CollTopo& collTopo(attnComm* comm);
-// Rates for this communicator: the hook for the fabric model.
+// Rates for this communicator: the fabric model's tiers (host, rack,
+// cluster), defaults where it has none.
 TierRates tierRatesFor(const attnComm* comm);
 
 // Picks the algorithm of one call (logs each new choice once per
