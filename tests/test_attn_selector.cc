@@ -111,16 +111,9 @@ TEST(EstimateModes, MonotoneInRates) {
 // nothing and the mode that moves fewer bytes wins, even where the paper's
 // max() model calls the two a tie (both compute-bound).
 TEST(EstimateModes, InterferenceChargesTheBytesThatMove) {
-  attnAttnConfig_t cfg{};
-  cfg.num_q_heads = 8;
-  cfg.num_kv_heads = 2;
-  cfg.head_dim = 64;
-  cfg.dtype = attnFloat32;
-  cfg.causal = 1;
-  attnCostModel_t m{};
-  m.link_bandwidth_GBps = 1.5;  // host copies between threads
-  m.link_latency_us = 5.0;
-  m.attn_tflops = 0.04;         // the CPU kernel
+  const attnAttnConfig_t cfg{8, 2, 64, attnFloat32, 0.0f, 1};  // GQA 8/2, causal
+  // Host copies between threads and the CPU kernel; no interference yet.
+  attnCostModel_t m{1.5, 5.0, 0.04, 0.0};
   const int n = 4;
   const int64_t total = 4096;
   // 32 new tokens: both modes are compute-bound under max().
