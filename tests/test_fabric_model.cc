@@ -260,7 +260,7 @@ TEST(FabricPrint, TextAndDot) {
   EXPECT_NE(text.find("8 rank(s), 4 host(s), 2 rack(s)"), std::string::npos) << text;
   for (const char* tier : {"device", "host", "rack", "cluster"}) EXPECT_NE(text.find(tier), std::string::npos);
   EXPECT_NE(text.find("host leaders: 0 2 1 3"), std::string::npos) << text;
-  std::string dot = fabricToDot(m);
+  std::string dot = fabricAsGraphviz(m);
   EXPECT_EQ(dot.rfind("graph attncomm_topology {", 0), 0u);
   EXPECT_NE(dot.find("subgraph cluster_rack1"), std::string::npos);
   EXPECT_NE(dot.find("subgraph cluster_host3"), std::string::npos);

@@ -21,113 +21,28 @@
 #include "src/core/socket.h"
 #include "src/core/transport.h"
 #include "tests/support/fake_bootstrap.h"
+#include "tests/support/transport_harness.h"
 #include "transports/tcp/tcp_wire.h"
 
 namespace attn {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kTimeoutMs = 30000;
+using Rank = testing::TransportRank;
+using testing::allBut;
+using testing::check;
+using testing::drive;
+using testing::fill;
+using testing::runThreads;
+constexpr int kTimeoutMs = testing::kTransportTimeoutMs;
 
-// One rank: its transport and its connections, conns[p] for peer p (null
-// for itself and for peers it did not ask for).
-struct Rank {
-  int rank = 0;
-  std::unique_ptr<Bootstrap> boot;
-  std::unique_ptr<Transport> transport;
-  std::vector<std::unique_ptr<Connection>> conns;
-  std::vector<PeerInfo> peers;
-  std::atomic<bool> abortFlag{false};
-};
-
-void runThreads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) ts.emplace_back(fn, r);
-  for (auto& t : ts) t.join();
-}
-
-// Connects rank r to the peers chosen by wants(r) (all others by default).
-void connectRank(Rank* rk, int n, const std::function<std::vector<int>(int)>& wants) {
-  rk->peers.resize(n);
-  for (int i = 0; i < n; ++i) {
-    rk->peers[i].rank = i;
-    rk->peers[i].commHash = 0x1234abcdULL;
-  }
-  TransportContext ctx;
-  ctx.rank = rk->rank;
-  ctx.nranks = n;
-  ctx.bootstrap = rk->boot.get();
-  ctx.peers = rk->peers.data();
-  ctx.timeoutMs = kTimeoutMs;
-  ctx.abortFlag = &rk->abortFlag;
-  rk->transport = createTcpTransport();
-  std::vector<int> peers = wants(rk->rank);
-  std::vector<std::unique_ptr<Connection>> conns;
-  ASSERT_EQ(rk->transport->connect(ctx, peers, &conns), attnSuccess) << threadLastError();
-  ASSERT_EQ(conns.size(), peers.size());
-  rk->conns.resize(n);
-  for (size_t i = 0; i < peers.size(); ++i) {
-    ASSERT_EQ(conns[i]->peer(), peers[i]);
-    rk->conns[peers[i]] = std::move(conns[i]);
-  }
-}
-
-std::vector<int> allBut(int r, int n) {
-  std::vector<int> v;
-  for (int p = 0; p < n; ++p)
-    if (p != r) v.push_back(p);
-  return v;
+void connectRank(Rank* rk, int n, const testing::PeerChoice& wants) {
+  testing::connectTransportRank(rk, n, createTcpTransport, wants);
 }
 
 // n ranks over the in-process fake bootstrap, fully connected.
-std::vector<std::unique_ptr<Rank>> makeRanks(int n, testing::FakeBootstrapHub* hub,
-                                             std::function<std::vector<int>(int)> wants = {}) {
-  if (!wants) wants = [n](int r) { return allBut(r, n); };
-  std::vector<std::unique_ptr<Rank>> ranks(n);
-  for (int r = 0; r < n; ++r) {
-    ranks[r] = std::make_unique<Rank>();
-    ranks[r]->rank = r;
-    ranks[r]->boot = std::make_unique<testing::FakeBootstrap>(hub, r);
-  }
-  runThreads(n, [&](int r) { connectRank(ranks[r].get(), n, wants); });
-  return ranks;
-}
-
-// Drives every connection of `rk` until all `reqs` left kPending or the
-// deadline passed. Returns false on timeout.
-bool drive(Rank* rk, const std::vector<Request*>& reqs, int timeoutMs = kTimeoutMs) {
-  auto end = Clock::now() + std::chrono::milliseconds(timeoutMs);
-  for (;;) {
-    bool pending = false;
-    for (Request* q : reqs) pending |= q->pending();
-    if (!pending) return true;
-    if (Clock::now() > end) return false;
-    bool any = false;
-    for (auto& c : rk->conns) {
-      if (!c || c->idle()) continue;
-      bool p = false;
-      c->progress(&p);  // failures land in the requests
-      any |= p;
-    }
-    if (!any) rk->transport->waitForActivity(1000);
-  }
-}
-
-uint8_t pattern(int src, int dst, size_t msg, size_t i) {
-  return uint8_t((i * 131) ^ (src * 7 + dst * 13 + msg * 29) ^ (i >> 12));
-}
-
-void fill(std::vector<uint8_t>* buf, int src, int dst, size_t msg) {
-  for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = pattern(src, dst, msg, i);
-}
-
-bool check(const uint8_t* buf, size_t n, int src, int dst, size_t msg) {
-  for (size_t i = 0; i < n; ++i)
-    if (buf[i] != pattern(src, dst, msg, i)) {
-      ADD_FAILURE() << "byte " << i << " of message " << msg << " from " << src << " to " << dst;
-      return false;
-    }
-  return true;
+testing::TransportRanks makeRanks(int n, testing::FakeBootstrapHub* hub, testing::PeerChoice wants = {}) {
+  return testing::makeTransportRanks(n, hub, createTcpTransport, std::move(wants));
 }
 
 const size_t kSizes[] = {0, 1, 7, 4096, (size_t(1) << 20) + 3, size_t(32) << 20};
@@ -224,47 +139,7 @@ TEST(Tcp, FifoUnderBackpressure) {
   testing::FakeBootstrapHub hub(2);
   auto ranks = makeRanks(2, &hub);
   unsetenv("ATTN_TCP_STRIPE_MIN");
-  const size_t count = 600;
-  std::vector<size_t> sizes(count);
-  std::mt19937 rng(7);
-  for (auto& s : sizes) s = rng() % 4 == 0 ? rng() % (600 << 10) : rng() % 300;
-  runThreads(2, [&](int r) {
-    Rank* rk = ranks[r].get();
-    Connection* c = rk->conns[1 - r].get();
-    if (r == 0) {
-      std::vector<std::vector<uint8_t>> bufs(count);
-      std::vector<Request> reqs(count);
-      std::vector<Request*> all;
-      for (size_t i = 0; i < count; ++i) {
-        bufs[i].resize(sizes[i]);
-        fill(&bufs[i], 0, 1, i);
-        ASSERT_EQ(c->postSend(bufs[i].data(), sizes[i], &reqs[i]), attnSuccess);
-        all.push_back(&reqs[i]);
-      }
-      ASSERT_TRUE(drive(rk, all));
-      for (auto& q : reqs) ASSERT_EQ(q.state.load(), Request::kDone) << q.message;
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the sender run ahead
-      const size_t window = 5;
-      for (size_t base = 0; base < count; base += window) {
-        size_t k = std::min(window, count - base);
-        std::vector<std::vector<uint8_t>> bufs(k);
-        std::vector<Request> reqs(k);
-        std::vector<Request*> all;
-        for (size_t j = 0; j < k; ++j) {
-          bufs[j].resize(600 << 10);
-          ASSERT_EQ(c->postRecv(bufs[j].data(), bufs[j].size(), &reqs[j]), attnSuccess);
-          all.push_back(&reqs[j]);
-        }
-        ASSERT_TRUE(drive(rk, all));
-        for (size_t j = 0; j < k; ++j) {
-          ASSERT_EQ(reqs[j].state.load(), Request::kDone) << reqs[j].message;
-          ASSERT_EQ(reqs[j].bytes, sizes[base + j]) << "message " << base + j << " out of order";
-          ASSERT_TRUE(check(bufs[j].data(), sizes[base + j], 0, 1, base + j));
-        }
-      }
-    }
-  });
+  testing::checkFifoUnderBackpressure(ranks, 600);
 }
 
 TEST(Tcp, TruncatedReceiveFails) {

@@ -26,6 +26,7 @@
 #include "src/core/transport.h"
 #include "tests/support/fake_bootstrap.h"
 #include "tests/support/multirank.h"
+#include "tests/support/transport_harness.h"
 #if ATTN_HAVE_UCX
 #include "transports/ucx/ucx_context.h"
 #include "transports/ucx/ucx_memreg.h"
@@ -48,100 +49,20 @@ TEST(Ucx, NotBuiltIsAClearError) {
 
 using attn::Connection;
 using attn::Request;
-constexpr int kTimeoutMs = 30000;
+constexpr int kTimeoutMs = attn::testing::kTransportTimeoutMs;
 
 // ---------------------------------------------------------------------------
 // Transport level: ranks are threads over the in-process fake bootstrap.
 
-struct Rank {
-  int rank = 0;
-  std::unique_ptr<attn::Bootstrap> boot;
-  std::unique_ptr<attn::Transport> transport;
-  std::vector<std::unique_ptr<Connection>> conns;  // conns[p] for peer p
-  std::vector<attn::PeerInfo> peers;
-  std::atomic<bool> abortFlag{false};
-  ~Rank() { conns.clear(); }  // connections go before their transport
-};
-
-void runThreads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) ts.emplace_back(fn, r);
-  for (auto& t : ts) t.join();
-}
-
-// Ranks go away together, as a communicator's do: a closing endpoint's
-// flush is answered by the peer's progress.
-struct Ranks : std::vector<std::unique_ptr<Rank>> {
-  explicit Ranks(size_t n) : std::vector<std::unique_ptr<Rank>>(n) {}
-  Ranks(Ranks&&) = default;
-  ~Ranks() {
-    runThreads(int(size()), [this](int r) { (*this)[r].reset(); });
-  }
-};
+using Rank = attn::testing::TransportRank;
+using Ranks = attn::testing::TransportRanks;
+using attn::testing::check;
+using attn::testing::drive;
+using attn::testing::fill;
+using attn::testing::runThreads;
 
 Ranks makeRanks(int n, attn::testing::FakeBootstrapHub* hub) {
-  Ranks ranks(n);
-  for (int r = 0; r < n; ++r) {
-    ranks[r] = std::make_unique<Rank>();
-    ranks[r]->rank = r;
-    ranks[r]->boot = std::make_unique<attn::testing::FakeBootstrap>(hub, r);
-  }
-  runThreads(n, [&](int r) {
-    Rank* rk = ranks[r].get();
-    rk->peers.resize(n);
-    for (int i = 0; i < n; ++i) rk->peers[i].rank = i;
-    attn::TransportContext ctx;
-    ctx.rank = r;
-    ctx.nranks = n;
-    ctx.bootstrap = rk->boot.get();
-    ctx.peers = rk->peers.data();
-    ctx.timeoutMs = kTimeoutMs;
-    ctx.abortFlag = &rk->abortFlag;
-    rk->transport = attn::createUcxTransport();
-    std::vector<int> want;
-    for (int p = 0; p < n; ++p)
-      if (p != r) want.push_back(p);
-    std::vector<std::unique_ptr<Connection>> conns;
-    ASSERT_EQ(rk->transport->connect(ctx, want, &conns), attnSuccess) << attn::threadLastError();
-    ASSERT_EQ(conns.size(), want.size());
-    rk->conns.resize(n);
-    for (size_t i = 0; i < want.size(); ++i) rk->conns[want[i]] = std::move(conns[i]);
-  });
-  return ranks;
-}
-
-// Drives rank's connections until no request is pending (false: timeout).
-bool drive(Rank* rk, const std::vector<Request*>& reqs, int timeoutMs = kTimeoutMs) {
-  auto end = Clock::now() + std::chrono::milliseconds(timeoutMs);
-  for (;;) {
-    bool pending = false;
-    for (Request* q : reqs) pending |= q->pending();
-    if (!pending) return true;
-    if (Clock::now() > end) return false;
-    bool any = false;
-    for (auto& c : rk->conns) {
-      if (!c || c->idle()) continue;
-      bool p = false;
-      c->progress(&p);  // failures land in the requests
-      any |= p;
-    }
-    if (!any) rk->transport->waitForActivity(1000);
-  }
-}
-
-uint8_t pattern(int src, int dst, size_t msg, size_t i) {
-  return uint8_t((i * 131) ^ (src * 7 + dst * 13 + msg * 29) ^ (i >> 12));
-}
-void fill(std::vector<uint8_t>* b, int src, int dst, size_t msg) {
-  for (size_t i = 0; i < b->size(); ++i) (*b)[i] = pattern(src, dst, msg, i);
-}
-bool check(const uint8_t* b, size_t n, int src, int dst, size_t msg) {
-  for (size_t i = 0; i < n; ++i)
-    if (b[i] != pattern(src, dst, msg, i)) {
-      ADD_FAILURE() << "byte " << i << " of message " << msg << " from " << src << " to " << dst;
-      return false;
-    }
-  return true;
+  return attn::testing::makeTransportRanks(n, hub, attn::createUcxTransport);
 }
 
 // Every rank sends each size to every peer and receives them all.
@@ -207,46 +128,7 @@ TEST(Ucx, SixtyFourMiB) {
 TEST(Ucx, FifoOrder) {
   attn::testing::FakeBootstrapHub hub(2);
   auto ranks = makeRanks(2, &hub);
-  const size_t count = 300;
-  std::vector<size_t> sizes(count);
-  std::mt19937 rng(7);
-  for (auto& s : sizes) s = rng() % 4 == 0 ? rng() % (600 << 10) : rng() % 300;
-  runThreads(2, [&](int r) {
-    Rank* rk = ranks[r].get();
-    Connection* c = rk->conns[1 - r].get();
-    if (r == 0) {
-      std::vector<std::vector<uint8_t>> bufs(count);
-      std::vector<Request> reqs(count);
-      std::vector<Request*> all;
-      for (size_t i = 0; i < count; ++i) {
-        bufs[i].resize(sizes[i]);
-        fill(&bufs[i], 0, 1, i);
-        ASSERT_EQ(c->postSend(bufs[i].data(), sizes[i], &reqs[i]), attnSuccess);
-        all.push_back(&reqs[i]);
-      }
-      ASSERT_TRUE(drive(rk, all));
-      for (auto& q : reqs) ASSERT_EQ(q.state.load(), Request::kDone) << q.message;
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      const size_t window = 5;
-      for (size_t base = 0; base < count; base += window) {
-        size_t k = std::min(window, count - base);
-        std::vector<std::vector<uint8_t>> bufs(k, std::vector<uint8_t>(600 << 10));
-        std::vector<Request> reqs(k);
-        std::vector<Request*> all;
-        for (size_t j = 0; j < k; ++j) {
-          ASSERT_EQ(c->postRecv(bufs[j].data(), bufs[j].size(), &reqs[j]), attnSuccess);
-          all.push_back(&reqs[j]);
-        }
-        ASSERT_TRUE(drive(rk, all));
-        for (size_t j = 0; j < k; ++j) {
-          ASSERT_EQ(reqs[j].state.load(), Request::kDone) << reqs[j].message;
-          ASSERT_EQ(reqs[j].bytes, sizes[base + j]) << "message " << base + j << " out of order";
-          ASSERT_TRUE(check(bufs[j].data(), sizes[base + j], 0, 1, base + j));
-        }
-      }
-    }
-  });
+  attn::testing::checkFifoUnderBackpressure(ranks, 300);
 }
 
 TEST(Ucx, TruncatedReceiveFails) {

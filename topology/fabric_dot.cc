@@ -10,7 +10,7 @@ namespace {
 const char* const kTierColor[kTierCount] = {"darkgreen", "blue", "orange", "red"};
 }
 
-std::string fabricToDot(const FabricModel& m) {
+std::string fabricAsGraphviz(const FabricModel& m) {
   std::ostringstream o;
   // DOT strings quote like JSON strings ("..." with \" and \\ escaped).
   o << "graph attncomm_topology {\n  graph [fontname=\"Helvetica\", compound=true];\n"

@@ -10,7 +10,7 @@
 namespace attn {
 
 std::string fabricToText(const FabricModel& m);
-std::string fabricToDot(const FabricModel& m);
+std::string fabricAsGraphviz(const FabricModel& m);
 // "12.5 GB/s", "3.0 us"
 std::string formatBandwidth(double bytesPerSecond);
 std::string formatLatency(double seconds);

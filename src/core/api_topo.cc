@@ -65,7 +65,7 @@ extern "C" attnResult_t attnCommTopoDump(attnComm_t comm, int format, char* buf,
   std::string text;
   switch (format) {
     case attnTopoFormatText: text = fabricToText(*comm->fabric); break;
-    case attnTopoFormatDot: text = fabricToDot(*comm->fabric); break;
+    case attnTopoFormatDot: text = fabricAsGraphviz(*comm->fabric); break;
     case attnTopoFormatJson: text = fabricToJson(*comm->fabric); break;
     default:
       return call.finish(setError(attnInvalidArgument,
