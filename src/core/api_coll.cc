@@ -41,6 +41,21 @@ attnResult_t checkBuffers(const void* send, const void* recv, size_t count) {
   return attnSuccess;
 }
 
+// A collective for the device backends (device_op.h): what it is, and its
+// staged twin.
+DeviceOp deviceColl(DeviceOpKind kind, const void* send, void* recv, size_t count, attnDataType_t type,
+                    std::vector<DeviceSpan> spans, HostOp host) {
+  DeviceOp d;
+  d.kind = kind;
+  d.send = send;
+  d.recv = recv;
+  d.count = count;
+  d.type = type;
+  d.spans = std::move(spans);
+  d.hostOp = std::move(host);
+  return d;
+}
+
 bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return an && bn && x < y + bn && y < x + an;
@@ -64,10 +79,12 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                                 "all-gather: sendbuff overlaps recvbuff but is not this rank's "
                                 "slot (in place needs sendbuff == recvbuff + rank*sendcount)"));
   if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(comm, stream, {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}},
-                                     [=](char* const* h) {
-                                       return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
-                                     }));
+    return call.finish(deviceEnqueue(
+        comm, stream,
+        deviceColl(DeviceOpKind::kAllGather, sendbuff, out, sendcount, datatype,
+                   {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}}, [=](char* const* h) {
+                     return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
+                   })));
   AlgoSetting algo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "AllGather", [=] {
@@ -95,12 +112,14 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     return call.finish(setError(attnInvalidArgument,
                                 "reduce-scatter: recvbuff overlaps sendbuff but is not this "
                                 "rank's block (in place needs recvbuff == sendbuff + rank*recvcount)"));
-  if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(comm, stream, {{in, bytes * n, true, false}, {out, bytes, false, true}},
-                                     [=](char* const* h) {
-                                       return attnReduceScatter(h[0], h[1], recvcount, datatype, op, comm,
-                                                                nullptr);
-                                     }));
+  if (deviceRoute(comm)) {
+    DeviceOp d = deviceColl(DeviceOpKind::kReduceScatter, in, out, recvcount, datatype,
+                            {{in, bytes * n, true, false}, {out, bytes, false, true}}, [=](char* const* h) {
+                              return attnReduceScatter(h[0], h[1], recvcount, datatype, op, comm, nullptr);
+                            });
+    d.op = op;
+    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+  }
   AlgoSetting algo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "ReduceScatter", [=] {
@@ -122,12 +141,15 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   const size_t esz = dataTypeSize(datatype);
   if (sendbuff != recvbuff && overlaps(sendbuff, count * esz, recvbuff, count * esz))
     return call.finish(setError(attnInvalidArgument, "all-reduce: buffers overlap partially"));
-  if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(comm, stream,
-                                     {{sendbuff, count * esz, true, false}, {recvbuff, count * esz, false, true}},
-                                     [=](char* const* h) {
-                                       return attnAllReduce(h[0], h[1], count, datatype, op, comm, nullptr);
-                                     }));
+  if (deviceRoute(comm)) {
+    DeviceOp d = deviceColl(DeviceOpKind::kAllReduce, sendbuff, recvbuff, count, datatype,
+                            {{sendbuff, count * esz, true, false}, {recvbuff, count * esz, false, true}},
+                            [=](char* const* h) {
+                              return attnAllReduce(h[0], h[1], count, datatype, op, comm, nullptr);
+                            });
+    d.op = op;
+    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+  }
   AlgoSetting algo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "AllReduce", [=] {
@@ -152,12 +174,15 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     return call.finish(setError(attnInvalidArgument, "sendbuff is NULL on the root"));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
   const int n = comm->nranks, me = comm->rank;
-  if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(comm, stream,
-                                     {{sendbuff, me == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}},
-                                     [=](char* const* h) {
-                                       return attnBroadcast(h[0], h[1], count, datatype, root, comm, nullptr);
-                                     }));
+  if (deviceRoute(comm)) {
+    DeviceOp d = deviceColl(DeviceOpKind::kBroadcast, sendbuff, recvbuff, count, datatype,
+                            {{sendbuff, me == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}},
+                            [=](char* const* h) {
+                              return attnBroadcast(h[0], h[1], count, datatype, root, comm, nullptr);
+                            });
+    d.root = root;
+    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+  }
   return call.finish(dispatch(comm, "Broadcast", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
     char* buf = static_cast<char*>(recvbuff);
@@ -181,10 +206,12 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
   if (overlaps(sendbuff, bytes * n, recvbuff, bytes * n))
     return call.finish(setError(attnInvalidArgument, "all-to-all cannot run in place: buffers overlap"));
   if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(comm, stream, {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}},
-                                     [=](char* const* h) {
-                                       return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr);
-                                     }));
+    return call.finish(deviceEnqueue(
+        comm, stream,
+        deviceColl(DeviceOpKind::kAllToAll, sendbuff, recvbuff, count, datatype,
+                   {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}}, [=](char* const* h) {
+                     return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr);
+                   })));
   return call.finish(dispatch(comm, "AllToAll", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
     std::vector<Block> blocks(n);
@@ -233,11 +260,17 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
     }
     std::vector<size_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n),
         rc(recvcounts, recvcounts + n), rd(rdispls, rdispls + n);
-    return call.finish(deviceEnqueue(comm, stream, {{sendbuff, sendEnd, true, false}, {recvbuff, recvEnd, true, true}},
-                                     [=](char* const* h) {
-                                       return attnAllToAllv(h[0], sc.data(), sd.data(), h[1], rc.data(),
-                                                            rd.data(), datatype, comm, nullptr);
-                                     }));
+    DeviceOp d = deviceColl(DeviceOpKind::kAllToAllv, sendbuff, recvbuff, 0, datatype,
+                            {{sendbuff, sendEnd, true, false}, {recvbuff, recvEnd, true, true}},
+                            [=](char* const* h) {
+                              return attnAllToAllv(h[0], sc.data(), sd.data(), h[1], rc.data(), rd.data(),
+                                                   datatype, comm, nullptr);
+                            });
+    d.sendcounts = sc;
+    d.sdispls = sd;
+    d.recvcounts = rc;
+    d.rdispls = rd;
+    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
   return call.finish(dispatch(comm, "AllToAllv", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
@@ -250,7 +283,9 @@ attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(comm, stream, {}, [=](char* const*) { return attnBarrier(comm, nullptr); }));
+    return call.finish(deviceEnqueue(comm, stream,
+                                     deviceColl(DeviceOpKind::kBarrier, nullptr, nullptr, 0, attnUint8, {},
+                                                [=](char* const*) { return attnBarrier(comm, nullptr); })));
   if (stream != nullptr)
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
   return call.finish(dispatch(comm, "Barrier", [=] {

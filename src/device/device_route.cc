@@ -48,7 +48,10 @@ void deviceFree(attnComm* comm) { comm->device.reset(); }
 
 bool deviceBusy(const attnComm* comm) { return comm->device && comm->device->bridge->busy(); }
 
-attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, std::vector<DeviceSpan> spans,
+namespace {
+
+// The staging backend: pinned host copies around the host-memory operation.
+attnResult_t enqueueStaged(attnComm* comm, attnStream_t stream, std::vector<DeviceSpan> spans,
                            HostOp op) {
   std::shared_ptr<DeviceState> st = comm->device;
   auto work = [st, spans = std::move(spans), op = std::move(op)](cudaStream_t copy) -> attnResult_t {
@@ -74,6 +77,12 @@ attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, std::vector<Devi
     return attnSuccess;
   };
   return st->bridge->enqueue(reinterpret_cast<cudaStream_t>(stream), std::move(work));
+}
+
+}  // namespace
+
+attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {
+  return enqueueStaged(comm, stream, std::move(op.spans), std::move(op.hostOp));
 }
 
 }  // namespace attn
