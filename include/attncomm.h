@@ -23,8 +23,8 @@
  * until the operation is done. Host-side arguments (counts, displacements,
  * attention layouts) are copied at the call. An operation that fails later
  * still releases its stream and is reported by attnCommGetAsyncError.
- * Point-to-point calls inside a group are not supported on device
- * communicators yet (attnNotSupported).
+ * Point-to-point calls inside a group run together as one operation on the
+ * stream of the group's first call (see attnGroupEnd).
  *
  * Ordering: like NCCL, all ranks of a communicator must issue its collectives
  * in the same order; point-to-point messages between two ranks match in
@@ -202,6 +202,30 @@ ATTN_API attnResult_t attnCommInitAll(attnComm_t* comms, int ndev,
 ATTN_API attnResult_t attnCommInitFromEnv(attnComm_t* comm,
                                           attnConfig_t* config);
 
+/* Creates a device communicator beside an NCCL communicator the application
+ * already holds: `nccl_comm` is its ncclComm_t (void* so this header needs
+ * no nccl.h). Collective over the NCCL communicator's ranks: each calls it,
+ * from its own thread or process. The new communicator has NCCL's rank
+ * (ncclCommUserRank), size (ncclCommCount) and device (ncclCommCuDevice);
+ * rank 0's attnUniqueId is broadcast over NCCL, then every rank runs the
+ * usual attnCommInitRankConfig (its bootstrap, transports and timeouts).
+ * config may be NULL; config->device, when set, must be NCCL's device.
+ *
+ * Collectives, barriers and point-to-point groups on it are NCCL calls
+ * enqueued on the caller's stream (no proxy thread, no staging copies;
+ * fp16/bf16 reductions then accumulate as NCCL does). Attention collectives
+ * keep attncomm's own path. Inside attnGroupStart/End its NCCL calls form
+ * one NCCL group, launched by the outermost attnGroupEnd.
+ *
+ * The attncomm communicator does not own the NCCL one: attnCommDestroy
+ * leaves it alive, and it must outlive the attncomm communicator.
+ * Errors: NULL comm or nccl_comm -> attnInvalidArgument; a build without
+ * NCCL -> attnNotSupported; NCCL failures -> the matching code (e.g.
+ * attnUnhandledCudaError, attnSystemError) with NCCL's text in
+ * attnGetLastError. */
+ATTN_API attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm,
+                                           const attnConfig_t* config);
+
 /* Splits `comm` by color: ranks that pass the same color form a new
  * communicator, ordered by key and then by old rank. Collective over comm.
  * Ranks passing ATTN_SPLIT_NOCOLOR get *newcomm = NULL. config may be NULL
@@ -251,7 +275,16 @@ ATTN_API attnResult_t attnRecv(void* recvbuff, size_t count,
 /* Between attnGroupStart and attnGroupEnd, operations are queued and run
  * together at attnGroupEnd, so a rank may post sends and receives in any
  * order without deadlock (like ncclGroupStart/End). Groups nest; the
- * outermost attnGroupEnd runs them. Per calling thread. */
+ * outermost attnGroupEnd runs them. Per calling thread.
+ *
+ * Device communicators: a group's sends and receives on one communicator
+ * become one stream operation, enqueued by attnGroupEnd on the stream of the
+ * group's first send/receive; calls that named other streams join it (that
+ * stream first waits for their earlier work, and they wait for the group
+ * before their later work), as in NCCL. Sends and receives to self pair up
+ * in order. Collectives called inside the group are enqueued at their call
+ * (on NCCL-backed communicators they join the group's NCCL group), so on
+ * the stream they come before the group's sends and receives. */
 ATTN_API attnResult_t attnGroupStart(void);
 ATTN_API attnResult_t attnGroupEnd(void);
 
@@ -482,7 +515,19 @@ typedef attnResult_t (*attnAttnKernelFn)(const attnAttnKernelArgs_t* args, void*
                                          attnStream_t stream);
 
 /* Replaces the built-in partial-attention kernel on this communicator
- * (fn == NULL restores it). The library still moves the data and merges. */
+ * (fn == NULL restores it). The library still moves the data and merges.
+ *
+ * Host communicators call it with host pointers and stream == NULL. Device
+ * communicators (config.device >= 0) running pass-KV call it on their
+ * proxy thread with DEVICE pointers (q, k, v, out, lse, the offsets and the
+ * positions; cfg stays a host pointer) and `stream` set to the library's
+ * compute stream for this communicator, which is ordered after the caller's
+ * stream: enqueue the kernel on it (the library folds `out`/`lse` on the
+ * same stream after fn returns); fn may synchronise it but must not block on
+ * the caller's stream. Everything else on device communicators (pass-Q and
+ * ship-Q, which still run on staged host copies, and the timing run of
+ * AUTO's cost model) calls it with host pointers and stream == NULL; the
+ * compute stream is never NULL, so a kernel can tell the two apart. */
 ATTN_API attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn,
                                             void* user_data);
 

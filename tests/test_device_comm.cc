@@ -4,12 +4,16 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "attncomm.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "src/attn/attn_state.h"
 #include "support/attn_fixtures.h"
+#include "support/device_checks.h"
 #include "support/multirank.h"
 
 namespace {
@@ -103,6 +107,59 @@ TEST(DeviceComm, CollectivesOnDeviceBuffersAreStreamOrdered) {
   }
 }
 
+// Device copies of one rank's shard; attnRingAttention on `stream` with the
+// caller's stream ordering (uploads before, downloads after, one sync at
+// the end); the result against the exact reference.
+struct DeviceRun {
+  attnResult_t rc = attnSuccess;
+  std::string error;
+  attn_test::AttnErrorStats stats;
+};
+
+DeviceRun RunOnDevice(const attn_test::AttnCase& c, const attn_test::RankShard& sh, attnComm_t comm,
+                      attnAttnMode_t mode, bool withLse) {
+  DeviceRun run;
+  const attnAttnConfig_t& acfg = c.cfg;
+  const size_t outBytes = sh.q.size();
+  const size_t lseCount = sh.q_pos.size() * acfg.num_q_heads;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
+  float* dlse = nullptr;
+  cudaStream_t s = nullptr;
+  // +1: a valid pointer even for an empty shard.
+  EXPECT_EQ(cudaMalloc(&dq, sh.q.size() + 1), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&dk, sh.k.size() + 1), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&dv, sh.v.size() + 1), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&dout, outBytes + 1), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dlse), lseCount * sizeof(float) + 1), cudaSuccess);
+  EXPECT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(dq, sh.q.data(), sh.q.size(), cudaMemcpyHostToDevice, s), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(dk, sh.k.data(), sh.k.size(), cudaMemcpyHostToDevice, s), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(dv, sh.v.data(), sh.v.size(), cudaMemcpyHostToDevice, s), cudaSuccess);
+  run.rc = attnRingAttention(dq, dk, dv, dout, withLse ? dlse : nullptr, &sh.layout, &acfg, mode, comm,
+                             (attnStream_t)s);
+  if (run.rc != attnSuccess) run.error = attnGetLastError(comm);
+  std::vector<uint8_t> out(outBytes);
+  std::vector<float> lse(lseCount);
+  EXPECT_EQ(cudaMemcpyAsync(out.data(), dout, outBytes, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(lse.data(), dlse, lseCount * sizeof(float), cudaMemcpyDeviceToHost, s),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  if (run.rc == attnSuccess)
+    run.stats = attn_test::CompareShard(c, sh, out.data(), withLse ? lse.data() : nullptr);
+  cudaFree(dq);
+  cudaFree(dk);
+  cudaFree(dv);
+  cudaFree(dout);
+  cudaFree(dlse);
+  cudaStreamDestroy(s);
+  return run;
+}
+
+void ExpectExact(const DeviceRun& r, attnDataType_t t, const std::string& what) {
+  ASSERT_EQ(r.rc, attnSuccess) << what << ": " << r.error;
+  EXPECT_TRUE(attn_test::WithinBounds(r.stats, t, what));
+}
+
 TEST(DeviceComm, RingAttentionOnDeviceEqualsExactAttention) {
   REQUIRE_GPU();
   attnAttnConfig_t acfg{8, 2, 64, attnBfloat16, 0.f, 1};
@@ -114,42 +171,169 @@ TEST(DeviceComm, RingAttentionOnDeviceEqualsExactAttention) {
     RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
       const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 11, -1);
       const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
-      const size_t outBytes = sh.q.size();
-      const size_t lseCount = sh.q_pos.size() * acfg.num_q_heads;
-      void *dq, *dk, *dv, *dout;
-      float* dlse;
-      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dq), sh.q.size() + 1), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dk), sh.k.size() + 1), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dv), sh.v.size() + 1), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dout), outBytes + 1), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dlse), lseCount * sizeof(float) + 1), cudaSuccess);
-      cudaStream_t s;
-      ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-      cudaMemcpyAsync(dq, sh.q.data(), sh.q.size(), cudaMemcpyHostToDevice, s);
-      cudaMemcpyAsync(dk, sh.k.data(), sh.k.size(), cudaMemcpyHostToDevice, s);
-      cudaMemcpyAsync(dv, sh.v.data(), sh.v.size(), cudaMemcpyHostToDevice, s);
-      ASSERT_EQ(attnRingAttention(dq, dk, dv, dout, dlse, &sh.layout, &acfg, mode, comm,
-                                  (attnStream_t)s),
-                attnSuccess)
-          << attnGetLastError(comm);
-      std::vector<uint8_t> out(outBytes);
-      std::vector<float> lse(lseCount);
-      cudaMemcpyAsync(out.data(), dout, outBytes, cudaMemcpyDeviceToHost, s);
-      cudaMemcpyAsync(lse.data(), dlse, lseCount * sizeof(float), cudaMemcpyDeviceToHost, s);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      const attn_test::AttnErrorStats e = attn_test::CompareShard(c, sh, out.data(), lse.data());
-      EXPECT_LE(e.max_o_rel, attn_test::OutBound(acfg.dtype)) << e.Describe();
-      EXPECT_LE(e.max_lse_abs, attn_test::LseBound(acfg.dtype)) << e.Describe();
-      EXPECT_EQ(e.nan_rows, 0);
-      EXPECT_EQ(e.empty_mismatch, 0);
-      cudaFree(dq);
-      cudaFree(dk);
-      cudaFree(dv);
-      cudaFree(dout);
-      cudaFree(dlse);
-      cudaStreamDestroy(s);
+      const DeviceRun r = RunOnDevice(c, sh, comm, mode, true);
+      ExpectExact(r, acfg.dtype, attn_test::ModeName(mode));
+      EXPECT_EQ(r.stats.nan_rows, 0);
+      EXPECT_EQ(r.stats.empty_mismatch, 0);
     }, OnGpu0(&cfg));
   }
+}
+
+// Pass-KV runs the CUDA kernels on the device while the blocks move
+// (src/device/ring_pass_kv_device.cc): 2, 3, 4 ranks sharing GPU 0, every
+// dtype, GQA, head dims of both kernels (64: tensor cores for fp16/bf16;
+// 80: SIMT), causal and not, uneven random placement with one empty rank,
+// with and without lse. Calls follow each other on one communicator, so
+// its device buffers are reused and grown between calls.
+TEST(DeviceComm, PassKvOnDeviceEqualsExactAttention) {
+  REQUIRE_GPU();
+  const std::vector<int32_t> newLens = {200, 0, 61, 1}, cachedLens = {90, 40, 0, 130};
+  std::vector<attn_test::AttnCase> cases;
+  uint64_t seed = 21;
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32})
+    for (const attnAttnConfig_t& shape : {attnAttnConfig_t{8, 2, 64, dt, 0.f, 1},
+                                          attnAttnConfig_t{4, 4, 80, dt, 0.f, 0},
+                                          attnAttnConfig_t{16, 2, 128, dt, 0.1f, 1}})
+      cases.push_back(attn_test::MakeCase("device-kv", attn_test::PrefillSpec(shape, newLens, cachedLens),
+                                          seed++));
+  for (int n : {2, 3, 4}) {
+    attnConfig_t cfg;
+    RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) {
+      for (size_t i = 0; i < cases.size(); ++i) {
+        const attn_test::AttnCase& c = cases[i];
+        // The last rank holds no rows at all.
+        const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 100 + i, nranks - 1);
+        const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+        const std::string what = "n=" + std::to_string(nranks) + " " + attn_test::CfgName(c.cfg);
+        const DeviceRun r = RunOnDevice(c, sh, comm, attnModePassKV, i % 2 == 0);
+        ExpectExact(r, c.cfg.dtype, what);
+        EXPECT_EQ(r.stats.nan_rows, 0) << what;
+        EXPECT_EQ(r.stats.empty_mismatch, 0) << what;
+        const attn::AttnCallStats& st = attn::attnStateOf(comm).last;
+        EXPECT_EQ(st.mode, attnModePassKV) << what;
+        if (!sh.q_pos.empty()) EXPECT_GT(st.computeUs, 0.0) << what << ": GPU time not recorded";
+      }
+    }, OnGpu0(&cfg));
+  }
+}
+
+// A user kernel on a device communicator gets device pointers and the
+// library's compute stream. This one runs the library's own CUDA kernel:
+// it reads the offsets back (the stream orders it after the uploads), so it
+// also proves they are device memory on that stream.
+std::atomic<int> gUserKernelCalls{0};
+
+attnResult_t DeviceUserKernel(const attnAttnKernelArgs_t* a, void*, attnStream_t stream) {
+  // No stream: host pointers (pass-Q, ship-Q, calibration; attncomm.h).
+  if (stream == nullptr) return attn_test::LoopAttentionKernel(a, nullptr, nullptr);
+  gUserKernelCalls.fetch_add(1);
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  const int S = a->num_seqs;
+  std::vector<int32_t> qo(S + 1), ko(S + 1);
+  if (cudaMemcpyAsync(qo.data(), a->q_offsets, qo.size() * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+      cudaMemcpyAsync(ko.data(), a->kv_offsets, ko.size() * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+      cudaStreamSynchronize(s) != cudaSuccess)
+    return attnUnhandledCudaError;
+  std::vector<attn::cpu::AttnSegment> segs(S);
+  for (int i = 0; i < S; ++i) segs[i] = {qo[i], qo[i + 1], ko[i], ko[i + 1]};
+  attn::cpu::AttnSegment* dsegs = nullptr;
+  if (cudaMalloc(reinterpret_cast<void**>(&dsegs), sizeof(segs[0]) * S + 1) != cudaSuccess)
+    return attnUnhandledCudaError;
+  attnResult_t r = attnUnhandledCudaError;
+  if (cudaMemcpyAsync(dsegs, segs.data(), sizeof(segs[0]) * S, cudaMemcpyHostToDevice, s) == cudaSuccess) {
+    attn::cpu::AttnProblem p;
+    p.q = a->q;
+    p.k = a->k;
+    p.v = a->v;
+    p.dtype = a->cfg->dtype;
+    p.nq = qo[S];
+    p.nk = ko[S];
+    p.num_q_heads = a->cfg->num_q_heads;
+    p.num_kv_heads = a->cfg->num_kv_heads;
+    p.head_dim = a->cfg->head_dim;
+    p.scale = a->cfg->softmax_scale;
+    p.causal = a->cfg->causal != 0;
+    p.q_pos = a->q_pos;
+    p.k_pos = a->kv_pos;
+    p.segments = dsegs;
+    p.num_segments = S;
+    attn::cuda::AttnCudaExec ex;
+    ex.stream = s;
+    r = attn::cuda::attentionPartial(p, a->out, a->lse, ex);
+  }
+  // The segments must outlive the kernel; the library folds the partial
+  // after this returns, on the same stream.
+  if (cudaStreamSynchronize(s) != cudaSuccess) r = attnUnhandledCudaError;
+  cudaFree(dsegs);
+  return r;
+}
+
+TEST(DeviceComm, PassKvOnDeviceWithAUserKernel) {
+  REQUIRE_GPU();
+  attnAttnConfig_t acfg{8, 2, 64, attnBfloat16, 0.f, 1};
+  const std::vector<int32_t> newLens = {150, 33}, cachedLens = {60, 0};
+  const attn_test::AttnCase c =
+      attn_test::MakeCase("device-user", attn_test::PrefillSpec(acfg, newLens, cachedLens), 5);
+  gUserKernelCalls = 0;
+  attnConfig_t cfg;
+  RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
+    ASSERT_EQ(attnCommSetAttnKernel(comm, DeviceUserKernel, nullptr), attnSuccess);
+    const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 3, -1);
+    const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+    const DeviceRun r = RunOnDevice(c, sh, comm, attnModePassKV, true);
+    ExpectExact(r, acfg.dtype, "user kernel");
+    EXPECT_EQ(r.stats.nan_rows, 0);
+    EXPECT_EQ(r.stats.empty_mismatch, 0);
+  }, OnGpu0(&cfg));
+  EXPECT_GT(gUserKernelCalls.load(), 0);
+}
+
+// Sends and receives inside a group (the staging backend): a ring exchange
+// and a self pair, on two streams, as one stream operation.
+TEST(DeviceComm, GroupedSendRecvOnTwoStreams) {
+  REQUIRE_GPU();
+  for (int n : {1, 2, 3}) {
+    attnConfig_t cfg;
+    RunThreads(n, [](int rank, int nranks, attnComm_t& comm) {
+      cudaStream_t s, s2;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+      attn_test::CheckDevGroupedRing(comm, rank, nranks, s, s2);
+      attnResult_t async;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+      cudaStreamDestroy(s);
+      cudaStreamDestroy(s2);
+    }, OnGpu0(&cfg));
+  }
+}
+
+// The same checks as the NCCL backend's (test_nccl_bridge), on staging.
+TEST(DeviceComm, EveryOperationMatchesHostExpectations) {
+  REQUIRE_GPU();
+  for (int n : {2, 3}) {
+    attnConfig_t cfg;
+    RunThreads(n, [](int rank, int nranks, attnComm_t& comm) { attn_test::CheckDevSuite(comm, rank, nranks); },
+               OnGpu0(&cfg));
+  }
+}
+
+// Self pairs that do not match fail at attnGroupEnd, before anything is
+// enqueued.
+TEST(DeviceComm, UnmatchedSelfSendInAGroupIsRefused) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(1, [](int, int, attnComm_t& comm) {
+    void* buf = nullptr;
+    ASSERT_EQ(cudaMalloc(&buf, 64), cudaSuccess);
+    ASSERT_EQ(attnGroupStart(), attnSuccess);
+    ASSERT_EQ(attnSend(buf, 16, attnFloat32, 0, comm, nullptr), attnSuccess);
+    ASSERT_EQ(attnRecv(buf, 8, attnFloat32, 0, comm, nullptr), attnSuccess);
+    EXPECT_EQ(attnGroupEnd(), attnInvalidUsage);
+    const std::string why = attnGetLastError(comm);
+    EXPECT_NE(why.find("send to self of 64 bytes met a receive of 32 bytes"), std::string::npos) << why;
+    cudaFree(buf);
+  }, OnGpu0(&cfg));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // C API of the attention collectives: attnRingAttention and its selector,
 // cost model and kernel hooks.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
 #include "src/device/device_route.h"
+#include "src/device/ring_attn_device.h"
 #include "src/core/datatype.h"
 #include "src/core/log.h"
 
@@ -121,11 +123,14 @@ ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs) {
   return in;
 }
 
-attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const void* v, void* out,
-                           float* lse, const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg,
-                           attnAttnMode_t mode) {
-  auto t0 = Clock::now();
-  AttnCall c;
+// Plans one call on host-side metadata: checks the layout, rebases the
+// offsets, learns every rank's row counts and agrees on the mode (AUTO
+// resolved). Collective. The tensors are only recorded: host pointers on a
+// host communicator, device pointers on a device one.
+attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* v,
+                      const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg,
+                      attnAttnMode_t* mode, AttnCall* out) {
+  AttnCall& c = *out;
   c.comm = comm;
   c.state = &attnStateOf(comm);
   c.cfg = cfg;
@@ -140,18 +145,18 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
     c.kvOffsets.assign(layout.kv_offsets, layout.kv_offsets + layout.num_seqs + 1);
   }
   // Positions only matter for the causal mask; without one, zeros will do.
-  std::vector<int32_t> zeroQ, zeroKv;
   const int32_t* qpos = layout.q_pos;
   const int32_t* kvpos = layout.kv_pos;
-  if (!qpos) { zeroQ.assign(qRows, 0); qpos = zeroQ.data(); }
-  if (!kvpos) { zeroKv.assign(kvRows, 0); kvpos = zeroKv.data(); }
+  if (!qpos || !kvpos) c.zeroPos.assign(std::max<int64_t>({qRows, kvRows, 1}), 0);
+  if (!qpos) qpos = c.zeroPos.data();
+  if (!kvpos) kvpos = c.zeroPos.data();
   c.q = {q, nullptr, static_cast<int32_t>(qRows), c.qOffsets.data(), qpos};
   c.kv = {k, v, static_cast<int32_t>(kvRows), c.kvOffsets.data(), kvpos};
   const size_t esz = dataTypeSize(cfg.dtype);
   c.qRowBytes = esz * cfg.num_q_heads * cfg.head_dim;
   c.kvRowBytes = esz * cfg.num_kv_heads * cfg.head_dim;
 
-  AttnCard mine{qRows, kvRows, layout.num_seqs, mode, cfg.num_q_heads, cfg.num_kv_heads,
+  AttnCard mine{qRows, kvRows, layout.num_seqs, *mode, cfg.num_q_heads, cfg.num_kv_heads,
                 cfg.head_dim, cfg.dtype, cfg.causal ? 1 : 0, cfg.softmax_scale,
                 costModelOverridden(comm) ? 1 : 0, 0};
   std::vector<AttnCard> cards;
@@ -160,18 +165,25 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
     c.qRowsOf.push_back(card.qRows);
     c.kvRowsOf.push_back(card.kvRows);
   }
-  if (mode == attnModeAuto) {
+  if (*mode == attnModeAuto) {
     attnCostModel_t model;
     ATTN_CHECK(agreedModel(comm, cfg, cards, &model));
     attnModeEstimate_t est;
     estimateModes(model, cfg, modelInputOf(cards, layout.num_seqs), &est);
-    mode = est.chosen;
+    *mode = est.chosen;
     ATTN_TRACE(kLogAttn, "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us -> mode %d",
-               est.pass_kv_us, est.pass_q_us, est.ship_q_us, (int)mode);
+               est.pass_kv_us, est.pass_q_us, est.ship_q_us, (int)*mode);
   }
-  c.accO.resize(static_cast<size_t>(qRows) * cfg.num_q_heads * cfg.head_dim);
-  c.accLse.resize(static_cast<size_t>(qRows) * cfg.num_q_heads);
-  cpu::initAccumulator(c.accO.data(), c.accLse.data(), qRows, cfg.num_q_heads, cfg.head_dim);
+  return attnSuccess;
+}
+
+// Runs a planned call on host memory (c.q, c.kv host pointers) with the
+// host algorithms, and writes out / lse (host).
+attnResult_t runHostCall(AttnCall& c, attnAttnMode_t mode, void* out, float* lse) {
+  const attnAttnConfig_t& cfg = c.cfg;
+  c.accO.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads * cfg.head_dim);
+  c.accLse.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads);
+  cpu::initAccumulator(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim);
   switch (mode) {
     case attnModePassKV: ATTN_CHECK(runPassKv(c)); break;
     case attnModePassQ: ATTN_CHECK(runPassQ(c)); break;
@@ -180,16 +192,34 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
   }
   ATTN_CHECK(cpu::convertFromFloat(out, cfg.dtype, c.accO.data(), c.accO.size()));
   if (lse) std::memcpy(lse, c.accLse.data(), c.accLse.size() * sizeof(float));
-  c.stats.mode = mode;
-  c.stats.totalUs = usSince(t0);
-  c.state->last = c.stats;
   return attnSuccess;
 }
 
-// Device communicator: the layout (host memory) is copied now, the tensors
-// are staged by the stream bridge when the call's turn comes on the stream.
+void recordStats(AttnCall& c, attnAttnMode_t mode, Clock::time_point t0) {
+  c.stats.mode = mode;
+  c.stats.totalUs = usSince(t0);
+  c.state->last = c.stats;
+}
+
+attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const void* v, void* out,
+                           float* lse, const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg,
+                           attnAttnMode_t mode) {
+  auto t0 = Clock::now();
+  AttnCall c;
+  ATTN_CHECK(planCall(comm, q, k, v, layout, cfg, &mode, &c));
+  ATTN_CHECK(runHostCall(c, mode, out, lse));
+  recordStats(c, mode, t0);
+  return attnSuccess;
+}
+
+// Device communicator: the layout (host memory) is copied now; the call
+// runs on the communicator's proxy thread when its turn comes on the
+// stream. Pass-KV runs the CUDA kernels on the device while the KV blocks
+// move (src/device/ring_pass_kv_device.cc). Pass-Q and ship-Q still stage
+// Q/K/V through pinned host memory and run the host algorithms with the
+// CPU kernel.
 attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* out, float* lse,
-                             const attnSeqLayout_t& lay, const attnAttnConfig_t& c, attnAttnMode_t mode,
+                             const attnSeqLayout_t& lay, const attnAttnConfig_t& cfg, attnAttnMode_t mode,
                              attnComm* comm, attnStream_t stream, int64_t qRows, int64_t kvRows) {
   struct LayoutCopy {
     std::vector<int32_t> qOff, qPos, kvOff, kvPos;
@@ -203,19 +233,38 @@ attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* 
   if (lay.kv_pos) lc->kvPos.assign(lay.kv_pos, lay.kv_pos + kvRows);
   lc->layout = {S, lc->qOff.data(), lay.q_pos ? lc->qPos.data() : nullptr, lc->kvOff.data(),
                 lay.kv_pos ? lc->kvPos.data() : nullptr};
-  const size_t es = c.dtype == attnFloat32 ? 4 : 2;
-  const size_t qBytes = size_t(qRows) * c.num_q_heads * c.head_dim * es;
-  const size_t kvBytes = size_t(kvRows) * c.num_kv_heads * c.head_dim * es;
-  const size_t lseBytes = lse ? size_t(qRows) * c.num_q_heads * sizeof(float) : 0;
-  const bool wantLse = lse != nullptr;
-  return deviceEnqueue(comm, stream,
-                       {{q, qBytes, true, false}, {k, kvBytes, true, false}, {v, kvBytes, true, false},
-                        {out, qBytes, false, true}, {lse, lseBytes, false, true}},
-                       [=](char* const* h) {
-                         return attnRingAttention(h[0], h[1], h[2], h[3],
-                                                  wantLse ? reinterpret_cast<float*>(h[4]) : nullptr,
-                                                  &lc->layout, &c, mode, comm, nullptr);
-                       });
+  const size_t es = dataTypeSize(cfg.dtype);
+  const size_t qBytes = size_t(qRows) * cfg.num_q_heads * cfg.head_dim * es;
+  const size_t kvBytes = size_t(kvRows) * cfg.num_kv_heads * cfg.head_dim * es;
+  const size_t lseBytes = lse ? size_t(qRows) * cfg.num_q_heads * sizeof(float) : 0;
+  return deviceEnqueueWork(comm, stream, [=]() -> attnResult_t {
+    // Not an ApiCall: attnCommAbort must not wait for the proxy's work (it
+    // breaks the engine that work may be blocked on).
+    ErrorContext ctx(comm->prefix);
+    ATTN_CHECK(checkCommUsable(comm));
+    auto t0 = Clock::now();
+    AttnCall c;
+    attnAttnMode_t m = mode;
+    ATTN_CHECK(planCall(comm, q, k, v, lc->layout, cfg, &m, &c));
+#if ATTN_HAVE_CUDA
+    if (m == attnModePassKV) {
+      ATTN_CHECK(runPassKvDevice(c, DeviceAttnBuffers{out, lse}));
+      recordStats(c, m, t0);
+      return attnSuccess;
+    }
+#endif
+    const std::vector<DeviceSpan> spans = {{q, qBytes, true, false}, {k, kvBytes, true, false},
+                                           {v, kvBytes, true, false}, {out, qBytes, false, true},
+                                           {lse, lseBytes, false, true}};
+    ATTN_CHECK(deviceRunStaged(comm, spans, [&](char* const* h) {
+      c.q.t0 = h[0];
+      c.kv.t0 = h[1];
+      c.kv.t1 = h[2];
+      return runHostCall(c, m, h[3], lse ? reinterpret_cast<float*>(h[4]) : nullptr);
+    }));
+    recordStats(c, m, t0);
+    return attnSuccess;
+  });
 }
 
 }  // namespace
@@ -248,7 +297,8 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
     return call.finish(setError(attnInvalidArgument, "more than 2^31 rows on one rank"));
   attnSeqLayout_t lay = *layout;
   attnAttnConfig_t c = *cfg;
-  if (deviceRoute(comm)) return call.finish(enqueueOnDevice(q, k, v, out, lse, lay, c, mode, comm, stream, qRows, kvRows));
+  if (deviceRoute(comm))
+    return call.finish(enqueueOnDevice(q, k, v, out, lse, lay, c, mode, comm, stream, qRows, kvRows));
   return call.finish(dispatch(comm, "RingAttention", [=] {
     return ringAttention(comm, q, k, v, out, lse, lay, c, mode);
   }));

@@ -30,6 +30,7 @@ struct AttnCall {
   int numSeqs = 0;
   RowsRef q, kv;                   // this rank's shard
   std::vector<int32_t> qOffsets, kvOffsets;  // rebased to start at 0
+  std::vector<int32_t> zeroPos;              // q/kv positions of a call without them
   std::vector<int64_t> qRowsOf, kvRowsOf;    // every rank's counts
   size_t qRowBytes = 0, kvRowBytes = 0;      // one row of Q, of K (or V)
   std::vector<float> accO, accLse;           // fp32 accumulator for q rows

@@ -20,18 +20,24 @@ BlockLayout BlockLayout::of(int numSeqs, int64_t rows, size_t rowBytes, int tens
   return l;
 }
 
+BlockLayout packBlockMeta(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos,
+                          int64_t rows, size_t rowBytes, int tensors, char* out) {
+  BlockLayout l = BlockLayout::of(numSeqs, rows, rowBytes, tensors);
+  BlockHeader h{kBlockMagic, origin, numSeqs, static_cast<int32_t>(rows)};
+  std::memcpy(out, &h, sizeof(h));
+  // Offsets are rebased so the block's rows start at 0.
+  auto* offs = reinterpret_cast<int32_t*>(out + l.offsetsAt);
+  for (int i = 0; i <= numSeqs; ++i) offs[i] = offsets[i] - offsets[0];
+  if (rows) std::memcpy(out + l.posAt, pos, sizeof(int32_t) * rows);
+  return l;
+}
+
 void packBlock(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos, int64_t rows,
                const void* t0, const void* t1, size_t rowBytes, std::vector<char>* out) {
   const int tensors = t1 ? 2 : 1;
-  BlockLayout l = BlockLayout::of(numSeqs, rows, rowBytes, tensors);
-  out->resize(l.total);
+  out->resize(BlockLayout::of(numSeqs, rows, rowBytes, tensors).total);
   char* p = out->data();
-  BlockHeader h{kBlockMagic, origin, numSeqs, static_cast<int32_t>(rows)};
-  std::memcpy(p, &h, sizeof(h));
-  // Offsets are rebased so the block's rows start at 0.
-  auto* offs = reinterpret_cast<int32_t*>(p + l.offsetsAt);
-  for (int i = 0; i <= numSeqs; ++i) offs[i] = offsets[i] - offsets[0];
-  if (rows) std::memcpy(p + l.posAt, pos, sizeof(int32_t) * rows);
+  BlockLayout l = packBlockMeta(origin, numSeqs, offsets, pos, rows, rowBytes, tensors, p);
   if (rows) std::memcpy(p + l.tensorAt, t0, l.tensorBytes);
   if (rows && t1) std::memcpy(p + l.tensorAt + l.tensorBytes, t1, l.tensorBytes);
 }

@@ -53,8 +53,11 @@ struct P2pOp {
   int peer;
   void* buf;
   size_t bytes;
+  attnStream_t stream = nullptr;  // device communicators: the caller's stream
 };
 void groupAddP2p(attnComm* comm, const P2pOp& op);
+// Device communicators: run at attnGroupEnd as one device operation.
+void groupAddDeviceP2p(attnComm* comm, const P2pOp& op);
 void groupAddColl(attnComm* comm, CommOp op);
 
 }  // namespace attn

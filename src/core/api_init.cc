@@ -47,7 +47,7 @@ attnResult_t dispatch(attnComm* comm, const char* name, CommOp raw) {
     groupAddColl(comm, std::move(op));
     return attnSuccess;
   }
-  if (!comm->config.blocking) {
+  if (!comm->config.blocking && !onDeviceProxy(comm)) {
     comm->executor->submit([comm, op = std::move(op)] {
       ApiCall call(comm);
       return call.finish(op());
@@ -241,6 +241,7 @@ attnResult_t attnCommGetAsyncError(attnComm_t comm, attnResult_t* asyncError) {
   attnResult_t e = comm->asyncError.load();
   if (e == attnSuccess && comm->engine && comm->engine->broken()) e = comm->engine->brokenResult();
   if (e == attnSuccess && comm->executor && comm->executor->busy()) e = attnInProgress;
+  if (e == attnSuccess) e = deviceAsyncError(comm);
   if (e == attnSuccess && deviceBusy(comm)) e = attnInProgress;
   *asyncError = e;
   return attnSuccess;

@@ -3,6 +3,7 @@
 // group runs them all together (src/core/group.cc).
 #include "src/core/api_call.h"
 #include "src/core/datatype.h"
+#include "src/device/device_group.h"
 #include "src/device/device_route.h"
 
 using namespace attn;
@@ -24,19 +25,20 @@ attnResult_t p2p(bool isSend, void* buf, size_t count, attnDataType_t type, int 
   size_t bytes;
   if (__builtin_mul_overflow(count, dataTypeSize(type), &bytes) || bytes > (size_t(1) << 56))
     return call.finish(setError(attnInvalidArgument, "%s: count %zu is too large", what, count));
+  P2pOp op{isSend, peer, buf, bytes, stream};
   if (deviceRoute(comm)) {
-    if (inGroup())
-      return call.finish(setError(attnNotSupported,
-                                  "%s inside a group on a device communicator is not supported yet", what));
+    // Device communicators: a group's operations become one device operation
+    // at attnGroupEnd; a lone one is a group of one (device_group.h).
+    if (inGroup()) {
+      groupAddDeviceP2p(comm, op);
+      return attnSuccess;
+    }
     if (peer == comm->rank)
-      return call.finish(setError(attnInvalidUsage, "%s to self outside a group would never match", what));
-    // A receive stages its buffer in too: a shorter message leaves the rest as it was.
-    return call.finish(deviceEnqueue(comm, stream, {{buf, bytes, true, !isSend}}, [=](char* const* h) {
-      return isSend ? attnSend(h[0], count, type, peer, comm, nullptr)
-                    : attnRecv(h[0], count, type, peer, comm, nullptr);
-    }));
+      return call.finish(setError(attnInvalidUsage,
+                                  "%s to self outside a group would never match; use attnGroupStart", what));
+    StreamJoin none;  // one stream: nothing to join
+    return call.finish(deviceP2pGroup(comm, {op}, &none));
   }
-  P2pOp op{isSend, peer, buf, bytes};
   if (inGroup()) {
     groupAddP2p(comm, op);
     return attnSuccess;

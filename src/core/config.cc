@@ -25,13 +25,27 @@ attnResult_t parseTransportList(const std::string& list, uint32_t* mask) {
                       list.c_str());
 #endif
     }
+    else if (tok == "cuda_ipc") {
+#if ATTN_HAVE_CUDA
+      m |= kTransportCudaIpc;
+#else
+      return setError(attnNotSupported,
+                      "transport \"cuda_ipc\" in \"%s\": this build of attncomm has no CUDA",
+                      list.c_str());
+#endif
+    }
     else if (tok.empty()) continue;
     else
       return setError(attnInvalidArgument,
-                      "unknown transport \"%s\" in \"%s\" (known: shm, tcp, ucx)",
+                      "unknown transport \"%s\" in \"%s\" (known: shm, tcp, ucx, cuda_ipc)",
                       tok.c_str(), list.c_str());
   }
   if (m == 0) return setError(attnInvalidArgument, "transport list \"%s\" names no transport", list.c_str());
+  if (!(m & (kTransportShm | kTransportTcp | kTransportUcx)))
+    return setError(attnInvalidArgument,
+                    "transport list \"%s\" names no host transport: cuda_ipc moves device buffers "
+                    "only, add shm, tcp or ucx",
+                    list.c_str());
   *mask = m;
   return attnSuccess;
 }
@@ -41,6 +55,9 @@ std::string transportListString(uint32_t mask) {
   if (mask & kTransportShm) s += "shm";
   if (mask & kTransportTcp) s += s.empty() ? "tcp" : ",tcp";
   if (mask & kTransportUcx) s += s.empty() ? "ucx" : ",ucx";
+#if ATTN_HAVE_CUDA
+  if (mask & kTransportCudaIpc) s += s.empty() ? "cuda_ipc" : ",cuda_ipc";
+#endif
   return s;
 }
 

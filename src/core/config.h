@@ -15,12 +15,13 @@ enum TransportBit : uint32_t {
   kTransportShm = 1u << 0,
   kTransportTcp = 1u << 1,
   kTransportUcx = 1u << 2,
+  kTransportCudaIpc = 1u << 3,  // device communicators: GPU-to-GPU on one host (transports/cuda_ipc)
 };
 
 struct CommConfig {
   bool blocking = true;
   int timeoutMs = 300000;
-  uint32_t transports = kTransportShm | kTransportTcp;
+  uint32_t transports = kTransportShm | kTransportTcp | kTransportCudaIpc;
   int device = ATTN_DEVICE_HOST;
   std::string name;
   bool checkSignatures = false;  // ATTN_CHECK
@@ -31,7 +32,8 @@ struct CommConfig {
 attnResult_t resolveConfig(const attnConfig_t* user, const CommConfig* inherit,
                            CommConfig* out);
 // Parses "shm,tcp" into TransportBit flags; unknown names are an error, and
-// so is "ucx" in a build without UCX (attnNotSupported).
+// so is "ucx" in a build without UCX, or "cuda_ipc" without CUDA
+// (attnNotSupported), or a list naming no host transport.
 attnResult_t parseTransportList(const std::string& list, uint32_t* mask);
 std::string transportListString(uint32_t mask);
 

@@ -3,12 +3,20 @@
 // operations of one communicator are all posted before any is waited for, so
 // any send/recv order works; several communicators run side by side (one
 // thread each), like NCCL's single-thread multi-rank groups.
+//
+// Device communicators queue their sends and receives apart (devP2p): each
+// communicator's become one stream operation (src/device/device_group.h).
 #include <cstring>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "src/core/api_call.h"
 #include "src/core/log.h"
+#include "src/device/device_group.h"
+#include "src/device/device_route.h"
+#include "src/device/nccl_bridge.h"
 
 namespace attn {
 namespace {
@@ -17,6 +25,7 @@ struct CommWork {
   attnComm* comm;
   std::vector<P2pOp> p2p;
   std::vector<CommOp> colls;
+  std::vector<P2pOp> devP2p;  // device communicators, with their streams
 };
 
 struct GroupState {
@@ -25,7 +34,7 @@ struct GroupState {
   CommWork& of(attnComm* comm) {
     for (auto& w : work)
       if (w.comm == comm) return w;
-    work.push_back({comm, {}, {}});
+    work.push_back({comm, {}, {}, {}});
     return work.back();
   }
 };
@@ -88,10 +97,41 @@ attnResult_t runWork(CommWork& w) {
   return call.finish(r);
 }
 
+// Enqueues the device communicators' sends and receives while the group is
+// still open, so those on NCCL-backed communicators join this thread's NCCL
+// group with the group's collectives; launches that group; only then can the
+// other streams wait for the group's stream.
+attnResult_t launchDeviceP2p(std::vector<CommWork>& work, std::string* why) {
+  attnResult_t first = attnSuccess;
+  auto note = [&](attnResult_t r) {
+    if (r != attnSuccess && first == attnSuccess) {
+      first = r;
+      *why = threadLastError();
+    }
+  };
+  std::vector<std::pair<attnComm*, StreamJoin>> joins;
+  for (CommWork& w : work) {
+    if (w.devP2p.empty()) continue;
+    ApiCall call(w.comm);
+    StreamJoin join;
+    attnResult_t r =
+        call.finish(runGuarded([&] { return deviceP2pGroup(w.comm, std::move(w.devP2p), &join); }));
+    note(r);
+    if (r == attnSuccess) joins.emplace_back(w.comm, std::move(join));
+  }
+  note(ncclGroupFlush());
+  for (auto& [comm, join] : joins) {
+    ApiCall call(comm);
+    note(call.finish(deviceJoinAfter(comm, join)));
+  }
+  return first;
+}
+
 }  // namespace
 
 bool inGroup() { return tlsGroup.depth > 0; }
 void groupAddP2p(attnComm* comm, const P2pOp& op) { tlsGroup.of(comm).p2p.push_back(op); }
+void groupAddDeviceP2p(attnComm* comm, const P2pOp& op) { tlsGroup.of(comm).devP2p.push_back(op); }
 void groupAddColl(attnComm* comm, CommOp op) { tlsGroup.of(comm).colls.push_back(std::move(op)); }
 
 }  // namespace attn
@@ -108,14 +148,29 @@ extern "C" attnResult_t attnGroupEnd(void) {
     ErrorContext ctx("-");
     return setError(attnInvalidUsage, "attnGroupEnd without attnGroupStart");
   }
-  if (--tlsGroup.depth > 0) return attnSuccess;
-  std::vector<CommWork> work = std::move(tlsGroup.work);
+  if (tlsGroup.depth > 1) {
+    --tlsGroup.depth;
+    return attnSuccess;
+  }
+  std::string deviceWhy;
+  const attnResult_t deviceResult = launchDeviceP2p(tlsGroup.work, &deviceWhy);
+  tlsGroup.depth = 0;
+  std::vector<CommWork> work;
+  for (CommWork& w : tlsGroup.work)
+    if (!w.p2p.empty() || !w.colls.empty()) work.push_back(std::move(w));
   tlsGroup.work.clear();
-  if (work.empty()) return attnSuccess;
+  // A device failure is reported after the host work ran (its peers wait
+  // for it), with its own text.
+  auto withDevice = [&](attnResult_t r) {
+    if (deviceResult == attnSuccess) return r;
+    ErrorContext none("-");
+    return setError(deviceResult, "%s", deviceWhy.c_str());
+  };
+  if (work.empty()) return withDevice(attnSuccess);
   // Non-blocking communicators take their share on their executor.
   bool async = false;
   for (auto& w : work)
-    if (!w.comm->config.blocking) async = true;
+    if (!w.comm->config.blocking && !onDeviceProxy(w.comm)) async = true;
   if (async) {
     if (work.size() > 1) {
       ErrorContext ctx(work[0].comm->prefix);
@@ -124,15 +179,15 @@ extern "C" attnResult_t attnGroupEnd(void) {
     }
     auto shared = std::make_shared<CommWork>(std::move(work[0]));
     shared->comm->executor->submit([shared] { return runWork(*shared); });
-    return attnInProgress;
+    return withDevice(attnInProgress);
   }
-  if (work.size() == 1) return runWork(work[0]);
+  if (work.size() == 1) return withDevice(runWork(work[0]));
   std::vector<attnResult_t> results(work.size(), attnSuccess);
   std::vector<std::thread> threads;
   for (size_t i = 0; i < work.size(); ++i)
     threads.emplace_back([&, i] { results[i] = runWork(work[i]); });
   for (auto& t : threads) t.join();
   for (attnResult_t r : results)
-    if (r != attnSuccess) return r;
-  return attnSuccess;
+    if (r != attnSuccess) return withDevice(r);
+  return withDevice(attnSuccess);
 }

@@ -4,18 +4,10 @@
 
 #include "src/core/comm.h"
 #include "src/device/cuda_check.h"
-#include "src/device/pinned_arena.h"
-#include "src/device/stream_bridge.h"
+#include "src/device/device_state.h"
+#include "transports/cuda_ipc/ipc_backend.h"
 
 namespace attn {
-
-// Per device communicator. The arena outlives the bridge (declared first):
-// the proxy thread uses it until the bridge joins it.
-struct DeviceState {
-  PinnedArena arena;
-  std::unique_ptr<StreamBridge> bridge;
-};
-
 namespace {
 
 constexpr size_t kAlign = 256;
@@ -26,6 +18,8 @@ size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 bool deviceRoute(const attnComm* comm) {
   return comm->device && !StreamBridge::onProxyThread();
 }
+
+bool onDeviceProxy(const attnComm* comm) { return comm->device && StreamBridge::onProxyThread(); }
 
 attnResult_t deviceInit(attnComm* comm) {
   if (comm->config.device == ATTN_DEVICE_HOST) return attnSuccess;
@@ -44,44 +38,79 @@ void deviceAbort(attnComm* comm) {
   if (comm->device) comm->device->bridge->abort();
 }
 
-void deviceFree(attnComm* comm) { comm->device.reset(); }
+void deviceFree(attnComm* comm) {
+  if (!comm->device) return;
+  // Queued work reaches its state through comm->device: let it finish
+  // while that is still set (shared_ptr::reset clears it first).
+  comm->device->bridge->waitIdle();
+  comm->device.reset();
+}
 
 bool deviceBusy(const attnComm* comm) { return comm->device && comm->device->bridge->busy(); }
 
 namespace {
 
-// The staging backend: pinned host copies around the host-memory operation.
+// The staging backend: pinned host copies around the host-memory operation,
+// on the proxy thread.
+attnResult_t stageAround(DeviceState& st, cudaStream_t copy, const std::vector<DeviceSpan>& spans,
+                         const HostOp& op) {
+  size_t total = 0;
+  for (const DeviceSpan& s : spans) total += alignUp(s.bytes);
+  ATTN_CHECK(st.arena.reserve(total));
+  std::vector<char*> host(spans.size(), nullptr);
+  size_t off = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].bytes == 0) continue;
+    host[i] = st.arena.base() + off;
+    off += alignUp(spans[i].bytes);
+    if (spans[i].in)
+      ATTN_CUDA_CHECK(cudaMemcpyAsync(host[i], spans[i].ptr, spans[i].bytes, cudaMemcpyDefault, copy));
+  }
+  ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
+  ATTN_CHECK(op(host.data()));
+  for (size_t i = 0; i < spans.size(); ++i)
+    if (spans[i].out && spans[i].bytes)
+      ATTN_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(spans[i].ptr), host[i], spans[i].bytes,
+                                      cudaMemcpyDefault, copy));
+  ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
+  return attnSuccess;
+}
+
 attnResult_t enqueueStaged(attnComm* comm, attnStream_t stream, std::vector<DeviceSpan> spans,
                            HostOp op) {
   std::shared_ptr<DeviceState> st = comm->device;
-  auto work = [st, spans = std::move(spans), op = std::move(op)](cudaStream_t copy) -> attnResult_t {
-    size_t total = 0;
-    for (const DeviceSpan& s : spans) total += alignUp(s.bytes);
-    ATTN_CHECK(st->arena.reserve(total));
-    std::vector<char*> host(spans.size(), nullptr);
-    size_t off = 0;
-    for (size_t i = 0; i < spans.size(); ++i) {
-      if (spans[i].bytes == 0) continue;
-      host[i] = st->arena.base() + off;
-      off += alignUp(spans[i].bytes);
-      if (spans[i].in)
-        ATTN_CUDA_CHECK(cudaMemcpyAsync(host[i], spans[i].ptr, spans[i].bytes, cudaMemcpyDefault, copy));
-    }
-    ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
-    ATTN_CHECK(op(host.data()));
-    for (size_t i = 0; i < spans.size(); ++i)
-      if (spans[i].out && spans[i].bytes)
-        ATTN_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(spans[i].ptr), host[i], spans[i].bytes,
-                                        cudaMemcpyDefault, copy));
-    ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
-    return attnSuccess;
+  auto work = [st, spans = std::move(spans), op = std::move(op)](cudaStream_t copy) {
+    return stageAround(*st, copy, spans, op);
   };
   return st->bridge->enqueue(reinterpret_cast<cudaStream_t>(stream), std::move(work));
 }
 
 }  // namespace
 
+attnResult_t deviceAsyncError(attnComm* comm) {
+  if (!comm->device || !comm->device->nccl) return attnSuccess;
+  attnResult_t r = ncclAsyncError(comm->device->nccl.get());
+  if (r != attnSuccess) comm->recordError(threadLastError());
+  return r;
+}
+
+attnResult_t deviceEnqueueWork(attnComm* comm, attnStream_t stream, DeviceWork work) {
+  // The work uses the communicator itself, which attnCommDestroy keeps
+  // until the bridge is idle (deviceBusy).
+  return comm->device->bridge->enqueue(reinterpret_cast<cudaStream_t>(stream),
+                                       [work = std::move(work)](cudaStream_t) { return work(); });
+}
+
+attnResult_t deviceRunStaged(attnComm* comm, const std::vector<DeviceSpan>& spans, const HostOp& op) {
+  if (!comm->device || !StreamBridge::onProxyThread())
+    return setError(attnInternalError, "deviceRunStaged outside a device communicator's proxy thread");
+  return stageAround(*comm->device, comm->device->bridge->copyStream(), spans, op);
+}
+
 attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {
+  if (comm->device->nccl && op.kind != DeviceOpKind::kOther)
+    return ncclEnqueue(comm, comm->device->nccl.get(), stream, op);
+  if (ipcSelected(comm, op)) return ipcEnqueue(comm, stream, std::move(op));
   return enqueueStaged(comm, stream, std::move(op.spans), std::move(op.hostOp));
 }
 

@@ -20,9 +20,18 @@ struct attnComm;
 
 namespace attn {
 
+// Work that handles device memory itself (no staging), run on the proxy
+// thread of a device communicator, ordered on the caller's stream: ring
+// attention on the GPU. The stream is released when it returns.
+using DeviceWork = std::function<attnResult_t()>;
+
 #if ATTN_HAVE_CUDA
 // comm is a device communicator and the caller is not its proxy thread.
 bool deviceRoute(const attnComm* comm);
+// The caller is a device communicator's proxy thread: the host-memory
+// operations it re-enters run at once, even on a non-blocking communicator
+// (the proxy already is their asynchronous executor).
+bool onDeviceProxy(const attnComm* comm);
 // Enqueues `op` on `stream`, run by the best backend this communicator has
 // for it (device_op.h).
 attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op);
@@ -31,8 +40,16 @@ attnResult_t deviceInit(attnComm* comm);
 void deviceAbort(attnComm* comm);
 void deviceFree(attnComm* comm);
 bool deviceBusy(const attnComm* comm);
+// An asynchronous error of the device backend (NCCL's), attnSuccess if none.
+attnResult_t deviceAsyncError(attnComm* comm);
+// Enqueues `work` on `stream` for the proxy thread.
+attnResult_t deviceEnqueueWork(attnComm* comm, attnStream_t stream, DeviceWork work);
+// From inside a DeviceWork: runs `op` on pinned host copies of `spans`
+// (the staging backend, synchronously on the proxy thread).
+attnResult_t deviceRunStaged(attnComm* comm, const std::vector<DeviceSpan>& spans, const HostOp& op);
 #else
 inline bool deviceRoute(const attnComm*) { return false; }
+inline bool onDeviceProxy(const attnComm*) { return false; }
 inline attnResult_t deviceEnqueue(attnComm*, attnStream_t, DeviceOp) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
@@ -40,6 +57,13 @@ inline attnResult_t deviceInit(attnComm*) { return attnSuccess; }
 inline void deviceAbort(attnComm*) {}
 inline void deviceFree(attnComm*) {}
 inline bool deviceBusy(const attnComm*) { return false; }
+inline attnResult_t deviceAsyncError(attnComm*) { return attnSuccess; }
+inline attnResult_t deviceEnqueueWork(attnComm*, attnStream_t, DeviceWork) {
+  return setError(attnNotSupported, "this build has no CUDA path");
+}
+inline attnResult_t deviceRunStaged(attnComm*, const std::vector<DeviceSpan>&, const HostOp&) {
+  return setError(attnNotSupported, "this build has no CUDA path");
+}
 #endif
 
 // An operation only the staging backend runs (kOther).

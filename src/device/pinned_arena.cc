@@ -6,6 +6,7 @@ namespace attn {
 
 PinnedArena::~PinnedArena() {
   if (base_) (void)cudaFreeHost(base_);
+  for (char* p : retired_) (void)cudaFreeHost(p);
 }
 
 attnResult_t PinnedArena::reserve(size_t bytes) {
@@ -15,13 +16,9 @@ attnResult_t PinnedArena::reserve(size_t bytes) {
   size_t want = bytes_ + bytes_ / 2;
   if (want < bytes) want = bytes;
   want = (want + (size_t(1) << 20) - 1) & ~((size_t(1) << 20) - 1);
-  if (base_) {
-    ATTN_CUDA_CHECK(cudaFreeHost(base_));
-    base_ = nullptr;
-    bytes_ = 0;
-  }
   void* p = nullptr;
   ATTN_CUDA_CHECK(cudaHostAlloc(&p, want, cudaHostAllocPortable));
+  if (base_) retired_.push_back(base_);
   base_ = static_cast<char*>(p);
   bytes_ = want;
   return attnSuccess;

@@ -2,6 +2,8 @@
 
 #include <cuda.h>
 
+#include <chrono>
+
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
 
@@ -130,6 +132,10 @@ void StreamBridge::abort() {
   cv_.notify_all();
 }
 
+void StreamBridge::waitIdle() const {
+  while (busy()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
 void StreamBridge::release(uint32_t seq) {
   // The GPU polls this word over the bus: publish the work's results first.
   __atomic_store_n(const_cast<uint32_t*>(counter_), seq, __ATOMIC_SEQ_CST);
@@ -169,6 +175,9 @@ void StreamBridge::proxyLoop() {
       if (r != attnSuccess) why = threadLastError();
     }
     (void)cudaEventDestroy(it.ready);
+    // Drop the work's captures before releasing: once idle, the proxy holds
+    // nothing its owner may free.
+    it.work = nullptr;
     if (r != attnSuccess && onError_) onError_(r, why);
     release(it.seq);
   }

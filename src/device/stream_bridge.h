@@ -45,6 +45,8 @@ class StreamBridge {
   ~StreamBridge();  // drains the queue, then stops the proxy
 
   int device() const { return device_; }
+  // The library's copy stream (the one Work receives).
+  cudaStream_t copyStream() const { return copyStream_; }
   // Enqueues `work` on `stream` (NULL: the legacy default stream).
   attnResult_t enqueue(cudaStream_t stream, Work work);
   // Fails every queued operation (releasing its stream) and stops taking new
@@ -52,6 +54,9 @@ class StreamBridge {
   void abort();
   // True while operations are queued or running.
   bool busy() const { return completed_.load() != issued_.load(); }
+  // Returns once every operation enqueued so far has finished (run or
+  // failed) and dropped its work, captures included.
+  void waitIdle() const;
   // The calling thread is a bridge's proxy thread (API calls made there run
   // on host memory directly).
   static bool onProxyThread();

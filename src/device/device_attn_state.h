@@ -1,0 +1,48 @@
+// What ring attention on the GPU keeps between the calls of one device
+// communicator: its compute stream, the events of its pipeline, and its
+// grow-only device and pinned host buffers. Used only by the
+// communicator's proxy thread; created lazily by the first call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "attncomm.h"
+#include "src/device/device_buffer.h"
+#include "src/device/pinned_arena.h"
+
+namespace attn {
+
+struct DeviceAttnState {
+  int device = -1;
+  // Kernels run here; the bridge's copy stream moves the blocks.
+  cudaStream_t compute = nullptr;
+  // Ordering (no timing): block j is in device buffer j % 2; the kernel
+  // that read device buffer i is done; this rank's own block is on the host;
+  // the call's last kernel and output writes are done.
+  cudaEvent_t blockReady[2] = {nullptr, nullptr};
+  cudaEvent_t kernelDone[2] = {nullptr, nullptr};
+  cudaEvent_t ownOnHost = nullptr;
+  cudaEvent_t finished = nullptr;
+  // Timing: start and end of every step's kernel (GPU compute time).
+  std::vector<cudaEvent_t> timing;
+
+  DeviceBuffer block[2];    // packed KV blocks (wire.h layout) on the device
+  DeviceBuffer acc;         // fp32 O then LSE of this rank's queries
+  DeviceBuffer part;        // a user kernel's partial (O then LSE)
+  DeviceBuffer meta;        // q offsets, q positions, every step's segments
+  PinnedArena hostBlock[2]; // the same blocks on the host, sent and received
+  PinnedArena metaStage;    // what `meta` is uploaded from
+
+  DeviceAttnState() = default;
+  ~DeviceAttnState();
+  DeviceAttnState(const DeviceAttnState&) = delete;
+  DeviceAttnState& operator=(const DeviceAttnState&) = delete;
+
+  // Creates the stream and the ordering events on the current device (the
+  // proxy's) the first time; at least `timingEvents` timing events.
+  attnResult_t prepare(size_t timingEvents);
+};
+
+}  // namespace attn

@@ -1,0 +1,25 @@
+// Per device communicator (attnComm::device): the stream bridge, its
+// staging memory, and ring attention's streams and buffers.
+#pragma once
+
+#include <memory>
+
+#include "src/device/device_attn_state.h"
+#include "src/device/nccl_bridge.h"
+#include "src/device/pinned_arena.h"
+#include "src/device/stream_bridge.h"
+#include "transports/cuda_ipc/ipc_state.h"
+
+namespace attn {
+
+// Members are destroyed bottom-up: the bridge first (it joins the proxy
+// thread, the only user of the others).
+struct DeviceState {
+  PinnedArena arena;     // the staging backend's copies
+  DeviceAttnState attn;  // ring attention on the GPU
+  NcclBridgePtr nccl;    // attnCommInitFromNccl: the NCCL backend (nccl_bridge.h)
+  std::unique_ptr<ipc::IpcState> ipc;  // the cuda_ipc backend (transports/cuda_ipc), made on first use
+  std::unique_ptr<StreamBridge> bridge;
+};
+
+}  // namespace attn

@@ -1,0 +1,388 @@
+// attnCommInitFromNccl and the NCCL backend (nccl_bridge.h).
+#include "src/device/nccl_bridge.h"
+
+#if ATTN_HAVE_NCCL
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/coll/signature.h"
+#include "src/core/api_call.h"
+#include "src/core/comm.h"
+#include "src/core/datatype.h"
+#include "src/device/cuda_check.h"
+#include "src/device/device_route.h"
+#include "src/device/device_scope.h"
+#include "src/device/device_state.h"
+
+namespace attn {
+
+struct NcclBridge {
+  ncclComm_t nccl = nullptr;  // the engine's; it must outlive us
+  int device = -1;
+  void* scratch = nullptr;  // one zeroed uint32: barriers all-reduce it in place
+  ~NcclBridge() {
+    if (!scratch) return;
+    DeviceScope dev;
+    if (dev.enter(device) == attnSuccess) cudaFree(scratch);
+  }
+};
+
+void NcclBridgeDeleter::operator()(NcclBridge* b) const { delete b; }
+
+namespace {
+
+attnResult_t ncclFailure(ncclResult_t r, const char* what, ncclComm_t comm) {
+  attnResult_t code;
+  switch (r) {
+    case ncclUnhandledCudaError: code = attnUnhandledCudaError; break;
+    case ncclInvalidArgument: code = attnInvalidArgument; break;
+    case ncclInvalidUsage: code = attnInvalidUsage; break;
+    case ncclRemoteError: code = attnRemoteError; break;
+    default: code = attnSystemError; break;  // ncclSystemError, ncclInternalError, ...
+  }
+  const char* last = ncclGetLastError(comm);
+  return setError(code, "%s failed: NCCL %s%s%s", what, ncclGetErrorString(r),
+                  last && *last ? ": " : "", last ? last : "");
+}
+
+// A non-blocking NCCL communicator answers ncclInProgress while it finishes
+// the call; the call is stream-ordered only once that settles.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
+  while (r == ncclInProgress) {
+    std::this_thread::yield();
+    if (ncclResult_t q = ncclCommGetAsyncError(comm, &r); q != ncclSuccess) return q;
+  }
+  return r;
+}
+
+// `what` names the NCCL call in the message.
+#define ATTN_NCCL_CHECK(comm, what, call)                                          \
+  do {                                                                             \
+    ncclResult_t attn_nccl_r_ = settle((comm), (call));                            \
+    if (attn_nccl_r_ != ncclSuccess) return ncclFailure(attn_nccl_r_, what, (comm)); \
+  } while (0)
+
+ncclDataType_t ncclType(attnDataType_t t) {
+  switch (t) {
+    case attnInt8: return ncclInt8;
+    case attnUint8: return ncclUint8;
+    case attnInt32: return ncclInt32;
+    case attnInt64: return ncclInt64;
+    case attnFloat16: return ncclFloat16;
+    case attnFloat32: return ncclFloat32;
+    case attnFloat64: return ncclFloat64;
+    case attnBfloat16: return ncclBfloat16;
+    default: break;
+  }
+  return ncclUint8;  // not reached: the API validated the type
+}
+
+ncclRedOp_t ncclOp(attnRedOp_t op) {
+  switch (op) {
+    case attnSum: return ncclSum;
+    case attnProd: return ncclProd;
+    case attnMax: return ncclMax;
+    case attnMin: return ncclMin;
+    case attnAvg: return ncclAvg;
+    default: break;
+  }
+  return ncclSum;  // not reached
+}
+
+// This thread's NCCL group inside an attn group: opened at the first NCCL
+// call, launched by ncclGroupFlush at the outermost attnGroupEnd.
+thread_local bool tlsGroupOpen = false;
+thread_local std::vector<ncclComm_t> tlsGroupComms;
+
+ncclResult_t joinThreadGroup(ncclComm_t comm) {
+  if (!inGroup()) return ncclSuccess;
+  if (!tlsGroupOpen) {
+    if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+    tlsGroupOpen = true;
+  }
+  if (std::find(tlsGroupComms.begin(), tlsGroupComms.end(), comm) == tlsGroupComms.end())
+    tlsGroupComms.push_back(comm);
+  return ncclSuccess;
+}
+
+// Sends and receives as one NCCL group; the group is closed even when a call
+// in it fails (NCCL then drops the group and reports the error).
+template <typename Body>
+ncclResult_t p2pGroup(Body body) {
+  if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t r = body();
+  ncclResult_t end = ncclGroupEnd();
+  return r != ncclSuccess ? r : end;
+}
+
+// ATTN_CHECK=1: the same signature exchange as the host path, on the host
+// engine, before the NCCL call. Staged operations (attention) use that
+// engine on the proxy thread, so they are let finish first. Inside a group
+// the check is skipped: one thread may drive several ranks there, and a
+// blocking exchange would wait for a rank the thread has not reached.
+attnResult_t checkNcclSignature(attnComm* comm, const DeviceOp& op) {
+  if (!comm->config.checkSignatures || inGroup()) return attnSuccess;
+  CollSignature sig;
+  sig.datatype = op.type;
+  sig.count = op.count;
+  switch (op.kind) {
+    case DeviceOpKind::kAllGather: sig.kind = (uint32_t)CollKind::kAllGather; break;
+    case DeviceOpKind::kReduceScatter: sig.kind = (uint32_t)CollKind::kReduceScatter; sig.op = op.op; break;
+    case DeviceOpKind::kAllReduce: sig.kind = (uint32_t)CollKind::kAllReduce; sig.op = op.op; break;
+    case DeviceOpKind::kBroadcast: sig.kind = (uint32_t)CollKind::kBroadcast; sig.root = op.root; break;
+    case DeviceOpKind::kAllToAll: sig.kind = (uint32_t)CollKind::kAllToAll; break;
+    case DeviceOpKind::kAllToAllv: sig.kind = (uint32_t)CollKind::kAllToAllv; sig.count = 0; break;
+    case DeviceOpKind::kBarrier:
+      sig = CollSignature{};
+      sig.kind = (uint32_t)CollKind::kBarrier;
+      break;
+    default: return attnSuccess;  // point-to-point is not checked on the host path either
+  }
+  while (deviceBusy(comm) && !comm->abortFlag.load())
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return checkSignature(comm, sig);
+}
+
+// One block of elements to or from every peer (all-to-all[v]).
+ncclResult_t exchange(ncclComm_t nc, const DeviceOp& op, cudaStream_t s, int nranks) {
+  const size_t esz = dataTypeSize(op.type);
+  const ncclDataType_t t = ncclType(op.type);
+  const char* send = static_cast<const char*>(op.send);
+  char* recv = static_cast<char*>(op.recv);
+  const bool v = op.kind == DeviceOpKind::kAllToAllv;
+  return p2pGroup([&]() -> ncclResult_t {
+    for (int p = 0; p < nranks; ++p) {
+      size_t sc = v ? op.sendcounts[p] : op.count, rc = v ? op.recvcounts[p] : op.count;
+      size_t so = (v ? op.sdispls[p] : p * op.count) * esz, ro = (v ? op.rdispls[p] : p * op.count) * esz;
+      // Zero-count blocks are left out on both sides (counts agree pairwise).
+      if (sc) {
+        if (ncclResult_t r = ncclSend(send + so, sc, t, p, nc, s); r != ncclSuccess) return r;
+      }
+      if (rc) {
+        if (ncclResult_t r = ncclRecv(recv + ro, rc, t, p, nc, s); r != ncclSuccess) return r;
+      }
+    }
+    return ncclSuccess;
+  });
+}
+
+}  // namespace
+
+attnResult_t ncclEnqueue(attnComm* comm, NcclBridge* b, attnStream_t stream, DeviceOp& op) {
+  ATTN_CHECK(checkNcclSignature(comm, op));
+  DeviceScope dev;
+  ATTN_CHECK(dev.enter(b->device));
+  ncclComm_t nc = b->nccl;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  ATTN_NCCL_CHECK(nc, "ncclGroupStart", joinThreadGroup(nc));
+  const ncclDataType_t t = ncclType(op.type);
+  switch (op.kind) {
+    case DeviceOpKind::kAllGather:
+      if (op.count)
+        ATTN_NCCL_CHECK(nc, "ncclAllGather", ncclAllGather(op.send, op.recv, op.count, t, nc, s));
+      return attnSuccess;
+    case DeviceOpKind::kReduceScatter:
+      if (op.count)
+        ATTN_NCCL_CHECK(nc, "ncclReduceScatter",
+                        ncclReduceScatter(op.send, op.recv, op.count, t, ncclOp(op.op), nc, s));
+      return attnSuccess;
+    case DeviceOpKind::kAllReduce:
+      if (op.count)
+        ATTN_NCCL_CHECK(nc, "ncclAllReduce",
+                        ncclAllReduce(op.send, op.recv, op.count, t, ncclOp(op.op), nc, s));
+      return attnSuccess;
+    case DeviceOpKind::kBroadcast:
+      // Non-roots may pass no sendbuff; NCCL reads it only on the root.
+      if (op.count)
+        ATTN_NCCL_CHECK(nc, "ncclBroadcast",
+                        ncclBroadcast(op.send ? op.send : op.recv, op.recv, op.count, t, op.root, nc, s));
+      return attnSuccess;
+    case DeviceOpKind::kAllToAll:
+    case DeviceOpKind::kAllToAllv:
+      ATTN_NCCL_CHECK(nc, "all-to-all as ncclSend/ncclRecv", exchange(nc, op, s, comm->nranks));
+      return attnSuccess;
+    case DeviceOpKind::kP2pGroup:
+      // Self pairs included: NCCL matches a send and a receive to its own
+      // rank inside one group. Empty messages are left out on both sides
+      // (sizes match exactly, so they pair with each other).
+      ATTN_NCCL_CHECK(nc, "grouped ncclSend/ncclRecv", p2pGroup([&]() -> ncclResult_t {
+        for (const P2pOp& o : op.p2p) {
+          if (o.bytes == 0) continue;
+          ncclResult_t r = o.isSend ? ncclSend(o.buf, o.bytes, ncclUint8, o.peer, nc, s)
+                                    : ncclRecv(o.buf, o.bytes, ncclUint8, o.peer, nc, s);
+          if (r != ncclSuccess) return r;
+        }
+        return ncclSuccess;
+      }));
+      return attnSuccess;
+    case DeviceOpKind::kBarrier:
+      // Every rank's stream passes this point only once all ranks reached it.
+      ATTN_NCCL_CHECK(nc, "barrier (ncclAllReduce)",
+                      ncclAllReduce(b->scratch, b->scratch, 1, ncclUint32, ncclSum, nc, s));
+      return attnSuccess;
+    case DeviceOpKind::kOther:
+      break;
+  }
+  return setError(attnInternalError, "operation kind %d has no NCCL form", (int)op.kind);
+}
+
+attnResult_t ncclGroupFlush() {
+  if (!tlsGroupOpen) return attnSuccess;
+  tlsGroupOpen = false;
+  std::vector<ncclComm_t> comms = std::move(tlsGroupComms);
+  tlsGroupComms.clear();
+  ncclResult_t r = ncclGroupEnd();
+  if (r == ncclInProgress) {  // non-blocking NCCL communicators: wait until each has it
+    r = ncclSuccess;
+    for (ncclComm_t c : comms)
+      if (ncclResult_t q = settle(c, ncclInProgress); q != ncclSuccess && r == ncclSuccess) r = q;
+  }
+  if (r != ncclSuccess)
+    return ncclFailure(r, "ncclGroupEnd (the group's NCCL calls)", comms.empty() ? nullptr : comms[0]);
+  return attnSuccess;
+}
+
+namespace {
+
+// Rank 0's attnUniqueId, sent to every rank over NCCL itself. The first byte
+// says whether rank 0 could make one, so a failure there reaches every rank
+// instead of leaving them waiting.
+constexpr size_t kIdMsg = 1 + sizeof(attnUniqueId);
+constexpr size_t kScratchBytes = 256;
+static_assert(kIdMsg <= kScratchBytes, "the id travels through the scratch buffer");
+
+attnResult_t makeBridge(ncclComm_t nc, int device, NcclBridgePtr* out) {
+  NcclBridgePtr b(new NcclBridge);
+  b->nccl = nc;
+  b->device = device;
+  DeviceScope dev;
+  ATTN_CHECK(dev.enter(device));
+  ATTN_CUDA_CHECK(cudaMalloc(&b->scratch, kScratchBytes));
+  *out = std::move(b);
+  return attnSuccess;
+}
+
+// Broadcasts msg from rank 0 through the bridge's scratch buffer, then zeroes
+// the buffer for barriers. A private non-blocking stream: waiting on the
+// legacy stream or the device could wait for other ranks' NCCL kernels
+// (ranks may be threads sharing the GPU) that wait for us.
+attnResult_t broadcastId(NcclBridge& b, char* msg) {
+  DeviceScope dev;
+  ATTN_CHECK(dev.enter(b.device));
+  cudaStream_t s = nullptr;
+  ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  struct Cleanup {
+    cudaStream_t s;
+    ~Cleanup() { cudaStreamDestroy(s); }
+  } cleanup{s};
+  ncclComm_t nc = b.nccl;
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(b.scratch, msg, kIdMsg, cudaMemcpyHostToDevice, s));
+  ATTN_NCCL_CHECK(nc, "ncclBroadcast of the unique id",
+                  ncclBroadcast(b.scratch, b.scratch, kIdMsg, ncclUint8, 0, nc, s));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(msg, b.scratch, kIdMsg, cudaMemcpyDeviceToHost, s));
+  ATTN_CUDA_CHECK(cudaMemsetAsync(b.scratch, 0, kScratchBytes, s));  // 0 + 0 stays 0: no overflow
+  ATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+  return attnSuccess;
+}
+
+// Sets an error text saved earlier again (it already names the rank).
+attnResult_t restoreError(attnResult_t code, const std::string& text) {
+  ErrorContext none("-");
+  return setError(code, "%s", text.c_str());
+}
+
+// The caller's config with the NCCL communicator's device.
+attnResult_t configFor(const attnConfig_t* config, int device, attnConfig_t* cfg) {
+  *cfg = ATTN_CONFIG_INITIALIZER;
+  if (config) {
+    ATTN_REQUIRE(config->magic == ATTN_CONFIG_MAGIC,
+                 "attnConfig_t not initialised: start from ATTN_CONFIG_INITIALIZER");
+    ATTN_REQUIRE(config->size >= offsetof(attnConfig_t, device) + sizeof(int),
+                 "attnConfig_t size %zu is too small", config->size);
+    // Fields the caller's (older) header lacks keep their defaults.
+    std::memcpy(cfg, config, std::min(config->size, sizeof(*cfg)));
+    cfg->size = sizeof(*cfg);
+    if (config->device != ATTN_CONFIG_UNDEF_INT && config->device != device)
+      return setError(attnInvalidArgument,
+                      "config->device is %d but the NCCL communicator is on device %d", config->device,
+                      device);
+  }
+  cfg->device = device;
+  return attnSuccess;
+}
+
+attnResult_t initFromNccl(attnComm_t* comm, void* handle, const attnConfig_t* config) {
+  ATTN_REQUIRE(comm != nullptr, "comm output pointer is NULL");
+  *comm = nullptr;
+  ATTN_REQUIRE(handle != nullptr, "nccl_comm is NULL (pass the application's ncclComm_t)");
+  ncclComm_t nc = static_cast<ncclComm_t>(handle);
+  int rank = -1, nranks = 0, device = -1;
+  ATTN_NCCL_CHECK(nc, "ncclCommUserRank", ncclCommUserRank(nc, &rank));
+  ATTN_NCCL_CHECK(nc, "ncclCommCount", ncclCommCount(nc, &nranks));
+  ATTN_NCCL_CHECK(nc, "ncclCommCuDevice", ncclCommCuDevice(nc, &device));
+  ErrorContext ctx("rank " + std::to_string(rank));
+  // The broadcast needs the bridge's buffer: only a CUDA failure stops a
+  // rank before it. Any other failure is reported after the broadcast, so no
+  // rank is left waiting inside NCCL; a rank that fails after it leaves the
+  // others in the attncomm bootstrap, which times out with a message.
+  NcclBridgePtr bridge;
+  ATTN_CHECK(makeBridge(nc, device, &bridge));
+  attnConfig_t cfg;
+  attnResult_t made = configFor(config, device, &cfg);
+  std::string madeError = made == attnSuccess ? "" : threadLastError();
+  char msg[kIdMsg] = {};
+  if (rank == 0 && made == attnSuccess) {
+    attnUniqueId id;
+    made = attnGetUniqueId(&id);
+    if (made == attnSuccess) {
+      msg[0] = 1;
+      std::memcpy(msg + 1, &id, sizeof(id));
+    } else {
+      madeError = threadLastError();
+    }
+  }
+  ATTN_CHECK(broadcastId(*bridge, msg));
+  if (made != attnSuccess) return restoreError(made, madeError);
+  if (msg[0] != 1) return setError(attnSystemError, "rank 0 could not create the attncomm unique id");
+  attnUniqueId id;
+  std::memcpy(&id, msg + 1, sizeof(id));
+  attnResult_t r = attnCommInitRankConfig(comm, nranks, id, rank, &cfg);
+  if (r != attnSuccess && r != attnInProgress) return r;
+  (*comm)->device->nccl = std::move(bridge);  // made by deviceInit, even when init goes on in the background
+  return r;
+}
+
+}  // namespace
+
+attnResult_t ncclAsyncError(NcclBridge* nccl) {
+  ncclResult_t async = ncclSuccess;
+  if (ncclResult_t q = ncclCommGetAsyncError(nccl->nccl, &async); q != ncclSuccess)
+    return ncclFailure(q, "ncclCommGetAsyncError", nccl->nccl);
+  if (async == ncclSuccess || async == ncclInProgress) return attnSuccess;
+  return ncclFailure(async, "an NCCL operation (asynchronous error)", nccl->nccl);
+}
+
+}  // namespace attn
+
+extern "C" attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm, const attnConfig_t* config) {
+  attn::ErrorContext ctx("-");
+  attn::clearThreadLastError();
+  return attn::initFromNccl(comm, nccl_comm, config);
+}
+
+#else  // no NCCL in this build: the bridge never exists (api_nccl_stub.cc answers)
+
+namespace attn {
+struct NcclBridge {};
+void NcclBridgeDeleter::operator()(NcclBridge* b) const { delete b; }
+}  // namespace attn
+
+#endif

@@ -1,0 +1,202 @@
+// attnCommInitFromNccl and the NCCL backend of device communicators. The
+// argument checks run in every build; the rest needs NCCL at build time and
+// a GPU, and skips with the reason otherwise.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+
+#if ATTN_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "support/device_checks.h"
+#include "support/multirank.h"
+#endif
+
+namespace {
+
+TEST(NcclBridge, NullCommPointerIsRefused) {
+  int standIn = 0;  // never read: the NULL output pointer is refused first
+  EXPECT_EQ(attnCommInitFromNccl(nullptr, &standIn, nullptr), attnInvalidArgument);
+  const std::string why = attnGetLastError(nullptr);
+  EXPECT_NE(why.find("comm output pointer is NULL"), std::string::npos) << why;
+}
+
+TEST(NcclBridge, NullNcclCommIsRefused) {
+  attnComm_t comm = reinterpret_cast<attnComm_t>(&comm);  // must come back NULL
+  EXPECT_EQ(attnCommInitFromNccl(&comm, nullptr, nullptr), attnInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+  const std::string why = attnGetLastError(nullptr);
+  EXPECT_NE(why.find("nccl_comm is NULL"), std::string::npos) << why;
+}
+
+TEST(NcclBridge, ABuildWithoutNcclSaysSo) {
+#if ATTN_HAVE_NCCL
+  GTEST_SKIP() << "this build has NCCL";
+#else
+  int standIn = 0;  // never read without NCCL
+  attnComm_t comm = nullptr;
+  EXPECT_EQ(attnCommInitFromNccl(&comm, &standIn, nullptr), attnNotSupported);
+  EXPECT_EQ(comm, nullptr);
+  const std::string why = attnGetLastError(nullptr);
+  EXPECT_NE(why.find("no NCCL"), std::string::npos) << why;
+#endif
+}
+
+#if ATTN_HAVE_NCCL
+
+int GpuCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+#define REQUIRE_GPU()                                                      \
+  do {                                                                     \
+    if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device on this machine"; \
+  } while (0)
+
+// n NCCL ranks on GPU 0 (one process). Empty, with the reason, when NCCL
+// refuses: several ranks on one GPU is "Duplicate GPU detected" in NCCL 2.x.
+std::vector<ncclComm_t> NcclOnGpu0(int n, std::string* why) {
+  std::vector<ncclComm_t> comms(n, nullptr);
+  std::vector<int> devs(n, 0);
+  ncclResult_t r = ncclCommInitAll(comms.data(), n, devs.data());
+  if (r != ncclSuccess) {
+    const char* last = ncclGetLastError(nullptr);
+    *why = "ncclCommInitAll of " + std::to_string(n) + " rank(s) on GPU 0 failed: " +
+           ncclGetErrorString(r) + (last && *last ? std::string(": ") + last : std::string());
+    return {};
+  }
+  return comms;
+}
+
+// A body that destroys its attncomm communicator sets comm = nullptr.
+using NcclBody = std::function<void(int rank, attnComm_t& comm, ncclComm_t nccl)>;
+
+// Runs body on n threads, each with rank `rank` of an NCCL communicator and
+// the attncomm communicator made from it. Returns "" or why NCCL refused.
+std::string RunOnNccl(int n, const NcclBody& body, const attnConfig_t* config = nullptr) {
+  std::string why;
+  std::vector<ncclComm_t> nccl = NcclOnGpu0(n, &why);
+  if (nccl.empty()) return why;
+  attn_test::RunThreadsRaw(n, [&](int rank) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    attnComm_t comm = nullptr;
+    attnResult_t r = attnCommInitFromNccl(&comm, nccl[rank], config);
+    EXPECT_EQ(r, attnSuccess) << attnGetLastError(nullptr);
+    if (r == attnSuccess) {
+      int me = -1, count = 0;
+      EXPECT_EQ(attnCommUserRank(comm, &me), attnSuccess);
+      EXPECT_EQ(attnCommCount(comm, &count), attnSuccess);
+      EXPECT_EQ(me, rank);
+      EXPECT_EQ(count, n);
+      body(rank, comm, nccl[rank]);
+      if (comm) EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+    }
+    // Each rank's thread destroys its own: the attncomm one never does.
+    EXPECT_EQ(ncclCommDestroy(nccl[rank]), ncclSuccess);
+  });
+  return "";
+}
+
+TEST(NcclBridge, OneRankRunsEveryOperationAsNcclCalls) {
+  REQUIRE_GPU();
+  const std::string why = RunOnNccl(1, [](int rank, attnComm_t& comm, ncclComm_t) {
+    attn_test::CheckDevSuite(comm, rank, 1);
+  });
+  if (!why.empty()) FAIL() << why;  // one rank per GPU: NCCL must accept it
+}
+
+TEST(NcclBridge, RanksSharingGpu0RunEveryOperation) {
+  REQUIRE_GPU();
+  std::string skipped;
+  for (int n : {2, 3, 4}) {
+    // Signature checks (ATTN_CHECK) on the NCCL path, for one size.
+    attn_test::ScopedEnv env(n == 2 ? std::vector<std::pair<std::string, std::string>>{{"ATTN_CHECK", "1"}}
+                                    : std::vector<std::pair<std::string, std::string>>{});
+    const std::string why = RunOnNccl(n, [n](int rank, attnComm_t& comm, ncclComm_t) {
+      attn_test::CheckDevSuite(comm, rank, n);
+    });
+    if (!why.empty()) skipped += (skipped.empty() ? "" : "; ") + why;
+  }
+  if (!skipped.empty()) GTEST_SKIP() << "NCCL refused ranks sharing one GPU: " << skipped;
+}
+
+TEST(NcclBridge, ConfigDeviceMustBeTheNcclDevice) {
+  REQUIRE_GPU();
+  std::string why;
+  std::vector<ncclComm_t> nccl = NcclOnGpu0(1, &why);
+  ASSERT_FALSE(nccl.empty()) << why;
+  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+  cfg.device = 1;  // NCCL's is 0
+  attnComm_t comm = reinterpret_cast<attnComm_t>(&comm);
+  EXPECT_EQ(attnCommInitFromNccl(&comm, nccl[0], &cfg), attnInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+  const std::string text = attnGetLastError(nullptr);
+  EXPECT_NE(text.find("device 0"), std::string::npos) << text;
+  cfg.device = 0;  // matching: fine
+  ASSERT_EQ(attnCommInitFromNccl(&comm, nccl[0], &cfg), attnSuccess) << attnGetLastError(nullptr);
+  EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+  EXPECT_EQ(ncclCommDestroy(nccl[0]), ncclSuccess);
+}
+
+TEST(NcclBridge, DestroyLeavesTheNcclCommunicatorWorking) {
+  REQUIRE_GPU();
+  const std::string why = RunOnNccl(1, [](int, attnComm_t& comm, ncclComm_t nccl) {
+    ASSERT_EQ(attnCommDestroy(comm), attnSuccess);
+    comm = nullptr;
+    float* buf = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(float)), cudaSuccess);
+    const float one = 1.f;
+    ASSERT_EQ(cudaMemcpy(buf, &one, sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, nccl, nullptr), ncclSuccess);
+    float back = 0;
+    EXPECT_EQ(cudaMemcpy(&back, buf, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(back, 1.f);
+    cudaFree(buf);
+  });
+  ASSERT_TRUE(why.empty()) << why;
+}
+
+// Collectives and sends/receives in one attn group become one NCCL group,
+// launched by attnGroupEnd.
+TEST(NcclBridge, AGroupBecomesOneNcclGroup) {
+  REQUIRE_GPU();
+  const std::string why = RunOnNccl(1, [](int, attnComm_t& comm, ncclComm_t) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    const size_t count = 777;
+    std::vector<float> host(count);
+    for (size_t i = 0; i < count; ++i) host[i] = float(i);
+    float *in, *sum, *copy;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&in), count * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&sum), count * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&copy), count * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(in, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, s),
+              cudaSuccess);
+    ASSERT_EQ(attnGroupStart(), attnSuccess);
+    ASSERT_EQ(attnAllReduce(in, sum, count, attnFloat32, attnSum, comm, attn_test::AsStream(s)), attnSuccess);
+    ASSERT_EQ(attnSend(in, count, attnFloat32, 0, comm, attn_test::AsStream(s)), attnSuccess);
+    ASSERT_EQ(attnRecv(copy, count, attnFloat32, 0, comm, attn_test::AsStream(s)), attnSuccess);
+    ASSERT_EQ(attnGroupEnd(), attnSuccess) << attnGetLastError(comm);
+    std::vector<float> a(count), b(count);
+    ASSERT_EQ(cudaMemcpyAsync(a.data(), sum, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(b.data(), copy, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(a, host);
+    EXPECT_EQ(b, host);
+    cudaFree(in);
+    cudaFree(sum);
+    cudaFree(copy);
+    cudaStreamDestroy(s);
+  });
+  ASSERT_TRUE(why.empty()) << why;
+}
+
+#endif  // ATTN_HAVE_NCCL
+
+}  // namespace

@@ -1,0 +1,24 @@
+// The cuda_ipc backend as device_route sees it: which operations it takes
+// and how one is enqueued.
+#pragma once
+
+#include "attncomm.h"
+#include "src/device/device_op.h"
+
+struct attnComm;
+
+namespace attn {
+
+// The operation goes to this backend: every rank of the communicator is on
+// this host and the kind is implemented. Both are the same on every rank,
+// so all ranks route the same operations here. Whether the ranks allow
+// cuda_ipc (ATTN_TRANSPORT / config.transports) and reach each other's
+// GPUs they agree inside the first such operation; if not, every one of
+// them runs it (and the later ones) staged.
+bool ipcSelected(const attnComm* comm, const DeviceOp& op);
+
+// Enqueues `op` on `stream`: GPU to GPU where agreed and the buffers allow,
+// else the staging backend on the same work item (deviceRunStaged).
+attnResult_t ipcEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op);
+
+}  // namespace attn
