@@ -28,7 +28,7 @@ void usage(const char* prog) {
           "  -r,--root R            root rank                     [0]\n"
           "  -t,--threads N         N ranks as threads of this process\n"
           "  -p,--procs N           N ranks as forked processes\n"
-          "  -A,--algo ring|hier|auto   sets ATTN_ALGO\n"
+          "  -A,--algo ring|hier|direct|auto  sets ATTN_ALGO\n"
           "  -T,--transport LIST    sets ATTN_TRANSPORT (e.g. shm,tcp)\n"
           "  -J,--json FILE         also write results as JSON\n"
           "  -C,--coll NAME         (baselines) all_gather|reduce_scatter|alltoall\n"

@@ -201,6 +201,34 @@ TEST(AlgoSelect, ModelPrefersHierAcrossSlowHostLink) {
   EXPECT_EQ(attn::chooseAlgo(attn::AlgoSetting::kHier, odd, big, rates), attn::CollAlgo::kRing);
 }
 
+// Direct all-gather: auto takes it only on one host over single-copy shm
+// links with blocks of at most kDirectMaxBlock; ATTN_ALGO=direct forces it
+// for all-gather and leaves the reductions on the ring.
+TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
+  using attn::AlgoSetting;
+  using attn::CollAlgo;
+  const attn::TierRates rates = attn::defaultTierRates();
+  Hierarchy one = buildHierarchy(keysOf(kOneHost), identity(3));
+  const size_t small = attn::kDirectMaxBlock, big = attn::kDirectMaxBlock + 1;
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, one, true, small, 3 * small, rates),
+            CollAlgo::kDirect);
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, one, true, big, 3 * big, rates),
+            CollAlgo::kRing);
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, one, false, small, 3 * small, rates),
+            CollAlgo::kRing);
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kRing, one, true, small, 3 * small, rates),
+            CollAlgo::kRing);
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kDirect, one, false, big, 3 * big, rates),
+            CollAlgo::kDirect);
+  // Several hosts: the ring / hier model decides, whatever the links.
+  Hierarchy h = buildHierarchy(keysOf(grid("2x4", 1, 2, 4)), identity(8));
+  const size_t total = size_t(64) << 20;
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, h, true, small, total, rates),
+            attn::chooseAlgo(AlgoSetting::kAuto, h, total, rates));
+  // The reductions have no direct variant.
+  EXPECT_EQ(attn::chooseAlgo(AlgoSetting::kDirect, h, total, rates), CollAlgo::kRing);
+}
+
 // ---------------------------------------------------------------------------
 // Processes with per-rank host / rack identity
 
@@ -257,6 +285,15 @@ TEST(HierProcsAlgo, RingAndAutoOnRacks) {
 }
 
 TEST(HierProcsAlgo, RingOnInterleavedHosts) { RunShape(kInterleaved, "ring"); }
+
+// Direct all-gather on one host (shm, single copy: auto picks it too) and,
+// forced, across hosts; the reductions run the ring under it.
+TEST(HierProcsAlgo, DirectAndAutoOnOneHost) {
+  RunShape(kOneHost, "direct");
+  RunShape(kOneHost, "auto");
+}
+
+TEST(HierProcsAlgo, DirectForcedAcrossHosts) { RunShape(k2x2, "direct"); }
 
 // ---------------------------------------------------------------------------
 // Bad setting

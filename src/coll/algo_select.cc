@@ -26,7 +26,9 @@ attnResult_t readAlgoSetting(AlgoSetting* out) {
   if (!v || v->empty() || *v == "auto") { *out = AlgoSetting::kAuto; return attnSuccess; }
   if (*v == "ring") { *out = AlgoSetting::kRing; return attnSuccess; }
   if (*v == "hier") { *out = AlgoSetting::kHier; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_ALGO='%s' is not one of ring, hier, auto", v->c_str());
+  if (*v == "direct") { *out = AlgoSetting::kDirect; return attnSuccess; }
+  return setError(attnInvalidArgument, "ATTN_ALGO='%s' is not one of ring, hier, direct, auto",
+                  v->c_str());
 }
 
 TierRates defaultTierRates() {
@@ -65,11 +67,20 @@ double hierSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates
 }
 
 CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const TierRates& rates) {
-  if (s == AlgoSetting::kRing || !h.regular) return CollAlgo::kRing;
+  // kDirect is all-gather's alone; the others run the ring under it.
+  if (s == AlgoSetting::kRing || s == AlgoSetting::kDirect || !h.regular) return CollAlgo::kRing;
   if (s == AlgoSetting::kHier) return CollAlgo::kHier;
   if (!h.worthwhile()) return CollAlgo::kRing;
   return hierSeconds(h, totalBytes, rates) < flatRingSeconds(h, totalBytes, rates) ? CollAlgo::kHier
                                                                                     : CollAlgo::kRing;
+}
+
+CollAlgo chooseAllGatherAlgo(AlgoSetting s, const Hierarchy& h, bool singleCopy, size_t maxBlock,
+                             size_t totalBytes, const TierRates& rates) {
+  if (s == AlgoSetting::kDirect) return CollAlgo::kDirect;
+  if (s == AlgoSetting::kAuto && singleCopy && !h.worthwhile() && maxBlock <= kDirectMaxBlock)
+    return CollAlgo::kDirect;
+  return chooseAlgo(s, h, totalBytes, rates);
 }
 
 TierRates tierRatesFor(const attnComm* comm) {
@@ -103,6 +114,13 @@ const CollTopo& collTopo(attnComm* comm) {
     t->ring.ranks = order;
     t->ring.pos = static_cast<int>(std::find(order.begin(), order.end(), comm->rank) - order.begin());
     t->rates = tierRatesFor(comm);
+    // Every rank sees the same hosts, and a link's transport is the same at
+    // both ends, so every rank reaches the same answer.
+    t->singleCopy = n > 1;
+    for (int r = 0; r < n; ++r)
+      if (r != comm->rank && (comm->peers[r].hostHash != comm->peers[comm->rank].hostHash ||
+                              std::strcmp(comm->engine->transportName(r), "shm") != 0))
+        t->singleCopy = false;
     ATTN_INFO(kLogColl, "hierarchy %s; ring in proximity order", t->hier.describe().c_str());
     comm->collTopo = std::move(t);
   }
@@ -110,20 +128,25 @@ const CollTopo& collTopo(attnComm* comm) {
 }
 
 CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll,
-                  size_t totalBytes) {
+                  size_t totalBytes, size_t maxBlock) {
   const CollTopo& t = collTopo(comm);
-  CollAlgo a = chooseAlgo(s, t.hier, totalBytes, t.rates);
-  unsigned bit = 1u << (collIndex * 2 + (a == CollAlgo::kHier));
+  const bool allGather = collIndex == 0;
+  CollAlgo a = allGather ? chooseAllGatherAlgo(s, t.hier, t.singleCopy, maxBlock, totalBytes, t.rates)
+                         : chooseAlgo(s, t.hier, totalBytes, t.rates);
+  unsigned bit = 1u << (collIndex * 3 + static_cast<int>(a));
   if (!(comm->collTopo->logged & bit)) {
     comm->collTopo->logged |= bit;
-    const char* why = s == AlgoSetting::kRing   ? "ATTN_ALGO=ring"
-                      : !t.hier.regular         ? "hierarchy irregular"
-                      : s == AlgoSetting::kHier ? "ATTN_ALGO=hier"
-                      : !t.hier.worthwhile()    ? "single tier"
-                                                : "cost model";
-    ATTN_INFO(kLogColl, "%s: %s (%s; %s; model for %zu bytes: ring %.3g s, hier %.3g s)", coll,
-              a == CollAlgo::kHier ? "hier" : "ring", why, t.hier.describe().c_str(), totalBytes,
-              flatRingSeconds(t.hier, totalBytes, t.rates), hierSeconds(t.hier, totalBytes, t.rates));
+    const char* why = s == AlgoSetting::kRing     ? "ATTN_ALGO=ring"
+                      : s == AlgoSetting::kDirect ? "ATTN_ALGO=direct"
+                      : a == CollAlgo::kDirect    ? "one host, single-copy shm, small blocks"
+                      : !t.hier.regular           ? "hierarchy irregular"
+                      : s == AlgoSetting::kHier   ? "ATTN_ALGO=hier"
+                      : !t.hier.worthwhile()      ? "single tier"
+                                                  : "cost model";
+    const char* name = a == CollAlgo::kHier ? "hier" : a == CollAlgo::kDirect ? "direct" : "ring";
+    ATTN_INFO(kLogColl, "%s: %s (%s; %s; model for %zu bytes: ring %.3g s, hier %.3g s)", coll, name,
+              why, t.hier.describe().c_str(), totalBytes, flatRingSeconds(t.hier, totalBytes, t.rates),
+              hierSeconds(t.hier, totalBytes, t.rates));
   }
   return a;
 }

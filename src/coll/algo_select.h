@@ -1,11 +1,20 @@
 // Which algorithm runs all-gather / reduce-scatter / all-reduce: the flat
-// ring in proximity order, or the hierarchical (rail) one.
+// ring in proximity order, the hierarchical (rail) one, or (all-gather
+// only) the direct one.
 //
-// ATTN_ALGO=ring|hier|auto (default auto), read at every call so a launcher
-// or perf binary may set it before any collective. auto compares a simple
-// cost model of both (bytes over the slowest boundary each crosses, plus
-// per-step latency) using per-tier rates from the communicator's fabric
-// model (topology/), through tierRatesFor().
+// ATTN_ALGO=ring|hier|direct|auto (default auto), read at every call so a
+// launcher or perf binary may set it before any collective. auto compares a
+// simple cost model of ring and hier (bytes over the slowest boundary each
+// crosses, plus per-step latency) using per-tier rates from the
+// communicator's fabric model (topology/), through tierRatesFor().
+//
+// Direct all-gather: every rank reads every peer's block at once (one step,
+// no forwarding). It moves the same bytes as the ring, but only pays off
+// where the receiver copies straight out of the sender's buffer (shm: CMA
+// or memcpy), so no rank waits for a block to be forwarded to it: auto picks
+// it when every rank is on one host, every link is shm and blocks are at
+// most kDirectMaxBlock (beyond that the ring is as fast and gentler on the
+// caches). Over TCP it measured no better than the ring.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +29,9 @@ struct attnComm;
 
 namespace attn {
 
-enum class AlgoSetting { kAuto, kRing, kHier };
-enum class CollAlgo { kRing, kHier };
+enum class AlgoSetting { kAuto, kRing, kHier, kDirect };
+enum class CollAlgo { kRing, kHier, kDirect };
+constexpr size_t kDirectMaxBlock = size_t(2) << 20;
 
 // Parses ATTN_ALGO (unset or empty: auto). Unknown value: attnInvalidArgument.
 attnResult_t readAlgoSetting(AlgoSetting* out);
@@ -45,12 +55,19 @@ double hierSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates
 // worthwhile; an explicit "hier" on an irregular one runs the ring).
 CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const TierRates& rates);
 
+// All-gather: the direct algorithm where `s` asks for it, or auto finds
+// single-copy links (`singleCopy`) and blocks of at most kDirectMaxBlock;
+// else chooseAlgo's answer.
+CollAlgo chooseAllGatherAlgo(AlgoSetting s, const Hierarchy& h, bool singleCopy, size_t maxBlock,
+                             size_t totalBytes, const TierRates& rates);
+
 // Per-communicator view used by the collectives, built on first use from
 // comm->peers (rack, host keys) and comm->topoOrder.
 struct CollTopo {
   Hierarchy hier;
   Ring ring;           // flat ring in proximity order
   TierRates rates;
+  bool singleCopy = false;  // one host, shm to every peer (see direct all-gather)
   unsigned logged = 0;  // (collective, algorithm) pairs already logged
 };
 const CollTopo& collTopo(attnComm* comm);
@@ -59,9 +76,10 @@ const CollTopo& collTopo(attnComm* comm);
 TierRates tierRatesFor(const attnComm* comm);
 
 // Picks the algorithm of one call (logs each new choice once per
-// communicator at INFO, COLL). `coll` is a short name for the log.
+// communicator at INFO, COLL). `coll` is a short name for the log;
+// `maxBlock` the largest rank block (all-gather's direct choice).
 CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll,
-                  size_t totalBytes);
+                  size_t totalBytes, size_t maxBlock = 0);
 
 // Blocks listed by rank, reordered by ring position.
 std::vector<Block> blocksByRing(const Ring& ring, const std::vector<Block>& byRank);

@@ -1,5 +1,7 @@
 // Bodies of the public all-gather / reduce-scatter / all-reduce: choose the
 // flat ring (proximity order) or the hierarchical algorithm, then run it.
+#include <algorithm>
+
 #include "kernels/cpu/reduce.h"
 #include "src/coll/algo_select.h"
 #include "src/core/comm.h"
@@ -21,6 +23,11 @@ size_t totalOf(const std::vector<Block>& blocks) {
 static attnResult_t allGatherWith(attnComm* comm, CollAlgo a, char* buf,
                                   const std::vector<Block>& byRank, size_t esz) {
   const CollTopo& t = collTopo(comm);
+  if (a == CollAlgo::kDirect) {
+    // Every peer gets this rank's block; the pairwise exchange posts them all.
+    std::vector<Block> mine(byRank.size(), byRank[comm->rank]);
+    return pairwiseAllToAllv(*comm->engine, buf, mine, buf, byRank);
+  }
   if (a == CollAlgo::kHier)
     return hierAllGatherv(*comm->engine, t.hier, comm->rank, buf, byRank, chunkBytes(esz));
   return ringAllGatherv(*comm->engine, t.ring, buf, blocksByRing(t.ring, byRank), chunkBytes(esz));
@@ -44,7 +51,9 @@ static attnResult_t reduceScatterWith(attnComm* comm, CollAlgo a, const char* in
 
 attnResult_t runAllGather(attnComm* comm, AlgoSetting s, const char* coll, char* buf,
                           const std::vector<Block>& byRank, size_t elemSize) {
-  CollAlgo a = pickAlgo(comm, s, kAllGatherIdx, coll, totalOf(byRank));
+  size_t maxBlock = 0;
+  for (const Block& b : byRank) maxBlock = std::max(maxBlock, b.bytes);
+  CollAlgo a = pickAlgo(comm, s, kAllGatherIdx, coll, totalOf(byRank), maxBlock);
   return allGatherWith(comm, a, buf, byRank, elemSize);
 }
 
