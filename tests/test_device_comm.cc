@@ -14,6 +14,7 @@
 #include "src/attn/attn_state.h"
 #include "support/attn_fixtures.h"
 #include "support/device_checks.h"
+#include "support/gpu.h"
 #include "support/multirank.h"
 
 namespace {
@@ -21,15 +22,7 @@ namespace {
 using attn_test::RunOptions;
 using attn_test::RunThreads;
 
-int GpuCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-#define REQUIRE_GPU()                                                              \
-  do {                                                                             \
-    if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";         \
-  } while (0)
+using attn_test::GpuCount;
 
 TEST(DeviceComm, WithoutAGpuInitFailsWithAClearError) {
   if (GpuCount() > 0) GTEST_SKIP() << "this machine has a GPU; the no-GPU path is not reachable";

@@ -14,6 +14,7 @@
 #include <nccl.h>
 
 #include "support/device_checks.h"
+#include "support/gpu.h"
 #include "support/multirank.h"
 #endif
 
@@ -49,15 +50,7 @@ TEST(NcclBridge, ABuildWithoutNcclSaysSo) {
 
 #if ATTN_HAVE_NCCL
 
-int GpuCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-#define REQUIRE_GPU()                                                      \
-  do {                                                                     \
-    if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device on this machine"; \
-  } while (0)
+using attn_test::GpuCount;
 
 // n NCCL ranks on GPU 0 (one process). Empty, with the reason, when NCCL
 // refuses: several ranks on one GPU is "Duplicate GPU detected" in NCCL 2.x.
