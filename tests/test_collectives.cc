@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "attncomm.h"
-#include "src/core/comm.h"  // to confirm which transport a forced run used
+#include "src/coll/algo_select.h"  // the all-to-all schedule rule
+#include "src/core/comm.h"         // to confirm which transport a forced run used
 #include "tests/support/multirank.h"
 
 using namespace attn_test;
@@ -313,6 +314,60 @@ TEST(Collectives, TwoCommunicatorsInterleavedThreads) {
     }
     EXPECT_EQ(attnCommDestroy(a[rank]), attnSuccess);
     EXPECT_EQ(attnCommDestroy(b[rank]), attnSuccess);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// All-to-all schedules (ATTN_ALLTOALL): concurrent and stepped.
+
+TEST(AllToAllSchedule, AutoStepsOnlyOffShmForLargeBlocks) {
+  using attn::AllToAllSchedule;
+  using attn::AllToAllSetting;
+  const size_t big = attn::kSteppedMinBlock, small = attn::kSteppedMinBlock - 1;
+  EXPECT_EQ(attn::chooseAllToAllSchedule(AllToAllSetting::kAuto, false, big), AllToAllSchedule::kStepped);
+  EXPECT_EQ(attn::chooseAllToAllSchedule(AllToAllSetting::kAuto, false, small),
+            AllToAllSchedule::kConcurrent);
+  EXPECT_EQ(attn::chooseAllToAllSchedule(AllToAllSetting::kAuto, true, big), AllToAllSchedule::kConcurrent);
+  EXPECT_EQ(attn::chooseAllToAllSchedule(AllToAllSetting::kStepped, true, 0), AllToAllSchedule::kStepped);
+  EXPECT_EQ(attn::chooseAllToAllSchedule(AllToAllSetting::kConcurrent, false, big),
+            AllToAllSchedule::kConcurrent);
+}
+
+void AllToAllMatrix(attnComm_t comm, int rank, int n) {
+  for (attnDataType_t t : {attnInt8, attnFloat32, attnFloat64})
+    for (size_t count : {size_t(0), size_t(1), size_t(1023), size_t(70001)}) {
+      CheckAllToAll(comm, rank, n, t, count);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  for (size_t scale : {0, 1, 13, 5003}) CheckAllToAllv(comm, rank, n, attnInt32, scale);
+}
+
+// Every rank stepped, as threads (shm) and over TCP processes. The
+// setting is read at every call, so threads need it for the whole run.
+TEST(AllToAllSchedule, SteppedThreadsAndTcpProcesses) {
+  ScopedEnv stepped(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALLTOALL", "stepped"}});
+  for (int n : {2, 3, 5}) RunThreads(n, [](int rank, int n, attnComm_t& comm) { AllToAllMatrix(comm, rank, n); });
+  RunOptions o;
+  o.env = {{"ATTN_TRANSPORT", "tcp"}};
+  RunProcesses(4, [](int rank, int n, attnComm_t& comm) { AllToAllMatrix(comm, rank, n); }, o);
+}
+
+// Ranks may disagree on the schedule: each pair still exchanges one
+// message each way. Even ranks step, odd ranks post everything at once.
+TEST(AllToAllSchedule, MixedSchedulesAgree) {
+  RunOptions o;
+  o.child_setup = [](int rank) { setenv("ATTN_ALLTOALL", rank % 2 ? "concurrent" : "stepped", 1); };
+  RunProcesses(5, [](int rank, int n, attnComm_t& comm) { AllToAllMatrix(comm, rank, n); }, o);
+}
+
+TEST(AllToAllSchedule, UnknownSettingIsInvalidArgument) {
+  ScopedEnv bad(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALLTOALL", "sideways"}});
+  RunThreads(2, [](int rank, int n, attnComm_t& comm) {
+    std::vector<float> in(n), out(n);
+    EXPECT_EQ(attnAllToAll(in.data(), out.data(), 1, attnFloat32, comm, nullptr), attnInvalidArgument);
+    EXPECT_NE(std::string(attnGetLastError(comm)).find("ATTN_ALLTOALL"), std::string::npos)
+        << attnGetLastError(comm);
+    (void)rank;
   });
 }
 

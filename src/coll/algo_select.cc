@@ -31,6 +31,22 @@ attnResult_t readAlgoSetting(AlgoSetting* out) {
                   v->c_str());
 }
 
+attnResult_t readAllToAllSetting(AllToAllSetting* out) {
+  std::optional<std::string> v = envString("ATTN_ALLTOALL");
+  if (!v || v->empty() || *v == "auto") { *out = AllToAllSetting::kAuto; return attnSuccess; }
+  if (*v == "concurrent") { *out = AllToAllSetting::kConcurrent; return attnSuccess; }
+  if (*v == "stepped") { *out = AllToAllSetting::kStepped; return attnSuccess; }
+  return setError(attnInvalidArgument, "ATTN_ALLTOALL='%s' is not one of concurrent, stepped, auto",
+                  v->c_str());
+}
+
+AllToAllSchedule chooseAllToAllSchedule(AllToAllSetting s, bool allShm, size_t maxBlock) {
+  if (s == AllToAllSetting::kStepped) return AllToAllSchedule::kStepped;
+  if (s == AllToAllSetting::kConcurrent) return AllToAllSchedule::kConcurrent;
+  return !allShm && maxBlock >= kSteppedMinBlock ? AllToAllSchedule::kStepped
+                                                 : AllToAllSchedule::kConcurrent;
+}
+
 TierRates defaultTierRates() {
   TierRates r;
   r.bytesPerSec = {8e9, 1.25e9, 1.25e9};
@@ -117,10 +133,12 @@ const CollTopo& collTopo(attnComm* comm) {
     // Every rank sees the same hosts, and a link's transport is the same at
     // both ends, so every rank reaches the same answer.
     t->singleCopy = n > 1;
-    for (int r = 0; r < n; ++r)
-      if (r != comm->rank && (comm->peers[r].hostHash != comm->peers[comm->rank].hostHash ||
-                              std::strcmp(comm->engine->transportName(r), "shm") != 0))
-        t->singleCopy = false;
+    for (int r = 0; r < n; ++r) {
+      if (r == comm->rank) continue;
+      const bool shm = std::strcmp(comm->engine->transportName(r), "shm") == 0;
+      if (!shm) t->allShm = false;
+      if (!shm || comm->peers[r].hostHash != comm->peers[comm->rank].hostHash) t->singleCopy = false;
+    }
     ATTN_INFO(kLogColl, "hierarchy %s; ring in proximity order", t->hier.describe().c_str());
     comm->collTopo = std::move(t);
   }
@@ -147,6 +165,22 @@ CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll
     ATTN_INFO(kLogColl, "%s: %s (%s; %s; model for %zu bytes: ring %.3g s, hier %.3g s)", coll, name,
               why, t.hier.describe().c_str(), totalBytes, flatRingSeconds(t.hier, totalBytes, t.rates),
               hierSeconds(t.hier, totalBytes, t.rates));
+  }
+  return a;
+}
+
+AllToAllSchedule pickAllToAllSchedule(attnComm* comm, AllToAllSetting s, size_t maxBlock) {
+  const CollTopo& t = collTopo(comm);
+  const AllToAllSchedule a = chooseAllToAllSchedule(s, t.allShm, maxBlock);
+  const unsigned bit = 1u << static_cast<int>(a);
+  if (!(comm->collTopo->loggedAllToAll & bit)) {
+    comm->collTopo->loggedAllToAll |= bit;
+    ATTN_INFO(kLogColl, "AllToAll: %s (%s; largest block %zu bytes)",
+              a == AllToAllSchedule::kStepped ? "stepped" : "concurrent",
+              s != AllToAllSetting::kAuto ? "ATTN_ALLTOALL"
+              : t.allShm                  ? "every peer by shm"
+                                          : "some peer not by shm",
+              maxBlock);
   }
   return a;
 }

@@ -68,7 +68,9 @@ struct CollTopo {
   Ring ring;           // flat ring in proximity order
   TierRates rates;
   bool singleCopy = false;  // one host, shm to every peer (see direct all-gather)
+  bool allShm = true;       // this rank reaches every peer by shm (all-to-all schedule)
   unsigned logged = 0;  // (collective, algorithm) pairs already logged
+  unsigned loggedAllToAll = 0;  // all-to-all schedules already logged
 };
 const CollTopo& collTopo(attnComm* comm);
 // Rates for this communicator: the fabric model's tiers (host, rack,
@@ -80,6 +82,19 @@ TierRates tierRatesFor(const attnComm* comm);
 // `maxBlock` the largest rank block (all-gather's direct choice).
 CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll,
                   size_t totalBytes, size_t maxBlock = 0);
+
+// All-to-all(v) schedule (coll.h): ATTN_ALLTOALL=concurrent|stepped|auto
+// (default auto). auto steps when this rank reaches some peer by a
+// transport other than shm and its largest block is at least
+// kSteppedMinBlock: over loopback TCP, 4 ranks on 2 cores, one pair per
+// step measured 5-15% faster than all at once (perf/RESULTS.md §1); over
+// shm the concurrent schedule was faster.
+enum class AllToAllSetting { kAuto, kConcurrent, kStepped };
+constexpr size_t kSteppedMinBlock = size_t(256) << 10;
+attnResult_t readAllToAllSetting(AllToAllSetting* out);
+AllToAllSchedule chooseAllToAllSchedule(AllToAllSetting s, bool allShm, size_t maxBlock);
+// The schedule for this rank of `comm` (logs each new choice once at INFO).
+AllToAllSchedule pickAllToAllSchedule(attnComm* comm, AllToAllSetting s, size_t maxBlock);
 
 // Blocks listed by rank, reordered by ring position.
 std::vector<Block> blocksByRing(const Ring& ring, const std::vector<Block>& byRank);

@@ -1,6 +1,7 @@
-// Pairwise all-to-all(v): every peer's block is posted at once (receives
-// first), ordered so that at step s rank r talks to r+s and r-s, which
-// spreads the load instead of every rank hitting rank 0 first.
+// Pairwise all-to-all(v): at step s rank r sends to r+s and receives from
+// r-s, which spreads the load instead of every rank hitting rank 0 first.
+// Concurrent: every step is posted at once (receives first). Stepped: one
+// step at a time.
 #include <cstring>
 
 #include "src/coll/coll.h"
@@ -8,8 +9,52 @@
 
 namespace attn {
 
+namespace {
+
+attnResult_t checkArrived(int from, const Request& r, const Block& expected) {
+  if (r.bytes != expected.bytes)
+    return setError(attnInvalidUsage,
+                    "all-to-all: peer %d sent %zu bytes where %zu were expected "
+                    "(send and receive counts disagree)",
+                    from, r.bytes, expected.bytes);
+  return attnSuccess;
+}
+
+attnResult_t copySelf(int me, const char* send, const std::vector<Block>& sendBlocks, char* recv,
+                      const std::vector<Block>& recvBlocks) {
+  if (sendBlocks[me].bytes != recvBlocks[me].bytes)
+    return setError(attnInvalidArgument, "all-to-all: %zu bytes to self but %zu expected from self",
+                    sendBlocks[me].bytes, recvBlocks[me].bytes);
+  std::memmove(recv + recvBlocks[me].offset, send + sendBlocks[me].offset, sendBlocks[me].bytes);
+  return attnSuccess;
+}
+
+attnResult_t steppedAllToAllv(Engine& e, const char* send, const std::vector<Block>& sendBlocks,
+                              char* recv, const std::vector<Block>& recvBlocks) {
+  const int n = e.nranks(), me = e.rank();
+  ATTN_CHECK(copySelf(me, send, sendBlocks, recv, recvBlocks));
+  for (int s = 1; s < n; ++s) {
+    const int from = (me - s + n) % n, to = (me + s) % n;
+    Request pair[2];  // receive, send
+    ATTN_CHECK(e.irecv(from, recv + recvBlocks[from].offset, recvBlocks[from].bytes, &pair[0]));
+    attnResult_t r = e.isend(to, send + sendBlocks[to].offset, sendBlocks[to].bytes, &pair[1]);
+    if (r != attnSuccess) {
+      e.breakWith(r, threadLastError());  // the posted receive must not outlive `pair`
+      return r;
+    }
+    ATTN_CHECK(e.waitAll(pair, 2));
+    ATTN_CHECK(checkArrived(from, pair[0], recvBlocks[from]));
+  }
+  return attnSuccess;
+}
+
+}  // namespace
+
 attnResult_t pairwiseAllToAllv(Engine& e, const char* send, const std::vector<Block>& sendBlocks,
-                               char* recv, const std::vector<Block>& recvBlocks) {
+                               char* recv, const std::vector<Block>& recvBlocks,
+                               AllToAllSchedule schedule) {
+  if (schedule == AllToAllSchedule::kStepped)
+    return steppedAllToAllv(e, send, sendBlocks, recv, recvBlocks);
   const int n = e.nranks(), me = e.rank();
   RequestSet rreq(n), sreq(n);
   for (int s = 1; s < n; ++s) {
@@ -22,10 +67,7 @@ attnResult_t pairwiseAllToAllv(Engine& e, const char* send, const std::vector<Bl
     ATTN_CHECK(e.isend(to, send + sendBlocks[to].offset, sendBlocks[to].bytes, sreq.at(s)));
     sreq.markPosted(s);
   }
-  if (sendBlocks[me].bytes != recvBlocks[me].bytes)
-    return setError(attnInvalidArgument, "all-to-all: %zu bytes to self but %zu expected from self",
-                    sendBlocks[me].bytes, recvBlocks[me].bytes);
-  std::memmove(recv + recvBlocks[me].offset, send + sendBlocks[me].offset, sendBlocks[me].bytes);
+  ATTN_CHECK(copySelf(me, send, sendBlocks, recv, recvBlocks));
   auto finished = [&] {
     for (int s = 1; s < n; ++s)
       if (rreq.at(s)->pending() || sreq.at(s)->pending()) return false;
@@ -36,12 +78,8 @@ attnResult_t pairwiseAllToAllv(Engine& e, const char* send, const std::vector<Bl
     bool ok;
     ATTN_CHECK(sreq.done(s, &ok));
     ATTN_CHECK(rreq.done(s, &ok));
-    int from = (me - s + n) % n;
-    if (rreq.at(s)->bytes != recvBlocks[from].bytes)
-      return setError(attnInvalidUsage,
-                      "all-to-all: peer %d sent %zu bytes where %zu were expected "
-                      "(send and receive counts disagree)",
-                      from, rreq.at(s)->bytes, recvBlocks[from].bytes);
+    const int from = (me - s + n) % n;
+    ATTN_CHECK(checkArrived(from, *rreq.at(s), recvBlocks[from]));
   }
   return attnSuccess;
 }

@@ -76,10 +76,18 @@ attnResult_t hierReduceScatterv(Engine& e, const Hierarchy& h, int me, const cha
 // root `buf` holds the data; elsewhere it receives it.
 attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes, size_t chunk);
 
+// How the pairwise all-to-all posts its exchanges: every peer at once
+// (single-copy shm, where each receiver copies from all peers in
+// parallel), or one pair of peers per step (TCP: fewer flows competing for
+// the same cores and sockets). Ranks may differ: each pair exchanges one
+// message each way either way.
+enum class AllToAllSchedule { kConcurrent, kStepped };
+
 // Pairwise all-to-all: sendBlocks[p] goes to rank p, recvBlocks[p] comes
 // from rank p. Self block copied locally.
 attnResult_t pairwiseAllToAllv(Engine& e, const char* send, const std::vector<Block>& sendBlocks,
-                               char* recv, const std::vector<Block>& recvBlocks);
+                               char* recv, const std::vector<Block>& recvBlocks,
+                               AllToAllSchedule schedule = AllToAllSchedule::kConcurrent);
 
 // Dissemination barrier (ceil(log2 n) rounds of empty messages).
 attnResult_t disseminationBarrier(Engine& e);

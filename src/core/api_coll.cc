@@ -212,12 +212,15 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                    {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}}, [=](char* const* h) {
                      return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr);
                    })));
+  AllToAllSetting schedule;
+  ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
   return call.finish(dispatch(comm, "AllToAll", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
     std::vector<Block> blocks(n);
     for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
     return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), blocks,
-                             static_cast<char*>(recvbuff), blocks);
+                             static_cast<char*>(recvbuff), blocks,
+                             pickAllToAllSchedule(comm, schedule, bytes));
   }));
 }
 
@@ -272,10 +275,14 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
     d.rdispls = rd;
     return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
+  AllToAllSetting schedule;
+  ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
+  size_t maxBlock = 0;
+  for (int p = 0; p < n; ++p) maxBlock = std::max({maxBlock, sb[p].bytes, rb[p].bytes});
   return call.finish(dispatch(comm, "AllToAllv", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
     return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), sb,
-                             static_cast<char*>(recvbuff), rb);
+                             static_cast<char*>(recvbuff), rb, pickAllToAllSchedule(comm, schedule, maxBlock));
   }));
 }
 
