@@ -7,7 +7,6 @@
 #include "src/core/error.h"
 
 namespace attn {
-namespace {
 
 // The built-in kernel's problem for one (queries, keys) pair of blocks: one
 // segment per sequence, rows of sequence i against keys of sequence i.
@@ -34,6 +33,8 @@ cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& 
   p.num_segments = c.numSeqs;
   return p;
 }
+
+namespace {
 
 attnResult_t callUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs, float* o,
                             float* lse) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "kernels/cpu/attention.h"
 #include "src/attn/attn_state.h"
 #include "src/attn/wire.h"
 #include "src/core/comm.h"
@@ -54,6 +55,13 @@ using Clock = std::chrono::steady_clock;
 inline double usSince(Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
 }
+
+// The kernel problem of `qs` against `kvs`: one segment per sequence (rows
+// of sequence i against keys of sequence i, from the host offsets in
+// `qs`/`kvs`), written to *segs; every pointer is taken as given (device
+// pointers for the CUDA kernels, then point segments at a device copy).
+cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs,
+                           std::vector<cpu::AttnSegment>* segs);
 
 // The algorithms (one file each).
 attnResult_t runPassKv(AttnCall& c);

@@ -378,7 +378,7 @@ extern "C" attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm, 
   return attn::initFromNccl(comm, nccl_comm, config);
 }
 
-#else  // no NCCL in this build: the bridge never exists (api_nccl_stub.cc answers)
+#else  // no NCCL in this build: the bridge never exists (api_nccl_absent.cc answers)
 
 namespace attn {
 struct NcclBridge {};

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "src/attn/attn_call.h"
 #include "src/attn/progress_thread.h"
 #include "src/core/comm.h"
 #include "src/core/error.h"
@@ -101,30 +102,22 @@ T* onDevice(const T* h, const char* hostBase, char* devBase) {
 }
 
 attnResult_t Pipeline::builtIn(int s, const BlockView& b, const char* hostBase, char* devBase) {
-  // This step's segments (sequence i of q against sequence i of the block),
-  // uploaded from their own pinned slot on the compute stream.
+  // Device tensors and positions, host offsets (problemOf builds the
+  // segments from them on the host).
+  const RowsRef qd{c.q.t0, nullptr, c.q.rows, c.qOffsets.data(), devQPos()};
+  const RowsRef kvd{onDevice(static_cast<const char*>(b.t0), hostBase, devBase),
+                    onDevice(static_cast<const char*>(b.t1), hostBase, devBase), b.rows, b.offsets,
+                    onDevice(b.pos, hostBase, devBase)};
+  std::vector<cpu::AttnSegment> segs;
+  cpu::AttnProblem p = problemOf(c, qd, kvd, &segs);
+  // This step's segments go up from their own pinned slot, on the compute
+  // stream, so the next step's host writes never race the upload.
   auto* hs = reinterpret_cast<cpu::AttnSegment*>(R.metaStage.base() + ml.segAt + s * ml.segBytes);
-  for (int i = 0; i < c.numSeqs; ++i)
-    hs[i] = {c.qOffsets[i], c.qOffsets[i + 1], b.offsets[i], b.offsets[i + 1]};
+  std::copy(segs.begin(), segs.end(), hs);
   auto* ds = reinterpret_cast<cpu::AttnSegment*>(R.meta.get() + ml.segAt + s * ml.segBytes);
   ATTN_CUDA_CHECK(cudaMemcpyAsync(ds, hs, ml.segBytes, cudaMemcpyHostToDevice, R.compute));
-  ATTN_CUDA_CHECK(cudaEventRecord(R.timing[2 * s], R.compute));
-  cpu::AttnProblem p;
-  p.q = c.q.t0;
-  p.k = onDevice(static_cast<const char*>(b.t0), hostBase, devBase);
-  p.v = onDevice(static_cast<const char*>(b.t1), hostBase, devBase);
-  p.dtype = c.cfg.dtype;
-  p.nq = c.q.rows;
-  p.nk = b.rows;
-  p.num_q_heads = c.cfg.num_q_heads;
-  p.num_kv_heads = c.cfg.num_kv_heads;
-  p.head_dim = c.cfg.head_dim;
-  p.scale = c.cfg.softmax_scale;
-  p.causal = c.cfg.causal != 0;
-  p.q_pos = devQPos();
-  p.k_pos = onDevice(b.pos, hostBase, devBase);
   p.segments = ds;
-  p.num_segments = c.numSeqs;
+  ATTN_CUDA_CHECK(cudaEventRecord(R.timing[2 * s], R.compute));
   cuda::AttnCudaExec ex;
   ex.stream = R.compute;
   ATTN_CHECK(cuda::attentionAccumulate(p, accO, accLse, ex));

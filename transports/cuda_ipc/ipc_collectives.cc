@@ -139,7 +139,9 @@ class Pulls {
         }));
       }
       default:
-        return setError(attnInternalError, "cuda_ipc: %s is not implemented", kindName(op_.kind));
+        // ipcSelected() sends only the kinds above here; others are staged.
+        return setError(attnInternalError, "cuda_ipc: %s reached the IPC backend, which has no pulls for it",
+                        kindName(op_.kind));
     }
   }
 
