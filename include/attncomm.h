@@ -254,6 +254,24 @@ ATTN_API attnResult_t attnCommCount(const attnComm_t comm, int* count);
 ATTN_API attnResult_t attnCommUserRank(const attnComm_t comm, int* rank);
 
 /* ------------------------------------------------------------------ */
+/* Shareable host memory (like ncclMemAlloc)                           */
+/* ------------------------------------------------------------------ */
+
+/* Allocates `size` (> 0) bytes of zeroed, page-aligned host memory that
+ * other processes of a communicator on this host can map. Sends and
+ * collectives whose buffers lie in it reach shared-memory peers in other
+ * processes with one plain memcpy by the receiver instead of a CMA system
+ * call per message (see README, "Shareable buffers"). Any buffer works
+ * with every call; this memory only makes same-host transfers cheaper.
+ * The mapping is shared, so a child forked after the allocation sees the
+ * same bytes, not a copy. Host memory only, whatever the communicator. */
+ATTN_API attnResult_t attnMemAlloc(void** ptr, size_t size);
+
+/* Frees memory from attnMemAlloc. NULL is a no-op; any other pointer is
+ * attnInvalidArgument. Do not free a buffer an operation still uses. */
+ATTN_API attnResult_t attnMemFree(void* ptr);
+
+/* ------------------------------------------------------------------ */
 /* Point-to-point                                                      */
 /* ------------------------------------------------------------------ */
 

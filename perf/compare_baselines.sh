@@ -4,6 +4,8 @@
 # For all_gather, reduce_scatter and alltoall (float, sum), NRANKS ranks as
 # local processes and sizes MINB..MAXB, runs REPS times each:
 #   attn-shm  our *_perf -p N with ATTN_TRANSPORT=shm
+#   attn-shm-R  the same with buffers from attnMemAlloc (-R 1): peers map
+#             them instead of reading with CMA
 #   attn-tcp  our *_perf -p N with ATTN_TRANSPORT=tcp
 #   mpi-shm   mpi_coll_bench, Open MPI ob1 + vader (shared memory)
 #   mpi-tcp   mpi_coll_bench, --mca pml ob1 --mca btl tcp,self
@@ -16,7 +18,7 @@
 # Usage: compare_baselines.sh [OUT.md]
 # Env:   BUILD_DIR (default: ../build-perf or ../build next to this script)
 #        REPS=3 NRANKS=4 MINB=1M MAXB=64M ITERS=20 WARMUP=5 CHECK=1
-#        CONFIGS="attn-shm attn-tcp mpi-shm mpi-tcp gloo-tcp"
+#        CONFIGS="attn-shm attn-shm-R attn-tcp mpi-shm mpi-tcp gloo-tcp"
 #        COLLS="all_gather reduce_scatter alltoall"
 #        RESULTS=DIR (keep the JSON/logs there; default a temp dir)
 #        RUN_TIMEOUT=900 (seconds per run)
@@ -25,7 +27,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT_MD="${1:-}"
 REPS="${REPS:-3}" NRANKS="${NRANKS:-4}" MINB="${MINB:-1M}" MAXB="${MAXB:-64M}"
 ITERS="${ITERS:-20}" WARMUP="${WARMUP:-5}" CHECK="${CHECK:-1}"
-CONFIGS="${CONFIGS:-attn-shm attn-tcp mpi-shm mpi-tcp gloo-tcp}"
+CONFIGS="${CONFIGS:-attn-shm attn-shm-R attn-tcp mpi-shm mpi-tcp gloo-tcp}"
 COLLS="${COLLS:-all_gather reduce_scatter alltoall}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-900}"
 
@@ -51,6 +53,10 @@ command_for() {
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
       echo env "ATTN_TRANSPORT=${cfg#attn-}" "$bin" -p "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
+    attn-shm-R)
+      bin="$B/perf/${coll}_perf"
+      [[ -x $bin ]] || return 0
+      echo env ATTN_TRANSPORT=shm "$bin" -p "$NRANKS" -I 0 -R 1 "${COMMON[@]}" -J "$json" ;;
     attn-threads)  # optional: ranks as threads, the library's default transport
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
@@ -104,7 +110,7 @@ echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 args=(--order "${CONFIGS// /,}"
       --title "busbw (GB/s), $NRANKS ranks, median of $REPS runs (each: median over $ITERS iterations of max over ranks)"
-      --ratio "attn-shm:mpi-shm" --ratio "attn-tcp:mpi-tcp|gloo-tcp")
+      --ratio "attn-shm:mpi-shm" --ratio "attn-shm-R:mpi-shm" --ratio "attn-tcp:mpi-tcp|gloo-tcp")
 [[ -n $OUT_MD ]] && args+=(--out "$OUT_MD")
 python3 "$HERE/summarize.py" "${args[@]}" "$RESULTS"
 if ((${#FAILS[@]})); then

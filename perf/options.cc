@@ -32,6 +32,7 @@ void usage(const char* prog) {
           "  -T,--transport LIST    sets ATTN_TRANSPORT (e.g. shm,tcp)\n"
           "  -J,--json FILE         also write results as JSON\n"
           "  -C,--coll NAME         (baselines) all_gather|reduce_scatter|alltoall\n"
+          "  -R,--local_register 0|1  buffers from attnMemAlloc  [0]\n"
           "Launched by mpirun/torchrun/emulate_hosts.sh (ATTN_RANK, RANK or\n"
           "OMPI_COMM_WORLD_RANK set), each process is one rank.\n",
           prog);
@@ -93,13 +94,14 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
       {"transport", required_argument, nullptr, 'T'},
       {"json", required_argument, nullptr, 'J'},
       {"coll", required_argument, nullptr, 'C'},
+      {"local_register", required_argument, nullptr, 'R'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   *exitCode = 2;
   int c;
   bool ok = true;
   optind = 1;
-  while (ok && (c = getopt_long(argc, argv, "b:e:f:i:n:w:c:I:d:o:r:t:p:A:T:J:C:h",
+  while (ok && (c = getopt_long(argc, argv, "b:e:f:i:n:w:c:I:d:o:r:t:p:A:T:J:C:R:h",
                                 kLong, nullptr)) != -1) {
     int v = 0;
     switch (c) {
@@ -120,6 +122,7 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
       case 'T': o->transports = optarg; break;
       case 'J': o->jsonPath = optarg; break;
       case 'C': o->coll = optarg; break;
+      case 'R': ok = toInt(optarg, &o->registered) && o->registered <= 1; break;
       case 'h': *exitCode = 0; ok = false; break;
       default: ok = false; break;
     }

@@ -29,6 +29,7 @@ struct Options {
   std::string transports;              // -T -> ATTN_TRANSPORT
   std::string jsonPath;                // -J
   std::string coll;                    // -C (baselines: which collective)
+  int registered = 0;                  // -R 1: buffers from attnMemAlloc
 };
 
 // Parses argv. On a bad or help flag prints usage to stderr and returns

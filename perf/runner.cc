@@ -14,18 +14,27 @@ namespace attnperf {
 
 namespace {
 
-struct FreeDeleter {
-  void operator()(void* p) const { free(p); }
+struct BufferDeleter {
+  bool shareable = false;  // from attnMemAlloc (-R 1)
+  void operator()(void* p) const {
+    if (shareable) attnMemFree(p);
+    else free(p);
+  }
 };
-using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
+using Buffer = std::unique_ptr<uint8_t, BufferDeleter>;
 
 // Page-aligned and touched now, so page faults never land in a timed call.
-Buffer allocTouched(size_t bytes) {
+Buffer allocTouched(size_t bytes, bool shareable) {
   const size_t page = 4096;
   const size_t len = (bytes + page - 1) / page * page + page;
-  void* p = aligned_alloc(page, len);
+  void* p = nullptr;
+  if (shareable) {
+    if (attnMemAlloc(&p, len) != attnSuccess) p = nullptr;
+  } else {
+    p = aligned_alloc(page, len);
+  }
   if (p) memset(p, 0, len);
-  return Buffer(static_cast<uint8_t*>(p));
+  return Buffer(static_cast<uint8_t*>(p), BufferDeleter{shareable});
 }
 
 std::string envOr(const std::string& v, const char* name) {
@@ -135,8 +144,8 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
     maxSend = std::max(maxSend, spec_.sendElems(b) + spec_.inPlaceSendOffset(b));
     maxRecv = std::max(maxRecv, spec_.recvElems(b) + spec_.inPlaceRecvOffset(b));
   }
-  send_ = allocTouched(maxSend * elt);
-  recv_ = allocTouched(std::max(maxSend, maxRecv) * elt);
+  send_ = allocTouched(maxSend * elt, opts_.registered != 0);
+  recv_ = allocTouched(std::max(maxSend, maxRecv) * elt, opts_.registered != 0);
   if (!send_ || !recv_) {
     fprintf(stderr, "rank %d: out of memory for %zu-byte buffers\n", rank_,
             std::max(maxSend, maxRecv) * elt);

@@ -276,6 +276,38 @@ TEST(Large, FourMiBProcessesN2) {
 }
 
 // ---------------------------------------------------------------------------
+// Buffers from attnMemAlloc, ranks as processes: shm peers map each other's
+// regions instead of copying with CMA (transports/shm/shm_peer_regions.h).
+// Every collective, odd counts, in and out of place; with a cache of one
+// region per peer, mappings are dropped and made again all the time.
+
+class ShareableBuffers : public ::testing::TestWithParam<const char*> {};  // ATTN_SHM_MAP_CACHE
+
+TEST_P(ShareableBuffers, ProcessesN4) {
+  RunOptions opts;
+  opts.env = {{"ATTN_SHM_MAP_CACHE", GetParam()}};
+  opts.deadline_ms = 180000;
+  RunProcesses(4, [&](int rank, int n, attnComm_t& comm) {
+    UseShareableBuffers(true);
+    for (size_t count : {size_t(7), size_t(65537), size_t(300001)}) {
+      CheckAllGather(comm, rank, n, attnInt32, count, count == 7);
+      CheckAllToAll(comm, rank, n, attnFloat32, count);
+      CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, count == 65537);
+      CheckReduceScatter(comm, rank, n, attnBfloat16, attnMax, count, false);
+      CheckBroadcast(comm, rank, n, attnUint8, count, 1, count == 300001);
+    }
+    CheckAllToAllv(comm, rank, n, attnInt8, 100001);
+    CheckRingExchange(comm, rank, n, attnFloat16, 100003);
+    UseShareableBuffers(false);
+  }, opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(MapCache, ShareableBuffers, ::testing::Values("64", "1"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string("Cache") + info.param;
+                         });
+
+// ---------------------------------------------------------------------------
 // A long mixed sequence: every rank issues the same varied program; results
 // must stay exact and ordered.
 

@@ -37,6 +37,38 @@ TEST(Api, Version) {
   EXPECT_EQ(attnGetVersion(nullptr), attnInvalidArgument);
 }
 
+// attnMemAlloc / attnMemFree: zeroed, writable, page-aligned memory; bad
+// pointers and sizes are refused with a message, never a crash.
+TEST(Api, MemAllocAndFree) {
+  void* p = nullptr;
+  ASSERT_EQ(attnMemAlloc(&p, 12345), attnSuccess) << attnGetLastError(nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
+  const unsigned char* b = static_cast<const unsigned char*>(p);
+  EXPECT_TRUE(std::all_of(b, b + 12345, [](unsigned char c) { return c == 0; }));
+  memset(p, 0x5a, 12345);
+  void* q = nullptr;
+  ASSERT_EQ(attnMemAlloc(&q, 1), attnSuccess);
+  EXPECT_NE(p, q);
+
+  // Not the start of an allocation, twice freed, or never allocated.
+  EXPECT_EQ(attnMemFree(static_cast<char*>(p) + 8), attnInvalidArgument);
+  EXPECT_TRUE(Contains(attnGetLastError(nullptr), "attnMemAlloc")) << attnGetLastError(nullptr);
+  int local = 0;
+  EXPECT_EQ(attnMemFree(&local), attnInvalidArgument);
+  EXPECT_EQ(attnMemFree(p), attnSuccess);
+  EXPECT_EQ(attnMemFree(p), attnInvalidArgument);
+  EXPECT_EQ(attnMemFree(q), attnSuccess);
+  EXPECT_EQ(attnMemFree(nullptr), attnSuccess);
+
+  EXPECT_EQ(attnMemAlloc(nullptr, 64), attnInvalidArgument);
+  void* r = &local;
+  EXPECT_EQ(attnMemAlloc(&r, 0), attnInvalidArgument);
+  EXPECT_EQ(r, nullptr);
+  EXPECT_TRUE(Contains(attnGetLastError(nullptr), "size is 0")) << attnGetLastError(nullptr);
+  EXPECT_EQ(attnMemAlloc(&r, ~size_t(0)), attnInvalidArgument);
+}
+
 TEST(Api, ErrorStringsAreDistinctAndNonEmpty) {
   std::set<std::string> seen;
   for (int r = 0; r < attnNumResults; ++r) {

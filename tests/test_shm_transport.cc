@@ -774,6 +774,73 @@ INSTANTIATE_TEST_SUITE_P(Shm, ShmTransportTest,
                          [](const auto& info) { return std::string(modeName(info.param)); });
 
 // ---------------------------------------------------------------------------
+// Shareable memory (attnMemAlloc): a receiver in another process maps the
+// sender's region and reads it with memcpy. Messages start anywhere in a
+// region; the sender frees and reallocates between messages (new regions,
+// never confused with old mappings); no more than ATTN_SHM_MAP_CACHE
+// regions stay mapped; small messages keep to the ring; ATTN_SHM_MAP=0 and
+// threads (plain memcpy already) map nothing.
+struct MappedCase {
+  Mode mode;
+  const char* map;        // ATTN_SHM_MAP
+  size_t wantMapped;      // regions each rank holds mapped at the end
+};
+
+class ShmMappedTest : public ::testing::TestWithParam<MappedCase> {};
+
+TEST_P(ShmMappedTest, RegionsReadAtAnyOffset) {
+  const MappedCase mc = GetParam();
+  ScopedEnv env({{"ATTN_SHM_MAP", mc.map}, {"ATTN_SHM_MAP_CACHE", "3"}});
+  const uint64_t hash = freshCommHash();
+  auto res = runRanks(mc.mode, 2, hash, [&](World& w) -> std::string {
+    RANK_CHECK(w.connectAll() == attnSuccess, "connect failed");
+    const int peer = 1 - w.rank;
+    auto* c = dynamic_cast<shm::ShmConnection*>(w.conn(peer));
+    RANK_CHECK(c != nullptr, "not a shm connection");
+    // (size, offset in the region): ring-sized first, then direct ones.
+    const std::vector<std::pair<size_t, size_t>> msgs = {
+        {100, 0}, {(1 << 20) + 3, 0}, {(3 << 20) + 4099, 8}, {70000, 4096 * 3 + 24},
+        {1 << 20, 1 << 20}, {(2 << 20) + 1, 5}, {65536, 7}};
+    for (size_t m = 0; m < msgs.size(); ++m) {
+      const auto [size, offset] = msgs[m];
+      void* region = nullptr;
+      RANK_CHECK(attnMemAlloc(&region, size + offset + 100) == attnSuccess, "attnMemAlloc: %s",
+                 threadLastError().c_str());
+      uint8_t* send = static_cast<uint8_t*>(region) + offset;
+      fillPattern(send, size, w.rank, peer, static_cast<int>(m));
+      std::vector<uint8_t> recv(size + 1, 0xEE);
+      Request rr, sr;
+      c->postRecv(recv.data(), size, &rr);
+      c->postSend(send, size, &sr);
+      attnResult_t r = drive(w, {&rr, &sr});
+      RANK_CHECK(r == attnSuccess, "message %zu: %s / %s", m, attnGetErrorString(r),
+                 rr.message.c_str());
+      RANK_CHECK(attnMemFree(region) == attnSuccess, "attnMemFree failed");
+      RANK_CHECK(rr.bytes == size, "message %zu: %zu bytes, want %zu", m, rr.bytes, size);
+      long bad = checkPattern(recv.data(), size, peer, w.rank, static_cast<int>(m));
+      RANK_CHECK(bad < 0, "message %zu (%zu bytes at offset %zu): byte %ld wrong", m, size,
+                 offset, bad);
+      RANK_CHECK(recv[size] == 0xEE, "wrote past the message");
+      if (m == 0)
+        RANK_CHECK(c->mappedRegions() == 0, "a %zu-byte message mapped a region", size);
+    }
+    RANK_CHECK(c->mappedRegions() == mc.wantMapped, "%zu regions mapped, want %zu",
+               c->mappedRegions(), mc.wantMapped);
+    return "";
+  });
+  for (size_t r = 0; r < res.size(); ++r) EXPECT_EQ(res[r], "") << "rank " << r;
+  EXPECT_TRUE(shmLeftovers(hash).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shm, ShmMappedTest,
+    ::testing::Values(MappedCase{Mode::kProcesses, "1", 3}, MappedCase{Mode::kProcesses, "0", 0},
+                      MappedCase{Mode::kThreads, "1", 0}),
+    [](const auto& info) {
+      return std::string(modeName(info.param.mode)) + (info.param.map[0] == '1' ? "Map" : "NoMap");
+    });
+
+// ---------------------------------------------------------------------------
 // A peer process killed with SIGKILL: the survivor's pending send and
 // receive fail with attnRemoteError ("died") within bounded time, even while
 // the dead peer is an unreaped zombie. Also in ring-only mode (no CMA).

@@ -152,8 +152,17 @@ float Bf16ToFloat(uint16_t h) {
 // ---------------------------------------------------------------------------
 // TypedBuf
 
+namespace {
+std::atomic<bool> gShareableBuffers{false};
+}  // namespace
+
+void UseShareableBuffers(bool on) { gShareableBuffers.store(on); }
+
 TypedBuf::TypedBuf(attnDataType_t type, size_t count)
-    : type_(type), count_(count), storage_(2 * kGuardBytes + count * TypeSize(type), kGuardByte) {
+    : type_(type),
+      count_(count),
+      storage_(2 * kGuardBytes + count * TypeSize(type), kGuardByte,
+               TestAllocator<uint8_t>(gShareableBuffers.load())) {
   std::memset(data(), 0, bytes());
 }
 

@@ -20,6 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <new>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +50,34 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToBf16(float f);
 float Bf16ToFloat(uint16_t h);
 
+// While set (process-wide), TypedBufs take their storage from attnMemAlloc,
+// so same-host peers in other processes map it (shm's mapped path).
+void UseShareableBuffers(bool on);
+
+// Storage from attnMemAlloc or the heap, chosen when the buffer is made.
+template <class T>
+struct TestAllocator {
+  using value_type = T;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
+  bool shareable = false;
+  TestAllocator() = default;
+  explicit TestAllocator(bool s) : shareable(s) {}
+  template <class U>
+  TestAllocator(const TestAllocator<U>& o) : shareable(o.shareable) {}
+  T* allocate(size_t n) {
+    if (!shareable) return std::allocator<T>().allocate(n);
+    void* p = nullptr;
+    if (attnMemAlloc(&p, n * sizeof(T) ? n * sizeof(T) : 1) != attnSuccess) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) {
+    if (shareable) attnMemFree(p);
+    else std::allocator<T>().deallocate(p, n);
+  }
+  bool operator==(const TestAllocator& o) const { return shareable == o.shareable; }
+};
+
 // A host buffer of `count` elements of `type`, surrounded by guard zones of
 // kGuardBytes filled with a known byte, so writes past either end show.
 class TypedBuf {
@@ -72,7 +103,7 @@ class TypedBuf {
  private:
   attnDataType_t type_ = attnFloat32;
   size_t count_ = 0;
-  std::vector<uint8_t> storage_;
+  std::vector<uint8_t, TestAllocator<uint8_t>> storage_;
 };
 
 // Every element in [off, off+n) equals expect(i) (i is the buffer index),

@@ -25,6 +25,11 @@ Config Config::fromEnv() {
   int64_t memcpyMin = envInt("ATTN_SHM_MEMCPY_MIN", static_cast<int64_t>(c.memcpyMin));
   c.cmaMin = cmaMin < 1 ? 1 : static_cast<size_t>(cmaMin);
   c.memcpyMin = memcpyMin < 1 ? 1 : static_cast<size_t>(memcpyMin);
+  c.map = envBool("ATTN_SHM_MAP", c.map);
+  int64_t mapMin = envInt("ATTN_SHM_MAP_MIN", static_cast<int64_t>(c.mapMin));
+  int64_t mapCache = envInt("ATTN_SHM_MAP_CACHE", static_cast<int64_t>(c.mapCache));
+  c.mapMin = mapMin < 1 ? 1 : static_cast<size_t>(mapMin);
+  c.mapCache = mapCache < 1 ? 1 : static_cast<size_t>(mapCache);
   int64_t spin = envInt("ATTN_SHM_SPIN_US", c.spinUs);
   c.spinUs = spin < 0 ? 0 : spin > 1000000 ? 1000000 : static_cast<int>(spin);
   return c;

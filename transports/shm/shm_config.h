@@ -17,6 +17,9 @@ struct Config {
   size_t cmaMin = 64 * 1024;        // ATTN_SHM_CMA_MIN: smallest message sent by CMA
   size_t memcpyMin = 32 * 1024;     // ATTN_SHM_MEMCPY_MIN: smallest message copied
                                     // straight from the sender (same process)
+  bool map = true;                  // ATTN_SHM_MAP: map peers' attnMemAlloc regions
+  size_t mapMin = 32 * 1024;        // ATTN_SHM_MAP_MIN: smallest such message read by memcpy
+  size_t mapCache = 64;             // ATTN_SHM_MAP_CACHE: regions kept mapped per peer
   int spinUs = 5;                   // ATTN_SHM_SPIN_US: poll before sleeping
   int livenessMs = 50;              // how often a peer process is checked
 

@@ -10,9 +10,10 @@ ShmConnection::ShmConnection(int peer, Parts p)
       peerBellSeg_(std::move(p.peerBellSeg)),
       myBell_(std::move(p.myBell)),
       peerPid_(p.peerPid),
-      sender_(std::move(p.out), static_cast<Bell*>(peerBellSeg_->base()), p.directMin, peer),
+      sender_(std::move(p.out), static_cast<Bell*>(peerBellSeg_->base()), p.directMin,
+              p.mappedMin, peer),
       receiver_(std::move(p.in), static_cast<Bell*>(peerBellSeg_->base()),
-                PeerMemory{p.inMode, p.peerPid}, peer) {
+                PeerMemory{p.inMode, p.peerPid}, peer, p.mapCache) {
   if (!p.sameProcess) watch_.watch(p.peerPid, p.livenessMs);
 }
 

@@ -25,6 +25,8 @@ class ShmConnection final : public Connection {
     std::shared_ptr<LocalBell> myBell;
     DirectMode inMode = kDirectNone;      // how we read the peer's direct messages
     size_t directMin = 0;                 // our sends by address from here on (0: never)
+    size_t mappedMin = 0;                 // same, from shareable regions (0: never)
+    size_t mapCache = 64;                 // peer regions kept mapped
     pid_t peerPid = 0;
     bool sameProcess = false;
     int livenessMs = 50;
@@ -40,6 +42,8 @@ class ShmConnection final : public Connection {
 
   DirectMode sendMode() const { return sender_.mode(); }
   DirectMode recvMode() const { return receiver_.mode(); }
+  // How many of the peer's shareable regions we hold mapped (tests).
+  size_t mappedRegions() const { return receiver_.mappedRegions(); }
 
  private:
   enum class PeerState { kOk, kTruncated, kClosed, kDead };

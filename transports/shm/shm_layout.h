@@ -11,7 +11,7 @@
 namespace attn::shm {
 
 constexpr uint32_t kChannelMagic = 0x41534843;  // "ASHC"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 
@@ -36,6 +36,8 @@ enum DirectMode : uint32_t {
 enum SlotKind : uint32_t {
   kSlotInline = 0,  // slot data holds bytes [offset, offset+chunkBytes)
   kSlotDirect = 1,  // the whole message sits at `addr` in the sender
+  kSlotMapped = 2,  // as direct, and inside a shareable region the receiver
+                    // may map (region* fields); CMA from `addr` otherwise
 };
 
 
@@ -56,6 +58,11 @@ struct alignas(kCacheLine) SlotHeader {
   uint64_t chunkBytes;  // inline: bytes in this slot
   uint64_t addr;        // direct: the sender's buffer address
   uint32_t kind;        // SlotKind
+  int32_t regionFd;     // mapped: the region's descriptor in the sender
+  int64_t regionPid;    // mapped: the region's name (shareable_memory.h) ...
+  uint64_t regionSerial;
+  uint64_t regionBytes;   // ... its size ...
+  uint64_t regionOffset;  // ... and where the message starts in it
 };
 
 struct ChannelHeader {

@@ -9,8 +9,12 @@
 
 namespace attn::shm {
 
-Receiver::Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer)
-    : ch_(std::move(ch)), peerBell_(peerBell), peerMemory_(peerMemory), peer_(peer) {}
+Receiver::Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer, size_t mapCache)
+    : ch_(std::move(ch)),
+      peerBell_(peerBell),
+      peerMemory_(peerMemory),
+      regions_(peerMemory.pid, peer, mapCache),
+      peer_(peer) {}
 
 void Receiver::post(void* buf, size_t capacity, Request* req) {
   Op op{static_cast<uint8_t*>(buf), capacity, req};
@@ -37,6 +41,19 @@ attnResult_t Receiver::copyDirectPiece(Op& op, const SlotHeader& s, std::string*
            : err == ESRCH   ? p + " (pid " + std::to_string(peerMemory_.pid) + ") died"
                             : "reading " + std::to_string(n) + " bytes from " + p +
                                 " with process_vm_readv failed: " + strerror(err);
+    return attnRemoteError;
+  }
+  op.got += n;
+  return attnSuccess;
+}
+
+// The region stays mapped here whatever the sender does, so no busy flag:
+// only a close during the copy makes the bytes suspect.
+attnResult_t Receiver::copyMappedPiece(Op& op, const uint8_t* src, std::string* why) {
+  size_t n = op.total - op.got < kDirectPieceBytes ? op.total - op.got : kDirectPieceBytes;
+  std::memcpy(op.buf + op.got, src + op.got, n);
+  if (ch_.hdr->senderClosed.load(std::memory_order_acquire) != kOpen) {
+    *why = "peer " + std::to_string(peer_) + " closed the connection during a transfer";
     return attnRemoteError;
   }
   op.got += n;
@@ -78,7 +95,9 @@ attnResult_t Receiver::progress(bool* progressed, std::string* why) {
         *why = "peer " + std::to_string(peer_) + " sent a direct message to a ring-only receiver";
         return attnInternalError;
       }
-      attnResult_t r = copyDirectPiece(op, s, why);
+      const uint8_t* mapped =
+          s.kind == kSlotMapped && peerMemory_.mode == kDirectCma ? regions_.lookup(s) : nullptr;
+      attnResult_t r = mapped ? copyMappedPiece(op, mapped, why) : copyDirectPiece(op, s, why);
       if (r != attnSuccess) return r;
       *progressed = true;
       if (op.got < op.total) return attnSuccess;

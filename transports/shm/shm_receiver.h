@@ -11,13 +11,15 @@
 #include "src/core/transport.h"
 #include "transports/shm/shm_channel.h"
 #include "transports/shm/shm_copy.h"
+#include "transports/shm/shm_peer_regions.h"
 
 namespace attn::shm {
 
 class Receiver {
  public:
-  // peerMemory: how we read direct messages (decided at connect).
-  Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer);
+  // peerMemory: how we read direct messages (decided at connect);
+  // mapCache: how many of the peer's shareable regions we keep mapped.
+  Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer, size_t mapCache);
 
   void post(void* buf, size_t capacity, Request* req);
   // Copies what has arrived. On failure returns the code, with *why set:
@@ -29,6 +31,7 @@ class Receiver {
 
   ChannelHeader* header() const { return ch_.hdr; }
   DirectMode mode() const { return peerMemory_.mode; }
+  size_t mappedRegions() const { return regions_.mapped(); }
   // Marks our side closed; reason is a CloseReason.
   void markClosed(uint32_t reason);
 
@@ -44,10 +47,12 @@ class Receiver {
   };
   void consumeSlot();
   attnResult_t copyDirectPiece(Op& op, const SlotHeader& s, std::string* why);
+  attnResult_t copyMappedPiece(Op& op, const uint8_t* src, std::string* why);
 
   Channel ch_;
   Bell* peerBell_;
   PeerMemory peerMemory_;
+  PeerRegions regions_;
   int peer_;
   uint64_t tail_ = 0;
   uint64_t posted_ = 0;  // receives posted so far

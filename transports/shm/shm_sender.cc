@@ -8,15 +8,20 @@
 
 namespace attn::shm {
 
-Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, int peer)
-    : ch_(std::move(ch)), peerBell_(peerBell), directMin_(directMin), peer_(peer) {}
+Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer)
+    : ch_(std::move(ch)), peerBell_(peerBell), directMin_(directMin), mappedMin_(mappedMin),
+      peer_(peer) {}
 
 void Sender::post(const void* buf, size_t bytes, Request* req) {
   Op op{static_cast<const uint8_t*>(buf), bytes, req};
   op.index = posted_++;
-  op.direct = directMin_ != 0 && bytes >= directMin_;
+  if (mappedMin_ != 0 && bytes >= mappedMin_ && findShareable(buf, bytes, &op.region) &&
+      op.region.fd >= 0)
+    op.direct = true;
+  else
+    op.direct = directMin_ != 0 && bytes >= directMin_;
   ATTN_TRACE(kLogShm, "send #%llu, %zu bytes to peer %d (%s)", (unsigned long long)op.index, bytes,
-             peer_, op.direct ? "direct" : "ring");
+             peer_, op.region.fd >= 0 ? "mapped" : op.direct ? "direct" : "ring");
   toSend_.push_back(op);
 }
 
@@ -46,6 +51,14 @@ void Sender::progress(bool* progressed) {
       s.chunkBytes = 0;
       s.addr = reinterpret_cast<uint64_t>(op.buf);
       s.kind = kSlotDirect;
+      if (op.region.fd >= 0) {
+        s.kind = kSlotMapped;
+        s.regionFd = op.region.fd;
+        s.regionPid = op.region.ownerPid;
+        s.regionSerial = op.region.serial;
+        s.regionBytes = op.region.bytes;
+        s.regionOffset = reinterpret_cast<uintptr_t>(op.buf) - op.region.base;
+      }
       op.slot = head_;
       publish();
       inFlight_.push_back(op);

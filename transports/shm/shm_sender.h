@@ -18,6 +18,7 @@
 #include <deque>
 #include <string>
 
+#include "src/core/shareable_memory.h"
 #include "src/core/transport.h"
 #include "transports/shm/shm_channel.h"
 
@@ -25,8 +26,10 @@ namespace attn::shm {
 
 class Sender {
  public:
-  // directMin: smallest message sent by address (0: never).
-  Sender(Channel ch, Bell* peerBell, size_t directMin, int peer);
+  // directMin: smallest message sent by address (0: never); mappedMin: the
+  // same for messages inside a shareable region (attnMemAlloc), which the
+  // receiver maps instead (0: never).
+  Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer);
 
   void post(const void* buf, size_t bytes, Request* req);
   // Publishes what fits in the ring and completes finished sends.
@@ -50,12 +53,14 @@ class Sender {
     size_t sent = 0;      // inline: bytes already in the ring
     bool direct = false;
     uint64_t slot = 0;    // direct: the slot that carries the address
+    ShareableRegion region;  // fd >= 0: direct, from this region
   };
   void publish();
 
   Channel ch_;
   Bell* peerBell_;
   size_t directMin_;
+  size_t mappedMin_;
   int peer_;
   uint64_t head_ = 0;
   uint64_t posted_ = 0;      // messages posted so far

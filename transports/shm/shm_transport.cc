@@ -170,6 +170,9 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
     parts.directMin = outMode == kDirectMemcpy ? cfg_.memcpyMin
                       : outMode == kDirectCma  ? cfg_.cmaMin
                                                : 0;
+    // Another process that reads us with CMA can map our shareable regions.
+    parts.mappedMin = outMode == kDirectCma && cfg_.map ? cfg_.mapMin : 0;
+    parts.mapCache = cfg_.mapCache;
     parts.out = std::move(out[i]);
     parts.in = std::move(in[i]);
     parts.peerBellSeg = std::move(peerBells[i]);

@@ -1,0 +1,102 @@
+#include "src/core/shareable_memory.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace attn {
+namespace {
+
+struct Registry {
+  std::shared_mutex mu;
+  std::map<uintptr_t, ShareableRegion> byBase;  // ordered: lookup by address
+  uint64_t nextSerial = 1;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: frees may run at exit
+  return *r;
+}
+
+}  // namespace
+
+std::string shareableName(int64_t ownerPid, uint64_t serial) {
+  return "attn-mem-" + std::to_string(ownerPid) + "-" + std::to_string(serial);
+}
+
+attnResult_t shareableAlloc(size_t bytes, void** ptr) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (bytes > (size_t(1) << 48)) return setError(attnInvalidArgument, "attnMemAlloc: %zu bytes is too large", bytes);
+  const size_t len = (bytes + page - 1) / page * page;
+  Registry& reg = registry();
+  uint64_t serial;
+  {
+    std::unique_lock lock(reg.mu);
+    serial = reg.nextSerial++;
+  }
+  const int64_t pid = getpid();
+  int fd = memfd_create(shareableName(pid, serial).c_str(), MFD_CLOEXEC);
+  const int memfdErrno = errno;
+  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(len)) != 0) {
+    int e = errno;
+    close(fd);
+    return setError(attnSystemError, "attnMemAlloc: sizing a memfd of %zu bytes failed: %s", len,
+                    strerror(e));
+  }
+  void* p = fd >= 0 ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                    : mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return setError(attnSystemError, "attnMemAlloc: mapping %zu bytes failed: %s", len, strerror(e));
+  }
+  if (fd < 0)
+    ATTN_INFO(kLogInit, "attnMemAlloc: memfd_create failed (%s); peers will copy with CMA",
+              strerror(memfdErrno));
+  ShareableRegion r{reinterpret_cast<uintptr_t>(p), len, fd, pid, serial};
+  {
+    std::unique_lock lock(reg.mu);
+    reg.byBase[r.base] = r;
+  }
+  *ptr = p;
+  return attnSuccess;
+}
+
+attnResult_t shareableFree(void* ptr) {
+  Registry& reg = registry();
+  ShareableRegion r;
+  {
+    std::unique_lock lock(reg.mu);
+    auto it = reg.byBase.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == reg.byBase.end())
+      return setError(attnInvalidArgument, "attnMemFree: %p did not come from attnMemAlloc (or was freed)", ptr);
+    r = it->second;
+    reg.byBase.erase(it);
+  }
+  munmap(reinterpret_cast<void*>(r.base), r.bytes);
+  if (r.fd >= 0) close(r.fd);
+  return attnSuccess;
+}
+
+bool findShareable(const void* ptr, size_t bytes, ShareableRegion* out) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  Registry& reg = registry();
+  std::shared_lock lock(reg.mu);
+  auto it = reg.byBase.upper_bound(a);
+  if (it == reg.byBase.begin()) return false;
+  --it;
+  const ShareableRegion& r = it->second;
+  if (a - r.base > r.bytes || bytes > r.bytes - (a - r.base)) return false;
+  *out = r;
+  return true;
+}
+
+}  // namespace attn
