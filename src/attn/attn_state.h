@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "attncomm.h"
+#include "src/core/shareable_memory.h"
 
 namespace attn {
 namespace cpu { class WorkerPool; }
@@ -33,6 +34,9 @@ struct AttnState {
   int kernelThreads = 1;
   AttnCallStats last;
   bool skipCompute = false;  // perf: time the communication alone
+  // The two blocks a ring rotates (pass-KV, pass-Q), kept between calls in
+  // shareable memory so same-host peer processes map them once.
+  ShareableBuffer rotation[2];
 
   AttnState();
   ~AttnState();

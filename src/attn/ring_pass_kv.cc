@@ -21,12 +21,12 @@ attnResult_t runPassKv(AttnCall& c) {
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
     capacity = std::max(capacity, BlockLayout::of(c.numSeqs, c.kvRowsOf[r], c.kvRowBytes, 2).total);
-  std::vector<char> buf[2];
-  packBlock(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0, c.kv.t1, c.kvRowBytes,
-            &buf[0]);
-  size_t curBytes = buf[0].size();
-  buf[0].resize(capacity);
-  buf[1].resize(capacity);
+  ShareableBuffer* buf = c.state->rotation;
+  ATTN_CHECK(buf[0].reserve(capacity));
+  ATTN_CHECK(buf[1].reserve(capacity));
+  size_t curBytes = packBlockInto(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0,
+                                  c.kv.t1, c.kvRowBytes, buf[0].data())
+                        .total;
 
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);

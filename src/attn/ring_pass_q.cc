@@ -53,11 +53,12 @@ attnResult_t runPassQ(AttnCall& c) {
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
     capacity = std::max(capacity, BlockLayout::of(c.numSeqs, c.qRowsOf[r], c.qRowBytes, 1).total);
-  std::vector<char> buf[2];
-  packBlock(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0, nullptr, c.qRowBytes, &buf[0]);
-  size_t curBytes = buf[0].size();
-  buf[0].resize(capacity);
-  buf[1].resize(capacity);
+  ShareableBuffer* buf = c.state->rotation;
+  ATTN_CHECK(buf[0].reserve(capacity));
+  ATTN_CHECK(buf[1].reserve(capacity));
+  size_t curBytes = packBlockInto(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0,
+                                  nullptr, c.qRowBytes, buf[0].data())
+                        .total;
 
   Homecoming home(n);
   for (int p = 0; p < n; ++p)

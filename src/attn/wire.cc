@@ -32,14 +32,19 @@ BlockLayout packBlockMeta(int origin, int numSeqs, const int32_t* offsets, const
   return l;
 }
 
-void packBlock(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos, int64_t rows,
-               const void* t0, const void* t1, size_t rowBytes, std::vector<char>* out) {
+BlockLayout packBlockInto(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos,
+                          int64_t rows, const void* t0, const void* t1, size_t rowBytes, char* p) {
   const int tensors = t1 ? 2 : 1;
-  out->resize(BlockLayout::of(numSeqs, rows, rowBytes, tensors).total);
-  char* p = out->data();
   BlockLayout l = packBlockMeta(origin, numSeqs, offsets, pos, rows, rowBytes, tensors, p);
   if (rows) std::memcpy(p + l.tensorAt, t0, l.tensorBytes);
   if (rows && t1) std::memcpy(p + l.tensorAt + l.tensorBytes, t1, l.tensorBytes);
+  return l;
+}
+
+void packBlock(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos, int64_t rows,
+               const void* t0, const void* t1, size_t rowBytes, std::vector<char>* out) {
+  out->resize(BlockLayout::of(numSeqs, rows, rowBytes, t1 ? 2 : 1).total);
+  packBlockInto(origin, numSeqs, offsets, pos, rows, t0, t1, rowBytes, out->data());
 }
 
 attnResult_t viewBlock(const char* data, size_t bytes, size_t rowBytes, int tensors, BlockView* v) {

@@ -46,6 +46,9 @@ struct BlockView {
 // Packs rows into `out` (resized to fit).
 void packBlock(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos, int64_t rows,
                const void* t0, const void* t1, size_t rowBytes, std::vector<char>* out);
+// The same into `out`, which has room for the layout's `total` bytes.
+BlockLayout packBlockInto(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos,
+                          int64_t rows, const void* t0, const void* t1, size_t rowBytes, char* out);
 // Writes a block's header, offsets and positions into `out` (room for the
 // returned layout's `total` bytes); the caller fills the tensors at
 // tensorAt. For tensors the host cannot read (device memory): copy them in.

@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -97,6 +99,33 @@ bool findShareable(const void* ptr, size_t bytes, ShareableRegion* out) {
   if (a - r.base > r.bytes || bytes > r.bytes - (a - r.base)) return false;
   *out = r;
   return true;
+}
+
+attnResult_t ShareableBuffer::reserve(size_t bytes) {
+  if (bytes <= capacity_ && data_) return attnSuccess;
+  size_t want = std::max(bytes, capacity_ + capacity_ / 4);
+  if (want == 0) want = 1;
+  release();
+  void* p = nullptr;
+  if (shareableAlloc(want, &p) == attnSuccess) {
+    shareable_ = true;
+  } else {
+    clearThreadLastError();  // fine: peers copy from the heap with CMA
+    p = malloc(want);
+    if (!p) return setError(attnSystemError, "out of memory for a %zu-byte buffer", want);
+    shareable_ = false;
+  }
+  data_ = static_cast<char*>(p);
+  capacity_ = want;
+  return attnSuccess;
+}
+
+void ShareableBuffer::release() {
+  if (!data_) return;
+  if (shareable_) shareableFree(data_);
+  else free(data_);
+  data_ = nullptr;
+  capacity_ = 0;
 }
 
 }  // namespace attn

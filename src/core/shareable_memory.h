@@ -38,4 +38,27 @@ bool findShareable(const void* ptr, size_t bytes, ShareableRegion* out);
 // The name the region's memfd carries (readlink shows "/memfd:<name> (deleted)").
 std::string shareableName(int64_t ownerPid, uint64_t serial);
 
+// A grow-only scratch buffer in shareable memory (the heap if that fails),
+// kept between calls so that peers keep their mapping of it: the rotation
+// buffers of ring attention. Contents are not kept when it grows.
+class ShareableBuffer {
+ public:
+  ShareableBuffer() = default;
+  ~ShareableBuffer() { release(); }
+  ShareableBuffer(const ShareableBuffer&) = delete;
+  ShareableBuffer& operator=(const ShareableBuffer&) = delete;
+
+  // At least `bytes` of room (grows by at least a quarter, so slowly
+  // growing calls do not reallocate every time).
+  attnResult_t reserve(size_t bytes);
+  char* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  void release();
+  char* data_ = nullptr;
+  size_t capacity_ = 0;
+  bool shareable_ = false;
+};
+
 }  // namespace attn

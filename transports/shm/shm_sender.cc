@@ -13,7 +13,10 @@ Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, i
       peer_(peer) {}
 
 void Sender::post(const void* buf, size_t bytes, Request* req) {
-  Op op{static_cast<const uint8_t*>(buf), bytes, req};
+  Op op;
+  op.buf = static_cast<const uint8_t*>(buf);
+  op.bytes = bytes;
+  op.req = req;
   op.index = posted_++;
   if (mappedMin_ != 0 && bytes >= mappedMin_ && findShareable(buf, bytes, &op.region) &&
       op.region.fd >= 0)

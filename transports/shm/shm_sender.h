@@ -46,9 +46,9 @@ class Sender {
 
  private:
   struct Op {
-    const uint8_t* buf;
-    size_t bytes;
-    Request* req;
+    const uint8_t* buf = nullptr;
+    size_t bytes = 0;
+    Request* req = nullptr;
     uint64_t index = 0;   // message number on this channel
     size_t sent = 0;      // inline: bytes already in the ring
     bool direct = false;
