@@ -7,7 +7,10 @@
 //
 // A larger message takes one slot that carries only its address: the
 // receiver copies it once, straight from our buffer (memcpy or CMA), and
-// the send completes when the receiver has consumed that slot. (We tried
+// the send completes when the receiver has consumed that slot. A message
+// inside a shareable region (attnMemAlloc) also names the region, and a
+// receiver in another process maps it once and copies with memcpy rather
+// than CMA (shm_peer_regions.h). (We tried
 // letting the sender write into an already posted receive instead: no gain
 // on small messages, and slower large ring all-gathers, because a late rank
 // then had two copies to do in one step.)
