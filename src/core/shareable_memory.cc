@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +21,9 @@ namespace {
 struct Registry {
   std::shared_mutex mu;
   std::map<uintptr_t, ShareableRegion> byBase;  // ordered: lookup by address
-  uint64_t nextSerial = 1;
+  // Regions alive: lets every send skip the lock while nobody allocated.
+  std::atomic<size_t> live{0};
+  std::atomic<uint64_t> nextSerial{1};
 };
 
 Registry& registry() {
@@ -39,11 +42,7 @@ attnResult_t shareableAlloc(size_t bytes, void** ptr) {
   if (bytes > (size_t(1) << 48)) return setError(attnInvalidArgument, "attnMemAlloc: %zu bytes is too large", bytes);
   const size_t len = (bytes + page - 1) / page * page;
   Registry& reg = registry();
-  uint64_t serial;
-  {
-    std::unique_lock lock(reg.mu);
-    serial = reg.nextSerial++;
-  }
+  const uint64_t serial = reg.nextSerial.fetch_add(1);
   const int64_t pid = getpid();
   int fd = memfd_create(shareableName(pid, serial).c_str(), MFD_CLOEXEC);
   const int memfdErrno = errno;
@@ -67,6 +66,7 @@ attnResult_t shareableAlloc(size_t bytes, void** ptr) {
   {
     std::unique_lock lock(reg.mu);
     reg.byBase[r.base] = r;
+    reg.live.fetch_add(1);
   }
   *ptr = p;
   return attnSuccess;
@@ -82,6 +82,7 @@ attnResult_t shareableFree(void* ptr) {
       return setError(attnInvalidArgument, "attnMemFree: %p did not come from attnMemAlloc (or was freed)", ptr);
     r = it->second;
     reg.byBase.erase(it);
+    reg.live.fetch_sub(1);
   }
   munmap(reinterpret_cast<void*>(r.base), r.bytes);
   if (r.fd >= 0) close(r.fd);
@@ -91,6 +92,7 @@ attnResult_t shareableFree(void* ptr) {
 bool findShareable(const void* ptr, size_t bytes, ShareableRegion* out) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
   Registry& reg = registry();
+  if (reg.live.load(std::memory_order_relaxed) == 0) return false;
   std::shared_lock lock(reg.mu);
   auto it = reg.byBase.upper_bound(a);
   if (it == reg.byBase.begin()) return false;
