@@ -227,6 +227,30 @@ TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
             attn::chooseAlgo(AlgoSetting::kAuto, h, total, rates));
   // The reductions have no direct variant.
   EXPECT_EQ(attn::chooseAlgo(AlgoSetting::kDirect, h, total, rates), CollAlgo::kRing);
+  // Where staging applies, the caller raises the limit to the staging one.
+  const size_t stage = attn::kStageMaxBlock;
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, one, true, stage, 3 * stage, rates, stage),
+            CollAlgo::kDirect);
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, one, true, stage + 1, 3 * stage, rates,
+                                      stage),
+            CollAlgo::kRing);
+}
+
+// ATTN_AG_STAGE_MAX: the default, a value, and 0 for "never stage".
+TEST(AlgoSelect, StageLimitFromEnvironment) {
+  {
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{});
+    unsetenv("ATTN_AG_STAGE_MAX");
+    EXPECT_EQ(attn::readStageMaxBlock(), attn::kStageMaxBlock);
+  }
+  {
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_AG_STAGE_MAX", "4096"}});
+    EXPECT_EQ(attn::readStageMaxBlock(), 4096u);
+  }
+  {
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_AG_STAGE_MAX", "0"}});
+    EXPECT_EQ(attn::readStageMaxBlock(), 0u);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -294,6 +318,37 @@ TEST(HierProcsAlgo, DirectAndAutoOnOneHost) {
 }
 
 TEST(HierProcsAlgo, DirectForcedAcrossHosts) { RunShape(k2x2, "direct"); }
+
+// Staged direct all-gather (algo_select.h): ranks as processes on one host,
+// ordinary buffers, so each rank copies its block into the communicator's
+// shareable staging buffer and peers read it through a mapping. Blocks
+// below ATTN_SHM_MAP_MIN (not staged), above it, growing (the staging
+// buffer is reallocated and peers map the new one) and shrinking again (a
+// stale tail must not leak), odd byte counts, in and out of place; with a
+// 1 MiB staging limit, a 2 MiB block runs direct unstaged. A block read at
+// the wrong place or before it was copied fails the value check.
+TEST(HierProcsAlgo, StagedDirectOnOneHostProcessesN4) {
+  RunOptions o;
+  o.env = {{"ATTN_AG_STAGE_MAX", "1048576"}, {"ATTN_SHM_MAP_MIN", "32768"}};
+  o.deadline_ms = 180000;
+  RunProcesses(4, [](int rank, int n, attnComm_t& comm) {
+    const attn::CollTopo& t = attn::collTopo(comm);
+    ASSERT_TRUE(t.singleCopy);
+    ASSERT_TRUE(t.peersAreProcesses);
+    CheckAllGather(comm, rank, n, attnUint8, 1001, false);  // below the mapping threshold
+    EXPECT_EQ(t.staging.capacity(), 0u);
+    const size_t counts[] = {40001, 250007, 9, 40001, 262144};
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); ++i) {
+      CheckAllGather(comm, rank, n, attnFloat32, counts[i], i % 2 == 1);
+      CheckAllGather(comm, rank, n, attnInt8, counts[i] * 3 + 1, i % 2 == 0);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    EXPECT_GE(t.staging.capacity(), size_t(262144) * 4);
+    const size_t before = t.staging.capacity();
+    CheckAllGather(comm, rank, n, attnFloat32, (size_t(2) << 20) / 4, false);  // over the limit
+    EXPECT_EQ(t.staging.capacity(), before);
+  }, o);
+}
 
 // ---------------------------------------------------------------------------
 // Bad setting

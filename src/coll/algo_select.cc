@@ -91,10 +91,15 @@ CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const 
                                                                                     : CollAlgo::kRing;
 }
 
+size_t readStageMaxBlock() {
+  const int64_t v = envInt("ATTN_AG_STAGE_MAX", static_cast<int64_t>(kStageMaxBlock));
+  return v > 0 ? static_cast<size_t>(v) : 0;
+}
+
 CollAlgo chooseAllGatherAlgo(AlgoSetting s, const Hierarchy& h, bool singleCopy, size_t maxBlock,
-                             size_t totalBytes, const TierRates& rates) {
+                             size_t totalBytes, const TierRates& rates, size_t directMax) {
   if (s == AlgoSetting::kDirect) return CollAlgo::kDirect;
-  if (s == AlgoSetting::kAuto && singleCopy && !h.worthwhile() && maxBlock <= kDirectMaxBlock)
+  if (s == AlgoSetting::kAuto && singleCopy && !h.worthwhile() && maxBlock <= directMax)
     return CollAlgo::kDirect;
   return chooseAlgo(s, h, totalBytes, rates);
 }
@@ -113,7 +118,7 @@ TierRates tierRatesFor(const attnComm* comm) {
   return r;
 }
 
-const CollTopo& collTopo(attnComm* comm) {
+CollTopo& collTopo(attnComm* comm) {
   static std::mutex mu;
   std::lock_guard<std::mutex> g(mu);
   if (!comm->collTopo) {
@@ -139,6 +144,11 @@ const CollTopo& collTopo(attnComm* comm) {
       if (!shm) t->allShm = false;
       if (!shm || comm->peers[r].hostHash != comm->peers[comm->rank].hostHash) t->singleCopy = false;
     }
+    // Every rank knows every pid, so this too is the same on every rank.
+    t->peersAreProcesses = t->singleCopy;
+    for (int r = 0; r < n; ++r)
+      if (r != comm->rank && comm->peers[r].pid == comm->peers[comm->rank].pid)
+        t->peersAreProcesses = false;
     ATTN_INFO(kLogColl, "hierarchy %s; ring in proximity order", t->hier.describe().c_str());
     comm->collTopo = std::move(t);
   }
@@ -149,14 +159,17 @@ CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll
                   size_t totalBytes, size_t maxBlock) {
   const CollTopo& t = collTopo(comm);
   const bool allGather = collIndex == 0;
-  CollAlgo a = allGather ? chooseAllGatherAlgo(s, t.hier, t.singleCopy, maxBlock, totalBytes, t.rates)
+  const size_t directMax =
+      t.peersAreProcesses ? std::max(kDirectMaxBlock, readStageMaxBlock()) : kDirectMaxBlock;
+  CollAlgo a = allGather ? chooseAllGatherAlgo(s, t.hier, t.singleCopy, maxBlock, totalBytes,
+                                               t.rates, directMax)
                          : chooseAlgo(s, t.hier, totalBytes, t.rates);
   unsigned bit = 1u << (collIndex * 3 + static_cast<int>(a));
   if (!(comm->collTopo->logged & bit)) {
     comm->collTopo->logged |= bit;
     const char* why = s == AlgoSetting::kRing     ? "ATTN_ALGO=ring"
                       : s == AlgoSetting::kDirect ? "ATTN_ALGO=direct"
-                      : a == CollAlgo::kDirect    ? "one host, single-copy shm, small blocks"
+                      : a == CollAlgo::kDirect    ? "one host, single-copy shm, blocks within the direct limit"
                       : !t.hier.regular           ? "hierarchy irregular"
                       : s == AlgoSetting::kHier   ? "ATTN_ALGO=hier"
                       : !t.hier.worthwhile()      ? "single tier"

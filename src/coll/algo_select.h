@@ -15,6 +15,16 @@
 // it when every rank is on one host, every link is shm and blocks are at
 // most kDirectMaxBlock (beyond that the ring is as fast and gentler on the
 // caches). Over TCP it measured no better than the ring.
+//
+// Staged direct all-gather: when the peers are other processes that read
+// shareable memory through a mapping (shm transport, ATTN_SHM_MAP), a rank
+// whose block is in ordinary memory first copies it into a shareable
+// staging buffer kept on the communicator. One local memcpy then replaces
+// N-1 process_vm_readv reads by N-1 memcpy reads, which is worth it because
+// every peer reads the same block (all-to-all sends each block once, so
+// staging it only adds a copy: measured slower). auto then keeps the direct
+// algorithm for blocks up to ATTN_AG_STAGE_MAX (default kStageMaxBlock;
+// beyond it the ring measured as fast).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +34,7 @@
 #include "attncomm.h"
 #include "src/coll/coll.h"
 #include "src/coll/hierarchy.h"
+#include "src/core/shareable_memory.h"
 
 struct attnComm;
 
@@ -32,6 +43,9 @@ namespace attn {
 enum class AlgoSetting { kAuto, kRing, kHier, kDirect };
 enum class CollAlgo { kRing, kHier, kDirect };
 constexpr size_t kDirectMaxBlock = size_t(2) << 20;
+constexpr size_t kStageMaxBlock = size_t(32) << 20;
+// ATTN_AG_STAGE_MAX in bytes (0: never stage); kStageMaxBlock when unset.
+size_t readStageMaxBlock();
 
 // Parses ATTN_ALGO (unset or empty: auto). Unknown value: attnInvalidArgument.
 attnResult_t readAlgoSetting(AlgoSetting* out);
@@ -56,10 +70,12 @@ double hierSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates
 CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const TierRates& rates);
 
 // All-gather: the direct algorithm where `s` asks for it, or auto finds
-// single-copy links (`singleCopy`) and blocks of at most kDirectMaxBlock;
-// else chooseAlgo's answer.
+// single-copy links (`singleCopy`) and blocks of at most `directMax`
+// (kDirectMaxBlock, or the staging limit where staging applies); else
+// chooseAlgo's answer.
 CollAlgo chooseAllGatherAlgo(AlgoSetting s, const Hierarchy& h, bool singleCopy, size_t maxBlock,
-                             size_t totalBytes, const TierRates& rates);
+                             size_t totalBytes, const TierRates& rates,
+                             size_t directMax = kDirectMaxBlock);
 
 // Per-communicator view used by the collectives, built on first use from
 // comm->peers (rack, host keys) and comm->topoOrder.
@@ -68,11 +84,16 @@ struct CollTopo {
   Ring ring;           // flat ring in proximity order
   TierRates rates;
   bool singleCopy = false;  // one host, shm to every peer (see direct all-gather)
+  bool peersAreProcesses = false;  // singleCopy, and no peer is a thread of this process
   bool allShm = true;       // this rank reaches every peer by shm (all-to-all schedule)
   unsigned logged = 0;  // (collective, algorithm) pairs already logged
   unsigned loggedAllToAll = 0;  // all-to-all schedules already logged
+  // The staged direct all-gather's copy of this rank's block: peers keep
+  // their mapping of it from call to call. Collectives on one communicator
+  // run one at a time, so one buffer serves them all.
+  ShareableBuffer staging;
 };
-const CollTopo& collTopo(attnComm* comm);
+CollTopo& collTopo(attnComm* comm);
 // Rates for this communicator: the fabric model's tiers (host, rack,
 // cluster), defaults where it has none.
 TierRates tierRatesFor(const attnComm* comm);

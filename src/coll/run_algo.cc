@@ -1,6 +1,7 @@
 // Bodies of the public all-gather / reduce-scatter / all-reduce: choose the
 // flat ring (proximity order) or the hierarchical algorithm, then run it.
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/reduce.h"
 #include "src/coll/algo_select.h"
@@ -20,14 +21,44 @@ size_t totalOf(const std::vector<Block>& blocks) {
 }
 }  // namespace
 
+// Staged direct all-gather (algo_select.h): worth a local copy when every
+// peer would read this block through a mapping of shareable memory, the
+// block is not already in such memory, and it is within the staging limit.
+static bool shouldStage(attnComm* comm, const CollTopo& t, const char* block, size_t bytes) {
+  if (!t.peersAreProcesses || bytes == 0 || bytes > readStageMaxBlock()) return false;
+  for (int r = 0; r < comm->nranks; ++r) {
+    if (r == comm->rank) continue;
+    const size_t min = comm->engine->mappedSendMin(r);
+    if (min == 0 || bytes < min) return false;
+  }
+  ShareableRegion region;
+  return !findShareable(block, bytes, &region);
+}
+
+static attnResult_t directAllGather(attnComm* comm, CollTopo& t, char* buf,
+                                    const std::vector<Block>& byRank) {
+  // Every peer gets this rank's block; the pairwise exchange posts them all.
+  // The own block is already in place (size 0 both ways: no self copy).
+  const int me = comm->rank;
+  const Block mine = byRank[me];
+  std::vector<Block> recvBlocks = byRank;
+  recvBlocks[me].bytes = 0;
+  const char* send = buf;
+  std::vector<Block> sendBlocks(byRank.size(), mine);
+  if (shouldStage(comm, t, buf + mine.offset, mine.bytes)) {
+    ATTN_CHECK(t.staging.reserve(mine.bytes));
+    std::memcpy(t.staging.data(), buf + mine.offset, mine.bytes);
+    send = t.staging.data();
+    for (Block& b : sendBlocks) b.offset = 0;
+  }
+  sendBlocks[me].bytes = 0;
+  return pairwiseAllToAllv(*comm->engine, send, sendBlocks, buf, recvBlocks);
+}
+
 static attnResult_t allGatherWith(attnComm* comm, CollAlgo a, char* buf,
                                   const std::vector<Block>& byRank, size_t esz) {
-  const CollTopo& t = collTopo(comm);
-  if (a == CollAlgo::kDirect) {
-    // Every peer gets this rank's block; the pairwise exchange posts them all.
-    std::vector<Block> mine(byRank.size(), byRank[comm->rank]);
-    return pairwiseAllToAllv(*comm->engine, buf, mine, buf, byRank);
-  }
+  CollTopo& t = collTopo(comm);
+  if (a == CollAlgo::kDirect) return directAllGather(comm, t, buf, byRank);
   if (a == CollAlgo::kHier)
     return hierAllGatherv(*comm->engine, t.hier, comm->rank, buf, byRank, chunkBytes(esz));
   return ringAllGatherv(*comm->engine, t.ring, buf, blocksByRing(t.ring, byRank), chunkBytes(esz));

@@ -40,6 +40,13 @@ const char* Engine::transportName(int peer) const {
   return transports_[transportOfPeer_[peer]]->name();
 }
 
+// Connections live as long as the engine and the answer is fixed at
+// connection time, so no lock.
+size_t Engine::mappedSendMin(int peer) const {
+  if (peer < 0 || peer >= nranks_ || !conns_[peer]) return 0;
+  return conns_[peer]->mappedSendMin();
+}
+
 attnResult_t Engine::isend(int peer, const void* buf, size_t bytes, Request* req) {
   if (broken()) return setError(brokenCode_, "%s", brokenWhy_.c_str());
   std::lock_guard<std::mutex> g(mu_);

@@ -38,6 +38,8 @@ class Engine {
   bool aborted() const { return abortFlag_ && abortFlag_->load(std::memory_order_relaxed); }
   int nranks() const { return nranks_; }
   const char* transportName(int peer) const;
+  // The connection's mappedSendMin() (0 for self and unconnected peers).
+  size_t mappedSendMin(int peer) const;
 
   attnResult_t isend(int peer, const void* buf, size_t bytes, Request* req);
   attnResult_t irecv(int peer, void* buf, size_t capacity, Request* req);

@@ -93,6 +93,10 @@ class Connection {
   // Closes the link now (abort or error); the peer notices. Queued requests
   // fail with attnRemoteError.
   virtual void close() = 0;
+  // Sends of at least this many bytes from shareable memory (attnMemAlloc)
+  // are read by the peer straight from its mapping of that memory, with no
+  // system call per message; 0: never. Algorithms may stage data there.
+  virtual size_t mappedSendMin() const { return 0; }
 
  private:
   int peer_;

@@ -39,6 +39,7 @@ class ShmConnection final : public Connection {
   attnResult_t progress(bool* progressed) override;
   bool idle() const override { return sender_.idle() && receiver_.idle(); }
   void close() override;
+  size_t mappedSendMin() const override { return sender_.mappedMin(); }
 
   DirectMode sendMode() const { return sender_.mode(); }
   DirectMode recvMode() const { return receiver_.mode(); }

@@ -42,6 +42,7 @@ class Sender {
 
   ChannelHeader* header() const { return ch_.hdr; }
   // How the receiver reads our direct messages (it decided at connect).
+  size_t mappedMin() const { return mappedMin_; }
   DirectMode mode() const { return static_cast<DirectMode>(ch_.hdr->directMode.load()); }
   // Marks our side closed and waits until a receiver thread is out of our
   // send buffers, so their owners may free them once their requests failed.
