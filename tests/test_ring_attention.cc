@@ -273,8 +273,7 @@ INSTANTIATE_TEST_SUITE_P(N, RingAttentionProcesses, ::testing::Values(1, 2, 3, 4
 // ---------------------------------------------------------------------------
 // A few larger problems (realistic head dims, longer sequences).
 
-TEST(RingAttentionLarge, PartialPrefillBigHeads) {
-  const int n = 4;
+std::vector<Job> BigHeadsJobs(int n) {
   std::vector<Job> jobs;
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
     attnAttnConfig_t cfg = Cfg(16, 2, 128, t, true);
@@ -290,8 +289,25 @@ TEST(RingAttentionLarge, PartialPrefillBigHeads) {
     Placement pl = RandomPlacement(*c, n, 79, -1);
     for (attnAttnMode_t m : kAllModes) jobs.push_back({c, pl, m, m != attnModePassQ});
   }
-  RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "large"); },
+  return jobs;
+}
+
+TEST(RingAttentionLarge, PartialPrefillBigHeads) {
+  const std::vector<Job> jobs = BigHeadsJobs(4);
+  RunThreads(4, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "large"); },
              Opts());
+}
+
+// The same as processes: query blocks, KV blocks and partials of several
+// hundred KiB travel from the communicator's shareable buffers, so peers
+// read them through their mappings (rotation, pass-Q's and ship-Q's
+// outgoing slots), twice per mode, so the second call reuses the mappings.
+TEST(RingAttentionLarge, PartialPrefillBigHeadsProcesses) {
+  std::vector<Job> jobs = BigHeadsJobs(4);
+  const size_t once = jobs.size();
+  for (size_t i = 0; i < once; ++i) jobs.push_back(jobs[i]);
+  RunProcesses(4, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "large"); },
+               Opts());
 }
 
 // Peaky softmax (large scores): the merge must subtract maxima correctly.

@@ -51,6 +51,17 @@ struct AttnCall {
   }
 };
 
+// Per-peer slices of one buffer (AttnState::outgoing), each 64-byte aligned.
+struct PeerSlots {
+  std::vector<size_t> offset;  // by peer
+  size_t total = 0;
+  explicit PeerSlots(int n) : offset(n, 0) {}
+  void add(int peer, size_t bytes) {
+    offset[peer] = total;
+    total += (bytes + 63) & ~size_t(63);
+  }
+};
+
 using Clock = std::chrono::steady_clock;
 inline double usSince(Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t).count();

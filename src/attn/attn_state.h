@@ -37,6 +37,9 @@ struct AttnState {
   // The two blocks a ring rotates (pass-KV, pass-Q), kept between calls in
   // shareable memory so same-host peer processes map them once.
   ShareableBuffer rotation[2];
+  // What a rank sends to several peers at once: ship-Q's query block and
+  // the partials pass-Q and ship-Q send home, in per-peer slots (PeerSlots).
+  ShareableBuffer outgoing;
 
   AttnState();
   ~AttnState();

@@ -70,9 +70,15 @@ attnResult_t runPassQ(AttnCall& c) {
       home.posted[p] = true;
     }
 
+  // Partials we send home, one slot per owner, in shareable memory so an
+  // owner in another process reads them through its mapping.
+  PeerSlots outSlot(n);
+  for (int p = 0; p < n; ++p)
+    if (p != me) outSlot.add(p, c.partialBytes(c.qRowsOf[p]));
+  ATTN_CHECK(c.state->outgoing.reserve(outSlot.total));
+
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-  std::vector<std::vector<char>> out(n);    // partials we send home
   std::unique_ptr<Request[]> outReq(new Request[n]);
   std::vector<bool> outPosted(n, false);
   int cur = 0;
@@ -101,12 +107,14 @@ attnResult_t runPassQ(AttnCall& c) {
         const int owner = visitor.origin;
         if (owner < 0 || owner >= n || outPosted[owner])
           return setError(attnInternalError, "pass-Q: unexpected query block from rank %d", owner);
-        std::vector<char>& part = out[owner];
-        part.resize(c.partialBytes(visitor.rows));
-        float* o = reinterpret_cast<float*>(part.data());
+        if (visitor.rows != c.qRowsOf[owner])
+          return setError(attnInternalError, "pass-Q: query block of rank %d has %d rows, %lld expected",
+                          owner, visitor.rows, static_cast<long long>(c.qRowsOf[owner]));
+        char* part = c.state->outgoing.data() + outSlot.offset[owner];
+        float* o = reinterpret_cast<float*>(part);
         float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
-        ATTN_CHECK(e.isend(owner, part.data(), part.size(), &outReq[owner]));
+        ATTN_CHECK(e.isend(owner, part, c.partialBytes(visitor.rows), &outReq[owner]));
         outPosted[owner] = true;
         driver->kick();
       }

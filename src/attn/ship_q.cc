@@ -20,9 +20,18 @@ attnResult_t runShipQ(AttnCall& c) {
   const size_t myPartial = c.partialBytes(c.q.rows);
   const size_t oFloats = static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
 
-  std::vector<char> mine;
-  packBlock(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0, nullptr, c.qRowBytes, &mine);
-  std::vector<std::vector<char>> qin(n), pin(n), pout(n);
+  // Our query block (read by every peer) and the partials we serve, in
+  // shareable memory: peers in other processes read them through a mapping.
+  PeerSlots slot(n);
+  slot.add(me, BlockLayout::of(c.numSeqs, c.q.rows, c.qRowBytes, 1).total);
+  for (int p = 0; p < n; ++p)
+    if (p != me) slot.add(p, c.partialBytes(c.qRowsOf[p]));
+  ATTN_CHECK(c.state->outgoing.reserve(slot.total));
+  char* const out = c.state->outgoing.data();
+  const size_t mineBytes = packBlockInto(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0,
+                                         nullptr, c.qRowBytes, out + slot.offset[me])
+                               .total;
+  std::vector<std::vector<char>> qin(n), pin(n);
   std::unique_ptr<Request[]> qinReq(new Request[n]), pinReq(new Request[n]), qoutReq(new Request[n]),
       poutReq(new Request[n]);
   for (int p = 0; p < n; ++p) {
@@ -34,7 +43,7 @@ attnResult_t runShipQ(AttnCall& c) {
   }
   for (int s = 1; s < n; ++s) {
     int p = (me + s) % n;
-    ATTN_CHECK(e.isend(p, mine.data(), mine.size(), &qoutReq[p]));
+    ATTN_CHECK(e.isend(p, out + slot.offset[me], mineBytes, &qoutReq[p]));
   }
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) {
@@ -57,11 +66,13 @@ attnResult_t runShipQ(AttnCall& c) {
         ATTN_CHECK(driver->wait(&qinReq[p]));
         BlockView visitor;
         ATTN_CHECK(viewBlock(qin[p].data(), qinReq[p].bytes, c.qRowBytes, 1, &visitor));
-        pout[p].resize(c.partialBytes(visitor.rows));
-        float* o = reinterpret_cast<float*>(pout[p].data());
+        if (visitor.rows != c.qRowsOf[p])
+          return setError(attnInternalError, "ship-Q: query block of rank %d has %d rows, %lld expected",
+                          p, visitor.rows, static_cast<long long>(c.qRowsOf[p]));
+        float* o = reinterpret_cast<float*>(out + slot.offset[p]);
         float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
-        ATTN_CHECK(e.isend(p, pout[p].data(), pout[p].size(), &poutReq[p]));
+        ATTN_CHECK(e.isend(p, o, c.partialBytes(visitor.rows), &poutReq[p]));
         driver->kick();
         served[p] = did = true;
         --remaining;
