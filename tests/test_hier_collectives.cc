@@ -350,6 +350,29 @@ TEST(HierProcsAlgo, StagedDirectOnOneHostProcessesN4) {
   }, o);
 }
 
+// Direct broadcast between processes (run_algo.cc): from 32 KiB up to the
+// staging limit every rank reads the root's staged copy at once; outside
+// that range the chain runs. Every root, odd sizes on both sides of both
+// bounds, in and out of place, NULL sendbuff off the root; a staged copy
+// left over from a bigger message or another root must never leak.
+TEST(HierProcsAlgo, DirectBroadcastOnOneHostProcessesN4) {
+  RunOptions o;
+  o.env = {{"ATTN_AG_STAGE_MAX", "1048576"}};
+  o.deadline_ms = 180000;
+  RunProcesses(4, [](int rank, int n, attnComm_t& comm) {
+    const size_t counts[] = {32767, 32768, 1048576, 1048577, 300001, 40000, 7};
+    for (int root = 0; root < n; ++root) {
+      for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); ++i) {
+        CheckBroadcast(comm, rank, n, attnUint8, counts[i], root, (i + root) % 2 == 0, i == 4);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+      CheckBroadcast(comm, rank, n, attnBfloat16, 100003, root, false);
+    }
+    // Every rank was a root once, so every rank staged.
+    EXPECT_GE(attn::collTopo(comm).staging.capacity(), size_t(1048576));
+  }, o);
+}
+
 // ---------------------------------------------------------------------------
 // Bad setting
 

@@ -130,6 +130,13 @@ attnResult_t runAllGather(attnComm* comm, AlgoSetting s, const char* coll, char*
 attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, const char* in,
                               char* out, const std::vector<Block>& byRank, attnDataType_t type,
                               attnRedOp_t op);
+// broadcast of `bytes` from `root`: on the root `buf` holds them on entry.
+// Direct (every rank reads the root at once, the root's data staged into
+// shareable memory) where the staged all-gather would be, and the message
+// is at least kDirectBroadcastMin and at most ATTN_AG_STAGE_MAX; else the
+// pipelined chain.
+constexpr size_t kDirectBroadcastMin = size_t(32) << 10;
+attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, size_t elemSize);
 // all-reduce of `count` elements: reduce-scatter, then all-gather, both by
 // the same algorithm. attnAvg divides this rank's share in between.
 attnResult_t runAllReduce(attnComm* comm, AlgoSetting s, const char* in, char* out, size_t count,

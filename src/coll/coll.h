@@ -75,6 +75,9 @@ attnResult_t hierReduceScatterv(Engine& e, const Hierarchy& h, int me, const cha
 // Pipelined chain broadcast from ring position 0 along the ring. On the
 // root `buf` holds the data; elsewhere it receives it.
 attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes, size_t chunk);
+// Direct broadcast: the root sends `bytes` from `src` to every rank at once;
+// the others receive them into `buf`.
+attnResult_t directBroadcast(Engine& e, int root, const char* src, char* buf, size_t bytes);
 
 // How the pairwise all-to-all posts its exchanges: every peer at once
 // (single-copy shm, where each receiver copies from all peers in

@@ -1,5 +1,6 @@
-// Bodies of the public all-gather / reduce-scatter / all-reduce: choose the
-// flat ring (proximity order) or the hierarchical algorithm, then run it.
+// Bodies of the public all-gather / reduce-scatter / all-reduce / broadcast:
+// choose the flat ring (proximity order), the hierarchical or the direct
+// algorithm (the chain or the direct one for broadcast), then run it.
 #include <algorithm>
 #include <cstring>
 
@@ -35,6 +36,18 @@ static bool shouldStage(attnComm* comm, const CollTopo& t, const char* block, si
   return !findShareable(block, bytes, &region);
 }
 
+// Where peers read from: `data` itself, or (staging) a copy of it in the
+// communicator's shareable staging buffer.
+static attnResult_t sourceFor(attnComm* comm, CollTopo& t, const char* data, size_t bytes,
+                              const char** src) {
+  *src = data;
+  if (!shouldStage(comm, t, data, bytes)) return attnSuccess;
+  ATTN_CHECK(t.staging.reserve(bytes));
+  std::memcpy(t.staging.data(), data, bytes);
+  *src = t.staging.data();
+  return attnSuccess;
+}
+
 static attnResult_t directAllGather(attnComm* comm, CollTopo& t, char* buf,
                                     const std::vector<Block>& byRank) {
   // Every peer gets this rank's block; the pairwise exchange posts them all.
@@ -43,16 +56,11 @@ static attnResult_t directAllGather(attnComm* comm, CollTopo& t, char* buf,
   const Block mine = byRank[me];
   std::vector<Block> recvBlocks = byRank;
   recvBlocks[me].bytes = 0;
-  const char* send = buf;
-  std::vector<Block> sendBlocks(byRank.size(), mine);
-  if (shouldStage(comm, t, buf + mine.offset, mine.bytes)) {
-    ATTN_CHECK(t.staging.reserve(mine.bytes));
-    std::memcpy(t.staging.data(), buf + mine.offset, mine.bytes);
-    send = t.staging.data();
-    for (Block& b : sendBlocks) b.offset = 0;
-  }
+  const char* src;
+  ATTN_CHECK(sourceFor(comm, t, buf + mine.offset, mine.bytes, &src));
+  std::vector<Block> sendBlocks(byRank.size(), Block{0, mine.bytes});
   sendBlocks[me].bytes = 0;
-  return pairwiseAllToAllv(*comm->engine, send, sendBlocks, buf, recvBlocks);
+  return pairwiseAllToAllv(*comm->engine, src, sendBlocks, buf, recvBlocks);
 }
 
 static attnResult_t allGatherWith(attnComm* comm, CollAlgo a, char* buf,
@@ -93,6 +101,22 @@ attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, c
                               attnRedOp_t op) {
   CollAlgo a = pickAlgo(comm, s, kReduceScatterIdx, coll, totalOf(byRank));
   return reduceScatterWith(comm, a, in, out, byRank, type, op);
+}
+
+attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, size_t elemSize) {
+  CollTopo& t = collTopo(comm);
+  const int n = comm->nranks, me = comm->rank;
+  // The same on every rank: peers' pids, the size, the (alike) limit.
+  if (t.peersAreProcesses && bytes >= kDirectBroadcastMin && bytes <= readStageMaxBlock()) {
+    const char* src = buf;
+    if (me == root) ATTN_CHECK(sourceFor(comm, t, buf, bytes, &src));
+    return directBroadcast(*comm->engine, root, src, buf, bytes);
+  }
+  Ring ring;
+  ring.ranks.resize(n);
+  for (int i = 0; i < n; ++i) ring.ranks[i] = (root + i) % n;
+  ring.pos = (me - root + n) % n;
+  return chainBroadcast(*comm->engine, ring, buf, bytes, chunkBytes(elemSize) / 2);
 }
 
 attnResult_t runAllReduce(attnComm* comm, AlgoSetting s, const char* in, char* out, size_t count,

@@ -173,7 +173,7 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   if (comm->rank == root && count > 0 && sendbuff == nullptr)
     return call.finish(setError(attnInvalidArgument, "sendbuff is NULL on the root"));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
-  const int n = comm->nranks, me = comm->rank;
+  const int me = comm->rank;
   if (deviceRoute(comm)) {
     DeviceOp d = deviceColl(DeviceOpKind::kBroadcast, sendbuff, recvbuff, count, datatype,
                             {{sendbuff, me == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}},
@@ -187,11 +187,7 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
     char* buf = static_cast<char*>(recvbuff);
     if (me == root && sendbuff != recvbuff) std::memmove(buf, sendbuff, bytes);
-    Ring ring;
-    ring.ranks.resize(n);
-    for (int i = 0; i < n; ++i) ring.ranks[i] = (root + i) % n;
-    ring.pos = (me - root + n) % n;
-    return chainBroadcast(*comm->engine, ring, buf, bytes, chunkBytes(esz) / 2);
+    return runBroadcast(comm, root, buf, bytes, esz);
   }));
 }
 
