@@ -236,19 +236,19 @@ TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
             CollAlgo::kRing);
 }
 
-// ATTN_AG_STAGE_MAX: the default, a value, and 0 for "never stage".
+// ATTN_STAGE_MAX: the default, a value, and 0 for "never stage".
 TEST(AlgoSelect, StageLimitFromEnvironment) {
   {
     ScopedEnv env(std::vector<std::pair<std::string, std::string>>{});
-    unsetenv("ATTN_AG_STAGE_MAX");
+    unsetenv("ATTN_STAGE_MAX");
     EXPECT_EQ(attn::readStageMaxBlock(), attn::kStageMaxBlock);
   }
   {
-    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_AG_STAGE_MAX", "4096"}});
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_STAGE_MAX", "4096"}});
     EXPECT_EQ(attn::readStageMaxBlock(), 4096u);
   }
   {
-    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_AG_STAGE_MAX", "0"}});
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_STAGE_MAX", "0"}});
     EXPECT_EQ(attn::readStageMaxBlock(), 0u);
   }
 }
@@ -329,7 +329,7 @@ TEST(HierProcsAlgo, DirectForcedAcrossHosts) { RunShape(k2x2, "direct"); }
 // the wrong place or before it was copied fails the value check.
 TEST(HierProcsAlgo, StagedDirectOnOneHostProcessesN4) {
   RunOptions o;
-  o.env = {{"ATTN_AG_STAGE_MAX", "1048576"}, {"ATTN_SHM_MAP_MIN", "32768"}};
+  o.env = {{"ATTN_STAGE_MAX", "1048576"}, {"ATTN_SHM_MAP_MIN", "32768"}};
   o.deadline_ms = 180000;
   RunProcesses(4, [](int rank, int n, attnComm_t& comm) {
     const attn::CollTopo& t = attn::collTopo(comm);
@@ -357,7 +357,7 @@ TEST(HierProcsAlgo, StagedDirectOnOneHostProcessesN4) {
 // left over from a bigger message or another root must never leak.
 TEST(HierProcsAlgo, DirectBroadcastOnOneHostProcessesN4) {
   RunOptions o;
-  o.env = {{"ATTN_AG_STAGE_MAX", "1048576"}};
+  o.env = {{"ATTN_STAGE_MAX", "1048576"}};
   o.deadline_ms = 180000;
   RunProcesses(4, [](int rank, int n, attnComm_t& comm) {
     const size_t counts[] = {32767, 32768, 1048576, 1048577, 300001, 40000, 7};

@@ -92,7 +92,7 @@ CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const 
 }
 
 size_t readStageMaxBlock() {
-  const int64_t v = envInt("ATTN_AG_STAGE_MAX", static_cast<int64_t>(kStageMaxBlock));
+  const int64_t v = envInt("ATTN_STAGE_MAX", static_cast<int64_t>(kStageMaxBlock));
   return v > 0 ? static_cast<size_t>(v) : 0;
 }
 

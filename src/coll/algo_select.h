@@ -23,7 +23,7 @@
 // N-1 process_vm_readv reads by N-1 memcpy reads, which is worth it because
 // every peer reads the same block (all-to-all sends each block once, so
 // staging it only adds a copy: measured slower). auto then keeps the direct
-// algorithm for blocks up to ATTN_AG_STAGE_MAX (default kStageMaxBlock;
+// algorithm for blocks up to ATTN_STAGE_MAX (default kStageMaxBlock;
 // beyond it the ring measured as fast).
 #pragma once
 
@@ -44,7 +44,7 @@ enum class AlgoSetting { kAuto, kRing, kHier, kDirect };
 enum class CollAlgo { kRing, kHier, kDirect };
 constexpr size_t kDirectMaxBlock = size_t(2) << 20;
 constexpr size_t kStageMaxBlock = size_t(32) << 20;
-// ATTN_AG_STAGE_MAX in bytes (0: never stage); kStageMaxBlock when unset.
+// ATTN_STAGE_MAX in bytes (0: never stage); kStageMaxBlock when unset.
 size_t readStageMaxBlock();
 
 // Parses ATTN_ALGO (unset or empty: auto). Unknown value: attnInvalidArgument.
@@ -133,7 +133,7 @@ attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, c
 // broadcast of `bytes` from `root`: on the root `buf` holds them on entry.
 // Direct (every rank reads the root at once, the root's data staged into
 // shareable memory) where the staged all-gather would be, and the message
-// is at least kDirectBroadcastMin and at most ATTN_AG_STAGE_MAX; else the
+// is at least kDirectBroadcastMin and at most ATTN_STAGE_MAX; else the
 // pipelined chain.
 constexpr size_t kDirectBroadcastMin = size_t(32) << 10;
 attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, size_t elemSize);
