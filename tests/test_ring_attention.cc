@@ -760,6 +760,40 @@ TEST(RingAttentionKernel, FailingUserKernelFailsTheCallOnN1) {
   }, Opts());
 }
 
+// The kernel fails on one rank of three while its transfers are posted: that
+// rank returns the kernel's error, and its peers fail too, long before the
+// communicators' 60 s timeout (the watchdog ends the test at 40 s). The
+// failing rank must also not leave the engine holding requests of a frame
+// that is gone; ranks as threads share one address space, where that would
+// crash or corrupt.
+void FailingKernelOnRank1(attnAttnMode_t mode, bool processes) {
+  attnAttnConfig_t cfg = Cfg(4, 2, 16, attnFloat32, true);
+  std::vector<int32_t> T = {40, 23}, C = {17, 0};
+  auto c = std::make_shared<AttnCase>(MakeCase("failing on rank 1", PrefillSpec(cfg, T, C), 57));
+  Placement pl = PlannerPlacement(*c, T, C, 3);
+  auto body = [&](int rank, int, attnComm_t& comm) {
+    if (rank == 1) ATTN_ASSERT_OK(comm, attnCommSetAttnKernel(comm, FailingKernel, nullptr));
+    RankRun run = RunRingAttentionRank(*c, pl, rank, comm, mode, true);
+    const std::string what = std::string(ModeName(mode)) + ", rank " + std::to_string(rank);
+    EXPECT_NE(run.rc, attnSuccess) << what;
+    EXPECT_FALSE(run.error.empty()) << what;
+    if (rank == 1) EXPECT_NE(run.error.find("attnCommSetAttnKernel"), std::string::npos) << run.error;
+    // The communicator stays failed; a second call must not hang either.
+    RankRun again = RunRingAttentionRank(*c, pl, rank, comm, mode, true);
+    EXPECT_NE(again.rc, attnSuccess) << what << " (second call)";
+  };
+  if (processes) RunProcesses(3, body, Opts(40000));
+  else RunThreads(3, body, Opts(40000));
+}
+
+TEST(RingAttentionKernel, FailingUserKernelOnOneRankFailsEveryRankThreads) {
+  for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ}) FailingKernelOnRank1(m, false);
+}
+
+TEST(RingAttentionKernel, FailingUserKernelOnOneRankFailsEveryRankProcesses) {
+  for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ}) FailingKernelOnRank1(m, true);
+}
+
 // ---------------------------------------------------------------------------
 // Bad input.
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
+#include "src/attn/break_on_early_exit.h"
 #include "src/attn/progress_thread.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -28,6 +29,9 @@ attnResult_t runPassKv(AttnCall& c) {
                                   c.kv.t1, c.kvRowBytes, buf[0].data())
                         .total;
 
+  // Step s's send and receive (they outlive the loop body: see the guard).
+  std::unique_ptr<Request[]> ring(new Request[2 * n]);
+  BreakOnEarlyExit guard(e);
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
   int cur = 0;
@@ -35,7 +39,8 @@ attnResult_t runPassKv(AttnCall& c) {
     const bool moving = step < n - 1;
     const auto stepStart = Clock::now();
     const double computeBefore = c.stats.computeUs;
-    Request sendReq, recvReq;
+    Request& sendReq = ring[2 * step];
+    Request& recvReq = ring[2 * step + 1];
     if (moving) {
       ATTN_CHECK(e.irecv(prev, buf[1 - cur].data(), capacity, &recvReq));
       ATTN_CHECK(e.isend(next, buf[cur].data(), curBytes, &sendReq));
@@ -55,6 +60,7 @@ attnResult_t runPassKv(AttnCall& c) {
     ATTN_TRACE(kLogAttn, "pass-KV step %d: compute %.0f us, step %.0f us", step,
                c.stats.computeUs - computeBefore, usSince(stepStart));
   }
+  guard.done();
   return attnSuccess;
 }
 

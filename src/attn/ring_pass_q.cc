@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
+#include "src/attn/break_on_early_exit.h"
 #include "src/attn/progress_thread.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -61,6 +62,10 @@ attnResult_t runPassQ(AttnCall& c) {
                         .total;
 
   Homecoming home(n);
+  std::unique_ptr<Request[]> outReq(new Request[n]);
+  // Step s's send and receive of query blocks.
+  std::unique_ptr<Request[]> ring(new Request[2 * n]);
+  BreakOnEarlyExit guard(e);
   for (int p = 0; p < n; ++p)
     if (p != me) home.buf[p].resize(myPartial);
   // Partials from ranks other than prev can be expected at once.
@@ -79,14 +84,14 @@ attnResult_t runPassQ(AttnCall& c) {
 
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-  std::unique_ptr<Request[]> outReq(new Request[n]);
   std::vector<bool> outPosted(n, false);
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     const bool moving = step < n - 1;
     const auto stepStart = Clock::now();
     const double computeBefore = c.stats.computeUs;
-    Request sendReq, recvReq;
+    Request& sendReq = ring[2 * step];
+    Request& recvReq = ring[2 * step + 1];
     if (moving) {
       ATTN_CHECK(e.irecv(prev, buf[1 - cur].data(), capacity, &recvReq));
       ATTN_CHECK(e.isend(next, buf[cur].data(), curBytes, &sendReq));
@@ -141,6 +146,7 @@ attnResult_t runPassQ(AttnCall& c) {
   for (int p = 0; p < n; ++p)
     if (outPosted[p]) ATTN_CHECK(driver->wait(&outReq[p]));
   c.stats.waitUs += usSince(t0);
+  guard.done();
   return attnSuccess;
 }
 

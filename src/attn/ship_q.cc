@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
+#include "src/attn/break_on_early_exit.h"
 #include "src/attn/progress_thread.h"
 #include "src/core/error.h"
 
@@ -34,6 +35,7 @@ attnResult_t runShipQ(AttnCall& c) {
   std::vector<std::vector<char>> qin(n), pin(n);
   std::unique_ptr<Request[]> qinReq(new Request[n]), pinReq(new Request[n]), qoutReq(new Request[n]),
       poutReq(new Request[n]);
+  BreakOnEarlyExit guard(e);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     qin[p].resize(BlockLayout::of(c.numSeqs, c.qRowsOf[p], c.qRowBytes, 1).total);
@@ -108,6 +110,7 @@ attnResult_t runShipQ(AttnCall& c) {
       ATTN_CHECK(driver->wait(&poutReq[p]));
     }
   c.stats.waitUs += usSince(waitStart) - (c.stats.computeUs - computeBefore);
+  guard.done();
   return attnSuccess;
 }
 
