@@ -536,16 +536,15 @@ typedef attnResult_t (*attnAttnKernelFn)(const attnAttnKernelArgs_t* args, void*
  * (fn == NULL restores it). The library still moves the data and merges.
  *
  * Host communicators call it with host pointers and stream == NULL. Device
- * communicators (config.device >= 0) running pass-KV call it on their
- * proxy thread with DEVICE pointers (q, k, v, out, lse, the offsets and the
+ * communicators (config.device >= 0) call it on their proxy thread, in
+ * every mode, with DEVICE pointers (q, k, v, out, lse, the offsets and the
  * positions; cfg stays a host pointer) and `stream` set to the library's
  * compute stream for this communicator, which is ordered after the caller's
- * stream: enqueue the kernel on it (the library folds `out`/`lse` on the
- * same stream after fn returns); fn may synchronise it but must not block on
- * the caller's stream. Everything else on device communicators (pass-Q and
- * ship-Q, which still run on staged host copies, and the timing run of
- * AUTO's cost model) calls it with host pointers and stream == NULL; the
- * compute stream is never NULL, so a kernel can tell the two apart. */
+ * stream: enqueue the kernel on it (the library folds or sends `out`/`lse`
+ * on the same stream after fn returns); fn may synchronise it but must not
+ * block on the caller's stream. Only the timing run of AUTO's cost model
+ * calls it with host pointers and stream == NULL on a device communicator;
+ * the compute stream is never NULL, so a kernel can tell the two apart. */
 ATTN_API attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn,
                                             void* user_data);
 

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "support/gpu.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 #endif
 
@@ -91,37 +92,6 @@ using attn_test::RedInput;
 using attn_test::RunOptions;
 using attn_test::Sentinel;
 using attn_test::TypedBuf;
-
-// GPUs, counted in a child so that this process never initialises CUDA.
-int GpuCount() {
-  static int cached = -1;
-  if (cached >= 0) return cached;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-    _exit(std::min(n, 100));
-  }
-  int status = 0;
-  cached = pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-  return cached;
-}
-
-// Set once a test of this process used CUDA itself (ranks as threads).
-bool cudaUsedHere = false;
-
-#define REQUIRE_GPU()                                                       \
-  do {                                                                      \
-    if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";  \
-  } while (0)
-
-#define REQUIRE_FORKABLE_CUDA()                                                                  \
-  do {                                                                                           \
-    REQUIRE_GPU();                                                                               \
-    if (cudaUsedHere)                                                                            \
-      GTEST_SKIP() << "CUDA was initialised in this process by an earlier test, so forked ranks " \
-                      "could not use it; run this test alone (ctest does)";                      \
-  } while (0)
 
 uint64_t Count(std::atomic<uint64_t>& c) { return c.load(); }
 attn::ipc::IpcCounters& Counters() { return attn::ipc::ipcCounters(); }
@@ -321,7 +291,6 @@ constexpr int kOpsPerRank = 12;  // DeviceChecks::All
 
 TEST(CudaIpc, ThreadsSharingGpu0) {
   REQUIRE_GPU();
-  cudaUsedHere = true;
   for (int n : {2, 3, 4}) {
     const uint64_t ops0 = Count(Counters().ops), staged0 = Count(Counters().stagedOps);
     const uint64_t opens0 = Count(Counters().opens);
@@ -403,7 +372,6 @@ TEST(CudaIpc, CacheOffClosesAfterEachOperation) {
 // and the operation runs staged everywhere, with the right result.
 TEST(CudaIpc, HostMemoryOnOneRankRunsStagedEverywhere) {
   REQUIRE_GPU();
-  cudaUsedHere = true;
   const uint64_t ops0 = Count(Counters().ops), staged0 = Count(Counters().stagedOps);
   attnConfig_t cfg;
   attn_test::RunThreads(2, [](int rank, int n, attnComm_t& comm) {
@@ -435,7 +403,6 @@ TEST(CudaIpc, HostMemoryOnOneRankRunsStagedEverywhere) {
 // ATTN_TRANSPORT without cuda_ipc: the staging backend serves everything.
 TEST(CudaIpc, TransportListWithoutCudaIpcStages) {
   REQUIRE_GPU();
-  cudaUsedHere = true;
   const uint64_t ops0 = Count(Counters().ops), staged0 = Count(Counters().stagedOps);
   attnConfig_t cfg;
   RunOptions o = OnGpu0(&cfg);

@@ -172,14 +172,14 @@ TEST(DeviceComm, RingAttentionOnDeviceEqualsExactAttention) {
   }
 }
 
-// Pass-KV runs the CUDA kernels on the device while the blocks move
-// (src/device/ring_pass_kv_device.cc): 2, 3, 4 ranks sharing GPU 0, every
-// dtype, GQA, head dims of both kernels (64: tensor cores for fp16/bf16;
-// 80: SIMT), causal and not, uneven random placement with one empty rank,
-// with and without lse. Calls follow each other on one communicator, so
-// its device buffers are reused and grown between calls.
-TEST(DeviceComm, PassKvOnDeviceEqualsExactAttention) {
-  REQUIRE_GPU();
+// Every mode runs the CUDA kernels on the device while its blocks move
+// (src/device: ring_pass_kv_device.cc, ring_pass_q_device.cc,
+// ship_q_device.cc): 2, 3, 4 ranks sharing GPU 0, every dtype, GQA, head
+// dims of both kernels (64: tensor cores for fp16/bf16; 80: SIMT), causal
+// and not, uneven random placement with one empty rank, with and without
+// lse. Calls follow each other on one communicator, so its device buffers
+// are reused and grown between calls, and modes alternate on them.
+std::vector<attn_test::AttnCase> DeviceCases() {
   const std::vector<int32_t> newLens = {200, 0, 61, 1}, cachedLens = {90, 40, 0, 130};
   std::vector<attn_test::AttnCase> cases;
   uint64_t seed = 21;
@@ -187,26 +187,52 @@ TEST(DeviceComm, PassKvOnDeviceEqualsExactAttention) {
     for (const attnAttnConfig_t& shape : {attnAttnConfig_t{8, 2, 64, dt, 0.f, 1},
                                           attnAttnConfig_t{4, 4, 80, dt, 0.f, 0},
                                           attnAttnConfig_t{16, 2, 128, dt, 0.1f, 1}})
-      cases.push_back(attn_test::MakeCase("device-kv", attn_test::PrefillSpec(shape, newLens, cachedLens),
+      cases.push_back(attn_test::MakeCase("device", attn_test::PrefillSpec(shape, newLens, cachedLens),
                                           seed++));
+  return cases;
+}
+
+void EveryModeOnRank(const std::vector<attn_test::AttnCase>& cases, int rank, int nranks, attnComm_t comm) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const attn_test::AttnCase& c = cases[i];
+    // The last rank holds no rows at all.
+    const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 100 + i, nranks - 1);
+    const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+    for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ}) {
+      const std::string what = "n=" + std::to_string(nranks) + " " + attn_test::CfgName(c.cfg) + " " +
+                               attn_test::ModeName(mode);
+      const DeviceRun r = RunOnDevice(c, sh, comm, mode, (i + static_cast<size_t>(mode)) % 2 == 0);
+      ExpectExact(r, c.cfg.dtype, what);
+      EXPECT_EQ(r.stats.nan_rows, 0) << what;
+      EXPECT_EQ(r.stats.empty_mismatch, 0) << what;
+      const attn::AttnCallStats& st = attn::attnStateOf(comm).last;
+      EXPECT_EQ(st.mode, mode) << what;
+      // Own rows over own keys are a kernel launch in every mode.
+      if (!sh.q_pos.empty() && !sh.kv_pos.empty()) EXPECT_GT(st.computeUs, 0.0) << what << ": GPU time not recorded";
+    }
+  }
+}
+
+TEST(DeviceComm, EveryModeOnDeviceEqualsExactAttention) {
+  REQUIRE_GPU();
+  const std::vector<attn_test::AttnCase> cases = DeviceCases();
   for (int n : {2, 3, 4}) {
     attnConfig_t cfg;
-    RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) {
-      for (size_t i = 0; i < cases.size(); ++i) {
-        const attn_test::AttnCase& c = cases[i];
-        // The last rank holds no rows at all.
-        const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 100 + i, nranks - 1);
-        const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
-        const std::string what = "n=" + std::to_string(nranks) + " " + attn_test::CfgName(c.cfg);
-        const DeviceRun r = RunOnDevice(c, sh, comm, attnModePassKV, i % 2 == 0);
-        ExpectExact(r, c.cfg.dtype, what);
-        EXPECT_EQ(r.stats.nan_rows, 0) << what;
-        EXPECT_EQ(r.stats.empty_mismatch, 0) << what;
-        const attn::AttnCallStats& st = attn::attnStateOf(comm).last;
-        EXPECT_EQ(st.mode, attnModePassKV) << what;
-        if (!sh.q_pos.empty()) EXPECT_GT(st.computeUs, 0.0) << what << ": GPU time not recorded";
-      }
-    }, OnGpu0(&cfg));
+    RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) { EveryModeOnRank(cases, rank, nranks, comm); },
+               OnGpu0(&cfg));
+  }
+}
+
+// The same with ranks as processes sharing GPU 0 (their blocks move through
+// the shm transport, between pinned host buffers).
+TEST(DeviceComm, EveryModeOnDeviceEqualsExactAttentionProcesses) {
+  REQUIRE_FORKABLE_CUDA();
+  const std::vector<attn_test::AttnCase> cases = DeviceCases();
+  for (int n : {2, 4}) {
+    attnConfig_t cfg;
+    attn_test::RunProcesses(
+        n, [&](int rank, int nranks, attnComm_t& comm) { EveryModeOnRank(cases, rank, nranks, comm); },
+        OnGpu0(&cfg));
   }
 }
 
@@ -217,7 +243,7 @@ TEST(DeviceComm, PassKvOnDeviceEqualsExactAttention) {
 std::atomic<int> gUserKernelCalls{0};
 
 attnResult_t DeviceUserKernel(const attnAttnKernelArgs_t* a, void*, attnStream_t stream) {
-  // No stream: host pointers (pass-Q, ship-Q, calibration; attncomm.h).
+  // No stream: host pointers (AUTO's timing run; attncomm.h).
   if (stream == nullptr) return attn_test::LoopAttentionKernel(a, nullptr, nullptr);
   gUserKernelCalls.fetch_add(1);
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
@@ -261,24 +287,27 @@ attnResult_t DeviceUserKernel(const attnAttnKernelArgs_t* a, void*, attnStream_t
   return r;
 }
 
-TEST(DeviceComm, PassKvOnDeviceWithAUserKernel) {
+TEST(DeviceComm, EveryModeOnDeviceWithAUserKernel) {
   REQUIRE_GPU();
   attnAttnConfig_t acfg{8, 2, 64, attnBfloat16, 0.f, 1};
   const std::vector<int32_t> newLens = {150, 33}, cachedLens = {60, 0};
   const attn_test::AttnCase c =
       attn_test::MakeCase("device-user", attn_test::PrefillSpec(acfg, newLens, cachedLens), 5);
-  gUserKernelCalls = 0;
-  attnConfig_t cfg;
-  RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
-    ASSERT_EQ(attnCommSetAttnKernel(comm, DeviceUserKernel, nullptr), attnSuccess);
-    const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 3, -1);
-    const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
-    const DeviceRun r = RunOnDevice(c, sh, comm, attnModePassKV, true);
-    ExpectExact(r, acfg.dtype, "user kernel");
-    EXPECT_EQ(r.stats.nan_rows, 0);
-    EXPECT_EQ(r.stats.empty_mismatch, 0);
-  }, OnGpu0(&cfg));
-  EXPECT_GT(gUserKernelCalls.load(), 0);
+  for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ}) {
+    gUserKernelCalls = 0;
+    attnConfig_t cfg;
+    RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
+      ASSERT_EQ(attnCommSetAttnKernel(comm, DeviceUserKernel, nullptr), attnSuccess);
+      const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 3, -1);
+      const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+      const DeviceRun r = RunOnDevice(c, sh, comm, mode, true);
+      ExpectExact(r, acfg.dtype, std::string("user kernel, ") + attn_test::ModeName(mode));
+      EXPECT_EQ(r.stats.nan_rows, 0);
+      EXPECT_EQ(r.stats.empty_mismatch, 0);
+    }, OnGpu0(&cfg));
+    // Called on the device (with the compute stream) in every mode.
+    EXPECT_GT(gUserKernelCalls.load(), 0) << attn_test::ModeName(mode);
+  }
 }
 
 // Sends and receives inside a group (the staging backend): a ring exchange

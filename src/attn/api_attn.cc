@@ -214,13 +214,13 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
 
 // Device communicator: the layout (host memory) is copied now; the call
 // runs on the communicator's proxy thread when its turn comes on the
-// stream. Pass-KV runs the CUDA kernels on the device while the KV blocks
-// move (src/device/ring_pass_kv_device.cc). Pass-Q and ship-Q still stage
-// Q/K/V through pinned host memory and run the host algorithms with the
-// CPU kernel.
+// stream. Every mode runs the CUDA kernels on the device while its blocks
+// move (src/device: ring_pass_kv_device.cc, ring_pass_q_device.cc,
+// ship_q_device.cc).
 attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* out, float* lse,
                              const attnSeqLayout_t& lay, const attnAttnConfig_t& cfg, attnAttnMode_t mode,
                              attnComm* comm, attnStream_t stream, int64_t qRows, int64_t kvRows) {
+#if ATTN_HAVE_CUDA
   struct LayoutCopy {
     std::vector<int32_t> qOff, qPos, kvOff, kvPos;
     attnSeqLayout_t layout{};
@@ -233,10 +233,6 @@ attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* 
   if (lay.kv_pos) lc->kvPos.assign(lay.kv_pos, lay.kv_pos + kvRows);
   lc->layout = {S, lc->qOff.data(), lay.q_pos ? lc->qPos.data() : nullptr, lc->kvOff.data(),
                 lay.kv_pos ? lc->kvPos.data() : nullptr};
-  const size_t es = dataTypeSize(cfg.dtype);
-  const size_t qBytes = size_t(qRows) * cfg.num_q_heads * cfg.head_dim * es;
-  const size_t kvBytes = size_t(kvRows) * cfg.num_kv_heads * cfg.head_dim * es;
-  const size_t lseBytes = lse ? size_t(qRows) * cfg.num_q_heads * sizeof(float) : 0;
   return deviceEnqueueWork(comm, stream, [=]() -> attnResult_t {
     // Not an ApiCall: attnCommAbort must not wait for the proxy's work (it
     // breaks the engine that work may be blocked on).
@@ -246,25 +242,21 @@ attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* 
     AttnCall c;
     attnAttnMode_t m = mode;
     ATTN_CHECK(planCall(comm, q, k, v, lc->layout, cfg, &m, &c));
-#if ATTN_HAVE_CUDA
-    if (m == attnModePassKV) {
-      ATTN_CHECK(runPassKvDevice(c, DeviceAttnBuffers{out, lse}));
-      recordStats(c, m, t0);
-      return attnSuccess;
+    const DeviceAttnBuffers io{out, lse};
+    switch (m) {
+      case attnModePassKV: ATTN_CHECK(runPassKvDevice(c, io)); break;
+      case attnModePassQ: ATTN_CHECK(runPassQDevice(c, io)); break;
+      case attnModeShipQ: ATTN_CHECK(runShipQDevice(c, io)); break;
+      default: return setError(attnInternalError, "no device algorithm for mode %d", (int)m);
     }
-#endif
-    const std::vector<DeviceSpan> spans = {{q, qBytes, true, false}, {k, kvBytes, true, false},
-                                           {v, kvBytes, true, false}, {out, qBytes, false, true},
-                                           {lse, lseBytes, false, true}};
-    ATTN_CHECK(deviceRunStaged(comm, spans, [&](char* const* h) {
-      c.q.t0 = h[0];
-      c.kv.t0 = h[1];
-      c.kv.t1 = h[2];
-      return runHostCall(c, m, h[3], lse ? reinterpret_cast<float*>(h[4]) : nullptr);
-    }));
     recordStats(c, m, t0);
     return attnSuccess;
   });
+#else
+  (void)q, (void)k, (void)v, (void)out, (void)lse, (void)lay, (void)cfg, (void)mode, (void)stream;
+  (void)qRows, (void)kvRows;
+  return setError(attnInternalError, "rank %d: a device communicator in a build without CUDA", comm->rank);
+#endif
 }
 
 }  // namespace

@@ -14,17 +14,18 @@ DeviceAttnState::~DeviceAttnState() {
   // Freed stream-ordered (device_buffer.h), then that stream is drained:
   // no device-wide wait while other ranks may share the GPU.
   if (compute) {
-    for (DeviceBuffer* b : {&block[0], &block[1], &acc, &part, &meta}) b->reset(compute);
+    for (DeviceBuffer* b : {&block[0], &block[1], &acc, &part, &visit, &meta}) b->reset(compute);
     (void)cudaStreamSynchronize(compute);
   }
   for (cudaEvent_t e : {blockReady[0], blockReady[1], kernelDone[0], kernelDone[1], ownOnHost, finished})
     if (e) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : timing) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : partialOnHost) (void)cudaEventDestroy(e);
   if (compute) (void)cudaStreamDestroy(compute);
   if (saved >= 0 && saved != device) (void)cudaSetDevice(saved);
 }
 
-attnResult_t DeviceAttnState::prepare(size_t timingEvents) {
+attnResult_t DeviceAttnState::prepare(size_t timingEvents, size_t peerEvents) {
   if (device < 0) ATTN_CUDA_CHECK(cudaGetDevice(&device));
   // Each object is created once; a failure leaves the others for a retry.
   if (!compute) ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
@@ -38,6 +39,11 @@ attnResult_t DeviceAttnState::prepare(size_t timingEvents) {
     cudaEvent_t e;
     ATTN_CUDA_CHECK(cudaEventCreate(&e));
     timing.push_back(e);
+  }
+  while (partialOnHost.size() < peerEvents) {
+    cudaEvent_t e;
+    ATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
+    partialOnHost.push_back(e);
   }
   return attnSuccess;
 }

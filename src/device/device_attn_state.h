@@ -25,15 +25,20 @@ struct DeviceAttnState {
   cudaEvent_t kernelDone[2] = {nullptr, nullptr};
   cudaEvent_t ownOnHost = nullptr;
   cudaEvent_t finished = nullptr;
-  // Timing: start and end of every step's kernel (GPU compute time).
+  // Timing: start and end of every kernel launch (GPU compute time).
   std::vector<cudaEvent_t> timing;
+  // Pass-Q and ship-Q: the partial for peer p is on the host (hostOut).
+  std::vector<cudaEvent_t> partialOnHost;
 
-  DeviceBuffer block[2];    // packed KV blocks (wire.h layout) on the device
+  DeviceBuffer block[2];    // packed KV (pass-KV) or Q blocks (wire.h layout) on the device
   DeviceBuffer acc;         // fp32 O then LSE of this rank's queries
   DeviceBuffer part;        // a user kernel's partial (O then LSE)
-  DeviceBuffer meta;        // q offsets, q positions, every step's segments
+  DeviceBuffer visit;       // pass-Q, ship-Q: a partial on its way out or in
+  DeviceBuffer meta;        // the call's offsets and positions, every launch's segments
   PinnedArena hostBlock[2]; // the same blocks on the host, sent and received
   PinnedArena metaStage;    // what `meta` is uploaded from
+  PinnedArena hostOut;      // pass-Q, ship-Q: what goes to peers (query block, partials)
+  PinnedArena hostIn;       // pass-Q, ship-Q: what comes from peers
 
   DeviceAttnState() = default;
   ~DeviceAttnState();
@@ -41,8 +46,9 @@ struct DeviceAttnState {
   DeviceAttnState& operator=(const DeviceAttnState&) = delete;
 
   // Creates the stream and the ordering events on the current device (the
-  // proxy's) the first time; at least `timingEvents` timing events.
-  attnResult_t prepare(size_t timingEvents);
+  // proxy's) the first time; at least `timingEvents` timing events and
+  // `peerEvents` partialOnHost events.
+  attnResult_t prepare(size_t timingEvents, size_t peerEvents = 0);
 };
 
 }  // namespace attn

@@ -22,6 +22,14 @@ struct DeviceAttnBuffers {
 // c.stats (computeUs: GPU time of the kernels; waitUs: host waits on the
 // network).
 attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io);
+// Pass-Q: the query blocks move while the kernels run, partials go home
+// from the device as each is computed and fold on the device as each
+// arrives. Same contract as runPassKvDevice.
+attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io);
+// Ship-Q: the query block goes to every peer at once; each peer's partial
+// is computed on the device and sent back; ours fold on the device. Same
+// contract as runPassKvDevice.
+attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io);
 #endif
 
 }  // namespace attn

@@ -1,0 +1,177 @@
+#include "src/device/device_attn_kernels.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "src/core/error.h"
+#include "src/device/cuda_check.h"
+
+namespace attn {
+
+DeviceRows deviceRowsOf(const BlockView& v, const char* hostBase, char* devBase) {
+  DeviceRows r;
+  r.t0 = onDevice(static_cast<const char*>(v.t0), hostBase, devBase);
+  r.t1 = v.t1 ? onDevice(static_cast<const char*>(v.t1), hostBase, devBase) : nullptr;
+  r.rows = v.rows;
+  r.hostOffsets = v.offsets;
+  r.devOffsets = onDevice(v.offsets, hostBase, devBase);
+  r.devPos = onDevice(v.pos, hostBase, devBase);
+  return r;
+}
+
+namespace {
+size_t headRowsOf(const AttnCall& c) { return static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads; }
+}  // namespace
+
+attnResult_t DeviceAccumulator::reserve(const AttnCall& c, DeviceAttnState& R) {
+  const size_t headRows = headRowsOf(c);
+  const size_t lseAt = alignUp(headRows * c.cfg.head_dim * sizeof(float), 256);
+  ATTN_CHECK(R.acc.reserve(lseAt + headRows * sizeof(float) + 16, R.compute));
+  o = reinterpret_cast<float*>(R.acc.get());
+  lse = reinterpret_cast<float*>(R.acc.get() + lseAt);
+  return attnSuccess;
+}
+
+attnResult_t DeviceAccumulator::init(const AttnCall& c, DeviceAttnState& R) {
+  if (c.q.rows == 0) return attnSuccess;
+  return cuda::initAccumulator(o, lse, c.q.rows, c.cfg.num_q_heads, c.cfg.head_dim, R.compute);
+}
+
+attnResult_t DeviceAccumulator::fold(const AttnCall& c, DeviceAttnState& R, const float* partial) {
+  const size_t headRows = headRowsOf(c);
+  if (headRows == 0) return attnSuccess;
+  const cpu::AttnPartialRef part{partial, attnFloat32, partial + headRows * c.cfg.head_dim};
+  return cuda::foldPartial(o, lse, part, headRows, c.cfg.head_dim, R.compute);
+}
+
+attnResult_t DeviceAccumulator::writeOut(const AttnCall& c, DeviceAttnState& R, const DeviceAttnBuffers& io) {
+  const size_t headRows = headRowsOf(c);
+  if (headRows) {
+    ATTN_CHECK(cuda::convertFromFloat(io.out, c.cfg.dtype, o, headRows * c.cfg.head_dim, R.compute));
+    if (io.lse)
+      ATTN_CUDA_CHECK(cudaMemcpyAsync(io.lse, lse, headRows * sizeof(float), cudaMemcpyDefault, R.compute));
+  }
+  ATTN_CUDA_CHECK(cudaEventRecord(R.finished, R.compute));
+  ATTN_CUDA_CHECK(cudaEventSynchronize(R.finished));
+  return attnSuccess;
+}
+
+attnResult_t DeviceKernels::reserve(const std::vector<size_t>& arrays, int launches) {
+  arrayAt_.clear();
+  size_t at = 0;
+  for (size_t bytes : arrays) {
+    arrayAt_.push_back(at);
+    at = alignUp(at + bytes, 16);
+  }
+  fixedBytes_ = at;
+  segAt_ = at;
+  segBytes_ = alignUp(sizeof(cpu::AttnSegment) * c_.numSeqs, 16);
+  launches_ = launches;
+  used_ = 0;
+  // Each launch has its own segment slot, so an upload never races the
+  // next launch's host writes.
+  const size_t total = segAt_ + segBytes_ * launches + 16;
+  ATTN_CHECK(R_.prepare(2 * static_cast<size_t>(launches)));
+  ATTN_CHECK(R_.metaStage.reserve(total));
+  ATTN_CHECK(R_.meta.reserve(total, R_.compute));
+  if (c_.state->userKernel && !c_.state->skipCompute && c_.q.rows > 0) {
+    const size_t headRows = static_cast<size_t>(c_.q.rows) * c_.cfg.num_q_heads;
+    const size_t lseAt = alignUp(headRows * c_.cfg.head_dim * sizeof(float), 256);
+    ATTN_CHECK(R_.part.reserve(lseAt + headRows * sizeof(float), R_.compute));
+    partO_ = reinterpret_cast<float*>(R_.part.get());
+    partLse_ = reinterpret_cast<float*>(R_.part.get() + lseAt);
+  }
+  timed_.assign(launches, false);
+  return attnSuccess;
+}
+
+attnResult_t DeviceKernels::upload() {
+  if (fixedBytes_ == 0) return attnSuccess;
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.meta.get(), R_.metaStage.base(), fixedBytes_,
+                                  cudaMemcpyHostToDevice, R_.compute));
+  return attnSuccess;
+}
+
+attnResult_t DeviceKernels::accumulate(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse) {
+  // Nothing to fold: the accumulator stays as it is.
+  if (qs.rows == 0 || kvs.rows == 0 || c_.state->skipCompute) return attnSuccess;
+  return launch(qs, kvs, o, lse, true);
+}
+
+attnResult_t DeviceKernels::partial(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse) {
+  if (qs.rows == 0) return attnSuccess;
+  if (kvs.rows == 0 || c_.state->skipCompute)
+    return cuda::initAccumulator(o, lse, qs.rows, c_.cfg.num_q_heads, c_.cfg.head_dim, R_.compute);
+  return launch(qs, kvs, o, lse, false);
+}
+
+attnResult_t DeviceKernels::launch(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse,
+                                   bool fold) {
+  if (used_ >= launches_)
+    return setError(attnInternalError, "device attention: launch %d of %d planned", used_ + 1, launches_);
+  const int slot = used_++;
+  ATTN_CUDA_CHECK(cudaEventRecord(R_.timing[2 * slot], R_.compute));
+  if (c_.state->userKernel) ATTN_CHECK(userKernel(qs, kvs, o, lse, fold));
+  else ATTN_CHECK(builtIn(slot, qs, kvs, o, lse, fold));
+  ATTN_CUDA_CHECK(cudaEventRecord(R_.timing[2 * slot + 1], R_.compute));
+  timed_[slot] = true;
+  return attnSuccess;
+}
+
+attnResult_t DeviceKernels::builtIn(int slot, const DeviceRows& qs, const DeviceRows& kvs, float* o,
+                                    float* lse, bool fold) {
+  // Device tensors and positions, host offsets: problemOf builds the
+  // segments on the host, and they go up from this launch's pinned slot.
+  const RowsRef qd{qs.t0, nullptr, qs.rows, qs.hostOffsets, qs.devPos};
+  const RowsRef kvd{kvs.t0, kvs.t1, kvs.rows, kvs.hostOffsets, kvs.devPos};
+  std::vector<cpu::AttnSegment> segs;
+  cpu::AttnProblem p = problemOf(c_, qd, kvd, &segs);
+  const size_t at = segAt_ + static_cast<size_t>(slot) * segBytes_;
+  auto* hs = reinterpret_cast<cpu::AttnSegment*>(R_.metaStage.base() + at);
+  std::copy(segs.begin(), segs.end(), hs);
+  auto* ds = reinterpret_cast<cpu::AttnSegment*>(R_.meta.get() + at);
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(ds, hs, sizeof(cpu::AttnSegment) * segs.size(), cudaMemcpyHostToDevice,
+                                  R_.compute));
+  p.segments = ds;
+  cuda::AttnCudaExec ex;
+  ex.stream = R_.compute;
+  if (fold) return cuda::attentionAccumulate(p, o, lse, ex);
+  return cuda::attentionPartial(p, o, lse, ex);
+}
+
+attnResult_t DeviceKernels::userKernel(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse,
+                                       bool fold) {
+  if (fold && (!partO_ || qs.rows != c_.q.rows))
+    return setError(attnInternalError, "device attention: a user kernel folds only the call's own queries");
+  attnAttnKernelArgs_t a;
+  a.q = qs.t0;
+  a.k = kvs.t0;
+  a.v = kvs.t1;
+  a.out = fold ? partO_ : o;
+  a.lse = fold ? partLse_ : lse;
+  a.num_seqs = c_.numSeqs;
+  a.q_offsets = qs.devOffsets;
+  a.q_pos = qs.devPos;
+  a.kv_offsets = kvs.devOffsets;
+  a.kv_pos = kvs.devPos;
+  a.cfg = &c_.cfg;
+  attnResult_t r = c_.state->userKernel(&a, c_.state->userData, reinterpret_cast<attnStream_t>(R_.compute));
+  if (r != attnSuccess)
+    return setError(r, "the attention kernel set by attnCommSetAttnKernel failed (on the device)");
+  if (!fold) return attnSuccess;
+  const cpu::AttnPartialRef part{partO_, attnFloat32, partLse_};
+  return cuda::foldPartial(o, lse, part, static_cast<size_t>(qs.rows) * c_.cfg.num_q_heads,
+                           c_.cfg.head_dim, R_.compute);
+}
+
+attnResult_t DeviceKernels::addComputeTime() {
+  for (int s = 0; s < used_; ++s) {
+    if (!timed_[s]) continue;
+    float ms = 0;
+    ATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, R_.timing[2 * s], R_.timing[2 * s + 1]));
+    c_.stats.computeUs += 1000.0 * ms;
+  }
+  return attnSuccess;
+}
+
+}  // namespace attn

@@ -1,0 +1,127 @@
+// What the three ring-attention algorithms on the GPU share: the call's
+// small device arrays (offsets, positions, kernel segments), and the block
+// kernel on the communicator's compute stream (the built-in CUDA kernel or
+// the engine's own through attnCommSetAttnKernel), every launch timed with
+// a pair of events so c.stats.computeUs is GPU time.
+//
+// Host-only C++ on the CUDA runtime API; runs on a device communicator's
+// proxy thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "src/attn/attn_call.h"
+#include "src/device/device_attn_state.h"
+#include "src/device/ring_attn_device.h"
+
+namespace attn {
+
+inline size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Device address of `h`, a pointer into a host copy of a block at
+// `hostBase`, in the device copy of the same block at `devBase`.
+template <class T>
+T* onDevice(const T* h, const char* hostBase, char* devBase) {
+  return reinterpret_cast<T*>(devBase + (reinterpret_cast<const char*>(h) - hostBase));
+}
+
+// Rows of queries or keys on the device. Offsets on both sides: the host
+// builds the built-in kernel's segments from them, a user kernel reads the
+// device copy.
+struct DeviceRows {
+  const void* t0 = nullptr;  // Q, or K
+  const void* t1 = nullptr;  // V (keys only)
+  int32_t rows = 0;
+  const int32_t* hostOffsets = nullptr;  // [numSeqs+1]
+  const int32_t* devOffsets = nullptr;
+  const int32_t* devPos = nullptr;       // [rows]
+};
+
+// The rows of a packed block (wire.h) whose host copy `v` views at
+// `hostBase` and whose device copy starts at `devBase`.
+DeviceRows deviceRowsOf(const BlockView& v, const char* hostBase, char* devBase);
+
+// On every way out, errors included, both streams are idle before the
+// buffers they use can be reused or grown by the next call.
+class StreamsIdleOnExit {
+ public:
+  StreamsIdleOnExit(cudaStream_t a, cudaStream_t b) : a_(a), b_(b) {}
+  ~StreamsIdleOnExit() {
+    (void)cudaStreamSynchronize(a_);
+    (void)cudaStreamSynchronize(b_);
+  }
+  StreamsIdleOnExit(const StreamsIdleOnExit&) = delete;
+  StreamsIdleOnExit& operator=(const StreamsIdleOnExit&) = delete;
+
+ private:
+  cudaStream_t a_, b_;
+};
+
+// The fp32 accumulator of the call's own query rows, in R.acc: O
+// [q rows, Hq, D], then LSE [q rows, Hq].
+struct DeviceAccumulator {
+  float* o = nullptr;
+  float* lse = nullptr;
+  // Grows R.acc on the compute stream (before anything else is enqueued).
+  attnResult_t reserve(const AttnCall& c, DeviceAttnState& R);
+  // O = 0, LSE = -inf, on the compute stream.
+  attnResult_t init(const AttnCall& c, DeviceAttnState& R);
+  // Writes the call's outputs from the accumulator on the compute stream and
+  // waits for them: O in the call's dtype, LSE as it is.
+  attnResult_t writeOut(const AttnCall& c, DeviceAttnState& R, const DeviceAttnBuffers& io);
+  // Merge-on-receive: folds a partial (O then LSE, as wire.h sends them)
+  // for all of the call's query rows.
+  attnResult_t fold(const AttnCall& c, DeviceAttnState& R, const float* partial);
+};
+
+class DeviceKernels {
+ public:
+  DeviceKernels(AttnCall& c, DeviceAttnState& R) : c_(c), R_(R) {}
+
+  // Room for `arrays` (the byte sizes of the call's fixed arrays, each
+  // placed 16-byte aligned; at(i) is where array i goes) and `launches`
+  // kernel launches (segments and timing events each), plus a user
+  // kernel's partial for the call's own query rows. Grows R.meta, R.part
+  // and R.metaStage on the compute stream: call before anything else is
+  // enqueued, then synchronise the compute stream.
+  attnResult_t reserve(const std::vector<size_t>& arrays, int launches);
+  // Host staging of fixed array i (write it, then upload()) and its device
+  // address.
+  char* staged(size_t i) const { return R_.metaStage.base() + arrayAt_[i]; }
+  const int32_t* device(size_t i) const {
+    return reinterpret_cast<const int32_t*>(R_.meta.get() + arrayAt_[i]);
+  }
+  // Uploads the fixed arrays on the compute stream.
+  attnResult_t upload();
+
+  // Folds attention of `qs` over `kvs` into the fp32 accumulator (o, lse),
+  // [qs.rows, Hq, D] and [qs.rows, Hq].
+  attnResult_t accumulate(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse);
+  // Writes the partial of `qs` over `kvs` into fresh (o, lse): a row that
+  // sees no key gets O = 0, LSE = -inf.
+  attnResult_t partial(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse);
+
+  // Adds the launches' GPU time to c.stats.computeUs; once the compute
+  // stream has finished them.
+  attnResult_t addComputeTime();
+
+ private:
+  attnResult_t launch(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse, bool fold);
+  attnResult_t builtIn(int slot, const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse,
+                       bool fold);
+  attnResult_t userKernel(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse, bool fold);
+
+  AttnCall& c_;
+  DeviceAttnState& R_;
+  std::vector<size_t> arrayAt_;
+  size_t fixedBytes_ = 0, segAt_ = 0, segBytes_ = 0;
+  int launches_ = 0, used_ = 0;
+  std::vector<bool> timed_;  // launch i has timing events 2i, 2i+1 recorded
+  float* partO_ = nullptr;  // a user kernel's partial when folding
+  float* partLse_ = nullptr;
+};
+
+}  // namespace attn

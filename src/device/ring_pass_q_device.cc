@@ -1,0 +1,239 @@
+// Ring pass-Q on the GPU (CP paper Alg. 3 with the device kernels), run on
+// the proxy thread of a device communicator as one stream-bridge work item.
+// The host algorithm is src/attn/ring_pass_q.cc; this is the same message
+// order with the blocks and partials on the device.
+//
+// Query block j (this rank's own at j = 0) travels as pass-KV's KV blocks
+// do: pinned host buffer j % 2 is sent and received, device buffer j % 2 is
+// what the kernel reads; blockReady / kernelDone order the upload of block
+// j + 1 (copy stream) against kernel j - 1 (compute stream). The keys stay.
+//
+// On the compute stream, step j runs:
+//  - own queries: fold them over the local keys into the accumulator;
+//  - a visitor's: write its partial into R.visit, copy it down into the
+//    owner's slot of R.hostOut and record partialOnHost[owner]. The host
+//    sends it home once that event has passed, after the next step's ring
+//    transfer is posted and its kernel enqueued, so neither waits for it.
+// Partials coming home land in R.hostIn (one slot per peer); each is
+// uploaded into R.visit and folded into the accumulator on the compute
+// stream as soon as it arrives (merge-on-receive). Every R.visit use is on
+// the compute stream, so stream order keeps them apart.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "src/attn/attn_call.h"
+#include "src/attn/break_on_early_exit.h"
+#include "src/attn/progress_thread.h"
+#include "src/core/comm.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+#include "src/device/cuda_check.h"
+#include "src/device/device_attn_kernels.h"
+#include "src/device/device_state.h"
+#include "src/device/ring_attn_device.h"
+
+namespace attn {
+namespace {
+
+// Partials coming home, in R.hostIn: one slot and request per peer.
+struct DeviceHomecoming {
+  PeerSlots slot;
+  std::unique_ptr<Request[]> req;
+  std::vector<bool> posted, folded;
+  explicit DeviceHomecoming(int n) : slot(n), req(new Request[n]), posted(n, false), folded(n, false) {}
+};
+
+// Uploads and folds every partial that has arrived and was not folded yet.
+attnResult_t foldArrivedOnDevice(AttnCall& c, DeviceAttnState& R, DeviceAccumulator& acc,
+                                 DeviceHomecoming& h, size_t myPartial) {
+  for (size_t p = 0; p < h.posted.size(); ++p) {
+    if (!h.posted[p] || h.folded[p] || h.req[p].pending()) continue;
+    if (h.req[p].state.load() == Request::kFailed)
+      return setError(h.req[p].error, "%s", h.req[p].message.c_str());
+    if (h.req[p].bytes != myPartial)
+      return setError(attnInvalidUsage, "partial from rank %zu has %zu bytes, %zu expected", p,
+                      h.req[p].bytes, myPartial);
+    if (myPartial) {
+      ATTN_CUDA_CHECK(cudaMemcpyAsync(R.visit.get(), R.hostIn.base() + h.slot.offset[p], myPartial,
+                                      cudaMemcpyHostToDevice, R.compute));
+      ATTN_CHECK(acc.fold(c, R, reinterpret_cast<const float*>(R.visit.get())));
+    }
+    h.folded[p] = true;
+  }
+  return attnSuccess;
+}
+
+}  // namespace
+
+attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
+  if (!c.comm->device)
+    return setError(attnInternalError, "device pass-Q on a host communicator");
+  DeviceState& dev = *c.comm->device;
+  DeviceAttnState& R = dev.attn;
+  const cudaStream_t copy = dev.bridge->copyStream();
+  Engine& e = *c.comm->engine;
+  const int n = c.comm->nranks, me = c.comm->rank;
+  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  const int S = c.numSeqs;
+  const int64_t kvRows = c.kv.rows;
+  const size_t myPartial = c.partialBytes(c.q.rows);
+
+  // Buffers first, while both streams are idle (see pass-KV).
+  ATTN_CHECK(R.prepare(0, static_cast<size_t>(n)));
+  StreamsIdleOnExit idle(R.compute, copy);
+  size_t capacity = 0, maxPartial = 0;
+  for (int r = 0; r < n; ++r) {
+    capacity = std::max(capacity, BlockLayout::of(S, c.qRowsOf[r], c.qRowBytes, 1).total);
+    maxPartial = std::max(maxPartial, c.partialBytes(c.qRowsOf[r]));
+  }
+  for (int b = 0; b < 2; ++b) {
+    ATTN_CHECK(R.hostBlock[b].reserve(capacity));
+    ATTN_CHECK(R.block[b].reserve(capacity, R.compute));
+  }
+  PeerSlots outSlot(n);
+  DeviceHomecoming home(n);
+  for (int p = 0; p < n; ++p)
+    if (p != me) {
+      outSlot.add(p, c.partialBytes(c.qRowsOf[p]));
+      home.slot.add(p, myPartial);
+    }
+  ATTN_CHECK(R.hostOut.reserve(outSlot.total + 64));
+  ATTN_CHECK(R.hostIn.reserve(home.slot.total + 64));
+  ATTN_CHECK(R.visit.reserve(maxPartial + 64, R.compute));
+  // Fixed arrays: the local keys' offsets and positions.
+  DeviceKernels kernels(c, R);
+  ATTN_CHECK(kernels.reserve({sizeof(int32_t) * (S + 1), sizeof(int32_t) * kvRows}, n));
+  DeviceAccumulator acc;
+  ATTN_CHECK(acc.reserve(c, R));
+  ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
+
+  std::memcpy(kernels.staged(0), c.kvOffsets.data(), sizeof(int32_t) * (S + 1));
+  if (kvRows) std::memcpy(kernels.staged(1), c.kv.pos, sizeof(int32_t) * kvRows);
+  ATTN_CHECK(kernels.upload());
+  ATTN_CHECK(acc.init(c, R));
+  const DeviceRows myKv{c.kv.t0, c.kv.t1, c.kv.rows, c.kvOffsets.data(), kernels.device(0), kernels.device(1)};
+  float* visitO = reinterpret_cast<float*>(R.visit.get());
+
+  // Query block 0, this rank's own: metadata packed on the host, Q copied
+  // down into host buffer 0 (to be sent) and across into device buffer 0.
+  char* h0 = R.hostBlock[0].base();
+  char* d0 = R.block[0].get();
+  const BlockLayout own = packBlockMeta(me, S, c.qOffsets.data(), c.q.pos, c.q.rows, c.qRowBytes, 1, h0);
+  if (c.q.rows && n > 1)
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt, c.q.t0, own.tensorBytes, cudaMemcpyDefault, copy));
+  ATTN_CUDA_CHECK(cudaEventRecord(R.ownOnHost, copy));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(d0, h0, own.tensorAt, cudaMemcpyHostToDevice, copy));
+  if (c.q.rows)
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt, c.q.t0, own.tensorBytes, cudaMemcpyDefault, copy));
+  ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[0], copy));
+  size_t curBytes = own.total;
+
+  std::unique_ptr<Request[]> outReq(new Request[n]);
+  std::unique_ptr<Request[]> ring(new Request[2 * n]);  // step s's send and receive
+  BreakOnEarlyExit guard(e);
+  // Partials from ranks other than prev can be expected at once; prev's
+  // comes after its last query block.
+  auto expectPartial = [&](int p) {
+    home.posted[p] = true;
+    return e.irecv(p, R.hostIn.base() + home.slot.offset[p], myPartial, &home.req[p]);
+  };
+  for (int p = 0; p < n; ++p)
+    if (p != me && p != prev) ATTN_CHECK(expectPartial(p));
+
+  std::unique_ptr<ProgressThread> driver;
+  if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
+  std::vector<bool> outPosted(n, false);
+  int waitingOwner = -1;  // a partial on its way down, to be sent home
+  auto sendWaitingPartial = [&]() -> attnResult_t {
+    if (waitingOwner < 0) return attnSuccess;
+    const int owner = waitingOwner;
+    waitingOwner = -1;
+    ATTN_CUDA_CHECK(cudaEventSynchronize(R.partialOnHost[owner]));
+    ATTN_CHECK(e.isend(owner, R.hostOut.base() + outSlot.offset[owner], c.partialBytes(c.qRowsOf[owner]),
+                       &outReq[owner]));
+    outPosted[owner] = true;
+    driver->kick();
+    return attnSuccess;
+  };
+
+  int cur = 0;
+  for (int s = 0; s < n; ++s) {
+    const bool moving = s < n - 1;
+    const auto stepStart = Clock::now();
+    Request& sendReq = ring[2 * s];
+    Request& recvReq = ring[2 * s + 1];
+    if (moving) {
+      // As pass-KV: block s leaves host buffer `cur` once it is there; block
+      // s+1 comes into the other once its previous block was uploaded.
+      ATTN_CUDA_CHECK(cudaEventSynchronize(s == 0 ? R.ownOnHost : R.blockReady[1 - cur]));
+      ATTN_CHECK(e.irecv(prev, R.hostBlock[1 - cur].base(), capacity, &recvReq));
+      ATTN_CHECK(e.isend(next, R.hostBlock[cur].base(), curBytes, &sendReq));
+      if (s == n - 2) ATTN_CHECK(expectPartial(prev));
+      driver->kick();
+    }
+    BlockView visitor;
+    ATTN_CHECK(viewBlock(R.hostBlock[cur].base(), curBytes, c.qRowBytes, 1, &visitor));
+    const int owner = visitor.origin;
+    if (visitor.numSeqs != S || owner < 0 || owner >= n ||
+        (owner != me && (outPosted[owner] || owner == waitingOwner)))
+      return setError(attnInternalError, "pass-Q: unexpected query block from rank %d", owner);
+    if (visitor.rows != c.qRowsOf[owner])
+      return setError(attnInternalError, "pass-Q: query block of rank %d has %d rows, %lld expected", owner,
+                      visitor.rows, static_cast<long long>(c.qRowsOf[owner]));
+    const DeviceRows qd = deviceRowsOf(visitor, R.hostBlock[cur].base(), R.block[cur].get());
+    ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[cur], 0));
+    if (owner == me) {
+      ATTN_CHECK(kernels.accumulate(qd, myKv, acc.o, acc.lse));
+    } else {
+      const size_t bytes = c.partialBytes(visitor.rows);
+      float* visitLse = visitO + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+      ATTN_CHECK(kernels.partial(qd, myKv, visitO, visitLse));
+      if (bytes)
+        ATTN_CUDA_CHECK(cudaMemcpyAsync(R.hostOut.base() + outSlot.offset[owner], visitO, bytes,
+                                        cudaMemcpyDeviceToHost, R.compute));
+      ATTN_CUDA_CHECK(cudaEventRecord(R.partialOnHost[owner], R.compute));
+    }
+    ATTN_CUDA_CHECK(cudaEventRecord(R.kernelDone[cur], R.compute));
+    // The previous step's partial goes home now that this step's transfer
+    // and kernel are under way.
+    ATTN_CHECK(sendWaitingPartial());
+    if (owner != me) waitingOwner = owner;
+    ATTN_CHECK(foldArrivedOnDevice(c, R, acc, home, myPartial));
+    if (moving) {
+      auto t0 = Clock::now();
+      ATTN_CHECK(driver->wait(&sendReq));
+      ATTN_CHECK(driver->wait(&recvReq));
+      c.stats.waitUs += usSince(t0);
+      const int nb = 1 - cur;
+      ATTN_CUDA_CHECK(cudaStreamWaitEvent(copy, R.kernelDone[nb], 0));
+      ATTN_CUDA_CHECK(cudaMemcpyAsync(R.block[nb].get(), R.hostBlock[nb].base(), recvReq.bytes,
+                                      cudaMemcpyHostToDevice, copy));
+      ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[nb], copy));
+      curBytes = recvReq.bytes;
+      cur = nb;
+    }
+    ATTN_TRACE(kLogAttn, "device pass-Q step %d: %d query rows of rank %d, host %.0f us", s, visitor.rows,
+               owner, usSince(stepStart));
+  }
+  ATTN_CHECK(sendWaitingPartial());
+  // The rest of the all-to-all: fold partials in arrival order.
+  auto t0 = Clock::now();
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    ATTN_CHECK(driver->wait(&home.req[p]));
+    ATTN_CHECK(foldArrivedOnDevice(c, R, acc, home, myPartial));
+  }
+  for (int p = 0; p < n; ++p)
+    if (outPosted[p]) ATTN_CHECK(driver->wait(&outReq[p]));
+  c.stats.waitUs += usSince(t0);
+  guard.done();
+
+  ATTN_CHECK(acc.writeOut(c, R, io));
+  ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
+  return kernels.addComputeTime();
+}
+
+}  // namespace attn
