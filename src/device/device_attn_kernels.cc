@@ -5,8 +5,22 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/core/error.h"
 #include "src/device/cuda_check.h"
+#include "src/device/device_state.h"
 
 namespace attn {
+
+attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallEnv* env) {
+  if (!c.comm->device) return setError(attnInternalError, "device %s on a host communicator", algorithm);
+  DeviceState& dev = *c.comm->device;
+  env->R = &dev.attn;
+  env->copy = dev.bridge->copyStream();
+  env->e = c.comm->engine.get();
+  env->n = c.comm->nranks;
+  env->me = c.comm->rank;
+  env->next = (env->me + 1) % env->n;
+  env->prev = (env->me - 1 + env->n) % env->n;
+  return attnSuccess;
+}
 
 DeviceRows deviceRowsOf(const BlockView& v, const char* hostBase, char* devBase) {
   DeviceRows r;

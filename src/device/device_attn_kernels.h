@@ -44,6 +44,17 @@ struct DeviceRows {
 // `hostBase` and whose device copy starts at `devBase`.
 DeviceRows deviceRowsOf(const BlockView& v, const char* hostBase, char* devBase);
 
+// Where a device attention algorithm runs: the communicator's ring-attention
+// state on the device, the bridge's copy stream, the engine, the ring.
+struct DeviceCallEnv {
+  DeviceAttnState* R = nullptr;
+  cudaStream_t copy = nullptr;
+  Engine* e = nullptr;
+  int n = 0, me = 0, next = 0, prev = 0;
+};
+// Fails (naming `algorithm`) unless c runs on a device communicator.
+attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallEnv* env);
+
 // On every way out, errors included, both streams are idle before the
 // buffers they use can be reused or grown by the next call.
 class StreamsIdleOnExit {

@@ -33,20 +33,19 @@
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_attn_kernels.h"
+#include "src/device/device_ring.h"
 #include "src/device/device_state.h"
 #include "src/device/ring_attn_device.h"
 
 namespace attn {
 
 attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
-  if (!c.comm->device)
-    return setError(attnInternalError, "device pass-KV on a host communicator");
-  DeviceState& dev = *c.comm->device;
-  DeviceAttnState& R = dev.attn;
-  const cudaStream_t copy = dev.bridge->copyStream();
-  Engine& e = *c.comm->engine;
-  const int n = c.comm->nranks, me = c.comm->rank;
-  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  DeviceCallEnv env;
+  ATTN_CHECK(deviceCallEnv(c, "pass-KV", &env));
+  DeviceAttnState& R = *env.R;
+  Engine& e = *env.e;
+  const cudaStream_t copy = env.copy;
+  const int n = env.n, me = env.me;
   const int S = c.numSeqs;
   const int64_t qRows = c.q.rows;
 
@@ -58,10 +57,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
     capacity = std::max(capacity, BlockLayout::of(S, c.kvRowsOf[r], c.kvRowBytes, 2).total);
-  for (int b = 0; b < 2; ++b) {
-    ATTN_CHECK(R.hostBlock[b].reserve(capacity));
-    ATTN_CHECK(R.block[b].reserve(capacity, R.compute));
-  }
+  ATTN_CHECK(DeviceRing::reserve(R, capacity));
   // Fixed arrays: this rank's query offsets and positions.
   DeviceKernels kernels(c, R);
   ATTN_CHECK(kernels.reserve({sizeof(int32_t) * (S + 1), sizeof(int32_t) * qRows}, n));
@@ -94,53 +90,32 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
                                     cudaMemcpyDefault, copy));
   }
   ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[0], copy));
-  size_t curBytes = own.total;
+  DeviceRing ring(e, R, copy, env.next, env.prev, capacity, own.total);
 
   // Step s's send and receive; they outlive the loop body (see the guard).
-  std::unique_ptr<Request[]> ring(new Request[2 * n]);
+  std::unique_ptr<Request[]> req(new Request[2 * n]);
   BreakOnEarlyExit guard(e);
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-  int cur = 0;
   for (int s = 0; s < n; ++s) {
     const bool moving = s < n - 1;
     const auto stepStart = Clock::now();
-    Request& sendReq = ring[2 * s];
-    Request& recvReq = ring[2 * s + 1];
+    Request& sendReq = req[2 * s];
+    Request& recvReq = req[2 * s + 1];
     if (moving) {
-      // Block s goes out from host buffer `cur` (the own block once its
-      // K/V are down); block s+1 comes into the other, whose block s-1 was
-      // sent last step and must also be uploaded before it is overwritten.
-      ATTN_CUDA_CHECK(cudaEventSynchronize(s == 0 ? R.ownOnHost : R.blockReady[1 - cur]));
-      ATTN_CHECK(e.irecv(prev, R.hostBlock[1 - cur].base(), capacity, &recvReq));
-      ATTN_CHECK(e.isend(next, R.hostBlock[cur].base(), curBytes, &sendReq));
+      ATTN_CHECK(ring.post(s, &sendReq, &recvReq));
       driver->kick();
     }
     BlockView block;
-    ATTN_CHECK(viewBlock(R.hostBlock[cur].base(), curBytes, c.kvRowBytes, 2, &block));
+    ATTN_CHECK(viewBlock(ring.host(), ring.bytes(), c.kvRowBytes, 2, &block));
     if (block.numSeqs != S)
       return setError(attnInvalidUsage, "pass-KV block from rank %d has %d sequences, %d expected",
                       block.origin, block.numSeqs, S);
-    // Kernel s reads device buffer `cur` once its upload is done.
-    ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[cur], 0));
-    ATTN_CHECK(kernels.accumulate(myQ, deviceRowsOf(block, R.hostBlock[cur].base(), R.block[cur].get()),
-                                  acc.o, acc.lse));
-    ATTN_CUDA_CHECK(cudaEventRecord(R.kernelDone[cur], R.compute));
-    if (moving) {
-      auto t0 = Clock::now();
-      ATTN_CHECK(driver->wait(&sendReq));
-      ATTN_CHECK(driver->wait(&recvReq));
-      c.stats.waitUs += usSince(t0);
-      // Upload block s+1 once kernel s-1, the last reader of that device
-      // buffer, is done; kernel s+1 waits for blockReady.
-      const int nb = 1 - cur;
-      ATTN_CUDA_CHECK(cudaStreamWaitEvent(copy, R.kernelDone[nb], 0));
-      ATTN_CUDA_CHECK(cudaMemcpyAsync(R.block[nb].get(), R.hostBlock[nb].base(), recvReq.bytes,
-                                      cudaMemcpyHostToDevice, copy));
-      ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[nb], copy));
-      curBytes = recvReq.bytes;
-      cur = nb;
-    }
+    // Kernel s reads the current device buffer once its upload is done.
+    ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[ring.cur()], 0));
+    ATTN_CHECK(kernels.accumulate(myQ, deviceRowsOf(block, ring.host(), ring.device()), acc.o, acc.lse));
+    ATTN_CUDA_CHECK(cudaEventRecord(R.kernelDone[ring.cur()], R.compute));
+    if (moving) ATTN_CHECK(ring.advance(*driver, &sendReq, &recvReq, &c.stats.waitUs));
     ATTN_TRACE(kLogAttn, "device pass-KV step %d: %d key rows from rank %d, host %.0f us", s,
                block.rows, block.origin, usSince(stepStart));
   }

@@ -32,6 +32,7 @@
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_attn_kernels.h"
+#include "src/device/device_ring.h"
 #include "src/device/device_state.h"
 #include "src/device/ring_attn_device.h"
 
@@ -69,14 +70,12 @@ attnResult_t foldArrivedOnDevice(AttnCall& c, DeviceAttnState& R, DeviceAccumula
 }  // namespace
 
 attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
-  if (!c.comm->device)
-    return setError(attnInternalError, "device pass-Q on a host communicator");
-  DeviceState& dev = *c.comm->device;
-  DeviceAttnState& R = dev.attn;
-  const cudaStream_t copy = dev.bridge->copyStream();
-  Engine& e = *c.comm->engine;
-  const int n = c.comm->nranks, me = c.comm->rank;
-  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  DeviceCallEnv env;
+  ATTN_CHECK(deviceCallEnv(c, "pass-Q", &env));
+  DeviceAttnState& R = *env.R;
+  Engine& e = *env.e;
+  const cudaStream_t copy = env.copy;
+  const int n = env.n, me = env.me;
   const int S = c.numSeqs;
   const int64_t kvRows = c.kv.rows;
   const size_t myPartial = c.partialBytes(c.q.rows);
@@ -89,10 +88,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     capacity = std::max(capacity, BlockLayout::of(S, c.qRowsOf[r], c.qRowBytes, 1).total);
     maxPartial = std::max(maxPartial, c.partialBytes(c.qRowsOf[r]));
   }
-  for (int b = 0; b < 2; ++b) {
-    ATTN_CHECK(R.hostBlock[b].reserve(capacity));
-    ATTN_CHECK(R.block[b].reserve(capacity, R.compute));
-  }
+  ATTN_CHECK(DeviceRing::reserve(R, capacity));
   PeerSlots outSlot(n);
   DeviceHomecoming home(n);
   for (int p = 0; p < n; ++p)
@@ -129,10 +125,10 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   if (c.q.rows)
     ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt, c.q.t0, own.tensorBytes, cudaMemcpyDefault, copy));
   ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[0], copy));
-  size_t curBytes = own.total;
+  DeviceRing ring(e, R, copy, env.next, env.prev, capacity, own.total);
 
   std::unique_ptr<Request[]> outReq(new Request[n]);
-  std::unique_ptr<Request[]> ring(new Request[2 * n]);  // step s's send and receive
+  std::unique_ptr<Request[]> req(new Request[2 * n]);  // step s's send and receive
   BreakOnEarlyExit guard(e);
   // Partials from ranks other than prev can be expected at once; prev's
   // comes after its last query block.
@@ -141,7 +137,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     return e.irecv(p, R.hostIn.base() + home.slot.offset[p], myPartial, &home.req[p]);
   };
   for (int p = 0; p < n; ++p)
-    if (p != me && p != prev) ATTN_CHECK(expectPartial(p));
+    if (p != me && p != env.prev) ATTN_CHECK(expectPartial(p));
 
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
@@ -159,23 +155,18 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     return attnSuccess;
   };
 
-  int cur = 0;
   for (int s = 0; s < n; ++s) {
     const bool moving = s < n - 1;
     const auto stepStart = Clock::now();
-    Request& sendReq = ring[2 * s];
-    Request& recvReq = ring[2 * s + 1];
+    Request& sendReq = req[2 * s];
+    Request& recvReq = req[2 * s + 1];
     if (moving) {
-      // As pass-KV: block s leaves host buffer `cur` once it is there; block
-      // s+1 comes into the other once its previous block was uploaded.
-      ATTN_CUDA_CHECK(cudaEventSynchronize(s == 0 ? R.ownOnHost : R.blockReady[1 - cur]));
-      ATTN_CHECK(e.irecv(prev, R.hostBlock[1 - cur].base(), capacity, &recvReq));
-      ATTN_CHECK(e.isend(next, R.hostBlock[cur].base(), curBytes, &sendReq));
-      if (s == n - 2) ATTN_CHECK(expectPartial(prev));
+      ATTN_CHECK(ring.post(s, &sendReq, &recvReq));
+      if (s == n - 2) ATTN_CHECK(expectPartial(env.prev));
       driver->kick();
     }
     BlockView visitor;
-    ATTN_CHECK(viewBlock(R.hostBlock[cur].base(), curBytes, c.qRowBytes, 1, &visitor));
+    ATTN_CHECK(viewBlock(ring.host(), ring.bytes(), c.qRowBytes, 1, &visitor));
     const int owner = visitor.origin;
     if (visitor.numSeqs != S || owner < 0 || owner >= n ||
         (owner != me && (outPosted[owner] || owner == waitingOwner)))
@@ -183,8 +174,8 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     if (visitor.rows != c.qRowsOf[owner])
       return setError(attnInternalError, "pass-Q: query block of rank %d has %d rows, %lld expected", owner,
                       visitor.rows, static_cast<long long>(c.qRowsOf[owner]));
-    const DeviceRows qd = deviceRowsOf(visitor, R.hostBlock[cur].base(), R.block[cur].get());
-    ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[cur], 0));
+    const DeviceRows qd = deviceRowsOf(visitor, ring.host(), ring.device());
+    ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[ring.cur()], 0));
     if (owner == me) {
       ATTN_CHECK(kernels.accumulate(qd, myKv, acc.o, acc.lse));
     } else {
@@ -196,25 +187,13 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
                                         cudaMemcpyDeviceToHost, R.compute));
       ATTN_CUDA_CHECK(cudaEventRecord(R.partialOnHost[owner], R.compute));
     }
-    ATTN_CUDA_CHECK(cudaEventRecord(R.kernelDone[cur], R.compute));
+    ATTN_CUDA_CHECK(cudaEventRecord(R.kernelDone[ring.cur()], R.compute));
     // The previous step's partial goes home now that this step's transfer
     // and kernel are under way.
     ATTN_CHECK(sendWaitingPartial());
     if (owner != me) waitingOwner = owner;
     ATTN_CHECK(foldArrivedOnDevice(c, R, acc, home, myPartial));
-    if (moving) {
-      auto t0 = Clock::now();
-      ATTN_CHECK(driver->wait(&sendReq));
-      ATTN_CHECK(driver->wait(&recvReq));
-      c.stats.waitUs += usSince(t0);
-      const int nb = 1 - cur;
-      ATTN_CUDA_CHECK(cudaStreamWaitEvent(copy, R.kernelDone[nb], 0));
-      ATTN_CUDA_CHECK(cudaMemcpyAsync(R.block[nb].get(), R.hostBlock[nb].base(), recvReq.bytes,
-                                      cudaMemcpyHostToDevice, copy));
-      ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[nb], copy));
-      curBytes = recvReq.bytes;
-      cur = nb;
-    }
+    if (moving) ATTN_CHECK(ring.advance(*driver, &sendReq, &recvReq, &c.stats.waitUs));
     ATTN_TRACE(kLogAttn, "device pass-Q step %d: %d query rows of rank %d, host %.0f us", s, visitor.rows,
                owner, usSince(stepStart));
   }

@@ -41,13 +41,12 @@ enum class PeerStep { kAwaitQuery, kComputing, kServed };
 }  // namespace
 
 attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
-  if (!c.comm->device)
-    return setError(attnInternalError, "device ship-Q on a host communicator");
-  DeviceState& dev = *c.comm->device;
-  DeviceAttnState& R = dev.attn;
-  const cudaStream_t copy = dev.bridge->copyStream();
-  Engine& e = *c.comm->engine;
-  const int n = c.comm->nranks, me = c.comm->rank;
+  DeviceCallEnv env;
+  ATTN_CHECK(deviceCallEnv(c, "ship-Q", &env));
+  DeviceAttnState& R = *env.R;
+  Engine& e = *env.e;
+  const cudaStream_t copy = env.copy;
+  const int n = env.n, me = env.me;
   const int S = c.numSeqs;
   const int64_t qRows = c.q.rows, kvRows = c.kv.rows;
   const size_t myPartial = c.partialBytes(qRows);
