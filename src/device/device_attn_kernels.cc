@@ -1,6 +1,7 @@
 #include "src/device/device_attn_kernels.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/core/error.h"
@@ -70,12 +71,16 @@ attnResult_t DeviceAccumulator::writeOut(const AttnCall& c, DeviceAttnState& R, 
   return attnSuccess;
 }
 
-attnResult_t DeviceKernels::reserve(const std::vector<size_t>& arrays, int launches) {
-  arrayAt_.clear();
+attnResult_t DeviceKernels::reserve(const std::vector<RowsRef>& resident, int launches) {
+  resident_ = resident;
+  offsetsAt_.clear();
+  posAt_.clear();
   size_t at = 0;
-  for (size_t bytes : arrays) {
-    arrayAt_.push_back(at);
-    at = alignUp(at + bytes, 16);
+  for (const RowsRef& r : resident) {
+    offsetsAt_.push_back(at);
+    at = alignUp(at + sizeof(int32_t) * (c_.numSeqs + 1), 16);
+    posAt_.push_back(at);
+    at = alignUp(at + sizeof(int32_t) * r.rows, 16);
   }
   fixedBytes_ = at;
   segAt_ = at;
@@ -101,9 +106,21 @@ attnResult_t DeviceKernels::reserve(const std::vector<size_t>& arrays, int launc
 
 attnResult_t DeviceKernels::upload() {
   if (fixedBytes_ == 0) return attnSuccess;
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.meta.get(), R_.metaStage.base(), fixedBytes_,
-                                  cudaMemcpyHostToDevice, R_.compute));
+  char* stage = R_.metaStage.base();
+  for (size_t i = 0; i < resident_.size(); ++i) {
+    const RowsRef& r = resident_[i];
+    std::memcpy(stage + offsetsAt_[i], r.offsets, sizeof(int32_t) * (c_.numSeqs + 1));
+    if (r.rows) std::memcpy(stage + posAt_[i], r.pos, sizeof(int32_t) * r.rows);
+  }
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.meta.get(), stage, fixedBytes_, cudaMemcpyHostToDevice, R_.compute));
   return attnSuccess;
+}
+
+DeviceRows DeviceKernels::resident(size_t i) const {
+  const RowsRef& r = resident_[i];
+  const char* meta = R_.meta.get();
+  return DeviceRows{r.t0, r.t1, r.rows, r.offsets, reinterpret_cast<const int32_t*>(meta + offsetsAt_[i]),
+                    reinterpret_cast<const int32_t*>(meta + posAt_[i])};
 }
 
 attnResult_t DeviceKernels::accumulate(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse) {

@@ -92,21 +92,18 @@ class DeviceKernels {
  public:
   DeviceKernels(AttnCall& c, DeviceAttnState& R) : c_(c), R_(R) {}
 
-  // Room for `arrays` (the byte sizes of the call's fixed arrays, each
-  // placed 16-byte aligned; at(i) is where array i goes) and `launches`
-  // kernel launches (segments and timing events each), plus a user
-  // kernel's partial for the call's own query rows. Grows R.meta, R.part
-  // and R.metaStage on the compute stream: call before anything else is
-  // enqueued, then synchronise the compute stream.
-  attnResult_t reserve(const std::vector<size_t>& arrays, int launches);
-  // Host staging of fixed array i (write it, then upload()) and its device
-  // address.
-  char* staged(size_t i) const { return R_.metaStage.base() + arrayAt_[i]; }
-  const int32_t* device(size_t i) const {
-    return reinterpret_cast<const int32_t*>(R_.meta.get() + arrayAt_[i]);
-  }
-  // Uploads the fixed arrays on the compute stream.
+  // Room for the offsets and positions of `resident` (rows whose tensors
+  // are already on the device and stay there: this rank's Q and/or KV,
+  // with host offsets and positions) and for `launches` kernel launches
+  // (segments and timing events each), plus a user kernel's partial for
+  // the call's own query rows. Grows R.meta, R.part and R.metaStage on the
+  // compute stream: call before anything else is enqueued, then
+  // synchronise the compute stream.
+  attnResult_t reserve(const std::vector<RowsRef>& resident, int launches);
+  // Uploads the resident rows' offsets and positions on the compute stream.
   attnResult_t upload();
+  // Resident rows i as the kernels take them.
+  DeviceRows resident(size_t i) const;
 
   // Folds attention of `qs` over `kvs` into the fp32 accumulator (o, lse),
   // [qs.rows, Hq, D] and [qs.rows, Hq].
@@ -127,7 +124,8 @@ class DeviceKernels {
 
   AttnCall& c_;
   DeviceAttnState& R_;
-  std::vector<size_t> arrayAt_;
+  std::vector<RowsRef> resident_;
+  std::vector<size_t> offsetsAt_, posAt_;  // by resident, in R.meta / R.metaStage
   size_t fixedBytes_ = 0, segAt_ = 0, segBytes_ = 0;
   int launches_ = 0, used_ = 0;
   std::vector<bool> timed_;  // launch i has timing events 2i, 2i+1 recorded

@@ -1,6 +1,5 @@
 #include "src/device/device_ring.h"
 
-#include "src/attn/attn_call.h"
 #include "src/device/cuda_check.h"
 
 namespace attn {
@@ -10,6 +9,27 @@ attnResult_t DeviceRing::reserve(DeviceAttnState& R, size_t capacity) {
     ATTN_CHECK(R.hostBlock[b].reserve(capacity));
     ATTN_CHECK(R.block[b].reserve(capacity, R.compute));
   }
+  return attnSuccess;
+}
+
+attnResult_t DeviceRing::loadOwn(int numSeqs, const RowsRef& rows, size_t rowBytes) {
+  const int tensors = rows.t1 ? 2 : 1;
+  char* h0 = R_.hostBlock[0].base();
+  char* d0 = R_.block[0].get();
+  const BlockLayout own = packBlockMeta(me_, numSeqs, rows.offsets, rows.pos, rows.rows, rowBytes, tensors, h0);
+  const void* t[2] = {rows.t0, rows.t1};
+  const bool peers = next_ != me_;
+  for (int i = 0; i < tensors && rows.rows && peers; ++i)
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt + i * own.tensorBytes, t[i], own.tensorBytes,
+                                    cudaMemcpyDefault, copy_));
+  ATTN_CUDA_CHECK(cudaEventRecord(R_.ownOnHost, copy_));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(d0, h0, own.tensorAt, cudaMemcpyHostToDevice, copy_));
+  for (int i = 0; i < tensors && rows.rows; ++i)
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt + i * own.tensorBytes, t[i], own.tensorBytes,
+                                    cudaMemcpyDefault, copy_));
+  ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[0], copy_));
+  bytes_ = own.total;
+  cur_ = 0;
   return attnSuccess;
 }
 

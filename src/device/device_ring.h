@@ -12,6 +12,7 @@
 
 #include <cstddef>
 
+#include "src/attn/attn_call.h"
 #include "src/attn/progress_thread.h"
 #include "src/core/engine.h"
 #include "src/device/device_attn_state.h"
@@ -20,11 +21,15 @@ namespace attn {
 
 class DeviceRing {
  public:
-  // Block 0 (this rank's own, `bytes` long) is on its way into host buffer 0
-  // (R.ownOnHost) and device buffer 0 (R.blockReady[0]).
-  DeviceRing(Engine& e, DeviceAttnState& R, cudaStream_t copy, int next, int prev, size_t capacity,
-             size_t bytes)
-      : e_(e), R_(R), copy_(copy), next_(next), prev_(prev), capacity_(capacity), bytes_(bytes) {}
+  DeviceRing(Engine& e, DeviceAttnState& R, cudaStream_t copy, int me, int next, int prev, size_t capacity)
+      : e_(e), R_(R), copy_(copy), me_(me), next_(next), prev_(prev), capacity_(capacity) {}
+
+  // Block 0, this rank's own: `rows` (device tensors t0 and, for KV, t1;
+  // host offsets and positions) packed into host buffer 0 (metadata on the
+  // host, tensors copied down when there are peers to send to; then
+  // R.ownOnHost) and copied into device buffer 0 (then R.blockReady[0]),
+  // on the copy stream.
+  attnResult_t loadOwn(int numSeqs, const RowsRef& rows, size_t rowBytes);
 
   // Both host and device buffers hold at least `capacity` bytes (device
   // ones grown on the compute stream: synchronise it before use).
@@ -47,8 +52,8 @@ class DeviceRing {
   Engine& e_;
   DeviceAttnState& R_;
   cudaStream_t copy_;
-  int next_, prev_;
-  size_t capacity_, bytes_;
+  int me_, next_, prev_;
+  size_t capacity_, bytes_ = 0;
   int cur_ = 0;
 };
 

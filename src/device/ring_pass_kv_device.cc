@@ -47,7 +47,6 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const cudaStream_t copy = env.copy;
   const int n = env.n, me = env.me;
   const int S = c.numSeqs;
-  const int64_t qRows = c.q.rows;
 
   // Buffers first: the previous call left both streams idle, so growing
   // (freeing) them is safe here and only here. Device buffers grow on the
@@ -58,39 +57,18 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   for (int r = 0; r < n; ++r)
     capacity = std::max(capacity, BlockLayout::of(S, c.kvRowsOf[r], c.kvRowBytes, 2).total);
   ATTN_CHECK(DeviceRing::reserve(R, capacity));
-  // Fixed arrays: this rank's query offsets and positions.
+  // The queries stay on the device.
   DeviceKernels kernels(c, R);
-  ATTN_CHECK(kernels.reserve({sizeof(int32_t) * (S + 1), sizeof(int32_t) * qRows}, n));
+  ATTN_CHECK(kernels.reserve({c.q}, n));
   DeviceAccumulator acc;
   ATTN_CHECK(acc.reserve(c, R));
   ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
-
-  std::memcpy(kernels.staged(0), c.qOffsets.data(), sizeof(int32_t) * (S + 1));
-  if (qRows) std::memcpy(kernels.staged(1), c.q.pos, sizeof(int32_t) * qRows);
   ATTN_CHECK(kernels.upload());
   ATTN_CHECK(acc.init(c, R));
-  const DeviceRows myQ{c.q.t0, nullptr, c.q.rows, c.qOffsets.data(), kernels.device(0), kernels.device(1)};
-
-  // Block 0, this rank's own: metadata packed on the host; K and V copied
-  // to the host buffer (to be sent) and device to device into buffer 0.
-  char* h0 = R.hostBlock[0].base();
-  char* d0 = R.block[0].get();
-  const BlockLayout own =
-      packBlockMeta(me, S, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kvRowBytes, 2, h0);
-  if (c.kv.rows && n > 1) {
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt, c.kv.t0, own.tensorBytes, cudaMemcpyDefault, copy));
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt + own.tensorBytes, c.kv.t1, own.tensorBytes,
-                                    cudaMemcpyDefault, copy));
-  }
-  ATTN_CUDA_CHECK(cudaEventRecord(R.ownOnHost, copy));
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(d0, h0, own.tensorAt, cudaMemcpyHostToDevice, copy));
-  if (c.kv.rows) {
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt, c.kv.t0, own.tensorBytes, cudaMemcpyDefault, copy));
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt + own.tensorBytes, c.kv.t1, own.tensorBytes,
-                                    cudaMemcpyDefault, copy));
-  }
-  ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[0], copy));
-  DeviceRing ring(e, R, copy, env.next, env.prev, capacity, own.total);
+  const DeviceRows myQ = kernels.resident(0);
+  // Block 0 is this rank's KV.
+  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity);
+  ATTN_CHECK(ring.loadOwn(S, c.kv, c.kvRowBytes));
 
   // Step s's send and receive; they outlive the loop body (see the guard).
   std::unique_ptr<Request[]> req(new Request[2 * n]);

@@ -77,7 +77,6 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const cudaStream_t copy = env.copy;
   const int n = env.n, me = env.me;
   const int S = c.numSeqs;
-  const int64_t kvRows = c.kv.rows;
   const size_t myPartial = c.partialBytes(c.q.rows);
 
   // Buffers first, while both streams are idle (see pass-KV).
@@ -99,33 +98,19 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(R.hostOut.reserve(outSlot.total + 64));
   ATTN_CHECK(R.hostIn.reserve(home.slot.total + 64));
   ATTN_CHECK(R.visit.reserve(maxPartial + 64, R.compute));
-  // Fixed arrays: the local keys' offsets and positions.
+  // The keys stay on the device.
   DeviceKernels kernels(c, R);
-  ATTN_CHECK(kernels.reserve({sizeof(int32_t) * (S + 1), sizeof(int32_t) * kvRows}, n));
+  ATTN_CHECK(kernels.reserve({c.kv}, n));
   DeviceAccumulator acc;
   ATTN_CHECK(acc.reserve(c, R));
   ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
-
-  std::memcpy(kernels.staged(0), c.kvOffsets.data(), sizeof(int32_t) * (S + 1));
-  if (kvRows) std::memcpy(kernels.staged(1), c.kv.pos, sizeof(int32_t) * kvRows);
   ATTN_CHECK(kernels.upload());
   ATTN_CHECK(acc.init(c, R));
-  const DeviceRows myKv{c.kv.t0, c.kv.t1, c.kv.rows, c.kvOffsets.data(), kernels.device(0), kernels.device(1)};
+  const DeviceRows myKv = kernels.resident(0);
   float* visitO = reinterpret_cast<float*>(R.visit.get());
-
-  // Query block 0, this rank's own: metadata packed on the host, Q copied
-  // down into host buffer 0 (to be sent) and across into device buffer 0.
-  char* h0 = R.hostBlock[0].base();
-  char* d0 = R.block[0].get();
-  const BlockLayout own = packBlockMeta(me, S, c.qOffsets.data(), c.q.pos, c.q.rows, c.qRowBytes, 1, h0);
-  if (c.q.rows && n > 1)
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt, c.q.t0, own.tensorBytes, cudaMemcpyDefault, copy));
-  ATTN_CUDA_CHECK(cudaEventRecord(R.ownOnHost, copy));
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(d0, h0, own.tensorAt, cudaMemcpyHostToDevice, copy));
-  if (c.q.rows)
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt, c.q.t0, own.tensorBytes, cudaMemcpyDefault, copy));
-  ATTN_CUDA_CHECK(cudaEventRecord(R.blockReady[0], copy));
-  DeviceRing ring(e, R, copy, env.next, env.prev, capacity, own.total);
+  // Block 0 is this rank's queries.
+  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity);
+  ATTN_CHECK(ring.loadOwn(S, c.q, c.qRowBytes));
 
   std::unique_ptr<Request[]> outReq(new Request[n]);
   std::unique_ptr<Request[]> req(new Request[2 * n]);  // step s's send and receive

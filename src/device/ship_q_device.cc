@@ -48,7 +48,7 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const cudaStream_t copy = env.copy;
   const int n = env.n, me = env.me;
   const int S = c.numSeqs;
-  const int64_t qRows = c.q.rows, kvRows = c.kv.rows;
+  const int64_t qRows = c.q.rows;
   const size_t myPartial = c.partialBytes(qRows);
 
   // Buffers first, while both streams are idle (see pass-KV). Outgoing: our
@@ -73,24 +73,16 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(R.hostIn.reserve(qin.total + pin.total + 64));
   ATTN_CHECK(R.block[0].reserve(maxBlock + 64, R.compute));
   ATTN_CHECK(R.visit.reserve(maxPartial + 64, R.compute));
-  // Fixed arrays: our query offsets and positions, the local keys' offsets
-  // and positions.
+  // Our queries and the local keys stay on the device.
   DeviceKernels kernels(c, R);
-  ATTN_CHECK(kernels.reserve({sizeof(int32_t) * (S + 1), sizeof(int32_t) * qRows, sizeof(int32_t) * (S + 1),
-                              sizeof(int32_t) * kvRows},
-                             n));
+  ATTN_CHECK(kernels.reserve({c.q, c.kv}, n));
   DeviceAccumulator acc;
   ATTN_CHECK(acc.reserve(c, R));
   ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
-
-  std::memcpy(kernels.staged(0), c.qOffsets.data(), sizeof(int32_t) * (S + 1));
-  if (qRows) std::memcpy(kernels.staged(1), c.q.pos, sizeof(int32_t) * qRows);
-  std::memcpy(kernels.staged(2), c.kvOffsets.data(), sizeof(int32_t) * (S + 1));
-  if (kvRows) std::memcpy(kernels.staged(3), c.kv.pos, sizeof(int32_t) * kvRows);
   ATTN_CHECK(kernels.upload());
   ATTN_CHECK(acc.init(c, R));
-  const DeviceRows myQ{c.q.t0, nullptr, c.q.rows, c.qOffsets.data(), kernels.device(0), kernels.device(1)};
-  const DeviceRows myKv{c.kv.t0, c.kv.t1, c.kv.rows, c.kvOffsets.data(), kernels.device(2), kernels.device(3)};
+  const DeviceRows myQ = kernels.resident(0);
+  const DeviceRows myKv = kernels.resident(1);
   char* const hostOut = R.hostOut.base();
   char* const hostIn = R.hostIn.base();
   char* const partialsIn = hostIn + qin.total;  // pin's slots follow qin's
