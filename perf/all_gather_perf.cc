@@ -13,7 +13,7 @@ double recvValue(const Bench& b, size_t i) {
   return copyValue(b.dtype, int(i / b.count), 0, i % b.count);
 }
 attnResult_t run(const Bench& b, const void* s, void* r) {
-  return attnAllGather(s, r, b.count, b.dtype, b.comm, nullptr);
+  return attnAllGather(s, r, b.count, b.dtype, b.comm, b.stream);
 }
 
 const CollSpec kSpec = {

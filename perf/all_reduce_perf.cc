@@ -11,7 +11,7 @@ double sendValue(const Bench& b, size_t j) { return reduceInput(b.op, b.rank, j)
 double recvValue(const Bench& b, size_t j) { return reduceExpected(b.op, b.nranks, j); }
 double tolerance(const Bench& b) { return reduceTolerance(b.dtype, b.op); }
 attnResult_t run(const Bench& b, const void* s, void* r) {
-  return attnAllReduce(s, r, b.count, b.dtype, b.op, b.comm, nullptr);
+  return attnAllReduce(s, r, b.count, b.dtype, b.op, b.comm, b.stream);
 }
 
 const CollSpec kSpec = {

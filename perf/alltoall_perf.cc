@@ -15,7 +15,7 @@ double recvValue(const Bench& b, size_t i) {
   return copyValue(b.dtype, int(i / b.count), b.rank, i % b.count);
 }
 attnResult_t run(const Bench& b, const void* s, void* r) {
-  return attnAllToAll(s, r, b.count, b.dtype, b.comm, nullptr);
+  return attnAllToAll(s, r, b.count, b.dtype, b.comm, b.stream);
 }
 
 const CollSpec kSpec = {

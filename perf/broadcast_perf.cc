@@ -9,7 +9,7 @@ using namespace attnperf;
 double sendValue(const Bench& b, size_t i) { return copyValue(b.dtype, b.rank, 0, i); }
 double recvValue(const Bench& b, size_t i) { return copyValue(b.dtype, b.root, 0, i); }
 attnResult_t run(const Bench& b, const void* s, void* r) {
-  return attnBroadcast(s, r, b.count, b.dtype, b.root, b.comm, nullptr);
+  return attnBroadcast(s, r, b.count, b.dtype, b.root, b.comm, b.stream);
 }
 
 const CollSpec kSpec = {

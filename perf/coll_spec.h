@@ -18,6 +18,7 @@ struct Bench {
   attnRedOp_t op = attnSum;
   int root = 0;
   size_t count = 0;  // the count argument of the call (NCCL meaning)
+  attnStream_t stream = nullptr;  // the rank's CUDA stream with -G, else NULL
 };
 
 struct CollSpec {

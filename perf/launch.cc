@@ -47,7 +47,7 @@ bool readAll(int fd, void* p, size_t n) {
 
 // Child `rank` of launchProcesses: rank 0 makes the id and hands it to the
 // others through their pipes; nobody touched the library before fork.
-int processRank(int rank, int nranks, std::vector<int>& pipes, const RankBody& body) {
+int processRank(int rank, int nranks, std::vector<int>& pipes, const RankBody& body, int device) {
   attnUniqueId id;
   if (rank == 0) {
     attnResult_t r = attnGetUniqueId(&id);
@@ -59,9 +59,11 @@ int processRank(int rank, int nranks, std::vector<int>& pipes, const RankBody& b
     return 2;
   }
   for (int fd : pipes) close(fd);
+  attnConfig_t config = ATTN_CONFIG_INITIALIZER;
+  if (device != ATTN_DEVICE_HOST) config.device = device;
   attnComm_t comm = nullptr;
-  attnResult_t r = attnCommInitRank(&comm, nranks, id, rank);
-  if (r != attnSuccess) return initFailed("attnCommInitRank", r), 2;
+  attnResult_t r = attnCommInitRankConfig(&comm, nranks, id, rank, &config);
+  if (r != attnSuccess) return initFailed("attnCommInitRankConfig", r), 2;
   return body(comm);
 }
 
@@ -73,9 +75,11 @@ bool launchedExternally() {
   return false;
 }
 
-int launchThreads(int nranks, const RankBody& body) {
+int launchThreads(int nranks, const RankBody& body, int device) {
   std::vector<attnComm_t> comms(size_t(nranks), nullptr);
-  attnResult_t r = attnCommInitAll(comms.data(), nranks, nullptr);
+  const std::vector<int> devices(size_t(nranks), device);
+  attnResult_t r =
+      attnCommInitAll(comms.data(), nranks, device == ATTN_DEVICE_HOST ? nullptr : devices.data());
   if (r != attnSuccess) return initFailed("attnCommInitAll", r), 2;
   std::vector<int> rc(size_t(nranks), 0);
   std::vector<std::thread> threads;
@@ -85,7 +89,7 @@ int launchThreads(int nranks, const RankBody& body) {
   return *std::max_element(rc.begin(), rc.end());
 }
 
-int launchProcesses(int nranks, const RankBody& body) {
+int launchProcesses(int nranks, const RankBody& body, int device) {
   std::vector<int> pipes(2 * size_t(nranks), -1);
   for (int q = 1; q < nranks; q++)
     if (pipe(&pipes[2 * size_t(q)]) != 0) return perror("pipe"), 2;
@@ -100,7 +104,7 @@ int launchProcesses(int nranks, const RankBody& body) {
       break;
     }
     if (p == 0) {
-      int rc = processRank(q, nranks, pipes, body);
+      int rc = processRank(q, nranks, pipes, body, device);
       fflush(stdout);
       fflush(stderr);
       _exit(rc);
@@ -142,9 +146,11 @@ int launchProcesses(int nranks, const RankBody& body) {
   return worst;
 }
 
-int launchExternal(const RankBody& body) {
+int launchExternal(const RankBody& body, int device) {
+  attnConfig_t config = ATTN_CONFIG_INITIALIZER;
+  if (device != ATTN_DEVICE_HOST) config.device = device;
   attnComm_t comm = nullptr;
-  attnResult_t r = attnCommInitFromEnv(&comm, nullptr);
+  attnResult_t r = attnCommInitFromEnv(&comm, &config);
   if (r != attnSuccess) return initFailed("attnCommInitFromEnv", r), 2;
   return body(comm);
 }

@@ -16,8 +16,10 @@ using RankBody = std::function<int(attnComm_t comm)>;
 // True when a launcher set ATTN_RANK, RANK or OMPI_COMM_WORLD_RANK.
 bool launchedExternally();
 
-int launchThreads(int nranks, const RankBody& body);
-int launchProcesses(int nranks, const RankBody& body);
-int launchExternal(const RankBody& body);
+// `device`: ATTN_DEVICE_HOST for host communicators, else the CUDA device
+// every rank's communicator uses (ranks may share it).
+int launchThreads(int nranks, const RankBody& body, int device = ATTN_DEVICE_HOST);
+int launchProcesses(int nranks, const RankBody& body, int device = ATTN_DEVICE_HOST);
+int launchExternal(const RankBody& body, int device = ATTN_DEVICE_HOST);
 
 }  // namespace attnperf

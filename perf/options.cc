@@ -33,6 +33,8 @@ void usage(const char* prog) {
           "  -J,--json FILE         also write results as JSON\n"
           "  -C,--coll NAME         (baselines) all_gather|reduce_scatter|alltoall\n"
           "  -R,--local_register 0|1  buffers from attnMemAlloc  [0]\n"
+          "  -G,--device DEV        buffers on CUDA device DEV, every rank on it, one\n"
+          "                         stream per rank (CUDA builds)  [host memory]\n"
           "Launched by mpirun/torchrun/emulate_hosts.sh (ATTN_RANK, RANK or\n"
           "OMPI_COMM_WORLD_RANK set), each process is one rank.\n",
           prog);
@@ -95,13 +97,14 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
       {"json", required_argument, nullptr, 'J'},
       {"coll", required_argument, nullptr, 'C'},
       {"local_register", required_argument, nullptr, 'R'},
+      {"device", required_argument, nullptr, 'G'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   *exitCode = 2;
   int c;
   bool ok = true;
   optind = 1;
-  while (ok && (c = getopt_long(argc, argv, "b:e:f:i:n:w:c:I:d:o:r:t:p:A:T:J:C:R:h",
+  while (ok && (c = getopt_long(argc, argv, "b:e:f:i:n:w:c:I:d:o:r:t:p:A:T:J:C:R:G:h",
                                 kLong, nullptr)) != -1) {
     int v = 0;
     switch (c) {
@@ -123,6 +126,7 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
       case 'J': o->jsonPath = optarg; break;
       case 'C': o->coll = optarg; break;
       case 'R': ok = toInt(optarg, &o->registered) && o->registered <= 1; break;
+      case 'G': ok = toInt(optarg, &o->device); break;
       case 'h': *exitCode = 0; ok = false; break;
       default: ok = false; break;
     }
@@ -139,6 +143,11 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
   }
   if (ok && o->threads && o->procs) {
     fprintf(stderr, "%s: give -t or -p, not both\n", argv[0]);
+    ok = false;
+  }
+  if (ok && o->device >= 0 && o->registered) {
+    fprintf(stderr, "%s: -R 1 (host shareable buffers) and -G (device buffers) exclude each other\n",
+            argv[0]);
     ok = false;
   }
   if (!ok) usage(argv[0]);

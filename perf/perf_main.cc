@@ -8,6 +8,7 @@
 #include "perf/coll_spec.h"
 #include "perf/launch.h"
 #include "perf/options.h"
+#include "perf/rank_device.h"
 #include "perf/runner.h"
 
 namespace attnperf {
@@ -28,10 +29,12 @@ int perfMain(int argc, char** argv, const CollSpec& spec) {
       return int(runRank(o, spec, comm, program, mode));
     };
   };
+  if (int rc = checkDeviceFlag(o.device, program.c_str())) return rc;
   int rc;
-  if (o.procs) rc = launchProcesses(o.procs, body("processes"));
-  else if (o.threads || !launchedExternally()) rc = launchThreads(o.threads ? o.threads : 2, body("threads"));
-  else rc = launchExternal(body("external"));
+  if (o.procs) rc = launchProcesses(o.procs, body("processes"), o.device);
+  else if (o.threads || !launchedExternally())
+    rc = launchThreads(o.threads ? o.threads : 2, body("threads"), o.device);
+  else rc = launchExternal(body("external"), o.device);
   if (rc) fprintf(stderr, "%s: %s\n", program.c_str(),
                   rc == kRankWrong ? "wrong results" : "failed");
   return rc;

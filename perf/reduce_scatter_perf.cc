@@ -13,7 +13,7 @@ double recvValue(const Bench& b, size_t i) {
 }
 double tolerance(const Bench& b) { return reduceTolerance(b.dtype, b.op); }
 attnResult_t run(const Bench& b, const void* s, void* r) {
-  return attnReduceScatter(s, r, b.count, b.dtype, b.op, b.comm, nullptr);
+  return attnReduceScatter(s, r, b.count, b.dtype, b.op, b.comm, b.stream);
 }
 
 const CollSpec kSpec = {

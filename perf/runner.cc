@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "perf/datatypes.h"
+#include "perf/rank_device.h"
 #include "perf/report.h"
 #include "perf/timing.h"
 
@@ -59,10 +60,17 @@ class RankRunner {
   const CollSpec& spec_;
   attnComm_t comm_;
   int rank_ = 0, nranks_ = 1;
+  // The host buffers hold the patterns; with -G the calls take their
+  // device twins (on the host, the twins are the same buffers).
   Buffer send_, recv_;
+  RankDevice dev_;
+  uint8_t* devSend_ = nullptr;
+  uint8_t* devRecv_ = nullptr;
 };
 
 #define PERF_OK(call) ok((call), #call, __LINE__)
+// A call, then (with -G) the wait for the stream it was enqueued on.
+#define PERF_RUN(call) (ok((call), #call, __LINE__) && dev_.finish(comm_, #call))
 
 bool RankRunner::ok(attnResult_t r, const char* what, int line) {
   if (r == attnSuccess) return true;
@@ -75,39 +83,44 @@ bool RankRunner::ok(attnResult_t r, const char* what, int line) {
 bool RankRunner::measure(Bench& b, bool inPlace, Measure* m) {
   const size_t elt = typeSize(b.dtype);
   const size_t nSend = spec_.sendElems(b), nRecv = spec_.recvElems(b);
-  uint8_t* sendBase = inPlace ? recv_.get() : send_.get();
   const size_t sendOff = inPlace ? spec_.inPlaceSendOffset(b) : 0;
   const size_t recvOff = inPlace ? spec_.inPlaceRecvOffset(b) : 0;
-  void* send = sendBase + sendOff * elt;
-  void* recv = recv_.get() + recvOff * elt;
+  void* send = (inPlace ? devRecv_ : devSend_) + sendOff * elt;
+  void* recv = devRecv_ + recvOff * elt;
 
   if (opts_.check) {
     // -1 marks slots nobody wrote (patterns are never negative); then the
     // send data, which in place overwrites part of the marks.
-    fillBuffer(b.dtype, recv_.get(), std::max(nRecv + recvOff, nSend + sendOff),
-               [](size_t) { return -1.0; });
-    fillBuffer(b.dtype, send, nSend, [&](size_t i) { return spec_.sendValue(b, i); });
-    if (!PERF_OK(spec_.run(b, send, recv))) return false;
+    const size_t marked = std::max(nRecv + recvOff, nSend + sendOff);
+    uint8_t* hostSend = (inPlace ? recv_.get() : send_.get()) + sendOff * elt;
+    uint8_t* hostRecv = recv_.get() + recvOff * elt;
+    fillBuffer(b.dtype, recv_.get(), marked, [](size_t) { return -1.0; });
+    fillBuffer(b.dtype, hostSend, nSend, [&](size_t i) { return spec_.sendValue(b, i); });
+    if (!dev_.upload(devRecv_, recv_.get(), marked * elt) ||
+        (!inPlace && !dev_.upload(devSend_, send_.get(), nSend * elt)))
+      return false;
+    if (!PERF_RUN(spec_.run(b, send, recv))) return false;
+    if (!dev_.download(hostRecv, recv, nRecv * elt)) return false;
     int64_t wrong = int64_t(countWrong(
-        b.dtype, recv, nRecv, [&](size_t i) { return spec_.recvValue(b, i); },
+        b.dtype, hostRecv, nRecv, [&](size_t i) { return spec_.recvValue(b, i); },
         spec_.tolerance(b)));
-    if (!PERF_OK(attnAllReduce(&wrong, &wrong, 1, attnInt64, attnSum, comm_, nullptr)))
+    if (!PERF_RUN(attnAllReduce(&wrong, &wrong, 1, attnInt64, attnSum, comm_, dev_.stream())))
       return false;
     m->wrong = wrong;
   }
   for (int i = 0; i < opts_.warmup; i++)
-    if (!PERF_OK(spec_.run(b, send, recv))) return false;
+    if (!PERF_RUN(spec_.run(b, send, recv))) return false;
 
   std::vector<double> t(size_t(opts_.iters));
   for (int i = 0; i < opts_.iters; i++) {
-    if (!PERF_OK(attnBarrier(comm_, nullptr))) return false;
+    if (!PERF_RUN(attnBarrier(comm_, dev_.stream()))) return false;
     const double t0 = nowUs();
-    if (!PERF_OK(spec_.run(b, send, recv))) return false;
+    if (!PERF_RUN(spec_.run(b, send, recv))) return false;
     t[size_t(i)] = nowUs() - t0;
   }
   // A call is as slow as its slowest rank.
-  if (!PERF_OK(attnAllReduce(t.data(), t.data(), t.size(), attnFloat64, attnMax,
-                             comm_, nullptr)))
+  if (!PERF_RUN(attnAllReduce(t.data(), t.data(), t.size(), attnFloat64, attnMax,
+                              comm_, dev_.stream())))
     return false;
   m->t = summarize(t);
   m->ran = true;
@@ -122,9 +135,10 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
     fprintf(stderr, "rank %d: root %d out of range (%d ranks)\n", rank_, opts_.root, nranks_);
     return false;
   }
+  if (!dev_.open(opts_.device)) return false;
   RankInfo mine = localRankInfo(rank_);
   std::vector<RankInfo> all(static_cast<size_t>(nranks_));
-  if (!PERF_OK(attnAllGather(&mine, all.data(), sizeof mine, attnUint8, comm_, nullptr)))
+  if (!PERF_RUN(attnAllGather(&mine, all.data(), sizeof mine, attnUint8, comm_, dev_.stream())))
     return false;
 
   Bench b;
@@ -134,6 +148,7 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
   b.dtype = opts_.dtype;
   b.op = opts_.op;
   b.root = opts_.root;
+  b.stream = dev_.stream();
   const size_t elt = typeSize(b.dtype);
   const std::vector<size_t> sizes = sizeList(opts_);
 
@@ -151,6 +166,9 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
             std::max(maxSend, maxRecv) * elt);
     return false;
   }
+  devSend_ = static_cast<uint8_t*>(dev_.place(send_.get(), maxSend * elt));
+  devRecv_ = static_cast<uint8_t*>(dev_.place(recv_.get(), std::max(maxSend, maxRecv) * elt));
+  if (!devSend_ || !devRecv_) return false;
 
   std::unique_ptr<Reporter> rep;
   if (rank_ == 0) {
@@ -162,7 +180,7 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
     info.program = program;
     info.library = lib;
     info.coll = spec_.name;
-    info.mode = mode;
+    info.mode = opts_.device >= 0 ? mode + ", cuda:" + std::to_string(opts_.device) : mode;
     info.transport = envOr(opts_.transports, "ATTN_TRANSPORT");
     info.algo = envOr(opts_.algo, "ATTN_ALGO");
     info.nranks = nranks_;

@@ -16,8 +16,8 @@ double recvValue(const Bench& b, size_t i) { return copyValue(b.dtype, prev(b), 
 attnResult_t run(const Bench& b, const void* s, void* r) {
   attnResult_t st = attnGroupStart();
   if (st != attnSuccess) return st;
-  attnResult_t a = attnSend(s, b.count, b.dtype, next(b), b.comm, nullptr);
-  attnResult_t c = attnRecv(r, b.count, b.dtype, prev(b), b.comm, nullptr);
+  attnResult_t a = attnSend(s, b.count, b.dtype, next(b), b.comm, b.stream);
+  attnResult_t c = attnRecv(r, b.count, b.dtype, prev(b), b.comm, b.stream);
   st = attnGroupEnd();  // always close the group, even after a bad post
   return a != attnSuccess ? a : c != attnSuccess ? c : st;
 }

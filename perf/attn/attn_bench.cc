@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/reference_attention.h"
+#include "perf/rank_device.h"
 #include "perf/timing.h"
 #include "src/attn/attn_state.h"
 #include "src/core/comm.h"
@@ -43,10 +44,11 @@ bool ok(attnResult_t r, attnComm_t comm, const char* what) {
 
 double median(std::vector<double> v) { return summarize(std::move(v)).medianUs; }
 
-// Max over ranks, element-wise.
-bool maxOverRanks(attnComm_t comm, std::vector<double>* v) {
-  return ok(attnAllReduce(v->data(), v->data(), v->size(), attnFloat64, attnMax, comm, nullptr), comm,
-            "attnAllReduce");
+// Max over ranks, element-wise (host vectors, on a device communicator too).
+bool maxOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v) {
+  return ok(attnAllReduce(v->data(), v->data(), v->size(), attnFloat64, attnMax, comm, dev.stream()),
+            comm, "attnAllReduce") &&
+         dev.finish(comm, "attnAllReduce");
 }
 
 // The Llama3-training baseline: all-gather every rank's KV (padded to the
@@ -101,7 +103,7 @@ bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void*
 }
 
 // Exact attention (double) for this rank's queries over the full batch.
-bool checkAgainstReference(attnComm_t comm, const Batch& b, const Shard& s, const void* q,
+bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, const Shard& s, const void* q,
                            const void* out, const float* lse, double* oErr, double* lseErr) {
   const int S = s.layout.num_seqs;
   std::vector<int64_t> fullRows(b.fullRows());
@@ -143,7 +145,7 @@ bool checkAgainstReference(attnComm_t comm, const Batch& b, const Shard& s, cons
       attn::cpu::compareAttention(o.data(), lse, ro.data(), rl.data(), nq * b.cfg.num_q_heads, b.cfg.head_dim);
   std::vector<double> errs = {e.max_o_rel, e.max_lse_abs,
                               static_cast<double>(e.nan_values + e.empty_mismatch)};
-  if (!maxOverRanks(comm, &errs)) return false;
+  if (!maxOverRanks(comm, dev, &errs)) return false;
   *oErr = errs[2] > 0 ? INFINITY : errs[0];
   *lseErr = errs[1];
   return true;
@@ -198,17 +200,33 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
   b.fillQ(s.qGlobal, q.data());
   b.fillKV(s.kvGlobal, k.data(), v.data());
   attn::AttnState& st = attn::attnStateOf(comm);
+  // With -G the calls take device twins of these tensors.
+  RankDevice dev;
+  if (!dev.open(o.device)) return 1;
+  void* dq = dev.place(q.data(), q.size());
+  void* dk = dev.place(k.data(), k.size());
+  void* dv = dev.place(v.data(), v.size());
+  void* dout = dev.place(out.data(), out.size());
+  auto* dlse = static_cast<float*>(dev.place(lse.data(), sizeof(float) * lse.size()));
+  if (!dq || !dk || !dv || !dout || !dlse || !dev.upload(dq, q.data(), q.size()) ||
+      !dev.upload(dk, k.data(), k.size()) || !dev.upload(dv, v.data(), v.size()))
+    return 1;
 
   // One call of `mode`; its compute time in *computeUs, AUTO's pick in *chose.
   auto once = [&](int mode, double* computeUs, int* chose) -> bool {
     if (mode < 0) {
+      if (dev.onDevice()) {
+        fprintf(stderr, "the sequential baseline runs on host memory only (drop seq from -M with -G)\n");
+        return false;
+      }
       if (!sequentialOnce(comm, b, s, q.data(), k.data(), v.data(), accO.data(), lse.data(), computeUs))
         return false;
       return attn::cpu::convertFromFloat(out.data(), b.cfg.dtype, accO.data(), accO.size()) == attnSuccess;
     }
-    if (!ok(attnRingAttention(q.data(), k.data(), v.data(), out.data(), lse.data(), &s.layout, &b.cfg,
-                              static_cast<attnAttnMode_t>(mode), comm, nullptr),
-            comm, "attnRingAttention"))
+    if (!ok(attnRingAttention(dq, dk, dv, dout, dlse, &s.layout, &b.cfg, static_cast<attnAttnMode_t>(mode),
+                              comm, dev.stream()),
+            comm, "attnRingAttention") ||
+        !dev.finish(comm, "attnRingAttention"))
       return false;
     *computeUs = st.last.computeUs;
     *chose = st.last.mode;
@@ -227,7 +245,8 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
       for (int i = 0; i < o.warmup + o.iters; ++i) {
         for (size_t j = 0; j < m; ++j) {
           if (commOnly && modes[j] < 0) continue;
-          if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return false;
+          if (!ok(attnBarrier(comm, dev.stream()), comm, "attnBarrier") || !dev.finish(comm, "attnBarrier"))
+            return false;
           double t0 = nowUs(), cu = 0;
           if (!once(modes[j], &cu, &(*chose)[j])) return false;
           if (i >= o.warmup) {
@@ -243,7 +262,7 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     st.skipCompute = false;
     if (!good) return false;
     for (size_t j = 0; j < m; ++j)
-      if (!(*t)[j].empty() && !(maxOverRanks(comm, &(*t)[j]) && maxOverRanks(comm, &(*c)[j])))
+      if (!(*t)[j].empty() && !(maxOverRanks(comm, dev, &(*t)[j]) && maxOverRanks(comm, dev, &(*c)[j])))
         return false;
     return true;
   };
@@ -263,8 +282,10 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     if (o.check) {
       double cu;
       int ch;
-      if (!once(modes[j], &cu, &ch)) return 1;
-      if (!checkAgainstReference(comm, b, s, q.data(), out.data(), lse.data(), &r.maxErr, &r.lseErr))
+      if (!once(modes[j], &cu, &ch) || !dev.download(out.data(), dout, out.size()) ||
+          !dev.download(lse.data(), dlse, sizeof(float) * lse.size()))
+        return 1;
+      if (!checkAgainstReference(comm, dev, b, s, q.data(), out.data(), lse.data(), &r.maxErr, &r.lseErr))
         return 1;
     }
   }

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "perf/launch.h"
+
 namespace attnperf {
 namespace {
 
@@ -14,8 +16,10 @@ void usage(const char* prog, bool decode) {
   fprintf(stderr,
           "usage: %s [-t N | -p N] [-n iters] [-w warmup] [-c 0|1] [-J file.json]\n"
           "          [-L tokens] %s [-H q_heads] [-K kv_heads] [-D head_dim]\n"
-          "          [-d float|half|bfloat16] [-C 0|1 causal] [-M modes]\n"
-          "  modes: comma list of kv, q, ship, auto, seq (all-gather KV then compute)\n",
+          "          [-d float|half|bfloat16] [-C 0|1 causal] [-M modes] [-G device]\n"
+          "  modes: comma list of kv, q, ship, auto, seq (all-gather KV then compute;\n"
+          "         host memory only)\n"
+          "  -G DEV: tensors on CUDA device DEV, every rank on it, one stream per rank\n",
           prog, decode ? "[-b batch sizes, e.g. 1,4,16]" : "[-m miss rates, e.g. 1,0.1,0.01] [-B seqs]");
 }
 
@@ -51,10 +55,16 @@ bool parseModes(const char* s, std::vector<int>* out) {
 
 }  // namespace
 
+std::string rankMode(const AttnOptions& o) {
+  std::string m = launchedExternally() ? "launched" : o.procs ? "processes" : "threads";
+  if (o.device != ATTN_DEVICE_HOST) m += ", cuda:" + std::to_string(o.device);
+  return m;
+}
+
 bool parseAttnOptions(int argc, char** argv, bool decode, AttnOptions* o, int* exitCode) {
   *exitCode = 2;
   int c;
-  while ((c = getopt(argc, argv, "t:p:n:w:c:J:L:m:b:B:H:K:D:d:C:M:h")) != -1) {
+  while ((c = getopt(argc, argv, "t:p:n:w:c:J:L:m:b:B:H:K:D:d:C:M:G:h")) != -1) {
     bool good = true;
     switch (c) {
       case 't': o->threads = atoi(optarg); good = o->threads > 0; break;
@@ -78,6 +88,7 @@ bool parseAttnOptions(int argc, char** argv, bool decode, AttnOptions* o, int* e
         else good = false;
         break;
       case 'M': good = parseModes(optarg, &o->modes); break;
+      case 'G': o->device = atoi(optarg); good = o->device >= 0; break;
       case 'h': *exitCode = 0; good = false; break;
       default: good = false;
     }
@@ -87,9 +98,16 @@ bool parseAttnOptions(int argc, char** argv, bool decode, AttnOptions* o, int* e
     }
   }
   if (o->threads == 0 && o->procs == 0) o->threads = 4;
+  const bool onDevice = o->device != ATTN_DEVICE_HOST;
   if (o->modes.empty())
-    o->modes = decode ? std::vector<int>{attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto}
-                      : std::vector<int>{attnModePassKV, attnModePassQ, attnModeAuto, -1};
+    o->modes = decode || onDevice
+                   ? std::vector<int>{attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto}
+                   : std::vector<int>{attnModePassKV, attnModePassQ, attnModeAuto, -1};
+  for (int m : o->modes)
+    if (m < 0 && onDevice) {
+      fprintf(stderr, "%s: the seq baseline runs on host memory only; drop it from -M with -G\n", argv[0]);
+      return false;
+    }
   return true;
 }
 

@@ -20,7 +20,11 @@ struct AttnOptions {
   int seqs = 1;                // -B sequences per batch (ring)
   attnAttnConfig_t cfg{8, 2, 64, attnFloat32, 0.0f, 1};  // -H -K -D -d -C
   std::vector<int> modes;      // -M kv,q,ship,auto,seq
+  int device = ATTN_DEVICE_HOST;  // -G DEV: tensors on a CUDA device
 };
+
+// How the ranks run, for the header: "threads", "processes, cuda:0", ...
+std::string rankMode(const AttnOptions& o);
 
 // Parses flags; prints usage and returns false on error or -h.
 bool parseAttnOptions(int argc, char** argv, bool decode, AttnOptions* o, int* exitCode);

@@ -12,6 +12,7 @@
 #include "perf/attn/attn_cli.h"
 #include "perf/attn/attn_report.h"
 #include "perf/launch.h"
+#include "perf/rank_device.h"
 
 using namespace attnperf;
 
@@ -68,12 +69,12 @@ int main(int argc, char** argv) {
     attnCommCount(comm, &n);
     if (me == 0) {
       printf("# decode_attn_perf: %d ranks (%s), context %lld, heads %d/%d, head_dim %d\n", n,
-             launchedExternally() ? "launched" : o.procs ? "processes" : "threads", (long long)o.length, o.cfg.num_q_heads,
+             rankMode(o).c_str(), (long long)o.length, o.cfg.num_q_heads,
              o.cfg.num_kv_heads, o.cfg.head_dim);
       printHeader();
     }
     AttnReport report(o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0};
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device};
     for (int B : o.batches) {
       Batch b;
       b.cfg = o.cfg;
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
     }
     return me == 0 ? report.finish(o.json) : 0;
   };
-  if (launchedExternally()) return launchExternal(body);
-  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+  if (int rc = checkDeviceFlag(o.device, "decode_attn_perf")) return rc;
+  if (launchedExternally()) return launchExternal(body, o.device);
+  return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);
 }

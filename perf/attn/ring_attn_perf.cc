@@ -13,6 +13,7 @@
 #include "perf/attn/attn_cli.h"
 #include "perf/attn/attn_report.h"
 #include "perf/launch.h"
+#include "perf/rank_device.h"
 
 using namespace attnperf;
 
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
     if (me == 0) {
       printf("# ring_attn_perf: %d ranks (%s), T+P = %lld per sequence, %d sequence(s), heads %d/%d, "
              "head_dim %d, %s, causal %d\n",
-             n, launchedExternally() ? "launched" : o.procs ? "processes" : "threads", (long long)o.length, o.seqs, o.cfg.num_q_heads,
+             n, rankMode(o).c_str(), (long long)o.length, o.seqs, o.cfg.num_q_heads,
              o.cfg.num_kv_heads, o.cfg.head_dim,
              o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
              o.cfg.causal);
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
       printHeader();
     }
     AttnReport report(o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0};
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device};
     for (double miss : o.miss) {
       Batch b;
       b.cfg = o.cfg;
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
     }
     return me == 0 ? report.finish(o.json) : 0;
   };
-  if (launchedExternally()) return launchExternal(body);
-  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+  if (int rc = checkDeviceFlag(o.device, "ring_attn_perf")) return rc;
+  if (launchedExternally()) return launchExternal(body, o.device);
+  return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);
 }

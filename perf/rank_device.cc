@@ -1,0 +1,117 @@
+#include "perf/rank_device.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#if ATTN_PERF_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace attnperf {
+
+#if ATTN_PERF_CUDA
+
+namespace {
+
+bool cudaOk(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+int countDevicesInChild() {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    _exit(std::min(n, 100));
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+  return WEXITSTATUS(status);
+}
+
+}  // namespace
+
+int checkDeviceFlag(int device, const char* program) {
+  if (device < 0) return 0;
+  const int n = countDevicesInChild();
+  if (n == 0) {
+    printf("# %s: no CUDA device on this machine, -G %d skipped\n", program, device);
+    return 77;
+  }
+  if (device >= n) {
+    fprintf(stderr, "%s: -G %d, but this machine has %d CUDA device(s)\n", program, device, n);
+    return 2;
+  }
+  return 0;
+}
+
+RankDevice::~RankDevice() {
+  if (device_ < 0) return;
+  for (void* p : owned_) (void)cudaFree(p);
+  if (stream_) (void)cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream_));
+}
+
+bool RankDevice::open(int device) {
+  if (device < 0) return true;
+  if (!cudaOk(cudaSetDevice(device), "cudaSetDevice")) return false;
+  cudaStream_t s = nullptr;
+  if (!cudaOk(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")) return false;
+  device_ = device;
+  stream_ = reinterpret_cast<attnStream_t>(s);
+  return true;
+}
+
+void* RankDevice::place(void* host, size_t bytes) {
+  if (device_ < 0) return host;
+  void* p = nullptr;
+  if (!cudaOk(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc")) return nullptr;
+  owned_.push_back(p);
+  return cudaOk(cudaMemset(p, 0, std::max<size_t>(bytes, 1)), "cudaMemset") ? p : nullptr;
+}
+
+bool RankDevice::upload(void* twin, const void* host, size_t bytes) {
+  if (device_ < 0 || bytes == 0) return true;
+  return cudaOk(cudaMemcpy(twin, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+}
+
+bool RankDevice::download(void* host, const void* twin, size_t bytes) {
+  if (device_ < 0 || bytes == 0) return true;
+  return cudaOk(cudaMemcpy(host, twin, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
+}
+
+bool RankDevice::finish(attnComm_t comm, const char* what) {
+  if (device_ < 0) return true;
+  if (!cudaOk(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize"))
+    return false;
+  attnResult_t async = attnSuccess;
+  const attnResult_t r = attnCommGetAsyncError(comm, &async);
+  if (r == attnSuccess && async == attnSuccess) return true;
+  fprintf(stderr, "%s failed on the stream: %s (%s)\n", what,
+          attnGetErrorString(r != attnSuccess ? r : async), attnGetLastError(comm));
+  return false;
+}
+
+#else  // perf built without CUDA: only host memory
+
+int checkDeviceFlag(int device, const char* program) {
+  if (device < 0) return 0;
+  fprintf(stderr, "%s: -G %d needs a build with CUDA (this one has none)\n", program, device);
+  return 2;
+}
+
+RankDevice::~RankDevice() = default;
+bool RankDevice::open(int device) { return device < 0; }
+void* RankDevice::place(void* host, size_t) { return host; }
+bool RankDevice::upload(void*, const void*, size_t) { return true; }
+bool RankDevice::download(void*, const void*, size_t) { return true; }
+bool RankDevice::finish(attnComm_t, const char*) { return true; }
+
+#endif
+
+}  // namespace attnperf

@@ -1,0 +1,51 @@
+// Where a perf rank keeps its buffers: host memory (the default) or a CUDA
+// device (-G DEV), with one stream per rank. On a device a timed call runs
+// from its enqueue to its stream's completion, which is what an engine that
+// waits on its stream sees.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "attncomm.h"
+
+namespace attnperf {
+
+// 0 when `device` (the -G value) can run here; else prints why and returns
+// the exit code: 77 (skip) on a machine without a CUDA device, 2 for a
+// build without CUDA or a device this machine lacks. The devices are
+// counted in a forked child, because ranks forked later could not use CUDA
+// once this process had initialised it.
+int checkDeviceFlag(int device, const char* program);
+
+class RankDevice {
+ public:
+  RankDevice() = default;
+  ~RankDevice();
+  RankDevice(const RankDevice&) = delete;
+  RankDevice& operator=(const RankDevice&) = delete;
+
+  // Makes `device` this thread's current device and creates the rank's
+  // stream. device < 0: host memory, and every call below passes through.
+  bool open(int device);
+  bool onDevice() const { return device_ >= 0; }
+  attnStream_t stream() const { return stream_; }
+
+  // The twin of a host buffer: `bytes` of zeroed device memory, owned here
+  // (host memory: `host` itself).
+  void* place(void* host, size_t bytes);
+  // Copies between a host buffer and its twin (no-ops in host memory).
+  bool upload(void* twin, const void* host, size_t bytes);
+  bool download(void* host, const void* twin, size_t bytes);
+  // Waits until the stream is idle, then returns the communicator's
+  // asynchronous error: a device operation that fails after its enqueue
+  // reports there. `what` names the call in the message.
+  bool finish(attnComm_t comm, const char* what);
+
+ private:
+  int device_ = -1;
+  attnStream_t stream_ = nullptr;
+  std::vector<void*> owned_;
+};
+
+}  // namespace attnperf
