@@ -1,0 +1,43 @@
+"""Exact attention in float64 numpy, written apart from the library's own
+reference, for the Python tests: packed THD rows, GQA, causal on global
+positions, and the natural-log LSE of the scaled scores."""
+import numpy as np
+
+
+def batch_rows(new_lens, cached_lens):
+    """Global rows of a batch: (new-token rows of each sequence in the packed
+    new tokens, full rows of each sequence in the packed full sequences)."""
+    new_base, full_base, seqs = 0, 0, []
+    for t, p in zip(new_lens, cached_lens):
+        seqs.append((new_base, full_base, t, p))
+        new_base += t
+        full_base += t + p
+    return seqs
+
+
+def exact_attention(q, k, v, new_lens, cached_lens, causal=True, scale=None):
+    """q: [new rows, Hq, D]; k, v: [full rows, Hkv, D] (any float dtype).
+    Returns out [new rows, Hq, D] and lse [new rows, Hq], float64."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    group = hq // hkv
+    out = np.zeros_like(q)
+    lse = np.full(q.shape[:2], -np.inf)
+    for new_base, full_base, t, p in batch_rows(new_lens, cached_lens):
+        if t == 0:
+            continue
+        qs = q[new_base:new_base + t]                          # [t, Hq, D]
+        ks = np.repeat(k[full_base:full_base + t + p], group, axis=1)  # [t+p, Hq, D]
+        vs = np.repeat(v[full_base:full_base + t + p], group, axis=1)
+        s = np.einsum("qhd,khd->hqk", qs, ks) * scale          # [Hq, t, t+p]
+        if causal:
+            qpos = p + np.arange(t)
+            kpos = np.arange(t + p)
+            s = np.where(kpos[None, None, :] <= qpos[None, :, None], s, -np.inf)
+        m = s.max(axis=2, keepdims=True)
+        e = np.exp(s - m)
+        z = e.sum(axis=2, keepdims=True)
+        out[new_base:new_base + t] = np.einsum("hqk,khd->qhd", e / z, vs)
+        lse[new_base:new_base + t] = (m + np.log(z))[:, :, 0].T
+    return out, lse

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The C API from Python (python/attncomm.py, ctypes + numpy): collectives
+and ring attention on host memory, ranks as threads and as processes, and
+errors as exceptions with the library's text. Attention is checked against
+an independent float64 numpy reference. Exit 77 (skipped) without numpy."""
+import os
+import sys
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# A rank that fails leaves its peers waiting: let them time out soon.
+os.environ.setdefault("ATTN_TIMEOUT_MS", "30000")
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+try:
+    import numpy as np
+except ImportError:
+    print("numpy is not installed: skipped")
+    sys.exit(77)
+
+import attncomm as ac  # noqa: E402
+from attn_reference import exact_attention  # noqa: E402
+
+DEADLINE_S = 120
+
+
+def on_ranks(comms, body):
+    """Runs body(rank, comm) on one thread per rank; re-raises the first
+    failure. A rank still running at the deadline aborts every communicator,
+    so a hang becomes a failure."""
+    errors = [None] * len(comms)
+
+    def run(r):
+        try:
+            body(r, comms[r])
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(comms))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    if any(t.is_alive() for t in threads):
+        for c in comms:
+            c.abort()
+        raise AssertionError(f"ranks still running after {DEADLINE_S} s")
+    for e in errors:
+        if e is not None:
+            raise e
+
+
+def random_batch(rng, new_lens, cached_lens, hq, hkv, d, dtype):
+    new_rows = sum(new_lens)
+    full_rows = sum(t + p for t, p in zip(new_lens, cached_lens))
+    q = rng.uniform(-1, 1, (new_rows, hq, d)).astype(dtype)
+    k = rng.uniform(-1, 1, (full_rows, hkv, d)).astype(dtype)
+    v = rng.uniform(-1, 1, (full_rows, hkv, d)).astype(dtype)
+    return q, k, v
+
+
+class Collectives(unittest.TestCase):
+    def test_every_collective_on_threads(self):
+        for n in (1, 2, 3, 4):
+            comms = ac.Comm.init_all(n)
+            count = 7
+
+            def body(r, c):
+                self.assertEqual((c.rank, c.size), (r, n))
+                x = np.arange(count, dtype=np.float32) + 100 * r
+                y = np.zeros(count * n, np.float32)
+                c.all_gather(x, y)
+                np.testing.assert_array_equal(
+                    y, np.concatenate([np.arange(count, dtype=np.float32) + 100 * q for q in range(n)]))
+                s = np.zeros(count, np.float64)
+                c.all_reduce(np.full(count, r + 1.0), s, op=ac.SUM)
+                np.testing.assert_array_equal(s, np.full(count, n * (n + 1) / 2))
+                rs = np.zeros(count, np.int64)
+                c.reduce_scatter(np.arange(count * n, dtype=np.int64), rs, op=ac.MAX)
+                np.testing.assert_array_equal(rs, np.arange(count * r, count * (r + 1)))
+                b = np.full(count, -1, np.int32)
+                c.broadcast(np.arange(count, dtype=np.int32) if r == n - 1 else None, b, root=n - 1)
+                np.testing.assert_array_equal(b, np.arange(count, dtype=np.int32))
+                a = np.repeat(np.arange(n, dtype=np.float16) + 10 * r, count)
+                t = np.zeros_like(a)
+                c.all_to_all(a, t)
+                np.testing.assert_array_equal(t, np.repeat(10 * np.arange(n, dtype=np.float16) + r, count))
+                if n > 1:  # a ring shift in one group
+                    got = np.zeros(count, np.uint8)
+                    ac.group_start()
+                    c.send(np.full(count, r, np.uint8), (r + 1) % n)
+                    c.recv(got, (r - 1) % n)
+                    ac.group_end()
+                    np.testing.assert_array_equal(got, np.full(count, (r - 1) % n, np.uint8))
+                c.barrier()
+
+            try:
+                on_ranks(comms, body)
+            finally:
+                for c in comms:
+                    c.destroy()
+
+    def test_ranks_as_processes_meet_through_a_unique_id(self):
+        n = 3
+        uid = ac.UniqueId()
+        raw = uid.bytes()
+        self.assertEqual(len(raw), 128)
+        kids = []
+        for r in range(n):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    with ac.Comm.init_rank(n, ac.UniqueId(raw), r, timeout_ms=60000) as c:
+                        x = np.full(4, r + 1, np.int32)
+                        c.all_reduce(x, x)
+                        code = 0 if (x == n * (n + 1) // 2).all() else 3
+                finally:
+                    os._exit(code)
+            kids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in kids]
+        self.assertEqual(codes, [0] * n)
+
+
+class RingAttention(unittest.TestCase):
+    def check_modes(self, n, dtype, tol, new_lens, cached_lens, hq=4, hkv=2, d=32):
+        rng = np.random.default_rng(n * 1000 + sum(new_lens))
+        q, k, v = random_batch(rng, new_lens, cached_lens, hq, hkv, d, dtype)
+        ref_o, ref_lse = exact_attention(q, k, v, new_lens, cached_lens)
+        shards = ac.plan_prefill(new_lens, n, cached_lens)
+        comms = ac.Comm.init_all(n)
+        modes = (ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_AUTO)
+
+        def body(r, c):
+            s = shards[r]
+            qi, ki = np.array(s.q_index, np.int64), np.array(s.kv_index, np.int64)
+            mq, mk, mv = (np.ascontiguousarray(a) for a in (q[qi], k[ki], v[ki]))
+            for mode in modes:
+                out = np.full_like(mq, np.nan)
+                lse = np.full((len(qi), hq), np.nan, np.float32)
+                c.ring_attention(mq, mk, mv, out, s.layout, hq, hkv, d, lse=lse, mode=mode)
+                scale = np.abs(ref_o[qi]).max(initial=1e-30)
+                err = np.abs(out.astype(np.float64) - ref_o[qi]).max(initial=0) / scale
+                lerr = np.abs(lse - ref_lse[qi]).max(initial=0)
+                self.assertLess(err, tol, f"rank {r} of {n}, mode {mode}, {np.dtype(dtype).name}: out")
+                self.assertLess(lerr, tol, f"rank {r} of {n}, mode {mode}, {np.dtype(dtype).name}: lse")
+
+        try:
+            on_ranks(comms, body)
+        finally:
+            for c in comms:
+                c.destroy()
+
+    def test_prefill_every_mode_equals_exact_attention(self):
+        for n in (1, 2, 3, 4):
+            self.check_modes(n, np.float32, 1e-4, [67, 30], [0, 0])
+
+    def test_partial_prefill_with_cached_tokens(self):
+        for n in (2, 4):
+            self.check_modes(n, np.float32, 1e-4, [9, 40, 1], [120, 33, 64], hq=8, hkv=2, d=16)
+
+    def test_half_precision(self):
+        self.check_modes(3, np.float16, 2e-2, [50], [20])
+
+
+class Errors(unittest.TestCase):
+    def test_bad_calls_raise_with_the_library_text(self):
+        comms = ac.Comm.init_all(2)
+        try:
+            with self.assertRaises(ac.AttnError) as e:
+                ac._check(ac._AllReduce(None, None, 5, ac.FLOAT32, ac.SUM, comms[0]._h, None), comms[0]._h,
+                          "attnAllReduce")
+            self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
+            self.assertIn("rank 0", str(e.exception))
+            self.assertIn("NULL", str(e.exception))
+            with self.assertRaises(ac.AttnError) as e:
+                comms[0].all_reduce(np.zeros(3, np.float32), np.zeros(3, np.int32))
+            self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
+            with self.assertRaises(ac.AttnError):
+                ac.UniqueId(b"short")
+            with self.assertRaises(ac.AttnError) as e:
+                comms[1].ring_attention(np.zeros((1, 3, 8), np.float32), np.zeros((1, 2, 8), np.float32),
+                                        np.zeros((1, 2, 8), np.float32), np.zeros((1, 3, 8), np.float32),
+                                        ac.SeqLayout([0, 1], [0], [0, 1], [0]), 3, 2, 8)
+            self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
+            self.assertIn("rank 1", str(e.exception))
+        finally:
+            for c in comms:
+                c.destroy()
+        self.assertIn("timed out", ac.error_string(ac.TIMEOUT))
+
+
+if __name__ == "__main__":
+    unittest.main()

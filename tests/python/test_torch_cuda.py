@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""On a GPU machine with PyTorch: attncomm's attention and collectives on
+device communicators, called through python/attncomm.py with torch CUDA
+tensors and streams, against torch's flash attention (its output and its
+log-sum-exp) on the same tensors. Ranks are Python threads sharing GPU 0.
+Exit 77 (skipped) without torch or a CUDA device."""
+import os
+import sys
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# A rank that fails leaves its peers waiting: let them time out soon.
+os.environ.setdefault("ATTN_TIMEOUT_MS", "30000")
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+try:
+    import torch
+except ImportError:
+    print("torch is not installed: skipped")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print("no CUDA device: skipped")
+    sys.exit(77)
+
+import attncomm as ac  # noqa: E402
+
+DEADLINE_S = 300
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def on_ranks(comms, body):
+    """body(rank, comm, stream) on one thread per rank, each with its own
+    CUDA stream; the first failure is re-raised, a hang aborts."""
+    errors = [None] * len(comms)
+
+    def run(r):
+        try:
+            torch.cuda.set_device(0)
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                body(r, comms[r], stream)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(comms))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    if any(t.is_alive() for t in threads):
+        for c in comms:
+            c.abort()
+        raise AssertionError(f"ranks still running after {DEADLINE_S} s")
+    for e in errors:
+        if e is not None:
+            raise e
+
+
+def settle(comm, stream):
+    """Waits for the stream; a device operation that failed after its enqueue
+    reports through the communicator's asynchronous error."""
+    stream.synchronize()
+    err = comm.async_error()
+    if err != ac.SUCCESS:
+        raise ac.AttnError(err, comm.last_error())
+
+
+def flash_reference(q, k, v, causal):
+    """torch's flash attention on one sequence: q [T, Hq, D], k/v [T, Hkv, D]
+    -> out [T, Hq, D] and lse [T, Hq] (float32, natural log, scaled)."""
+    group = q.shape[1] // k.shape[1]
+    qb = q.transpose(0, 1).unsqueeze(0)
+    kb = k.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+    vb = v.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+    res = torch.ops.aten._scaled_dot_product_flash_attention(qb, kb, vb, 0.0, causal, False)
+    out, lse = res[0], res[1]
+    return out[0].transpose(0, 1).contiguous(), lse[0].transpose(0, 1).float().contiguous()
+
+
+def errors(out, lse, ref_out, ref_lse):
+    scale = ref_out.float().abs().max().clamp_min(1e-30)
+    o = ((out.float() - ref_out.float()).abs().max() / scale).item()
+    finite = torch.isfinite(ref_lse)
+    le = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    return o, le
+
+
+class PartialAttention(unittest.TestCase):
+    def test_one_rank_equals_flash_attention_and_its_lse(self):
+        comms = ac.Comm.init_all(1, devices=[0])
+        try:
+            for T, hq, hkv, d in [(1000, 8, 2, 64), (4096, 16, 4, 128), (777, 8, 8, 128)]:
+                for name, dt in DTYPES.items():
+                    for causal in (True, False):
+                        g = torch.Generator(device="cuda").manual_seed(T + d)
+                        q = torch.rand(T, hq, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+                        k = torch.rand(T, hkv, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+                        v = torch.rand(T, hkv, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+                        ref_out, ref_lse = flash_reference(q, k, v, causal)
+                        out = torch.full_like(q, float("nan"))
+                        lse = torch.full((T, hq), float("nan"), device="cuda")
+                        pos = list(range(T))
+                        layout = ac.SeqLayout([0, T], pos, [0, T], pos)
+                        stream = torch.cuda.current_stream()
+                        comms[0].ring_attention(q, k, v, out, layout, hq, hkv, d, lse=lse, causal=causal,
+                                                mode=ac.MODE_PASS_KV, stream=stream)
+                        settle(comms[0], stream)
+                        o, le = errors(out, lse, ref_out, ref_lse)
+                        what = f"T {T} heads {hq}/{hkv} D {d} {name} causal {causal}"
+                        self.assertLess(o, 2e-2, what + ": out")
+                        self.assertLess(le, 1e-2, what + ": lse")
+        finally:
+            comms[0].destroy()
+
+
+class RingAttentionOnOneGpu(unittest.TestCase):
+    def test_every_mode_on_shared_gpu_equals_flash_attention(self):
+        T, hq, hkv, d = 3000, 8, 2, 128
+        for n in (2, 3, 4):
+            for name, dt in DTYPES.items():
+                g = torch.Generator(device="cuda").manual_seed(n)
+                q = torch.rand(T, hq, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+                k = torch.rand(T, hkv, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+                v = torch.rand(T, hkv, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+                ref_out, ref_lse = flash_reference(q, k, v, True)
+                torch.cuda.synchronize()
+                shards = ac.plan_prefill([T], n)
+                comms = ac.Comm.init_all(n, devices=[0] * n)
+
+                def body(r, c, stream):
+                    s = shards[r]
+                    qi = torch.tensor(s.q_index, device="cuda", dtype=torch.long)
+                    ki = torch.tensor(s.kv_index, device="cuda", dtype=torch.long)
+                    mq, mk, mv = q[qi].contiguous(), k[ki].contiguous(), v[ki].contiguous()
+                    for mode in (ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_AUTO):
+                        out = torch.full_like(mq, float("nan"))
+                        lse = torch.full((len(s.q_index), hq), float("nan"), device="cuda")
+                        c.ring_attention(mq, mk, mv, out, s.layout, hq, hkv, d, lse=lse, mode=mode,
+                                         stream=stream)
+                        settle(c, stream)
+                        o, le = errors(out, lse, ref_out[qi], ref_lse[qi])
+                        what = f"rank {r} of {n}, {name}, mode {mode}"
+                        self.assertLess(o, 2e-2, what + ": out")
+                        self.assertLess(le, 1e-2, what + ": lse")
+
+                try:
+                    on_ranks(comms, body)
+                finally:
+                    for c in comms:
+                        c.destroy()
+
+
+class DeviceCollectives(unittest.TestCase):
+    def test_collectives_on_cuda_tensors(self):
+        n = 3
+        comms = ac.Comm.init_all(n, devices=[0] * n)
+
+        def body(r, c, stream):
+            for dt in (torch.float32, torch.bfloat16):
+                x = torch.full((1000,), float(r + 1), device="cuda", dtype=dt)
+                y = torch.empty(1000 * n, device="cuda", dtype=dt)
+                c.all_gather(x, y, stream=stream)
+                s = torch.empty(1000, device="cuda", dtype=dt)
+                c.all_reduce(x, s, op=ac.SUM, stream=stream)
+                settle(c, stream)
+                want = torch.arange(1, n + 1, device="cuda", dtype=dt).repeat_interleave(1000)
+                self.assertTrue(torch.equal(y, want), f"rank {r}: all_gather {dt}")
+                self.assertTrue(torch.equal(s, torch.full_like(s, n * (n + 1) / 2)), f"rank {r}: all_reduce {dt}")
+
+        try:
+            on_ranks(comms, body)
+        finally:
+            for c in comms:
+                c.destroy()
+
+
+if __name__ == "__main__":
+    unittest.main()
