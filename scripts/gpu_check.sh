@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a machine with a CUDA GPU and no package
+# registry (the H200 the project is sometimes lent): build for Hopper, run
+# the GPU tests and the GPU benchmarks, write every log under $OUT (or
+# ./gpu-check-out).
+#
+#   bash scripts/gpu_check.sh --prepare      # on a machine with apt: GoogleTest's
+#                                            # packages into .device/ (git-ignored)
+#   bash scripts/gpu_check.sh [STAGE...]     # on the GPU machine, carrying .device/
+#
+# Stages, in order when none is named: build, test, perf. `test` runs the
+# GPU tests (names with cuda, device, nccl, python), `all` the whole suite;
+# `perf` the GPU benchmarks: kernels against copy bandwidth and torch SDPA,
+# ring attention and decode on one shared GPU (overlap), collectives on
+# device buffers. Builds into build-gpu/ (kept between stages).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DEV=$ROOT/.device
+OUT=${OUT:-$ROOT/gpu-check-out}
+BUILD=${BUILD_DIR:-$ROOT/build-gpu}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT"
+
+prepare() {
+  mkdir -p "$DEV"
+  (cd "$DEV" && apt-get download libgtest-dev >/dev/null) || { echo "apt-get download failed" >&2; exit 1; }
+  ls -l "$DEV"
+}
+
+# GoogleTest from the carried packages when the machine lacks it.
+gtest_prefix() {
+  if [ -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake ] ||
+     [ -f /usr/lib/cmake/GTest/GTestConfig.cmake ]; then return; fi
+  mkdir -p "$DEV/root"
+  for deb in "$DEV"/*.deb; do
+    [ -f "$deb" ] || continue
+    if command -v dpkg >/dev/null; then dpkg -x "$deb" "$DEV/root"
+    else (cd "$DEV/root" && ar p "$deb" data.tar.xz | tar -xJ); fi
+  done
+  echo "-DCMAKE_PREFIX_PATH=$DEV/root/usr"
+}
+
+# NCCL from the CUDA toolkit, else from the nvidia-nccl Python wheel.
+nccl_flags() {
+  [ -f /usr/local/cuda/include/nccl.h ] && return
+  local d
+  d=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null) || return
+  local lib
+  lib=$(ls "$d"/lib/libnccl.so* 2>/dev/null | head -1)
+  [ -f "$d/include/nccl.h" ] && [ -n "$lib" ] && echo "-DNCCL_INCLUDE_DIR=$d/include -DNCCL_LIBRARY=$lib"
+}
+
+stage_build() {
+  nvidia-smi >"$OUT/build.log" 2>&1
+  # shellcheck disable=SC2046
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA_ARCHS=90a-real \
+        -DATTN_CUDA_PTXAS_VERBOSE=ON -DATTN_ENABLE_UCX=OFF -DATTN_ENABLE_MPI=OFF \
+        $(gtest_prefix) $(nccl_flags) >>"$OUT/build.log" 2>&1 &&
+    ninja -C "$BUILD" -j"$JOBS" >>"$OUT/build.log" 2>&1
+  local rc=$?
+  # ptxas: registers and spills of every kernel (the hot ones must not spill).
+  grep -E "Compiling entry|Used [0-9]+ registers|spill" "$OUT/build.log" >"$OUT/ptxas.log" || true
+  echo "build rc=$rc"
+  return $rc
+}
+
+stage_test() {
+  local which=${1:-gpu}
+  local filter=(-R "cuda|Cuda|CUDA|device|Device|nccl|Nccl|NCCL|python")
+  [ "$which" = all ] && filter=()
+  (cd "$BUILD" && ctest "${filter[@]}" -j4 --output-on-failure --timeout 600) >"$OUT/tests-$which.log" 2>&1
+  local rc=$?
+  tail -25 "$OUT/tests-$which.log"
+  return $rc
+}
+
+stage_perf() {
+  local log=$OUT/perf.log
+  : >"$log"
+  run() { echo "\$ $*" >>"$log"; "$@" >>"$log" 2>&1; echo "# rc=$?" >>"$log"; }
+  run "$BUILD/perf/cuda_kernel_perf" -n 20 -w 3
+  run python3 perf/attn/sdpa_reference.py -n 20 -w 3
+  for n in 2 4; do
+    run "$BUILD/perf/ring_attn_perf" -G 0 -t $n -L 32768 -m 1,0.25,0.05 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
+  done
+  run "$BUILD/perf/ring_attn_perf" -G 0 -p 2 -L 16384 -m 1,0.05 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
+  run "$BUILD/perf/decode_attn_perf" -G 0 -t 4 -L 131072 -b 1,8,32 -H 32 -K 8 -D 128 -d bf16 -n 10 -w 2 -c 1
+  for coll in all_gather reduce_scatter alltoall sendrecv; do
+    run "$BUILD/perf/${coll}_perf" -G 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
+  done
+  run "$BUILD/perf/all_gather_perf" -G 0 -p 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
+  grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap" "$log" | head -100
+}
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build test perf)
+status=0
+for s in "${stages[@]}"; do
+  case $s in
+    --prepare) prepare ;;
+    build) stage_build || status=1 ;;
+    test) stage_test gpu || status=1 ;;
+    all) stage_test all || status=1 ;;
+    perf) stage_perf ;;
+    *) echo "unknown stage $s (build, test, all, perf, --prepare)" >&2; exit 2 ;;
+  esac
+done
+exit $status
