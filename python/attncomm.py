@@ -129,6 +129,8 @@ _ReduceScatter = _declare("attnReduceScatter", _p, _p, ctypes.c_size_t, ctypes.c
 _AllReduce = _declare("attnAllReduce", _p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _comm, _p)
 _Broadcast = _declare("attnBroadcast", _p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _comm, _p)
 _AllToAll = _declare("attnAllToAll", _p, _p, ctypes.c_size_t, ctypes.c_int, _comm, _p)
+_szp = ctypes.POINTER(ctypes.c_size_t)
+_AllToAllv = _declare("attnAllToAllv", _p, _szp, _szp, _p, _szp, _szp, ctypes.c_int, _comm, _p)
 _Barrier = _declare("attnBarrier", _comm, _p)
 _RingAttention = _declare("attnRingAttention", _p, _p, _p, _p, _p, ctypes.POINTER(_SeqLayout),
                           ctypes.POINTER(_AttnConfig), ctypes.c_int, _comm, _p)
@@ -364,6 +366,22 @@ class Comm:
         if sn % n or rn < sn:
             raise AttnError(INVALID_ARGUMENT, f"all_to_all needs equal buffers divisible by {n} ranks")
         _check(_AllToAll(sp, rp, sn // n, t, self._h, _stream(stream)), self._h, "attnAllToAll")
+
+    def all_to_allv(self, send, send_counts, send_displs, recv, recv_counts, recv_displs, stream=None):
+        """Per-peer counts and displacements in elements, as attnAllToAllv;
+        the library checks them against the buffers' peers."""
+        sp, sn, rp, rn, t = self._two(send, recv)
+        n = self.size
+        arrays = []
+        for name, values, limit in (("send", (send_counts, send_displs), sn), ("recv", (recv_counts, recv_displs), rn)):
+            counts, displs = [int(x) for x in values[0]], [int(x) for x in values[1]]
+            if len(counts) != n or len(displs) != n:
+                raise AttnError(INVALID_ARGUMENT, f"{name} counts and displacements need {n} entries each")
+            if any(c < 0 or d < 0 or c + d > limit for c, d in zip(counts, displs)):
+                raise AttnError(INVALID_ARGUMENT, f"a {name} block lies outside the {limit}-element buffer")
+            arrays += [(ctypes.c_size_t * n)(*counts), (ctypes.c_size_t * n)(*displs)]
+        sc, sd, rc, rd = arrays
+        _check(_AllToAllv(sp, sc, sd, rp, rc, rd, t, self._h, _stream(stream)), self._h, "attnAllToAllv")
 
     def send(self, buf, peer, stream=None):
         p, n, t = _buffer(buf)

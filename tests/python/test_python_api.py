@@ -102,6 +102,38 @@ class Collectives(unittest.TestCase):
                 for c in comms:
                     c.destroy()
 
+    def test_all_to_allv_and_split(self):
+        n = 4
+        comms = ac.Comm.init_all(n)
+
+        def body(r, c):
+            # rank r sends p + r + 1 elements, valued 100 r + p, to rank p
+            send_counts = [p + r + 1 for p in range(n)]
+            send_displs = np.concatenate([[0], np.cumsum(send_counts)[:-1]]).tolist()
+            send = np.concatenate([np.full(k, 100 * r + p, np.int32) for p, k in enumerate(send_counts)])
+            recv_counts = [r + q + 1 for q in range(n)]
+            recv_displs = np.concatenate([[0], np.cumsum(recv_counts)[:-1]]).tolist()
+            recv = np.full(sum(recv_counts), -1, np.int32)
+            c.all_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs)
+            want = np.concatenate([np.full(k, 100 * q + r, np.int32) for q, k in enumerate(recv_counts)])
+            np.testing.assert_array_equal(recv, want)
+            # even and odd ranks apart, reversed by key
+            sub = c.split(r % 2, -r)
+            try:
+                self.assertEqual((sub.size, sub.rank), (2, 1 - r // 2))
+                x = np.array([r], np.int64)
+                y = np.zeros(2, np.int64)
+                sub.all_gather(x, y)
+                np.testing.assert_array_equal(y, sorted([r, r + 2] if r < 2 else [r - 2, r], reverse=True))
+            finally:
+                sub.destroy()
+
+        try:
+            on_ranks(comms, body)
+        finally:
+            for c in comms:
+                c.destroy()
+
     def test_ranks_as_processes_meet_through_a_unique_id(self):
         n = 3
         uid = ac.UniqueId()
@@ -163,6 +195,26 @@ class RingAttention(unittest.TestCase):
 
     def test_half_precision(self):
         self.check_modes(3, np.float16, 2e-2, [50], [20])
+
+
+class Merge(unittest.TestCase):
+    def test_merging_partials_over_disjoint_keys_equals_attention_over_all(self):
+        rng = np.random.default_rng(7)
+        rows, hq, d = 5, 4, 16
+        q, k, v = random_batch(rng, [rows], [40], hq, 2, d, np.float32)
+        ref_o, ref_lse = exact_attention(q, k, v, [rows], [40], causal=False)
+        outs, lses = [], []
+        for part in (slice(0, 10), slice(10, 31), slice(31, 45)):
+            o, l = exact_attention(q, k[part], v[part], [rows], [part.stop - part.start - rows], causal=False)
+            outs.append(o.astype(np.float32))
+            lses.append(l.astype(np.float32))
+        outs.append(np.zeros_like(outs[0]))  # a partial that saw no key
+        lses.append(np.full_like(lses[0], -np.inf))
+        out = np.empty_like(outs[0])
+        lse = np.empty_like(lses[0])
+        ac.merge_attn_states(outs, lses, out, lse, rows, hq, d)
+        np.testing.assert_allclose(out, ref_o, atol=1e-5)
+        np.testing.assert_allclose(lse, ref_lse, atol=1e-5)
 
 
 class Errors(unittest.TestCase):
