@@ -24,7 +24,11 @@
  * attention layouts) are copied at the call. An operation that fails later
  * still releases its stream and is reported by attnCommGetAsyncError.
  * Point-to-point calls inside a group run together as one operation on the
- * stream of the group's first call (see attnGroupEnd).
+ * stream of the group's first call (see attnGroupEnd). Ranks that are threads
+ * of one process sharing a GPU: cudaFree and cudaFreeHost may wait for the
+ * whole device, including a peer rank's stream that waits for this rank's
+ * next call, so (as with NCCL) free with cudaFreeAsync, or only once no
+ * rank has an operation pending.
  *
  * Ordering: like NCCL, all ranks of a communicator must issue its collectives
  * in the same order; point-to-point messages between two ranks match in
@@ -542,9 +546,13 @@ typedef attnResult_t (*attnAttnKernelFn)(const attnAttnKernelArgs_t* args, void*
  * compute stream for this communicator, which is ordered after the caller's
  * stream: enqueue the kernel on it (the library folds or sends `out`/`lse`
  * on the same stream after fn returns); fn may synchronise it but must not
- * block on the caller's stream. Only the timing run of AUTO's cost model
- * calls it with host pointers and stream == NULL on a device communicator;
- * the compute stream is never NULL, so a kernel can tell the two apart. */
+ * block on the caller's stream, so nothing that waits for the whole device
+ * either (cudaFree, cudaFreeHost, cudaDeviceSynchronize, the legacy default
+ * stream): the caller's stream is waiting for fn. Allocate stream-ordered
+ * (cudaMallocAsync / cudaFreeAsync on `stream`). Only the timing run of
+ * AUTO's cost model calls it with host pointers and stream == NULL on a
+ * device communicator; the compute stream is never NULL, so a kernel can
+ * tell the two apart. */
 ATTN_API attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn,
                                             void* user_data);
 

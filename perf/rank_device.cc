@@ -53,36 +53,51 @@ int checkDeviceFlag(int device, const char* program) {
 
 RankDevice::~RankDevice() {
   if (device_ < 0) return;
-  for (void* p : owned_) (void)cudaFree(p);
-  if (stream_) (void)cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream_));
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  for (void* p : owned_) (void)(exportable_ ? cudaFree(p) : cudaFreeAsync(p, s));
+  (void)cudaStreamSynchronize(s);
+  (void)cudaStreamDestroy(s);
 }
 
-bool RankDevice::open(int device) {
+bool RankDevice::open(int device, bool exportable) {
   if (device < 0) return true;
   if (!cudaOk(cudaSetDevice(device), "cudaSetDevice")) return false;
   cudaStream_t s = nullptr;
   if (!cudaOk(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")) return false;
   device_ = device;
+  exportable_ = exportable;
   stream_ = reinterpret_cast<attnStream_t>(s);
   return true;
 }
 
 void* RankDevice::place(void* host, size_t bytes) {
   if (device_ < 0) return host;
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  const size_t n = std::max<size_t>(bytes, 1);
   void* p = nullptr;
-  if (!cudaOk(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc")) return nullptr;
+  if (!cudaOk(exportable_ ? cudaMalloc(&p, n) : cudaMallocAsync(&p, n, s), "cudaMalloc")) return nullptr;
   owned_.push_back(p);
-  return cudaOk(cudaMemset(p, 0, std::max<size_t>(bytes, 1)), "cudaMemset") ? p : nullptr;
+  if (!cudaOk(cudaMemsetAsync(p, 0, n, s), "cudaMemsetAsync") ||
+      !cudaOk(cudaStreamSynchronize(s), "cudaStreamSynchronize"))
+    return nullptr;
+  return p;
 }
 
+// On the rank's stream, never the legacy default stream (which would wait
+// for every other stream of the device, peers' included).
 bool RankDevice::upload(void* twin, const void* host, size_t bytes) {
   if (device_ < 0 || bytes == 0) return true;
-  return cudaOk(cudaMemcpy(twin, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  return cudaOk(cudaMemcpyAsync(twin, host, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync to the device") &&
+         cudaOk(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
 bool RankDevice::download(void* host, const void* twin, size_t bytes) {
   if (device_ < 0 || bytes == 0) return true;
-  return cudaOk(cudaMemcpy(host, twin, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  return cudaOk(cudaMemcpyAsync(host, twin, bytes, cudaMemcpyDeviceToHost, s),
+                "cudaMemcpyAsync from the device") &&
+         cudaOk(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
 bool RankDevice::finish(attnComm_t comm, const char* what) {
@@ -106,7 +121,7 @@ int checkDeviceFlag(int device, const char* program) {
 }
 
 RankDevice::~RankDevice() = default;
-bool RankDevice::open(int device) { return device < 0; }
+bool RankDevice::open(int device, bool) { return device < 0; }
 void* RankDevice::place(void* host, size_t) { return host; }
 bool RankDevice::upload(void*, const void*, size_t) { return true; }
 bool RankDevice::download(void*, const void*, size_t) { return true; }

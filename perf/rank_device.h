@@ -27,7 +27,11 @@ class RankDevice {
 
   // Makes `device` this thread's current device and creates the rank's
   // stream. device < 0: host memory, and every call below passes through.
-  bool open(int device);
+  // exportable: buffers from cudaMalloc, which peers in other processes can
+  // open by IPC handle; else stream-ordered on the rank's stream, as ranks
+  // that are threads sharing a GPU need (cudaMalloc / cudaFree may wait for
+  // the whole device, where a peer's stream may wait for this rank).
+  bool open(int device, bool exportable);
   bool onDevice() const { return device_ >= 0; }
   attnStream_t stream() const { return stream_; }
 
@@ -44,6 +48,7 @@ class RankDevice {
 
  private:
   int device_ = -1;
+  bool exportable_ = false;
   attnStream_t stream_ = nullptr;
   std::vector<void*> owned_;
 };

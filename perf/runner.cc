@@ -135,7 +135,9 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
     fprintf(stderr, "rank %d: root %d out of range (%d ranks)\n", rank_, opts_.root, nranks_);
     return false;
   }
-  if (!dev_.open(opts_.device)) return false;
+  // Processes' buffers must be exportable for cuda_ipc; threads' are
+  // stream-ordered (see RankDevice::open).
+  if (!dev_.open(opts_.device, /*exportable=*/mode != "threads")) return false;
   RankInfo mine = localRankInfo(rank_);
   std::vector<RankInfo> all(static_cast<size_t>(nranks_));
   if (!PERF_RUN(attnAllGather(&mine, all.data(), sizeof mine, attnUint8, comm_, dev_.stream())))

@@ -105,14 +105,22 @@ RunOptions OnGpu0(attnConfig_t* cfg) {
   return o;
 }
 
-// A device buffer with host upload / download on one stream.
+// A device buffer. With a stream it is stream-ordered on it, as ranks that
+// are threads sharing a GPU need: cudaMalloc/cudaFree may wait for the whole
+// device, where a peer thread's stream may already wait for this rank's next
+// call. Without one it comes from cudaMalloc, which peers in other processes
+// can open by IPC handle (and a process's cudaFree waits only for its own
+// streams).
 class DevBuf {
  public:
-  explicit DevBuf(size_t bytes) : bytes_(bytes) {
-    if (bytes) EXPECT_EQ(cudaMalloc(&p_, bytes), cudaSuccess);
+  explicit DevBuf(size_t bytes, cudaStream_t orderedOn = nullptr) : s_(orderedOn) {
+    if (bytes == 0) return;
+    if (s_) EXPECT_EQ(cudaMallocAsync(&p_, bytes, s_), cudaSuccess);
+    else EXPECT_EQ(cudaMalloc(&p_, bytes), cudaSuccess);
   }
   ~DevBuf() {
-    if (p_) cudaFree(p_);
+    if (p_ && s_) cudaFreeAsync(p_, s_);
+    else if (p_) cudaFree(p_);
   }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
@@ -121,7 +129,7 @@ class DevBuf {
 
  private:
   void* p_ = nullptr;
-  size_t bytes_;
+  cudaStream_t s_ = nullptr;
 };
 
 void Upload(void* dst, const TypedBuf& h, cudaStream_t s) {
@@ -137,10 +145,15 @@ void Download(TypedBuf* h, const void* src, cudaStream_t s) {
 // against host-computed values. Returns the number of operations issued.
 class DeviceChecks {
  public:
-  DeviceChecks(attnComm_t comm, int rank, int n) : comm_(comm), rank_(rank), n_(n) {
+  // threads: ranks are threads of this process (buffers stream-ordered).
+  DeviceChecks(attnComm_t comm, int rank, int n, bool threads)
+      : comm_(comm), rank_(rank), n_(n), threads_(threads) {
     EXPECT_EQ(cudaStreamCreate(&s_), cudaSuccess);
   }
-  ~DeviceChecks() { cudaStreamDestroy(s_); }
+  ~DeviceChecks() {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
   int ops() const { return ops_; }
   cudaStream_t stream() const { return s_; }
 
@@ -149,7 +162,7 @@ class DeviceChecks {
     TypedBuf send(t, count), out(t, count * n_);
     for (size_t i = 0; i < count; ++i) send.Set(i, Pattern(t, rank_, i));
     out.Fill(Sentinel(t));
-    DevBuf dsend(inPlace ? 0 : send.bytes()), drecv(out.bytes());
+    DevBuf dsend(inPlace ? 0 : send.bytes(), Order()), drecv(out.bytes(), Order());
     char* sendPtr = inPlace ? drecv.at(rank_ * count * esz) : dsend.at(0);
     Upload(drecv.get(), out, s_);
     Upload(sendPtr, send, s_);
@@ -164,7 +177,7 @@ class DeviceChecks {
     TypedBuf send(t, total), out(t, recvcount);
     for (size_t j = 0; j < total; ++j) send.Set(j, RedInput(op, t, rank_, n_, j));
     out.Fill(Sentinel(t));
-    DevBuf dsend(send.bytes()), drecv(inPlace ? 0 : out.bytes());
+    DevBuf dsend(send.bytes(), Order()), drecv(inPlace ? 0 : out.bytes(), Order());
     char* outPtr = inPlace ? dsend.at(rank_ * recvcount * esz) : drecv.at(0);
     Upload(dsend.get(), send, s_);
     if (!inPlace) Upload(outPtr, out, s_);
@@ -179,7 +192,7 @@ class DeviceChecks {
     TypedBuf send(t, count), out(t, count);
     for (size_t i = 0; i < count; ++i) send.Set(i, RedInput(op, t, rank_, n_, i));
     out.Fill(Sentinel(t));
-    DevBuf dsend(send.bytes()), drecv(inPlace ? 0 : out.bytes());
+    DevBuf dsend(send.bytes(), Order()), drecv(inPlace ? 0 : out.bytes(), Order());
     void* outPtr = inPlace ? dsend.get() : drecv.get();
     Upload(dsend.get(), send, s_);
     if (!inPlace) Upload(outPtr, out, s_);
@@ -193,7 +206,7 @@ class DeviceChecks {
     TypedBuf send(t, count), out(t, count);
     for (size_t i = 0; i < count; ++i) send.Set(i, Pattern(t, root, i));
     out.Fill(Sentinel(t));
-    DevBuf dsend(rank_ == root ? send.bytes() : 0), drecv(out.bytes());
+    DevBuf dsend(rank_ == root ? send.bytes() : 0, Order()), drecv(out.bytes(), Order());
     if (rank_ == root) Upload(dsend.get(), send, s_);
     Upload(drecv.get(), out, s_);
     Run(attnBroadcast(rank_ == root ? dsend.get() : nullptr, drecv.get(), count, t, root, comm_, Stream()));
@@ -207,7 +220,7 @@ class DeviceChecks {
     for (int p = 0; p < n_; ++p)
       for (size_t i = 0; i < count; ++i) send.Set(p * count + i, Pattern(t, rank_ * n_ + p, i));
     out.Fill(Sentinel(t));
-    DevBuf dsend(send.bytes()), drecv(out.bytes());
+    DevBuf dsend(send.bytes(), Order()), drecv(out.bytes(), Order());
     Upload(dsend.get(), send, s_);
     Upload(drecv.get(), out, s_);
     Run(attnAllToAll(dsend.get(), drecv.get(), count, t, comm_, Stream()));
@@ -238,7 +251,7 @@ class DeviceChecks {
     for (int p = 0; p < n_; ++p)
       for (size_t i = 0; i < sc[p]; ++i) send.Set(sd[p] + i, Pattern(t, rank_ * n_ + p, i));
     out.Fill(Sentinel(t));
-    DevBuf dsend(send.bytes()), drecv(out.bytes());
+    DevBuf dsend(send.bytes(), Order()), drecv(out.bytes(), Order());
     Upload(dsend.get(), send, s_);
     Upload(drecv.get(), out, s_);
     Run(attnAllToAllv(dsend.get(), sc.data(), sd.data(), drecv.get(), rc.data(), rd.data(), t, comm_, Stream()));
@@ -281,8 +294,11 @@ class DeviceChecks {
            (inPlace ? ", in place" : "") + ") on rank " + std::to_string(rank_) + "/" + std::to_string(n_);
   }
 
+  cudaStream_t Order() const { return threads_ ? s_ : nullptr; }
+
   attnComm_t comm_;
   int rank_, n_;
+  bool threads_;
   cudaStream_t s_ = nullptr;
   int ops_ = 0;
 };
@@ -296,7 +312,7 @@ TEST(CudaIpc, ThreadsSharingGpu0) {
     const uint64_t opens0 = Count(Counters().opens);
     attnConfig_t cfg;
     attn_test::RunThreads(n, [](int rank, int nranks, attnComm_t& comm) {
-      DeviceChecks c(comm, rank, nranks);
+      DeviceChecks c(comm, rank, nranks, /*threads=*/true);
       c.All();
       EXPECT_EQ(c.ops(), kOpsPerRank);
     }, OnGpu0(&cfg));
@@ -311,7 +327,7 @@ TEST(CudaIpc, ProcessesSharingGpu0) {
   for (int n : {2, 4}) {
     attnConfig_t cfg;
     attn_test::RunProcesses(n, [](int rank, int nranks, attnComm_t& comm) {
-      DeviceChecks c(comm, rank, nranks);
+      DeviceChecks c(comm, rank, nranks, /*threads=*/false);
       c.All();
       // Each child counts only its own operations.
       EXPECT_EQ(Count(Counters().ops), uint64_t(kOpsPerRank));
@@ -327,7 +343,7 @@ TEST(CudaIpc, RepeatedCallsHitTheHandleCache) {
   REQUIRE_FORKABLE_CUDA();
   attnConfig_t cfg;
   attn_test::RunProcesses(3, [](int rank, int n, attnComm_t& comm) {
-    DeviceChecks c(comm, rank, n);
+    DeviceChecks c(comm, rank, n, /*threads=*/false);
     const size_t count = 4096;
     DevBuf send(count * 4), recv(count * 4 * n);
     auto gather = [&] {
@@ -360,7 +376,7 @@ TEST(CudaIpc, CacheOffClosesAfterEachOperation) {
   RunOptions o = OnGpu0(&cfg);
   o.env = {{"ATTN_CUDA_IPC_CACHE", "0"}};
   attn_test::RunProcesses(2, [](int rank, int n, attnComm_t& comm) {
-    DeviceChecks c(comm, rank, n);
+    DeviceChecks c(comm, rank, n, /*threads=*/false);
     c.AllGather(attnFloat32, 100, false);
     c.AllGather(attnFloat32, 100, false);
     EXPECT_EQ(Count(Counters().opens), 2u);
@@ -375,7 +391,7 @@ TEST(CudaIpc, HostMemoryOnOneRankRunsStagedEverywhere) {
   const uint64_t ops0 = Count(Counters().ops), staged0 = Count(Counters().stagedOps);
   attnConfig_t cfg;
   attn_test::RunThreads(2, [](int rank, int n, attnComm_t& comm) {
-    DeviceChecks c(comm, rank, n);
+    DeviceChecks c(comm, rank, n, /*threads=*/true);
     const size_t count = 333;
     TypedBuf host(attnFloat32, count), out(attnFloat32, count * n);
     for (size_t i = 0; i < count; ++i) host.Set(i, Pattern(attnFloat32, rank, i));
@@ -408,7 +424,7 @@ TEST(CudaIpc, TransportListWithoutCudaIpcStages) {
   RunOptions o = OnGpu0(&cfg);
   o.env = {{"ATTN_TRANSPORT", "shm,tcp"}};
   attn_test::RunThreads(2, [](int rank, int n, attnComm_t& comm) {
-    DeviceChecks c(comm, rank, n);
+    DeviceChecks c(comm, rank, n, /*threads=*/true);
     c.AllReduce(attnFloat32, attnSum, 1001, false);
     c.AllToAll(attnFloat32, 64);
   }, o);

@@ -118,13 +118,15 @@ DeviceRun RunOnDevice(const attn_test::AttnCase& c, const attn_test::RankShard& 
   void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
   float* dlse = nullptr;
   cudaStream_t s = nullptr;
-  // +1: a valid pointer even for an empty shard.
-  EXPECT_EQ(cudaMalloc(&dq, sh.q.size() + 1), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(&dk, sh.k.size() + 1), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(&dv, sh.v.size() + 1), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(&dout, outBytes + 1), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dlse), lseCount * sizeof(float) + 1), cudaSuccess);
   EXPECT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  // Stream-ordered, never cudaMalloc/cudaFree: those may wait for the whole
+  // device, and a peer thread's stream may already wait there for this
+  // rank's next call (a deadlock). +1: a valid pointer for an empty shard.
+  EXPECT_EQ(cudaMallocAsync(&dq, sh.q.size() + 1, s), cudaSuccess);
+  EXPECT_EQ(cudaMallocAsync(&dk, sh.k.size() + 1, s), cudaSuccess);
+  EXPECT_EQ(cudaMallocAsync(&dv, sh.v.size() + 1, s), cudaSuccess);
+  EXPECT_EQ(cudaMallocAsync(&dout, outBytes + 1, s), cudaSuccess);
+  EXPECT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&dlse), lseCount * sizeof(float) + 1, s), cudaSuccess);
   EXPECT_EQ(cudaMemcpyAsync(dq, sh.q.data(), sh.q.size(), cudaMemcpyHostToDevice, s), cudaSuccess);
   EXPECT_EQ(cudaMemcpyAsync(dk, sh.k.data(), sh.k.size(), cudaMemcpyHostToDevice, s), cudaSuccess);
   EXPECT_EQ(cudaMemcpyAsync(dv, sh.v.data(), sh.v.size(), cudaMemcpyHostToDevice, s), cudaSuccess);
@@ -139,11 +141,8 @@ DeviceRun RunOnDevice(const attn_test::AttnCase& c, const attn_test::RankShard& 
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   if (run.rc == attnSuccess)
     run.stats = attn_test::CompareShard(c, sh, out.data(), withLse ? lse.data() : nullptr);
-  cudaFree(dq);
-  cudaFree(dk);
-  cudaFree(dv);
-  cudaFree(dout);
-  cudaFree(dlse);
+  for (void* p : {dq, dk, dv, dout, static_cast<void*>(dlse)}) cudaFreeAsync(p, s);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   cudaStreamDestroy(s);
   return run;
 }
@@ -255,8 +254,11 @@ attnResult_t DeviceUserKernel(const attnAttnKernelArgs_t* a, void*, attnStream_t
     return attnUnhandledCudaError;
   std::vector<attn::cpu::AttnSegment> segs(S);
   for (int i = 0; i < S; ++i) segs[i] = {qo[i], qo[i + 1], ko[i], ko[i + 1]};
+  // Stream-ordered: this runs on the proxy while the caller's stream waits
+  // for it, and cudaMalloc/cudaFree may wait for the whole device (which
+  // attncomm.h forbids a kernel callback).
   attn::cpu::AttnSegment* dsegs = nullptr;
-  if (cudaMalloc(reinterpret_cast<void**>(&dsegs), sizeof(segs[0]) * S + 1) != cudaSuccess)
+  if (cudaMallocAsync(reinterpret_cast<void**>(&dsegs), sizeof(segs[0]) * S + 1, s) != cudaSuccess)
     return attnUnhandledCudaError;
   attnResult_t r = attnUnhandledCudaError;
   if (cudaMemcpyAsync(dsegs, segs.data(), sizeof(segs[0]) * S, cudaMemcpyHostToDevice, s) == cudaSuccess) {
@@ -280,10 +282,9 @@ attnResult_t DeviceUserKernel(const attnAttnKernelArgs_t* a, void*, attnStream_t
     ex.stream = s;
     r = attn::cuda::attentionPartial(p, a->out, a->lse, ex);
   }
-  // The segments must outlive the kernel; the library folds the partial
+  // Freed after the kernel in stream order; the library folds the partial
   // after this returns, on the same stream.
-  if (cudaStreamSynchronize(s) != cudaSuccess) r = attnUnhandledCudaError;
-  cudaFree(dsegs);
+  if (cudaFreeAsync(dsegs, s) != cudaSuccess) r = attnUnhandledCudaError;
   return r;
 }
 
@@ -338,6 +339,29 @@ TEST(DeviceComm, EveryOperationMatchesHostExpectations) {
     RunThreads(n, [](int rank, int nranks, attnComm_t& comm) { attn_test::CheckDevSuite(comm, rank, nranks); },
                OnGpu0(&cfg));
   }
+}
+
+// num_seqs 0 with NULL offsets (which the API allows) on the device path:
+// nothing to read, nothing to do, in every mode.
+TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(2, [](int, int, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    const attnAttnConfig_t acfg{4, 2, 64, attnBfloat16, 0.f, 1};
+    const attnSeqLayout_t lay{0, nullptr, nullptr, nullptr, nullptr};
+    for (attnAttnMode_t m : {attnModeAuto, attnModePassKV, attnModePassQ, attnModeShipQ})
+      EXPECT_EQ(attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg, m, comm,
+                                  (attnStream_t)s),
+                attnSuccess)
+          << attnGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    attnResult_t async;
+    ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+    EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
 }
 
 // Self pairs that do not match fail at attnGroupEnd, before anything is

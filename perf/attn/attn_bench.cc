@@ -202,7 +202,7 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
   attn::AttnState& st = attn::attnStateOf(comm);
   // With -G the calls take device twins of these tensors.
   RankDevice dev;
-  if (!dev.open(o.device)) return 1;
+  if (!dev.open(o.device, /*exportable=*/false)) return 1;  // attention never maps peers' buffers
   void* dq = dev.place(q.data(), q.size());
   void* dk = dev.place(k.data(), k.size());
   void* dv = dev.place(v.data(), v.size());

@@ -227,8 +227,9 @@ attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* 
   };
   auto lc = std::make_shared<LayoutCopy>();
   const int S = lay.num_seqs;
-  lc->qOff.assign(lay.q_offsets, lay.q_offsets + S + 1);
-  lc->kvOff.assign(lay.kv_offsets, lay.kv_offsets + S + 1);
+  // With no sequence the offsets may be NULL (checkOffsets allows it).
+  lc->qOff = S > 0 ? std::vector<int32_t>(lay.q_offsets, lay.q_offsets + S + 1) : std::vector<int32_t>{0};
+  lc->kvOff = S > 0 ? std::vector<int32_t>(lay.kv_offsets, lay.kv_offsets + S + 1) : std::vector<int32_t>{0};
   if (lay.q_pos) lc->qPos.assign(lay.q_pos, lay.q_pos + qRows);
   if (lay.kv_pos) lc->kvPos.assign(lay.kv_pos, lay.kv_pos + kvRows);
   lc->layout = {S, lc->qOff.data(), lay.q_pos ? lc->qPos.data() : nullptr, lc->kvOff.data(),

@@ -222,7 +222,7 @@ class Pulls {
       needScratch = needScratch || !st_.peer(p).directRead;
     }
     void* scratch = nullptr;
-    if (needScratch) ATTN_CHECK(st_.scratch(bytes, &scratch));
+    if (needScratch) ATTN_CHECK(st_.scratch(bytes, copy_, &scratch));
     if (n == 1) ATTN_CHECK(copyAsync(out, in[me], bytes));
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;

@@ -27,19 +27,16 @@ IpcState::~IpcState() {
   if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
   if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
   importer_.reset();
-  if (scratch_ && cudaFree(scratch_) != cudaSuccess) (void)cudaGetLastError();
+  scratch_.reset(nullptr);  // stream-ordered: never waits for the device
   if (saved >= 0) (void)cudaSetDevice(saved);
 }
 
-attnResult_t IpcState::scratch(size_t bytes, void** out) {
-  if (bytes > scratchBytes_) {
-    if (scratch_) ATTN_CUDA_CHECK(cudaFree(scratch_));  // synchronises: nothing still uses it
-    scratch_ = nullptr;
-    scratchBytes_ = 0;
-    ATTN_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
-    scratchBytes_ = bytes;
-  }
-  *out = scratch_;
+attnResult_t IpcState::scratch(size_t bytes, cudaStream_t stream, void** out) {
+  // Not cudaMalloc / cudaFree: the proxy runs this while its caller's stream
+  // (and other ranks' on this GPU) wait for it, and those may wait for the
+  // whole device.
+  ATTN_CHECK(scratch_.reserve(bytes, stream));
+  *out = scratch_.get();
   return attnSuccess;
 }
 

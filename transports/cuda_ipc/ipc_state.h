@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "src/device/device_buffer.h"
 #include "transports/cuda_ipc/ipc_handles.h"
 
 struct attnComm;
@@ -51,8 +52,9 @@ class IpcState {
   bool needHandles() const { return needHandles_; }
   IpcExporter& exporter() { return exporter_; }
   IpcImporter& importer() { return *importer_; }
-  // Device memory of at least `bytes` on device(), grown as needed.
-  attnResult_t scratch(size_t bytes, void** out);
+  // Device memory of at least `bytes` on device(), grown as needed in
+  // stream order on `stream` (the proxy's copy stream, its only user).
+  attnResult_t scratch(size_t bytes, cudaStream_t stream, void** out);
   // An operation ran staged because a buffer could not be served: logged
   // the first time per communicator.
   void noteStaged(int rank, const std::string& why);
@@ -70,8 +72,7 @@ class IpcState {
   bool loggedStaged_ = false;
   IpcExporter exporter_;
   std::unique_ptr<IpcImporter> importer_;
-  void* scratch_ = nullptr;
-  size_t scratchBytes_ = 0;
+  DeviceBuffer scratch_;
 };
 
 }  // namespace attn::ipc
