@@ -5,7 +5,6 @@ errors as exceptions with the library's text. Attention is checked against
 an independent float64 numpy reference. Exit 77 (skipped) without numpy."""
 import os
 import sys
-import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,35 +21,7 @@ except ImportError:
 
 import attncomm as ac  # noqa: E402
 from attn_reference import exact_attention  # noqa: E402
-
-DEADLINE_S = 120
-
-
-def on_ranks(comms, body):
-    """Runs body(rank, comm) on one thread per rank; re-raises the first
-    failure. A rank still running at the deadline aborts every communicator,
-    so a hang becomes a failure."""
-    errors = [None] * len(comms)
-
-    def run(r):
-        try:
-            body(r, comms[r])
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            errors[r] = e
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(comms))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S)
-    if any(t.is_alive() for t in threads):
-        for c in comms:
-            c.abort()
-        raise AssertionError(f"ranks still running after {DEADLINE_S} s")
-    for e in errors:
-        if e is not None:
-            raise e
-
+from rank_threads import on_ranks  # noqa: E402
 
 def random_batch(rng, new_lens, cached_lens, hq, hkv, d, dtype):
     new_rows = sum(new_lens)

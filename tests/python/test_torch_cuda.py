@@ -6,13 +6,13 @@ log-sum-exp) on the same tensors. Ranks are Python threads sharing GPU 0.
 Exit 77 (skipped) without torch or a CUDA device."""
 import os
 import sys
-import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # A rank that fails leaves its peers waiting: let them time out soon.
 os.environ.setdefault("ATTN_TIMEOUT_MS", "30000")
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
 
 try:
     import torch
@@ -24,37 +24,22 @@ if not torch.cuda.is_available():
     sys.exit(77)
 
 import attncomm as ac  # noqa: E402
+import rank_threads  # noqa: E402
 
-DEADLINE_S = 300
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def on_ranks(comms, body):
     """body(rank, comm, stream) on one thread per rank, each with its own
-    CUDA stream; the first failure is re-raised, a hang aborts."""
-    errors = [None] * len(comms)
+    CUDA stream on GPU 0."""
 
-    def run(r):
-        try:
-            torch.cuda.set_device(0)
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                body(r, comms[r], stream)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            errors[r] = e
+    def with_stream(r, comm):
+        torch.cuda.set_device(0)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            body(r, comm, stream)
 
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(comms))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S)
-    if any(t.is_alive() for t in threads):
-        for c in comms:
-            c.abort()
-        raise AssertionError(f"ranks still running after {DEADLINE_S} s")
-    for e in errors:
-        if e is not None:
-            raise e
+    rank_threads.on_ranks(comms, with_stream)
 
 
 def settle(comm, stream):

@@ -1,0 +1,31 @@
+"""Ranks as Python threads for the Python tests (ctypes releases the GIL in
+every attncomm call, so the ranks run at once)."""
+import threading
+
+DEADLINE_S = 300
+
+
+def on_ranks(comms, body, deadline_s=DEADLINE_S):
+    """Runs body(rank, comm) on one thread per rank and re-raises the first
+    failure. Ranks still running at the deadline abort every communicator,
+    so a hang becomes a failure."""
+    errors = [None] * len(comms)
+
+    def run(r):
+        try:
+            body(r, comms[r])
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(comms))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(deadline_s)
+    if any(t.is_alive() for t in threads):
+        for c in comms:
+            c.abort()
+        raise AssertionError(f"ranks still running after {deadline_s} s")
+    for e in errors:
+        if e is not None:
+            raise e
