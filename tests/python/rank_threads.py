@@ -1,6 +1,13 @@
 """Ranks as Python threads for the Python tests (ctypes releases the GIL in
-every attncomm call, so the ranks run at once)."""
+every attncomm call, so the ranks run at once). Importing it also readies a
+test process: python/ goes on the path (for `import attncomm`), and a rank
+that fails makes its peers time out after 30 s, not the default 5 min."""
+import os
+import sys
 import threading
+
+os.environ.setdefault("ATTN_TIMEOUT_MS", "30000")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
 DEADLINE_S = 300
 

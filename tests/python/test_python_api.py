@@ -7,11 +7,7 @@ import os
 import sys
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# A rank that fails leaves its peers waiting: let them time out soon.
-os.environ.setdefault("ATTN_TIMEOUT_MS", "30000")
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-sys.path.insert(0, HERE)
+from rank_threads import on_ranks  # first: the path to python/ and the test timeout
 
 try:
     import numpy as np
@@ -21,7 +17,7 @@ except ImportError:
 
 import attncomm as ac  # noqa: E402
 from attn_reference import exact_attention  # noqa: E402
-from rank_threads import on_ranks  # noqa: E402
+
 
 def random_batch(rng, new_lens, cached_lens, hq, hkv, d, dtype):
     new_rows = sum(new_lens)

@@ -4,15 +4,10 @@ device communicators, called through python/attncomm.py with torch CUDA
 tensors and streams, against torch's flash attention (its output and its
 log-sum-exp) on the same tensors. Ranks are Python threads sharing GPU 0.
 Exit 77 (skipped) without torch or a CUDA device."""
-import os
 import sys
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# A rank that fails leaves its peers waiting: let them time out soon.
-os.environ.setdefault("ATTN_TIMEOUT_MS", "30000")
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-sys.path.insert(0, HERE)
+import rank_threads  # first: the path to python/ and the test timeout
 
 try:
     import torch
@@ -24,7 +19,6 @@ if not torch.cuda.is_available():
     sys.exit(77)
 
 import attncomm as ac  # noqa: E402
-import rank_threads  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
