@@ -30,6 +30,7 @@ Config Config::fromEnv() {
   int64_t mapCache = envInt("ATTN_SHM_MAP_CACHE", static_cast<int64_t>(c.mapCache));
   c.mapMin = mapMin < 1 ? 1 : static_cast<size_t>(mapMin);
   c.mapCache = mapCache < 1 ? 1 : static_cast<size_t>(mapCache);
+  c.hugePages = envBool("ATTN_SHM_HUGEPAGES", c.hugePages);
   int64_t spin = envInt("ATTN_SHM_SPIN_US", c.spinUs);
   c.spinUs = spin < 0 ? 0 : spin > 1000000 ? 1000000 : static_cast<int>(spin);
   return c;

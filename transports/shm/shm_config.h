@@ -20,6 +20,7 @@ struct Config {
   bool map = true;                  // ATTN_SHM_MAP: map peers' attnMemAlloc regions
   size_t mapMin = 32 * 1024;        // ATTN_SHM_MAP_MIN: smallest such message read by memcpy
   size_t mapCache = 64;             // ATTN_SHM_MAP_CACHE: regions kept mapped per peer
+  bool hugePages = true;            // ATTN_SHM_HUGEPAGES: CMA buffers to huge pages
   int spinUs = 5;                   // ATTN_SHM_SPIN_US: poll before sleeping
   int livenessMs = 50;              // how often a peer process is checked
 

@@ -11,9 +11,10 @@ ShmConnection::ShmConnection(int peer, Parts p)
       myBell_(std::move(p.myBell)),
       peerPid_(p.peerPid),
       sender_(std::move(p.out), static_cast<Bell*>(peerBellSeg_->base()), p.directMin,
-              p.mappedMin, peer),
+              p.mappedMin, peer, p.hugePages),
       receiver_(std::move(p.in), static_cast<Bell*>(peerBellSeg_->base()),
-                PeerMemory{p.inMode, p.peerPid}, peer, p.mapCache) {
+                PeerMemory{p.inMode, p.peerPid}, peer, p.mapCache, p.hugePages,
+                p.hugePagesMin) {
   if (!p.sameProcess) watch_.watch(p.peerPid, p.livenessMs);
 }
 

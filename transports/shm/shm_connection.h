@@ -27,6 +27,8 @@ class ShmConnection final : public Connection {
     size_t directMin = 0;                 // our sends by address from here on (0: never)
     size_t mappedMin = 0;                 // same, from shareable regions (0: never)
     size_t mapCache = 64;                 // peer regions kept mapped
+    HugePageAdvisor* hugePages = nullptr; // CMA buffers to huge pages (null: never)
+    size_t hugePagesMin = 0;              // smallest receive buffer moved
     pid_t peerPid = 0;
     bool sameProcess = false;
     int livenessMs = 50;

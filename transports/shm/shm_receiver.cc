@@ -9,16 +9,21 @@
 
 namespace attn::shm {
 
-Receiver::Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer, size_t mapCache)
+Receiver::Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer, size_t mapCache,
+                   HugePageAdvisor* hugePages, size_t hugePagesMin)
     : ch_(std::move(ch)),
       peerBell_(peerBell),
       peerMemory_(peerMemory),
       regions_(peerMemory.pid, peer, mapCache),
-      peer_(peer) {}
+      peer_(peer),
+      hugePages_(hugePages),
+      hugePagesMin_(hugePagesMin) {}
 
 void Receiver::post(void* buf, size_t capacity, Request* req) {
   Op op{static_cast<uint8_t*>(buf), capacity, req};
   op.index = posted_++;
+  if (hugePages_ != nullptr && peerMemory_.mode == kDirectCma && capacity >= hugePagesMin_)
+    hugePages_->use(buf, capacity);
   q_.push_back(op);
 }
 

@@ -11,6 +11,7 @@
 #include "src/core/transport.h"
 #include "transports/shm/shm_channel.h"
 #include "transports/shm/shm_copy.h"
+#include "transports/shm/shm_huge_pages.h"
 #include "transports/shm/shm_peer_regions.h"
 
 namespace attn::shm {
@@ -18,8 +19,11 @@ namespace attn::shm {
 class Receiver {
  public:
   // peerMemory: how we read direct messages (decided at connect);
-  // mapCache: how many of the peer's shareable regions we keep mapped.
-  Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer, size_t mapCache);
+  // mapCache: how many of the peer's shareable regions we keep mapped;
+  // hugePages (null: never): moves receive buffers of hugePagesMin bytes
+  // and up, which CMA fills from a peer process, to huge pages.
+  Receiver(Channel ch, Bell* peerBell, PeerMemory peerMemory, int peer, size_t mapCache,
+           HugePageAdvisor* hugePages, size_t hugePagesMin);
 
   void post(void* buf, size_t capacity, Request* req);
   // Copies what has arrived. On failure returns the code, with *why set:
@@ -54,6 +58,8 @@ class Receiver {
   PeerMemory peerMemory_;
   PeerRegions regions_;
   int peer_;
+  HugePageAdvisor* hugePages_;
+  size_t hugePagesMin_;
   uint64_t tail_ = 0;
   uint64_t posted_ = 0;  // receives posted so far
   std::deque<Op> q_;

@@ -8,9 +8,14 @@
 
 namespace attn::shm {
 
-Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer)
-    : ch_(std::move(ch)), peerBell_(peerBell), directMin_(directMin), mappedMin_(mappedMin),
-      peer_(peer) {}
+Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer,
+               HugePageAdvisor* hugePages)
+    : ch_(std::move(ch)),
+      peerBell_(peerBell),
+      directMin_(directMin),
+      mappedMin_(mappedMin),
+      peer_(peer),
+      hugePages_(hugePages) {}
 
 void Sender::post(const void* buf, size_t bytes, Request* req) {
   Op op;
@@ -23,6 +28,8 @@ void Sender::post(const void* buf, size_t bytes, Request* req) {
     op.direct = true;
   else
     op.direct = directMin_ != 0 && bytes >= directMin_;
+  if (op.direct && op.region.fd < 0 && hugePages_ != nullptr && mode() == kDirectCma)
+    hugePages_->use(buf, bytes);
   ATTN_TRACE(kLogShm, "send #%llu, %zu bytes to peer %d (%s)", (unsigned long long)op.index, bytes,
              peer_, op.region.fd >= 0 ? "mapped" : op.direct ? "direct" : "ring");
   toSend_.push_back(op);

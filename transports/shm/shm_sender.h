@@ -24,6 +24,7 @@
 #include "src/core/shareable_memory.h"
 #include "src/core/transport.h"
 #include "transports/shm/shm_channel.h"
+#include "transports/shm/shm_huge_pages.h"
 
 namespace attn::shm {
 
@@ -31,8 +32,10 @@ class Sender {
  public:
   // directMin: smallest message sent by address (0: never); mappedMin: the
   // same for messages inside a shareable region (attnMemAlloc), which the
-  // receiver maps instead (0: never).
-  Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer);
+  // receiver maps instead (0: never); hugePages: moves the buffers the
+  // receiver reads with CMA to huge pages (null: leave them).
+  Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer,
+         HugePageAdvisor* hugePages);
 
   void post(const void* buf, size_t bytes, Request* req);
   // Publishes what fits in the ring and completes finished sends.
@@ -66,6 +69,7 @@ class Sender {
   size_t directMin_;
   size_t mappedMin_;
   int peer_;
+  HugePageAdvisor* hugePages_;
   uint64_t head_ = 0;
   uint64_t posted_ = 0;      // messages posted so far
   std::deque<Op> toSend_;    // not yet (fully) in the ring

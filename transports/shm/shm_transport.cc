@@ -173,6 +173,8 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
     // Another process that reads us with CMA can map our shareable regions.
     parts.mappedMin = outMode == kDirectCma && cfg_.map ? cfg_.mapMin : 0;
     parts.mapCache = cfg_.mapCache;
+    parts.hugePages = cfg_.hugePages ? HugePageAdvisor::process() : nullptr;
+    parts.hugePagesMin = cfg_.cmaMin;
     parts.out = std::move(out[i]);
     parts.in = std::move(in[i]);
     parts.peerBellSeg = std::move(peerBells[i]);
