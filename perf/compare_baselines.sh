@@ -10,7 +10,8 @@
 #   mpi-shm   mpi_coll_bench, Open MPI ob1 + vader (shared memory)
 #   mpi-tcp   mpi_coll_bench, --mca pml ob1 --mca btl tcp,self
 #   gloo-tcp  gloo_coll_bench -p N, Gloo TCP transport on 127.0.0.1
-#   (attn-threads, not run by default: our *_perf -t N, default transport)
+#   (not run by default: attn-threads, our *_perf -t N, default transport;
+#    attn-shm-4k, attn-shm with ATTN_SHM_HUGEPAGES=0: CMA from 4 KiB pages)
 # Every program uses the same sizes, timing (median over iterations of the
 # max over ranks) and columns; the table holds the median busbw over reps.
 # Repetitions are the outer loop so background load hits all configs alike.
@@ -53,6 +54,10 @@ command_for() {
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
       echo env "ATTN_TRANSPORT=${cfg#attn-}" "$bin" -p "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
+    attn-shm-4k)
+      bin="$B/perf/${coll}_perf"
+      [[ -x $bin ]] || return 0
+      echo env ATTN_TRANSPORT=shm ATTN_SHM_HUGEPAGES=0 "$bin" -p "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
     attn-shm-R)
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
@@ -110,7 +115,7 @@ echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 args=(--order "${CONFIGS// /,}"
       --title "busbw (GB/s), $NRANKS ranks, median of $REPS runs (each: median over $ITERS iterations of max over ranks)"
-      --ratio "attn-shm:mpi-shm" --ratio "attn-shm-R:mpi-shm" --ratio "attn-tcp:mpi-tcp|gloo-tcp")
+      --ratio "attn-shm:mpi-shm" --ratio "attn-shm-4k:mpi-shm" --ratio "attn-shm-R:mpi-shm" --ratio "attn-tcp:mpi-tcp|gloo-tcp")
 [[ -n $OUT_MD ]] && args+=(--out "$OUT_MD")
 python3 "$HERE/summarize.py" "${args[@]}" "$RESULTS"
 if ((${#FAILS[@]})); then

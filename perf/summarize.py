@@ -107,7 +107,8 @@ def main():
     for (_, coll, _) in sorted(data):
         if coll not in colls:
             colls.append(coll)
-    ratios = [r.split(":", 1) for r in a.ratio if ":" in r]
+    # A ratio whose numerator was not run is left out, not shown as "-".
+    ratios = [r.split(":", 1) for r in a.ratio if ":" in r and r.split(":", 1)[0] in cfgs]
 
     out = [f"### {a.title}", ""]
     for c in cfgs:

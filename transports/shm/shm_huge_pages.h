@@ -2,13 +2,13 @@
 // CMA.
 //
 // process_vm_readv pins the source pages and copies them one page at a
-// time; on 4 KiB pages that costs more than the copy itself (one process
-// reading another's 4 / 16 MiB buffer: 4.9 / 2.5 GB/s on 4 KiB pages, 7.8 /
-// 3.9 GB/s on 2 MiB pages, perf/RESULTS.md). Debian's default THP mode is
-// "madvise", so malloc'd buffers sit on 4 KiB pages unless someone asks. We
-// ask, for the buffers of large direct sends and receives: MADV_HUGEPAGE
-// marks the range and MADV_COLLAPSE (Linux 6.1) rebuilds its pages as huge
-// pages now, contents unchanged.
+// time, and on 4 KiB pages the pinning is a large part of the cost
+// (sendrecv_perf -p 2 over shm, 4 / 16 / 64 MiB: 6.1 / 3.1 / 3.2 GB/s on
+// 4 KiB pages, 7.8 / 4.4 / 4.4 GB/s on 2 MiB pages; perf/RESULTS.md).
+// Debian's default THP mode is "madvise", so malloc'd buffers sit on 4 KiB
+// pages unless someone asks. We ask, for the buffers of large direct sends
+// and receives: MADV_HUGEPAGE marks the range and MADV_COLLAPSE (Linux 6.1)
+// rebuilds its pages as huge pages now, contents unchanged.
 //
 // The range is rounded out to whole huge pages, since all-to-all blocks are
 // often smaller than one. That touches only our own process's memory and
