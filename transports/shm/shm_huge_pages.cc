@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -47,19 +48,23 @@ size_t thpPageBytes() {
   if (!std::getline(enabled, modes) || modes.find("[never]") != std::string::npos) return 0;
   std::ifstream size("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
   size_t bytes = 0;
-  if (!(size >> bytes) || bytes == 0 || (bytes & (bytes - 1)) != 0) bytes = 2u << 20;
+  if (!(size >> bytes) || bytes == 0 || (bytes & (bytes - 1)) != 0) return 0;
   return bytes;
 }
+
+// Rounding out costs up to a huge page of memory at each end of a buffer:
+// fine at 2 MiB, not at the 32-512 MiB of 16/64 KiB base pages.
+constexpr size_t kMaxHugePageBytes = 2u << 20;
 
 HugePageAdvisor* makeProcessAdvisor() {
   const size_t page = thpPageBytes();
   // An empty range still has its advice checked: EINVAL means this kernel
   // does not know MADV_COLLAPSE.
   static char probe;
-  if (page == 0 || madvise(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(&probe) &
-                                                   ~uintptr_t(4095)),
-                           0, MADV_COLLAPSE) != 0) {
-    ATTN_INFO(kLogShm, "no transparent huge pages here: CMA copies use 4 KiB pages");
+  const uintptr_t basePage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  void* probePage = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(&probe) & ~(basePage - 1));
+  if (page == 0 || page > kMaxHugePageBytes || madvise(probePage, 0, MADV_COLLAPSE) != 0) {
+    ATTN_INFO(kLogShm, "no 2 MiB transparent huge pages here: CMA copies from small pages");
     return nullptr;
   }
   ATTN_INFO(kLogShm, "large buffers copied with CMA are moved to %zu KiB pages", page >> 10);

@@ -47,8 +47,8 @@ class HugePageAdvisor {
 
   HugePageAdvisor(size_t hugePageBytes, CollapseFn collapse);
 
-  // The process-wide advisor, or null when the kernel has no MADV_COLLAPSE
-  // or THP is "never".
+  // The process-wide advisor, or null when the kernel has no MADV_COLLAPSE,
+  // THP is "never", or its pages are larger than 2 MiB.
   static HugePageAdvisor* process();
 
   // The caller is about to have a peer process copy [buf, buf + bytes).
