@@ -44,21 +44,38 @@ attnResult_t checkProblem(const cpu::AttnProblem& p, const float* o, const float
   return attnSuccess;
 }
 
-int deviceCc(attnResult_t* res) {
-  int dev = 0, major = 0, minor = 0;
-  *res = cudaResult(cudaGetDevice(&dev), "cudaGetDevice");
-  if (*res != attnSuccess) return 0;
-  *res = cudaResult(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-                    "cudaDeviceGetAttribute(compute capability)");
-  if (*res != attnSuccess) return 0;
+// What decides between the kernels on the current device.
+struct DeviceLimits {
+  int cc = 0;                // compute capability, e.g. 90
+  size_t smemOptin = 0;      // largest dynamic shared memory a block may opt in to
+};
+
+attnResult_t deviceLimits(DeviceLimits* lim) {
+  int dev = 0, major = 0, minor = 0, optin = 0;
+  ATTN_CHECK(cudaResult(cudaGetDevice(&dev), "cudaGetDevice"));
+  ATTN_CHECK(cudaResult(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                        "cudaDeviceGetAttribute(compute capability)"));
   (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major * 10 + minor;
+  ATTN_CHECK(cudaResult(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                        "cudaDeviceGetAttribute(shared memory per block, opt-in)"));
+  lim->cc = major * 10 + minor;
+  lim->smemOptin = static_cast<size_t>(optin);
+  return attnSuccess;
 }
 
-bool wmmaEligible(const cpu::AttnProblem& p, const AttnCudaExec& ex, int cc, const float* o) {
+size_t wmmaSmemBytes(int d) {
+  return d == 64 ? WmmaSmem<64>::kBytes : d == 128 ? WmmaSmem<128>::kBytes : WmmaSmem<256>::kBytes;
+}
+
+// The tensor-core kernel needs sm_80+, 16-bit inputs, a head size it was
+// built for, 16-byte aligned tensors, and its tiles in shared memory (D=256
+// does not fit on parts with ~100 KiB per block, e.g. sm_86/89).
+bool wmmaEligible(const cpu::AttnProblem& p, const AttnCudaExec& ex, const DeviceLimits& lim,
+                  const float* o) {
   const int d = p.head_dim;
-  return !ex.force_generic && cc >= 80 && (p.dtype == attnFloat16 || p.dtype == attnBfloat16) &&
-         (d == 64 || d == 128 || d == 256) && aligned(p.q, 16) && aligned(p.k, 16) &&
+  return !ex.force_generic && lim.cc >= 80 &&
+         (p.dtype == attnFloat16 || p.dtype == attnBfloat16) && (d == 64 || d == 128 || d == 256) &&
+         wmmaSmemBytes(d) <= lim.smemOptin && aligned(p.q, 16) && aligned(p.k, 16) &&
          aligned(p.v, 16) && aligned(o, 16);
 }
 
@@ -95,10 +112,9 @@ attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
 
 attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const float* o,
                       AttnCudaPlan* plan) {
-  attnResult_t res = attnSuccess;
-  const int cc = deviceCc(&res);
-  ATTN_CHECK(res);
-  const bool tc = wmmaEligible(p, ex, cc, o);
+  DeviceLimits lim;
+  ATTN_CHECK(deviceLimits(&lim));
+  const bool tc = wmmaEligible(p, ex, lim, o);
   *plan = tc ? AttnCudaPlan{true, kWmmaBQ, kWmmaBK} : AttnCudaPlan{false, kSimtBQ, kSimtBK};
   return attnSuccess;
 }
