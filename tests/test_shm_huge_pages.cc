@@ -54,7 +54,10 @@ TEST(ShmHugePages, FirstUseNothingThenRoundedOutRange) {
   ASSERT_EQ(fake.calls.size(), 1u);
   EXPECT_EQ(fake.calls[0].begin, base);
   EXPECT_EQ(fake.calls[0].bytes, 4 * kPage);
-  adv.use(at(base + 100), 3 * kPage);  // every later use asks again
+  // Then every kRecheckEvery-th use asks again.
+  for (uint32_t i = 1; i < HugePageAdvisor::kRecheckEvery; ++i) adv.use(at(base + 100), 3 * kPage);
+  EXPECT_EQ(fake.calls.size(), 1u);
+  adv.use(at(base + 100), 3 * kPage);
   EXPECT_EQ(fake.calls.size(), 2u);
 }
 
@@ -62,9 +65,10 @@ TEST(ShmHugePages, SmallBlocksShareTheirPage) {
   FakeCollapse fake;
   HugePageAdvisor adv(kPage, fake.fn());
   const uintptr_t base = 64 * kPage;
-  // Four 256 KiB all-to-all blocks of one buffer: one range, seen 4 times.
-  for (int b = 0; b < 4; ++b) adv.use(at(base + b * (256u << 10)), 256u << 10);
-  ASSERT_EQ(fake.calls.size(), 3u);
+  // Eight 256 KiB all-to-all blocks of one buffer, twice: one range.
+  for (int i = 0; i < 2; ++i)
+    for (int b = 0; b < 8; ++b) adv.use(at(base + b * (256u << 10)), 256u << 10);
+  ASSERT_EQ(fake.calls.size(), 2u);  // at the 2nd and the 10th use
   for (const auto& c : fake.calls) {
     EXPECT_EQ(c.begin, base);
     EXPECT_EQ(c.bytes, kPage);
@@ -88,10 +92,11 @@ TEST(ShmHugePages, RangeRemappedEveryTimeIsLeftAlone) {
   const void* buf = at(64 * kPage);
   adv.use(buf, kPage);  // first use
   adv.use(buf, kPage);  // first collapse: copying is expected, no strike
-  for (int i = 0; i < HugePageAdvisor::kStrikesPerRange; ++i) adv.use(buf, kPage);
+  for (int i = 0; i < HugePageAdvisor::kStrikesPerRange; ++i)
+    for (uint32_t u = 0; u < HugePageAdvisor::kRecheckEvery; ++u) adv.use(buf, kPage);
   const size_t calls = fake.calls.size();
   EXPECT_EQ(calls, 1u + HugePageAdvisor::kStrikesPerRange);
-  for (int i = 0; i < 5; ++i) adv.use(buf, kPage);
+  for (uint32_t i = 0; i < 3 * HugePageAdvisor::kRecheckEvery; ++i) adv.use(buf, kPage);
   EXPECT_EQ(fake.calls.size(), calls);
   EXPECT_FALSE(adv.stopped());
 }
@@ -101,8 +106,9 @@ TEST(ShmHugePages, CheapRecollapsesAreNoStrikes) {
   fake.cpuPerPage = kNoop;
   HugePageAdvisor adv(kPage, fake.fn());
   const void* buf = at(64 * kPage);
-  for (int i = 0; i < 50; ++i) adv.use(buf, 8 * kPage);
-  EXPECT_EQ(fake.calls.size(), 49u);
+  const uint32_t uses = 2 + 20 * HugePageAdvisor::kRecheckEvery;
+  for (uint32_t i = 0; i < uses; ++i) adv.use(buf, 8 * kPage);
+  EXPECT_EQ(fake.calls.size(), 21u);
 }
 
 TEST(ShmHugePages, StopsWhenBuffersKeepComingBackOnSmallPages) {
@@ -112,7 +118,8 @@ TEST(ShmHugePages, StopsWhenBuffersKeepComingBackOnSmallPages) {
   int range = 0;
   while (!adv.stopped() && range < 100) {
     const void* buf = at((64 + 4 * range++) * kPage);
-    for (int i = 0; i < 2 + HugePageAdvisor::kStrikesPerRange; ++i) adv.use(buf, kPage);
+    const uint32_t uses = 2 + HugePageAdvisor::kStrikesPerRange * HugePageAdvisor::kRecheckEvery;
+    for (uint32_t i = 0; i < uses; ++i) adv.use(buf, kPage);
   }
   EXPECT_TRUE(adv.stopped());
   EXPECT_EQ(range, HugePageAdvisor::kStrikesInAll / HugePageAdvisor::kStrikesPerRange);
@@ -124,17 +131,26 @@ TEST(ShmHugePages, StopsWhenBuffersKeepComingBackOnSmallPages) {
 
 TEST(ShmHugePages, ErrorsDecideWhetherToTryAgain) {
   const void* buf = at(64 * kPage);
-  for (int err : {EAGAIN, ENOMEM}) {  // busy pages / partly unmapped: next time again
-    FakeCollapse fake;
-    fake.err = err;
+  {
+    FakeCollapse fake;  // busy pages: try again at the next use
+    fake.err = EAGAIN;
     HugePageAdvisor adv(kPage, fake.fn());
     for (int i = 0; i < 4; ++i) adv.use(buf, kPage);
-    EXPECT_EQ(fake.calls.size(), 3u) << strerror(err);
+    EXPECT_EQ(fake.calls.size(), 3u);
+  }
+  {
+    FakeCollapse fake;  // partly unmapped: the mapped part is done, as on success
+    fake.err = ENOMEM;
+    HugePageAdvisor adv(kPage, fake.fn());
+    for (uint32_t i = 0; i < 1 + HugePageAdvisor::kRecheckEvery; ++i) adv.use(buf, kPage);
+    EXPECT_EQ(fake.calls.size(), 1u);
+    adv.use(buf, kPage);
+    EXPECT_EQ(fake.calls.size(), 2u);
   }
   FakeCollapse fake;  // refused (a file mapping, MADV_NOHUGEPAGE): never again
   fake.err = EINVAL;
   HugePageAdvisor adv(kPage, fake.fn());
-  for (int i = 0; i < 4; ++i) adv.use(buf, kPage);
+  for (uint32_t i = 0; i < 3 * HugePageAdvisor::kRecheckEvery; ++i) adv.use(buf, kPage);
   EXPECT_EQ(fake.calls.size(), 1u);
 }
 

@@ -110,6 +110,10 @@ void HugePageAdvisor::use(const void* buf, size_t bytes) {
       return;  // first use
     }
     if (r->skip) return;
+    if (r->collapsed && r->usesToRecheck > 0) {
+      --r->usesToRecheck;
+      return;
+    }
     wasCollapsed = r->collapsed;
   }
   // Outside the lock: a first collapse copies for milliseconds, and other
@@ -137,6 +141,7 @@ void HugePageAdvisor::use(const void* buf, size_t bytes) {
     ATTN_TRACE(kLogShm, "collapsed %#lx+%zu KiB to huge pages in %.2f ms", (unsigned long)begin,
                (size_t)(end - begin) >> 10, cpu * 1e3);
   r->collapsed = true;
+  r->usesToRecheck = kRecheckEvery - 1;
   if (!(wasCollapsed && realWork)) return;
   // Huge before, 4 KiB again now: the buffer was freed and mapped anew.
   ++strikes_;

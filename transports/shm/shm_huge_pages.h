@@ -17,8 +17,9 @@
 // so the policy pays it only for buffers that come back:
 // - the first use of a range does nothing (a buffer used once is not worth
 //   a copy);
-// - from the second use on, every use collapses again, which costs about a
-//   microsecond once the range is huge;
+// - the second use collapses it, and every kRecheckEvery-th use after that
+//   collapses again, which costs about a microsecond once the range is huge
+//   (two system calls: not on every message, they weigh on 64 KiB ones);
 // - a collapse that costs real work again means the range was freed and
 //   mapped anew (a caller allocating per call). After kStrikesPerRange of
 //   those the range is left alone, after kStrikesInAll the advisor stops.
@@ -41,6 +42,7 @@ class HugePageAdvisor {
   static constexpr int kStrikesPerRange = 2;
   static constexpr int kStrikesInAll = 16;
   static constexpr size_t kMaxRanges = 256;
+  static constexpr uint32_t kRecheckEvery = 8;
   // Above this many CPU seconds per huge page a collapse did real work; a
   // no-op takes ~1 µs for a whole range, a real one ~1 ms per page.
   static constexpr double kRealWorkPerPage = 50e-6;
@@ -60,6 +62,7 @@ class HugePageAdvisor {
   struct Range {
     uintptr_t begin, end;
     bool collapsed = false;
+    uint32_t usesToRecheck = 0;  // uses left before the next collapse
     int strikes = 0;
     bool skip = false;
   };
