@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds, and runs the whole
 # GoogleTest suite through ctest (threads, processes, emulated hosts when
-# root; GPU tests skip without a GPU).
+# root; GPU tests skip without a GPU). Then, where the CUDA headers are, the
+# device tests again on the emulated CUDA runtime (tests/cuda_emu), so the
+# device code runs even without a GPU; ATTN_TEST_CUDA_EMU=0 leaves that out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 bash scripts/build.sh
-cd "${BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}"
+(cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")
+
+if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
+   [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime_api.h" ]; then
+  EMU_DIR=${EMU_BUILD_DIR:-build-emu}
+  if [ ! -f "$EMU_DIR/build.ninja" ]; then
+    cmake -S . -B "$EMU_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA_EMULATION=ON \
+          -DATTN_ENABLE_UCX=OFF -DATTN_ENABLE_VERBS=OFF -DATTN_ENABLE_MPI=OFF
+  fi
+  # Only what the "device" tests run: the device test binaries and the perf
+  # binaries of the -G smoke tests.
+  cmake --build "$EMU_DIR" -j "$(nproc)" --target test_cuda_emu test_device_comm test_cuda_ipc \
+        test_nccl_bridge all_gather_perf reduce_scatter_perf all_reduce_perf alltoall_perf \
+        broadcast_perf sendrecv_perf ring_attn_perf decode_attn_perf
+  (cd "$EMU_DIR" && ctest -L device --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")
+fi

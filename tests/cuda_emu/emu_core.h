@@ -1,0 +1,117 @@
+// The CUDA runtime emulated on host threads (see README.md): allocations,
+// streams and events, shared by the runtime API (emu_runtime.cc), the driver
+// entry points (emu_driver.cc) and the kernel launchers (emu_kernels.cc).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace attn_emu {
+
+// ---- process state and errors ----------------------------------------------
+
+// Every API call starts here: cudaErrorInitializationError in a child forked
+// after the parent used CUDA (as the real runtime), else the sticky error of
+// a failed "kernel", else success.
+cudaError_t enter();
+// Records `e` as the calling thread's last error (cudaGetLastError) and
+// returns it.
+cudaError_t fail(cudaError_t e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+cudaError_t& lastError();
+// A fault inside stream work (a kernel reading memory the device cannot
+// reach, a kernel that failed): printed, and returned by every later call.
+void stickyFault(cudaError_t e, const std::string& why);
+
+int deviceCount();     // ATTN_CUDA_EMU_DEVICES, default 1
+int& currentDevice();  // per thread, default 0
+
+// ---- memory -----------------------------------------------------------------
+
+enum class MemKind { kDevice, kPool, kPinned, kIpcMapped };
+
+struct Allocation {
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  MemKind kind = MemKind::kDevice;
+  int device = 0;
+  unsigned long long bufferId = 0;
+  int fd = -1;  // kDevice: the memfd that IPC handles name
+};
+
+// The allocation holding [p, p + bytes), if one does.
+bool findAllocation(const void* p, size_t bytes, Allocation* out);
+// Device code may read or write [p, p + bytes): it lies inside one device,
+// pool, IPC-mapped or pinned host allocation.
+bool deviceAccessible(const void* p, size_t bytes);
+
+cudaError_t allocate(MemKind kind, size_t bytes, void** out);
+cudaError_t release(void* p, MemKind expected);  // p must be an allocation's base
+void registerMapping(const Allocation& a);       // IPC-mapped memory
+bool unregisterMapping(uintptr_t base, Allocation* out);
+
+// ---- streams and events -----------------------------------------------------
+
+using Op = std::function<void()>;
+
+// One in-order queue of work run by its own thread: a CUDA stream.
+class Stream : public std::enable_shared_from_this<Stream> {
+ public:
+  Stream(int device, bool blocking) : device_(device), blocking_(blocking) {}
+  static std::shared_ptr<Stream> start(int device, bool blocking);
+  void push(Op op);
+  uint64_t mark();              // work pushed so far
+  void waitFor(uint64_t mark);  // until that much has run
+  bool reached(uint64_t mark);
+  void retire();  // cudaStreamDestroy: the thread exits once its queue is drained
+  int device() const { return device_; }
+  bool blocking() const { return blocking_; }
+
+ private:
+  void loop();
+  const int device_;
+  const bool blocking_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  uint64_t pushed_ = 0, done_ = 0;
+  bool retired_ = false;
+};
+
+// The stream a handle names (NULL and cudaStreamLegacy: the device's legacy
+// stream; cudaStreamPerThread: the thread's own), or null for a handle that
+// is not a live stream.
+std::shared_ptr<Stream> resolve(cudaStream_t s);
+// Pushes `op` on `s` with the legacy default stream's implicit ordering:
+// legacy work waits for the blocking streams' earlier work and they wait for
+// its. Returns cudaErrorInvalidResourceHandle for a bad stream.
+cudaError_t enqueue(cudaStream_t s, Op op);
+cudaStream_t createStream(bool blocking);
+cudaError_t destroyStream(cudaStream_t s);
+// Until every stream of `device` has run what was pushed before the call.
+void synchronizeDevice(int device);
+// Until `s` has run what was pushed before the call (the legacy stream also
+// waits for the blocking streams, as cudaStreamSynchronize(0) does).
+cudaError_t synchronizeStream(cudaStream_t s);
+
+struct Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0, completed = 0;  // generations
+  double completedAtMs = 0;
+  bool timing = true;
+};
+std::shared_ptr<Event> eventOf(cudaEvent_t e);  // null for a bad handle
+
+double nowMs();
+
+}  // namespace attn_emu
