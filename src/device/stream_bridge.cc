@@ -137,9 +137,11 @@ void StreamBridge::waitIdle() const {
 }
 
 void StreamBridge::release(uint32_t seq) {
+  // Done before the stream moves on: a caller that synchronised its stream
+  // and then asks attnCommGetAsyncError must not see this work as busy.
+  completed_.store(seq);
   // The GPU polls this word over the bus: publish the work's results first.
   __atomic_store_n(const_cast<uint32_t*>(counter_), seq, __ATOMIC_SEQ_CST);
-  completed_.store(seq);
 }
 
 void StreamBridge::proxyLoop() {
