@@ -431,6 +431,180 @@ TEST(CudaIpc, TransportListWithoutCudaIpcStages) {
   EXPECT_EQ(Count(Counters().ops) - ops0, 0u);
   EXPECT_EQ(Count(Counters().stagedOps) - staged0, 4u);
 }
+
+// ---- grouped sends and receives (ipc_p2p) ------------------------------------
+
+enum class Mem { kDevice, kPool, kPinned };
+
+void* Alloc(Mem m, size_t bytes, cudaStream_t s) {
+  void* p = nullptr;
+  if (m == Mem::kDevice) EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+  if (m == Mem::kPool) EXPECT_EQ(cudaMallocAsync(&p, bytes, s), cudaSuccess);
+  if (m == Mem::kPinned) EXPECT_EQ(cudaMallocHost(&p, bytes), cudaSuccess);
+  return p;
+}
+
+void Free(Mem m, void* p, cudaStream_t s) {
+  if (m == Mem::kDevice) cudaFree(p);
+  if (m == Mem::kPool) cudaFreeAsync(p, s);
+  if (m == Mem::kPinned) {
+    cudaStreamSynchronize(s);
+    cudaFreeHost(p);
+  }
+}
+
+// One group in which every rank sends a block of its own size to every rank,
+// itself included, each pair in a different order; checks what arrived.
+void AllPairsGroup(attnComm_t comm, int rank, int n, Mem sendMem, Mem recvMem) {
+  const attnDataType_t t = attnFloat32;
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto countOf = [](int from, int to) { return size_t(1000 + 7 * from + 3 * to); };
+  std::vector<size_t> soff(n + 1, 0), roff(n + 1, 0);
+  for (int p = 0; p < n; ++p) {
+    soff[p + 1] = soff[p] + countOf(rank, p);
+    roff[p + 1] = roff[p] + countOf(p, rank);
+  }
+  TypedBuf send(t, soff[n]), out(t, roff[n]);
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < countOf(rank, p); ++i) send.Set(soff[p] + i, Pattern(t, rank * n + p, i));
+  out.Fill(Sentinel(t));
+  char* dsend = static_cast<char*>(Alloc(sendMem, send.bytes(), s));
+  char* drecv = static_cast<char*>(Alloc(recvMem, out.bytes(), s));
+  ASSERT_EQ(cudaMemcpyAsync(dsend, send.data(), send.bytes(), cudaMemcpyDefault, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(drecv, out.data(), out.bytes(), cudaMemcpyDefault, s), cudaSuccess);
+  const attnStream_t as = reinterpret_cast<attnStream_t>(s);
+  ASSERT_EQ(attnGroupStart(), attnSuccess);
+  for (int k = 0; k < n; ++k) {
+    const int p = (rank + k) % n;
+    ASSERT_EQ(attnSend(dsend + soff[p] * 4, countOf(rank, p), t, p, comm, as), attnSuccess);
+    ASSERT_EQ(attnRecv(drecv + roff[p] * 4, countOf(p, rank), t, p, comm, as), attnSuccess);
+  }
+  ASSERT_EQ(attnGroupEnd(), attnSuccess) << attnGetLastError(comm);
+  Download(&out, drecv, s);
+  EXPECT_TRUE(attn_test::BufEquals(out, 0, roff[n], [&](size_t j) {
+    int p = 0;
+    while (j >= roff[p + 1]) ++p;
+    return Pattern(t, p * n + rank, j - roff[p]);
+  })) << "rank " << rank << " of " << n;
+  attnResult_t async = attnInternalError;
+  ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+  EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+  Free(sendMem, dsend, s);
+  Free(recvMem, drecv, s);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+}
+
+struct P2pCounts {
+  uint64_t groups, pulls, viaHost;
+  static P2pCounts now() {
+    return {Count(Counters().p2pGroups), Count(Counters().p2pPulls), Count(Counters().p2pViaHost)};
+  }
+  P2pCounts since(const P2pCounts& a) const { return {groups - a.groups, pulls - a.pulls, viaHost - a.viaHost}; }
+};
+
+// Ranks of one process read each other's buffers by address, stream-ordered
+// pool memory included.
+TEST(CudaIpc, GroupedSendRecvPullsBetweenThreads) {
+  REQUIRE_GPU();
+  for (int n : {2, 3}) {
+    const P2pCounts before = P2pCounts::now();
+    attnConfig_t cfg;
+    attn_test::RunThreads(n, [](int rank, int nranks, attnComm_t& comm) {
+      AllPairsGroup(comm, rank, nranks, Mem::kPool, Mem::kPool);
+    }, OnGpu0(&cfg));
+    const P2pCounts d = P2pCounts::now().since(before);
+    EXPECT_EQ(d.groups, uint64_t(n));
+    EXPECT_EQ(d.pulls, uint64_t(n * (n - 1))) << "every receive from a peer is a pull";
+    EXPECT_EQ(d.viaHost, 0u);
+  }
+}
+
+TEST(CudaIpc, GroupedSendRecvPullsBetweenProcesses) {
+  REQUIRE_FORKABLE_CUDA();
+  attnConfig_t cfg;
+  attn_test::RunProcesses(3, [](int rank, int n, attnComm_t& comm) {
+    AllPairsGroup(comm, rank, n, Mem::kDevice, Mem::kDevice);
+    AllPairsGroup(comm, rank, n, Mem::kDevice, Mem::kPinned);
+    EXPECT_EQ(Count(Counters().p2pPulls), uint64_t(2 * (n - 1)));
+    EXPECT_EQ(Count(Counters().p2pViaHost), 0u);
+    EXPECT_GT(Count(Counters().opens), 0u);
+  }, OnGpu0(&cfg));
+}
+
+// Pool memory cannot be exported to another process, and pinned host memory
+// is not a device buffer: those pairs go through host memory, right all the
+// same.
+TEST(CudaIpc, GroupedSendRecvOfUnexportableBuffersGoesThroughHost) {
+  REQUIRE_FORKABLE_CUDA();
+  attnConfig_t cfg;
+  attn_test::RunProcesses(2, [](int rank, int n, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    AllPairsGroup(comm, rank, n, Mem::kPool, Mem::kDevice);
+    AllPairsGroup(comm, rank, n, Mem::kPinned, Mem::kPool);
+    EXPECT_EQ(Count(Counters().p2pPulls), 0u);
+    EXPECT_EQ(Count(Counters().p2pViaHost), 4u) << "a send and a receive per group";
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
+}
+
+// Ranks 0 and 1 on one emulated host, rank 2 on another: the pair on one
+// host pulls, the pairs across hosts go through host memory and TCP.
+TEST(CudaIpc, GroupedSendRecvAcrossHostsGoesThroughHost) {
+  REQUIRE_FORKABLE_CUDA();
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  o.child_setup = [](int rank) { setenv("ATTN_HOSTID", rank < 2 ? "p2p-host-a" : "p2p-host-b", 1); };
+  attn_test::RunProcesses(3, [](int rank, int n, attnComm_t& comm) {
+    AllPairsGroup(comm, rank, n, Mem::kDevice, Mem::kDevice);
+    EXPECT_EQ(Count(Counters().p2pPulls), rank < 2 ? 1u : 0u);
+    EXPECT_EQ(Count(Counters().p2pViaHost), rank < 2 ? 2u : 4u);
+  }, o);
+}
+
+// ATTN_TRANSPORT without cuda_ipc: nothing is pulled.
+TEST(CudaIpc, GroupedSendRecvWithoutCudaIpcGoesThroughHost) {
+  REQUIRE_GPU();
+  const P2pCounts before = P2pCounts::now();
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  o.env = {{"ATTN_TRANSPORT", "shm,tcp"}};
+  attn_test::RunThreads(2, [](int rank, int n, attnComm_t& comm) {
+    AllPairsGroup(comm, rank, n, Mem::kPool, Mem::kPool);
+  }, o);
+  const P2pCounts d = P2pCounts::now().since(before);
+  EXPECT_EQ(d.pulls, 0u);
+  EXPECT_EQ(d.viaHost, 4u);
+}
+
+// A send larger than its receive fails on both ranks, reported through the
+// async error, and the communicator still works afterwards.
+TEST(CudaIpc, GroupedSendLargerThanItsReceiveFailsBothRanks) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  attn_test::RunThreads(2, [](int rank, int n, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void* buf = nullptr;
+    ASSERT_EQ(cudaMallocAsync(&buf, 4096, s), cudaSuccess);
+    const attnStream_t as = reinterpret_cast<attnStream_t>(s);
+    ASSERT_EQ(attnGroupStart(), attnSuccess);
+    if (rank == 0) ASSERT_EQ(attnSend(buf, 200, attnFloat32, 1, comm, as), attnSuccess);
+    else ASSERT_EQ(attnRecv(buf, 100, attnFloat32, 0, comm, as), attnSuccess);
+    ASSERT_EQ(attnGroupEnd(), attnSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    attnResult_t async = attnSuccess;
+    ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+    EXPECT_EQ(async, rank == 0 ? attnRemoteError : attnInvalidUsage);
+    EXPECT_NE(std::string(attnGetLastError(comm)).find(rank == 0 ? "rank 1" : "400 bytes"), std::string::npos)
+        << attnGetLastError(comm);
+    cudaFreeAsync(buf, s);
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
+}
 #endif  // ATTN_HAVE_CUDA
 
 }  // namespace

@@ -5,11 +5,16 @@
 #include "src/device/device_route.h"
 #include "src/device/device_state.h"
 #include "transports/cuda_ipc/ipc_collectives.h"
+#include "transports/cuda_ipc/ipc_p2p.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 
 namespace attn {
 
 bool ipcSelected(const attnComm* comm, const DeviceOp& op) {
+  // Groups go pair by pair (each pair pulls or goes through host memory),
+  // so every rank of every device communicator runs them here: the two
+  // sides of a pair must speak the same protocol.
+  if (op.kind == DeviceOpKind::kP2pGroup) return true;
   if (!ipc::implements(op.kind)) return false;
   const uint64_t host = comm->peers[comm->rank].hostHash;
   for (const PeerInfo& p : comm->peers)
@@ -24,6 +29,7 @@ attnResult_t ipcEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {
     ErrorContext ctx(comm->prefix);
     std::unique_ptr<ipc::IpcState>& state = comm->device->ipc;
     if (!state) state = std::make_unique<ipc::IpcState>(comm->config.device);
+    if (op.kind == DeviceOpKind::kP2pGroup) return ipc::runP2pGroup(comm, *state, op, copy);
     ATTN_CHECK(state->agree(comm));
     bool runStaged = !state->enabled();
     if (!runStaged) ATTN_CHECK(ipc::runCollective(comm, *state, op, copy, &runStaged));

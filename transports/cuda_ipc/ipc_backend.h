@@ -9,12 +9,13 @@ struct attnComm;
 
 namespace attn {
 
-// The operation goes to this backend: every rank of the communicator is on
-// this host and the kind is implemented. Both are the same on every rank,
-// so all ranks route the same operations here. Whether the ranks allow
-// cuda_ipc (ATTN_TRANSPORT / config.transports) and reach each other's
-// GPUs they agree inside the first such operation; if not, every one of
-// them runs it (and the later ones) staged.
+// The operation goes to this backend: a send/recv group (always; it is
+// settled pair by pair, see ipc_p2p.h), or a collective whose kind is
+// implemented when every rank of the communicator is on this host. Both
+// are the same on every rank, so all ranks route the same operations here.
+// Whether the ranks allow cuda_ipc (ATTN_TRANSPORT / config.transports)
+// and reach each other's GPUs they agree inside the first collective; if
+// not, every one of them runs it (and the later ones) staged.
 bool ipcSelected(const attnComm* comm, const DeviceOp& op);
 
 // Enqueues `op` on `stream`: GPU to GPU where agreed and the buffers allow,

@@ -47,84 +47,102 @@ void IpcState::noteStaged(int rank, const std::string& why) {
             "later ones that cannot be served are not logged", rank, why.c_str());
 }
 
+attnResult_t IpcState::reachOne(const AgreeCard& mine, const AgreeCard& theirs, int rank,
+                                IpcPeer* peer, bool* ok, std::string* why) {
+  *peer = IpcPeer{};
+  *ok = true;
+  peer->sameProcess = theirs.process == mine.process;
+  // The peer's GPU as an ordinal of this process.
+  int local = -1;
+  if (peer->sameProcess) {
+    local = theirs.device;
+  } else if (std::memcmp(theirs.uuid, mine.uuid, sizeof(mine.uuid)) == 0) {
+    local = device_;
+  } else {
+    int visible = 0;
+    ATTN_CUDA_CHECK(cudaGetDeviceCount(&visible));
+    for (int d = 0; d < visible && local < 0; ++d) {
+      cudaDeviceProp prop;
+      ATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
+      if (std::memcmp(&prop.uuid, theirs.uuid, sizeof(theirs.uuid)) == 0) local = d;
+    }
+  }
+  if (local == device_) {
+    peer->directRead = true;
+    return attnSuccess;
+  }
+  if (local < 0) {
+    // cudaIpcOpenMemHandle might still map it, but peer access cannot be
+    // checked from here: do not promise what may fail mid-operation.
+    *ok = false;
+    *why = "rank " + std::to_string(rank) + "'s GPU is not visible in this process (CUDA_VISIBLE_DEVICES)";
+    return attnSuccess;
+  }
+  int can = 0;
+  ATTN_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, local));
+  if (peer->sameProcess) {
+    // Copies between devices of one process always work (through the host
+    // without peer access); kernels read the peer's memory only with it.
+    if (can) {
+      cudaError_t e = cudaDeviceEnablePeerAccess(local, 0);
+      if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) peer->directRead = true;
+      if (e != cudaSuccess) (void)cudaGetLastError();
+    }
+  } else if (can) {
+    peer->directRead = true;  // cudaIpcMemLazyEnablePeerAccess enables it at open
+  } else {
+    *ok = false;
+    *why = "no peer access between this rank's GPU " + std::to_string(device_) + " and rank " +
+           std::to_string(rank) + "'s GPU " + std::to_string(local) + " (another process)";
+  }
+  return attnSuccess;
+}
+
 attnResult_t IpcState::reachPeers(attnComm* comm, const std::vector<AgreeCard>& cards, bool* ok,
                                   std::string* why) {
   const int me = comm->rank, n = comm->nranks;
   peers_.assign(n, IpcPeer{});
   peers_[me] = IpcPeer{true, true};
   *ok = true;
-  int visible = 0;
-  ATTN_CUDA_CHECK(cudaGetDeviceCount(&visible));
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    IpcPeer& peer = peers_[p];
-    peer.sameProcess = cards[p].process == cards[me].process;
-    if (!peer.sameProcess) needHandles_ = true;
-    // The peer's GPU as an ordinal of this process.
-    int local = -1;
-    if (peer.sameProcess) {
-      local = cards[p].device;
-    } else if (std::memcmp(cards[p].uuid, cards[me].uuid, sizeof(cards[me].uuid)) == 0) {
-      local = device_;
-    } else {
-      for (int d = 0; d < visible && local < 0; ++d) {
-        cudaDeviceProp prop;
-        ATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
-        if (std::memcmp(&prop.uuid, cards[p].uuid, sizeof(cards[p].uuid)) == 0) local = d;
-      }
-    }
-    if (local == device_) {
-      peer.directRead = true;
-      continue;
-    }
-    if (local < 0) {
-      // cudaIpcOpenMemHandle might still map it, but peer access cannot be
-      // checked from here: do not promise what may fail mid-operation.
+    bool reached = true;
+    std::string whyNot;
+    ATTN_CHECK(reachOne(cards[me], cards[p], p, &peers_[p], &reached, &whyNot));
+    if (!peers_[p].sameProcess) needHandles_ = true;
+    if (!reached) {
       *ok = false;
-      *why = "rank " + std::to_string(p) + "'s GPU is not visible in this process (CUDA_VISIBLE_DEVICES)";
-      continue;
-    }
-    int can = 0;
-    ATTN_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, local));
-    if (peer.sameProcess) {
-      // Copies between devices of one process always work (through the host
-      // without peer access); kernels read the peer's memory only with it.
-      if (can) {
-        cudaError_t e = cudaDeviceEnablePeerAccess(local, 0);
-        if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) peer.directRead = true;
-        if (e != cudaSuccess) (void)cudaGetLastError();
-      }
-    } else if (can) {
-      peer.directRead = true;  // cudaIpcMemLazyEnablePeerAccess enables it at open
-    } else {
-      *ok = false;
-      *why = "no peer access between this rank's GPU " + std::to_string(device_) + " and rank " +
-             std::to_string(p) + "'s GPU " + std::to_string(local) + " (another process)";
+      *why = whyNot;
     }
   }
   return attnSuccess;
 }
 
-attnResult_t IpcState::agree(attnComm* comm) {
-  if (state_ != kUndecided) return attnSuccess;
-  Engine& e = *comm->engine;
-  const int me = comm->rank, n = comm->nranks;
+AgreeCard IpcState::card(const attnComm* comm, std::string* why) const {
   AgreeCard mine;
   mine.process = processToken();
   mine.wants = (comm->config.transports & kTransportCudaIpc) ? 1 : 0;
   mine.device = device_;
-  // A failure to look at the devices makes this rank say no, never leave
-  // the others waiting in the exchange.
-  bool ok = false;
-  std::string why;
+  // A failure to look at the device makes this rank say no, never leave
+  // the others waiting in an exchange.
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, device_) == cudaSuccess) {
     std::memcpy(mine.uuid, &prop.uuid, sizeof(mine.uuid));
   } else {
     (void)cudaGetLastError();
     mine.wants = 0;
-    why = "cudaGetDeviceProperties failed";
+    *why = "cudaGetDeviceProperties failed";
   }
+  return mine;
+}
+
+attnResult_t IpcState::agree(attnComm* comm) {
+  if (state_ != kUndecided) return attnSuccess;
+  Engine& e = *comm->engine;
+  const int me = comm->rank, n = comm->nranks;
+  bool ok = false;
+  std::string why;
+  const AgreeCard mine = card(comm, &why);
   std::vector<AgreeCard> cards;
   ATTN_CHECK(allGatherRecord(e, mine, &cards));
   if (mine.wants) {

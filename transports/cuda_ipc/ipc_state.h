@@ -13,6 +13,7 @@
 
 #include "attncomm.h"
 #include "src/device/device_buffer.h"
+#include "src/device/pinned_arena.h"
 #include "transports/cuda_ipc/ipc_handles.h"
 
 struct attnComm;
@@ -45,6 +46,13 @@ class IpcState {
   // this backend serves the communicator. Logs the choice once.
   attnResult_t agree(attnComm* comm);
   bool enabled() const { return state_ == kOn; }
+  // This rank's card (its text in *why when it cannot take part).
+  AgreeCard card(const attnComm* comm, std::string* why) const;
+  // Whether this rank reaches the buffers of `rank`, whose card is
+  // `theirs`: *ok, the way (*peer), or why not. Enables peer access
+  // between devices of this process where CUDA allows it.
+  attnResult_t reachOne(const AgreeCard& mine, const AgreeCard& theirs, int rank, IpcPeer* peer,
+                        bool* ok, std::string* why);
 
   int device() const { return device_; }
   const IpcPeer& peer(int r) const { return peers_[r]; }
@@ -55,6 +63,11 @@ class IpcState {
   // Device memory of at least `bytes` on device(), grown as needed in
   // stream order on `stream` (the proxy's copy stream, its only user).
   attnResult_t scratch(size_t bytes, cudaStream_t stream, void** out);
+  // Pinned staging of grouped sends and receives that cannot be pulled
+  // (ipc_p2p.cc): one arena per direction, so growing one never moves
+  // buffers the other has handed to the transport.
+  PinnedArena& sendStage() { return sendStage_; }
+  PinnedArena& recvStage() { return recvStage_; }
   // An operation ran staged because a buffer could not be served: logged
   // the first time per communicator.
   void noteStaged(int rank, const std::string& why);
@@ -73,6 +86,7 @@ class IpcState {
   IpcExporter exporter_;
   std::unique_ptr<IpcImporter> importer_;
   DeviceBuffer scratch_;
+  PinnedArena sendStage_, recvStage_;
 };
 
 }  // namespace attn::ipc

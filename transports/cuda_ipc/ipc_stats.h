@@ -17,6 +17,9 @@ struct IpcCounters {
   std::atomic<uint64_t> closes{0};       // cudaIpcCloseMemHandle calls
   std::atomic<uint64_t> exports{0};      // cudaIpcGetMemHandle calls (cache misses)
   std::atomic<uint64_t> exportHits{0};   // own buffers found already exported
+  std::atomic<uint64_t> p2pGroups{0};    // send/recv groups run by ipc_p2p
+  std::atomic<uint64_t> p2pPulls{0};     // receives copied GPU to GPU
+  std::atomic<uint64_t> p2pViaHost{0};   // sends and receives moved through pinned host memory
 };
 
 IpcCounters& ipcCounters();
