@@ -16,6 +16,7 @@
 #include "support/device_checks.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
+#include "transports/cuda_ipc/ipc_stats.h"
 
 namespace {
 
@@ -168,6 +169,38 @@ TEST(DeviceComm, RingAttentionOnDeviceEqualsExactAttention) {
       EXPECT_EQ(r.stats.nan_rows, 0);
       EXPECT_EQ(r.stats.empty_mismatch, 0);
     }, OnGpu0(&cfg));
+  }
+}
+
+// Ranks that are threads of one process pass their ring blocks device to
+// device (the next rank copies out of this rank's buffer); without
+// cuda_ipc in ATTN_TRANSPORT they go through pinned host memory. Both are
+// exact; the counter says which ran.
+TEST(DeviceComm, RingBlocksMoveDeviceToDeviceBetweenThreads) {
+  REQUIRE_GPU();
+  attnAttnConfig_t acfg{8, 2, 64, attnBfloat16, 0.f, 1};
+  const std::vector<int32_t> newLens = {300, 0, 77}, cachedLens = {100, 50, 0};
+  const attn_test::AttnCase c =
+      attn_test::MakeCase("device", attn_test::PrefillSpec(acfg, newLens, cachedLens), 9);
+  for (const char* transports : {"shm,tcp,cuda_ipc", "shm,tcp"}) {
+    for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ}) {
+      const uint64_t pulls0 = attn::ipc::ipcCounters().ringPulls.load();
+      attnConfig_t cfg;
+      RunOptions o = OnGpu0(&cfg);
+      o.env = {{"ATTN_TRANSPORT", transports}};
+      RunThreads(4, [&](int rank, int nranks, attnComm_t& comm) {
+        const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 13, -1);
+        const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+        for (int call = 0; call < 2; ++call) {  // the second call reuses the buffers
+          const DeviceRun r = RunOnDevice(c, sh, comm, mode, true);
+          ExpectExact(r, acfg.dtype, std::string(attn_test::ModeName(mode)) + " over " + transports);
+        }
+      }, o);
+      const uint64_t pulls = attn::ipc::ipcCounters().ringPulls.load() - pulls0;
+      const bool direct = std::string(transports).find("cuda_ipc") != std::string::npos;
+      // 4 ranks x 3 moves x 2 calls.
+      EXPECT_EQ(pulls, direct ? 24u : 0u) << attn_test::ModeName(mode) << " over " << transports;
+    }
   }
 }
 

@@ -20,6 +20,12 @@ attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallE
   env->me = c.comm->rank;
   env->next = (env->me + 1) % env->n;
   env->prev = (env->me - 1 + env->n) % env->n;
+  if (env->n > 1) {
+    // Collective, as the call is: the first call on every rank agrees.
+    if (!dev.ipc) dev.ipc = std::make_unique<ipc::IpcState>(c.comm->config.device);
+    ATTN_CHECK(dev.ipc->agree(c.comm));
+    env->directRing = dev.ipc->enabled() && !dev.ipc->needHandles();
+  }
   return attnSuccess;
 }
 

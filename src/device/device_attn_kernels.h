@@ -51,6 +51,9 @@ struct DeviceCallEnv {
   cudaStream_t copy = nullptr;
   Engine* e = nullptr;
   int n = 0, me = 0, next = 0, prev = 0;
+  // Ring blocks move device to device (every rank in this process, the
+  // cuda_ipc backend agreed); else through pinned host memory.
+  bool directRing = false;
 };
 // Fails (naming `algorithm`) unless c runs on a device communicator.
 attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallEnv* env);

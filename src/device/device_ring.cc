@@ -1,6 +1,12 @@
 #include "src/device/device_ring.h"
 
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
 #include "src/device/cuda_check.h"
+#include "transports/cuda_ipc/ipc_stats.h"
 
 namespace attn {
 
@@ -13,27 +19,46 @@ attnResult_t DeviceRing::reserve(DeviceAttnState& R, size_t capacity) {
 }
 
 attnResult_t DeviceRing::loadOwn(int numSeqs, const RowsRef& rows, size_t rowBytes) {
-  const int tensors = rows.t1 ? 2 : 1;
+  tensors_ = rows.t1 ? 2 : 1;
+  rowBytes_ = rowBytes;
   char* h0 = R_.hostBlock[0].base();
   char* d0 = R_.block[0].get();
-  const BlockLayout own = packBlockMeta(me_, numSeqs, rows.offsets, rows.pos, rows.rows, rowBytes, tensors, h0);
+  const BlockLayout own = packBlockMeta(me_, numSeqs, rows.offsets, rows.pos, rows.rows, rowBytes, tensors_, h0);
   const void* t[2] = {rows.t0, rows.t1};
-  const bool peers = next_ != me_;
-  for (int i = 0; i < tensors && rows.rows && peers; ++i)
+  const bool staged = next_ != me_ && !direct_;
+  for (int i = 0; i < tensors_ && rows.rows && staged; ++i)
     ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt + i * own.tensorBytes, t[i], own.tensorBytes,
                                     cudaMemcpyDefault, copy_));
   ATTN_CUDA_CHECK(cudaEventRecord(R_.ownOnHost, copy_));
   ATTN_CUDA_CHECK(cudaMemcpyAsync(d0, h0, own.tensorAt, cudaMemcpyHostToDevice, copy_));
-  for (int i = 0; i < tensors && rows.rows; ++i)
+  for (int i = 0; i < tensors_ && rows.rows; ++i)
     ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt + i * own.tensorBytes, t[i], own.tensorBytes,
                                     cudaMemcpyDefault, copy_));
   ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[0], copy_));
   bytes_ = own.total;
+  metaBytes_ = own.tensorAt;
   cur_ = 0;
-  return attnSuccess;
+  if (!direct_) return attnSuccess;
+  // Before anything is sent: the next rank counts its first read only
+  // after it has our first metadata.
+  readsBase_ = R_.ringReads.load(std::memory_order_acquire);
+  mine_ = Peek{{reinterpret_cast<uint64_t>(R_.block[0].get()), reinterpret_cast<uint64_t>(R_.block[1].get())},
+               reinterpret_cast<uint64_t>(&R_.ringReads)};
+  Request send, recv;
+  ATTN_CHECK(e_.irecv(prev_, &prevPeek_, sizeof(prevPeek_), &recv));
+  ATTN_CHECK(e_.isend(next_, &mine_, sizeof(mine_), &send));
+  ATTN_CHECK(e_.wait(&send));
+  return e_.wait(&recv);
 }
 
 attnResult_t DeviceRing::post(int s, Request* sendReq, Request* recvReq) {
+  if (direct_) {
+    // The metadata says "block s is in my device buffer": it must be.
+    // (Later blocks were synchronised when they arrived, in advance.)
+    if (s == 0) ATTN_CUDA_CHECK(cudaEventSynchronize(R_.blockReady[0]));
+    ATTN_CHECK(e_.irecv(prev_, R_.hostBlock[1 - cur_].base(), capacity_, recvReq));
+    return e_.isend(next_, R_.hostBlock[cur_].base(), metaBytes_, sendReq);
+  }
   // Block s leaves host buffer `cur` once it is there (the own block once
   // copied down); the other buffer's block s-1 must be uploaded before it
   // is received into.
@@ -49,12 +74,59 @@ attnResult_t DeviceRing::advance(ProgressThread& driver, Request* sendReq, Reque
   *waitUs += usSince(t0);
   const int nb = 1 - cur_;
   ATTN_CUDA_CHECK(cudaStreamWaitEvent(copy_, R_.kernelDone[nb], 0));
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.block[nb].get(), R_.hostBlock[nb].base(), recvReq->bytes,
-                                  cudaMemcpyHostToDevice, copy_));
+  if (!direct_) {
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.block[nb].get(), R_.hostBlock[nb].base(), recvReq->bytes,
+                                    cudaMemcpyHostToDevice, copy_));
+    ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[nb], copy_));
+    bytes_ = recvReq->bytes;
+    cur_ = nb;
+    return attnSuccess;
+  }
+  // The block's size from its header; the metadata must be all of it.
+  BlockHeader h;
+  if (recvReq->bytes < sizeof(h))
+    return setError(attnInternalError, "ring: %zu bytes of block metadata from rank %d", recvReq->bytes, prev_);
+  std::memcpy(&h, R_.hostBlock[nb].base(), sizeof(h));
+  const BlockLayout l = BlockLayout::of(h.num_seqs, h.rows, rowBytes_, tensors_);
+  if (h.rows < 0 || h.num_seqs < 0 || l.tensorAt != recvReq->bytes || l.total > capacity_)
+    return setError(attnInvalidUsage, "ring: block from rank %d does not match its metadata (%zu bytes, %d rows)",
+                    prev_, recvReq->bytes, h.rows);
+  // Our buffer nb held block s-1, which the next rank read during step s-1.
+  ATTN_CHECK(waitReads(uint64_t(steps_), waitUs));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.block[nb].get(), reinterpret_cast<const void*>(prevPeek_.block[cur_]),
+                                  l.total, cudaMemcpyDefault, copy_));
   ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[nb], copy_));
-  bytes_ = recvReq->bytes;
+  ATTN_CUDA_CHECK(cudaEventSynchronize(R_.blockReady[nb]));
+  // Done reading prev's buffer: it may fill it again.
+  reinterpret_cast<std::atomic<uint64_t>*>(prevPeek_.reads)->fetch_add(1, std::memory_order_acq_rel);
+  ipc::ipcCounters().ringPulls.fetch_add(1, std::memory_order_relaxed);
+  bytes_ = l.total;
+  metaBytes_ = l.tensorAt;
   cur_ = nb;
+  ++steps_;
   return attnSuccess;
+}
+
+attnResult_t DeviceRing::waitReads(uint64_t count, double* waitUs) {
+  std::atomic<uint64_t>& reads = R_.ringReads;
+  if (reads.load(std::memory_order_acquire) - readsBase_ >= count) return attnSuccess;
+  // The next rank is a thread of this process; it may also fail and never
+  // read, which breaks the engine, or stall past the timeout.
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + std::chrono::milliseconds(e_.timeoutMs() > 0 ? e_.timeoutMs() : 1 << 30);
+  for (int spins = 0; reads.load(std::memory_order_acquire) - readsBase_ < count; ++spins) {
+    if (e_.broken()) return setError(e_.brokenResult(), "ring: the communicator broke while rank %d read", next_);
+    if (Clock::now() > deadline)
+      return setError(attnTimeout, "ring: rank %d did not finish reading this rank's block", next_);
+    if (spins < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  *waitUs += usSince(t0);
+  return attnSuccess;
+}
+
+attnResult_t DeviceRing::finish(int moves, double* waitUs) {
+  return direct_ ? waitReads(uint64_t(moves), waitUs) : attnSuccess;
 }
 
 }  // namespace attn

@@ -1,16 +1,26 @@
 // The rotating block of a ring on the GPU (pass-KV's KV blocks, pass-Q's
-// query blocks). Block j is held twice: in pinned host buffer j % 2, which
-// the transports send and receive, and in device buffer j % 2, which the
-// kernels read. blockReady[i] says device buffer i holds its block;
-// kernelDone[i], recorded by the caller after the last kernel that read
-// device buffer i, says it may be overwritten. A host buffer is received
-// into only after its block was sent (the previous step waited for that)
-// and uploaded (post() synchronises blockReady).
+// query blocks). Block j sits in device buffer j % 2, which the kernels
+// read; blockReady[i] says device buffer i holds its block; kernelDone[i],
+// recorded by the caller after the last kernel that read device buffer i,
+// says it may be overwritten. The host sees block j's header, offsets and
+// positions in pinned host buffer j % 2. How the block reaches the next
+// rank depends on the mode:
+//  - staged: the whole block goes through host buffer j % 2, which the
+//    transports send and receive, and is uploaded. A host buffer is
+//    received into only after its block was sent (the previous step
+//    waited for that) and uploaded (post() synchronises blockReady);
+//  - direct (every rank in this process, cuda_ipc agreed): only the
+//    metadata goes over the transport, as the signal that the block is
+//    ready. The next rank copies the block itself device to device out of
+//    this rank's buffer, then counts the read in this rank's ringReads. A
+//    device buffer is copied into only after the next rank has finished
+//    reading what it held.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "src/attn/attn_call.h"
 #include "src/attn/progress_thread.h"
@@ -21,14 +31,17 @@ namespace attn {
 
 class DeviceRing {
  public:
-  DeviceRing(Engine& e, DeviceAttnState& R, cudaStream_t copy, int me, int next, int prev, size_t capacity)
-      : e_(e), R_(R), copy_(copy), me_(me), next_(next), prev_(prev), capacity_(capacity) {}
+  DeviceRing(Engine& e, DeviceAttnState& R, cudaStream_t copy, int me, int next, int prev, size_t capacity,
+             bool direct)
+      : e_(e), R_(R), copy_(copy), me_(me), next_(next), prev_(prev), capacity_(capacity),
+        direct_(direct && next != me) {}
 
   // Block 0, this rank's own: `rows` (device tensors t0 and, for KV, t1;
   // host offsets and positions) packed into host buffer 0 (metadata on the
-  // host, tensors copied down when there are peers to send to; then
-  // R.ownOnHost) and copied into device buffer 0 (then R.blockReady[0]),
-  // on the copy stream.
+  // host; staged, the tensors are copied down too when there are peers to
+  // send to; then R.ownOnHost) and copied into device buffer 0 (then
+  // R.blockReady[0]), on the copy stream. Direct: also trades buffer
+  // addresses with the neighbours.
   attnResult_t loadOwn(int numSeqs, const RowsRef& rows, size_t rowBytes);
 
   // Both host and device buffers hold at least `capacity` bytes (device
@@ -39,22 +52,40 @@ class DeviceRing {
   const char* host() const { return R_.hostBlock[cur_].base(); }
   char* device() const { return R_.block[cur_].get(); }
   size_t bytes() const { return bytes_; }
+  bool direct() const { return direct_; }
 
-  // Step s: sends the current block to `next` and receives the next one
-  // from `prev` into the other host buffer.
+  // Step s: sends the current block (staged) or its metadata (direct) to
+  // `next` and receives the next one's from `prev` into the other host
+  // buffer.
   attnResult_t post(int s, Request* sendReq, Request* recvReq);
-  // Waits for both, uploads the received block into the other device
-  // buffer once kernelDone says its last reader finished, and makes it
-  // current. Adds the time blocked on the network to *waitUs.
+  // Waits for both, brings the next block into the other device buffer
+  // (upload, or copy out of prev's buffer) once kernelDone says its last
+  // reader here finished, and makes it current. Adds the time blocked on
+  // peers to *waitUs.
   attnResult_t advance(ProgressThread& driver, Request* sendReq, Request* recvReq, double* waitUs);
+  // Direct: returns once the next rank has read this rank's blocks of all
+  // `moves` steps, so the next call may overwrite them. Staged: nothing.
+  attnResult_t finish(int moves, double* waitUs);
 
  private:
+  // What a rank tells its next rank in direct mode.
+  struct Peek {
+    uint64_t block[2];
+    uint64_t reads;  // &DeviceAttnState::ringReads
+  };
+  attnResult_t waitReads(uint64_t count, double* waitUs);
+
   Engine& e_;
   DeviceAttnState& R_;
   cudaStream_t copy_;
   int me_, next_, prev_;
-  size_t capacity_, bytes_ = 0;
+  size_t capacity_, bytes_ = 0, metaBytes_ = 0, rowBytes_ = 0;
+  int tensors_ = 1;
   int cur_ = 0;
+  int steps_ = 0;  // advances so far
+  bool direct_;
+  Peek mine_{}, prevPeek_{};
+  uint64_t readsBase_ = 0;  // R.ringReads at the start of this call
 };
 
 }  // namespace attn

@@ -4,7 +4,10 @@
 // Block j (this rank's own at j = 0) is a packed KV block (wire.h: header,
 // offsets, positions, K, V) held twice: in pinned host buffer j % 2, which
 // the transports send and receive, and in device buffer j % 2, which the
-// kernel reads. Two streams and four events order everything:
+// kernel reads (device_ring.h; when every rank is a thread of this process,
+// only the metadata goes through the host and the next rank copies the
+// block out of this rank's device buffer, device to device). Two streams
+// and four events order everything:
 //  - compute stream: waits for blockReady[j % 2] ("block j is in device
 //    buffer j % 2"), folds Q x block j into the fp32 accumulator, records
 //    kernelDone[j % 2];
@@ -67,7 +70,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(acc.init(c, R));
   const DeviceRows myQ = kernels.resident(0);
   // Block 0 is this rank's KV.
-  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity);
+  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.directRing);
   ATTN_CHECK(ring.loadOwn(S, c.kv, c.kvRowBytes));
 
   // Step s's send and receive; they outlive the loop body (see the guard).
@@ -97,6 +100,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     ATTN_TRACE(kLogAttn, "device pass-KV step %d: %d key rows from rank %d, host %.0f us", s,
                block.rows, block.origin, usSince(stepStart));
   }
+  ATTN_CHECK(ring.finish(n - 1, &c.stats.waitUs));
   guard.done();
 
   ATTN_CHECK(acc.writeOut(c, R, io));

@@ -109,7 +109,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const DeviceRows myKv = kernels.resident(0);
   float* visitO = reinterpret_cast<float*>(R.visit.get());
   // Block 0 is this rank's queries.
-  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity);
+  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.directRing);
   ATTN_CHECK(ring.loadOwn(S, c.q, c.qRowBytes));
 
   std::unique_ptr<Request[]> outReq(new Request[n]);
@@ -183,6 +183,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
                owner, usSince(stepStart));
   }
   ATTN_CHECK(sendWaitingPartial());
+  ATTN_CHECK(ring.finish(n - 1, &c.stats.waitUs));
   // The rest of the all-to-all: fold partials in arrival order.
   auto t0 = Clock::now();
   for (int p = 0; p < n; ++p) {

@@ -20,6 +20,7 @@ struct IpcCounters {
   std::atomic<uint64_t> p2pGroups{0};    // send/recv groups run by ipc_p2p
   std::atomic<uint64_t> p2pPulls{0};     // receives copied GPU to GPU
   std::atomic<uint64_t> p2pViaHost{0};   // sends and receives moved through pinned host memory
+  std::atomic<uint64_t> ringPulls{0};    // ring-attention blocks copied device to device (src/device)
 };
 
 IpcCounters& ipcCounters();
