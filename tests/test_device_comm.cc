@@ -153,12 +153,17 @@ void ExpectExact(const DeviceRun& r, attnDataType_t t, const std::string& what) 
   EXPECT_TRUE(attn_test::WithinBounds(r.stats, t, what));
 }
 
+// Three sequences (one without new tokens, one without cache), bf16, GQA.
+constexpr attnAttnConfig_t kSmallShape{8, 2, 64, attnBfloat16, 0.f, 1};
+attn_test::AttnCase SmallPrefillCase(uint64_t seed) {
+  const std::vector<int32_t> newLens = {300, 0, 77}, cachedLens = {100, 50, 0};
+  return attn_test::MakeCase("device", attn_test::PrefillSpec(kSmallShape, newLens, cachedLens), seed);
+}
+
 TEST(DeviceComm, RingAttentionOnDeviceEqualsExactAttention) {
   REQUIRE_GPU();
-  attnAttnConfig_t acfg{8, 2, 64, attnBfloat16, 0.f, 1};
-  const std::vector<int32_t> newLens = {300, 0, 77}, cachedLens = {100, 50, 0};
-  const attn_test::AttnCase c =
-      attn_test::MakeCase("device", attn_test::PrefillSpec(acfg, newLens, cachedLens), 7);
+  const attnAttnConfig_t acfg = kSmallShape;
+  const attn_test::AttnCase c = SmallPrefillCase(7);
   for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto}) {
     attnConfig_t cfg;
     RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
@@ -178,10 +183,8 @@ TEST(DeviceComm, RingAttentionOnDeviceEqualsExactAttention) {
 // exact; the counter says which ran.
 TEST(DeviceComm, RingBlocksMoveDeviceToDeviceBetweenThreads) {
   REQUIRE_GPU();
-  attnAttnConfig_t acfg{8, 2, 64, attnBfloat16, 0.f, 1};
-  const std::vector<int32_t> newLens = {300, 0, 77}, cachedLens = {100, 50, 0};
-  const attn_test::AttnCase c =
-      attn_test::MakeCase("device", attn_test::PrefillSpec(acfg, newLens, cachedLens), 9);
+  const attnAttnConfig_t acfg = kSmallShape;
+  const attn_test::AttnCase c = SmallPrefillCase(9);
   for (const char* transports : {"shm,tcp,cuda_ipc", "shm,tcp"}) {
     for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ}) {
       const uint64_t pulls0 = attn::ipc::ipcCounters().ringPulls.load();

@@ -85,15 +85,7 @@ class P2pGroup {
         if (exported.usable) d.buf = exported;
       }
     }
-    std::vector<Request*> wait;
-    for (size_t i = 0; i < n_; ++i) {
-      if (!local(i)) continue;
-      const P2pOp& o = ops_[i];
-      if (o.isSend) ATTN_CHECK(e_.isend(o.peer, &desc_[i], sizeof(SendDesc), req(i, 0)));
-      else ATTN_CHECK(e_.irecv(o.peer, &desc_[i], sizeof(SendDesc), req(i, 0)));
-      wait.push_back(req(i, 0));
-    }
-    return waitFor(wait);
+    return alongPairs(desc_, 0, /*fromSender=*/true);
   }
 
   // Phase 2: this rank's receives from peers it can read, and the self
@@ -167,14 +159,20 @@ class P2pGroup {
 
   // Phase 3: answers to the senders (in group order, which is the order
   // they expect them in), and theirs to this rank's sends.
-  attnResult_t answer() {
+  attnResult_t answer() { return alongPairs(reply_, 1, /*fromSender=*/false); }
+
+  // records[i] of every op with a peer on this host, in group order, from
+  // one side of its pair to the other (the sender's side or the
+  // receiver's), as request `phase` of the op.
+  template <class T>
+  attnResult_t alongPairs(std::vector<T>& records, int phase, bool fromSender) {
     std::vector<Request*> wait;
     for (size_t i = 0; i < n_; ++i) {
       if (!local(i)) continue;
-      const P2pOp& o = ops_[i];
-      if (o.isSend) ATTN_CHECK(e_.irecv(o.peer, &reply_[i], sizeof(Reply), req(i, 1)));
-      else ATTN_CHECK(e_.isend(o.peer, &reply_[i], sizeof(Reply), req(i, 1)));
-      wait.push_back(req(i, 1));
+      const int peer = ops_[i].peer;
+      if (ops_[i].isSend == fromSender) ATTN_CHECK(e_.isend(peer, &records[i], sizeof(T), req(i, phase)));
+      else ATTN_CHECK(e_.irecv(peer, &records[i], sizeof(T), req(i, phase)));
+      wait.push_back(req(i, phase));
     }
     return waitFor(wait);
   }
