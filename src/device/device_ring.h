@@ -52,7 +52,6 @@ class DeviceRing {
   const char* host() const { return R_.hostBlock[cur_].base(); }
   char* device() const { return R_.block[cur_].get(); }
   size_t bytes() const { return bytes_; }
-  bool direct() const { return direct_; }
 
   // Step s: sends the current block (staged) or its metadata (direct) to
   // `next` and receives the next one's from `prev` into the other host
