@@ -207,6 +207,38 @@ TEST(DeviceComm, RingBlocksMoveDeviceToDeviceBetweenThreads) {
   }
 }
 
+// The same between processes: the next rank opens this rank's ring
+// buffers from their IPC handles at the start of each call and closes them
+// at its end. n = 2 has one neighbour on both sides.
+TEST(DeviceComm, RingBlocksMoveDeviceToDeviceBetweenProcesses) {
+  REQUIRE_FORKABLE_CUDA();
+  const attnAttnConfig_t acfg = kSmallShape;
+  const attn_test::AttnCase c = SmallPrefillCase(10);
+  for (int n : {2, 3}) {
+    for (const char* transports : {"shm,tcp,cuda_ipc", "shm,tcp"}) {
+      attnConfig_t cfg;
+      RunOptions o = OnGpu0(&cfg);
+      o.env = {{"ATTN_TRANSPORT", transports}};
+      const bool direct = std::string(transports).find("cuda_ipc") != std::string::npos;
+      attn_test::RunProcesses(n, [&](int rank, int nranks, attnComm_t& comm) {
+        const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 17, -1);
+        const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+        attn::ipc::IpcCounters& k = attn::ipc::ipcCounters();
+        const uint64_t pulls0 = k.ringPulls.load(), opens0 = k.ringOpens.load(), closes0 = k.ringCloses.load();
+        for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ})
+          for (int call = 0; call < 2; ++call) {  // the second call reuses the buffers
+            const DeviceRun r = RunOnDevice(c, sh, comm, mode, true);
+            ExpectExact(r, acfg.dtype, std::string(attn_test::ModeName(mode)) + " over " + transports);
+          }
+        // 2 modes x 2 calls, each with n - 1 moves and the two buffers opened.
+        EXPECT_EQ(k.ringPulls.load() - pulls0, direct ? uint64_t(4 * (nranks - 1)) : 0u) << transports;
+        EXPECT_EQ(k.ringOpens.load() - opens0, direct ? 8u : 0u) << transports;
+        EXPECT_EQ(k.ringCloses.load() - closes0, k.ringOpens.load() - opens0) << transports;
+      }, o);
+    }
+  }
+}
+
 // Every mode runs the CUDA kernels on the device while its blocks move
 // (src/device: ring_pass_kv_device.cc, ring_pass_q_device.cc,
 // ship_q_device.cc): 2, 3, 4 ranks sharing GPU 0, every dtype, GQA, head

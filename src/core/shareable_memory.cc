@@ -1,6 +1,8 @@
 #include "src/core/shareable_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +37,43 @@ Registry& registry() {
 
 std::string shareableName(int64_t ownerPid, uint64_t serial) {
   return "attn-mem-" + std::to_string(ownerPid) + "-" + std::to_string(serial);
+}
+
+void* mapPeerShareable(int64_t holder, const ShareableRegion& r, size_t bytes, bool writable, bool populate,
+                       std::string* why, int* errnoOut) {
+  *errnoOut = 0;
+  const std::string path = "/proc/" + std::to_string(holder) + "/fd/" + std::to_string(r.fd);
+  int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    *errnoOut = errno;
+    *why = "opening " + path + " failed: " + strerror(errno);
+    return nullptr;
+  }
+  char link[256];
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  ssize_t n = readlink(self.c_str(), link, sizeof(link) - 1);
+  link[n > 0 ? n : 0] = '\0';
+  const std::string want = "/memfd:" + shareableName(r.ownerPid, r.serial) + " ";
+  struct stat st{};
+  if (strncmp(link, want.c_str(), want.size()) != 0 || fstat(fd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) < bytes) {
+    close(fd);
+    *why = path + " is no longer region " + shareableName(r.ownerPid, r.serial) + " of " +
+           std::to_string(bytes) + " bytes";
+    return nullptr;
+  }
+  // Populate on request: one pass over the page tables instead of a fault
+  // per page during the copies.
+  void* p = mmap(nullptr, bytes, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | (populate ? MAP_POPULATE : 0),
+                 fd, 0);
+  const int mapErrno = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    *errnoOut = mapErrno;
+    *why = "mapping " + path + " failed: " + strerror(mapErrno);
+    return nullptr;
+  }
+  return p;
 }
 
 attnResult_t shareableAlloc(size_t bytes, void** ptr) {

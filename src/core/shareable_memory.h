@@ -38,6 +38,17 @@ bool findShareable(const void* ptr, size_t bytes, ShareableRegion* out);
 // The name the region's memfd carries (readlink shows "/memfd:<name> (deleted)").
 std::string shareableName(int64_t ownerPid, uint64_t serial);
 
+// Maps, in this process, the first `bytes` of a region another process of
+// this host holds (r.ownerPid, r.fd, r.serial as it described them) by
+// opening its descriptor through /proc/<holder>/fd (holder: that process;
+// not always r.ownerPid, a forked child inherits its parent's regions) and
+// checking that it is that region (the number may since name another file). Null, with the
+// reason in *why and *errnoOut, when it cannot (the descriptor is gone,
+// names another file or is too small; the kernel refuses: EACCES / EPERM).
+// Release with munmap(p, bytes).
+void* mapPeerShareable(int64_t holder, const ShareableRegion& r, size_t bytes, bool writable, bool populate,
+                       std::string* why, int* errnoOut);
+
 // A grow-only scratch buffer in shareable memory (the heap if that fails),
 // kept between calls so that peers keep their mapping of it: the rotation
 // buffers of ring attention. Contents are not kept when it grows.

@@ -24,7 +24,9 @@ attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallE
     // Collective, as the call is: the first call on every rank agrees.
     if (!dev.ipc) dev.ipc = std::make_unique<ipc::IpcState>(c.comm->config.device);
     ATTN_CHECK(dev.ipc->agree(c.comm));
-    env->directRing = dev.ipc->enabled() && !dev.ipc->needHandles();
+    if (!dev.ring) dev.ring = std::make_unique<RingLink>();
+    ATTN_CHECK(dev.ring->agree(c.comm, *dev.ipc));
+    env->ring = dev.ring.get();
   }
   return attnSuccess;
 }

@@ -19,6 +19,8 @@
 
 namespace attn {
 
+class RingLink;
+
 inline size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Device address of `h`, a pointer into a host copy of a block at
@@ -51,9 +53,9 @@ struct DeviceCallEnv {
   cudaStream_t copy = nullptr;
   Engine* e = nullptr;
   int n = 0, me = 0, next = 0, prev = 0;
-  // Ring blocks move device to device (every rank in this process, the
-  // cuda_ipc backend agreed); else through pinned host memory.
-  bool directRing = false;
+  // How ring blocks move (ring_link.h: device to device when direct(),
+  // else through pinned host memory); null with one rank.
+  RingLink* ring = nullptr;
 };
 // Fails (naming `algorithm`) unless c runs on a device communicator.
 attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallEnv* env);

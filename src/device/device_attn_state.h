@@ -41,9 +41,6 @@ struct DeviceAttnState {
   PinnedArena metaStage;    // what `meta` is uploaded from
   PinnedArena hostOut;      // pass-Q, ship-Q: what goes to peers (query block, partials)
   PinnedArena hostIn;       // pass-Q, ship-Q: what comes from peers
-  // Direct rings (device_ring.h): how many blocks the next rank has copied
-  // out of this rank's device buffers, ever; it adds to it.
-  std::atomic<uint64_t> ringReads{0};
 
   DeviceAttnState() = default;
   ~DeviceAttnState();

@@ -7,9 +7,21 @@ namespace attn {
 DeviceBuffer::~DeviceBuffer() = default;
 
 void DeviceBuffer::reset(cudaStream_t stream) {
-  if (base_) (void)cudaFreeAsync(base_, stream);
+  if (exportable_) {
+    for (void* p : retired_) (void)cudaFree(p);
+    retired_.clear();
+    if (base_) (void)cudaFree(base_);
+  } else if (base_) {
+    (void)cudaFreeAsync(base_, stream);
+  }
   base_ = nullptr;
   bytes_ = 0;
+}
+
+void DeviceBuffer::makeExportable(cudaStream_t stream) {
+  if (exportable_) return;
+  reset(stream);
+  exportable_ = true;
 }
 
 attnResult_t DeviceBuffer::reserve(size_t bytes, cudaStream_t stream) {
@@ -19,9 +31,14 @@ attnResult_t DeviceBuffer::reserve(size_t bytes, cudaStream_t stream) {
   size_t want = bytes_ + bytes_ / 2;
   if (want < bytes) want = bytes;
   want = (want + (size_t(1) << 20) - 1) & ~((size_t(1) << 20) - 1);
-  reset(stream);
   void* p = nullptr;
-  ATTN_CUDA_CHECK(cudaMallocAsync(&p, want, stream));
+  if (exportable_) {
+    ATTN_CUDA_CHECK(cudaMalloc(&p, want));
+    if (base_) retired_.push_back(base_);
+  } else {
+    reset(stream);
+    ATTN_CUDA_CHECK(cudaMallocAsync(&p, want, stream));
+  }
   base_ = static_cast<char*>(p);
   bytes_ = want;
   return attnSuccess;

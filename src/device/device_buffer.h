@@ -6,11 +6,18 @@
 // cudaFree may wait for the whole device, and the proxy runs while its
 // caller's stream, and those of other ranks sharing the GPU, are parked
 // until proxies finish; a device-wide wait there would never end.
+//
+// Exportable buffers (makeExportable) are cudaMalloc'd instead, because
+// pool memory has no cudaIpcMemHandle_t. For the same reason as above an
+// outgrown one is not freed but retired, and freed with the rest by
+// reset() (cudaFree: only when nothing is parked, i.e. when the
+// communicator is freed).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <vector>
 
 #include "attncomm.h"
 
@@ -28,12 +35,19 @@ class DeviceBuffer {
   // (synchronise `stream`). Earlier contents are lost when it grows.
   attnResult_t reserve(size_t bytes, cudaStream_t stream);
   char* get() const { return base_; }
-  // Frees the memory on `stream`.
+  size_t capacity() const { return bytes_; }
+  // Frees the memory: on `stream`, or (exportable) with cudaFree.
   void reset(cudaStream_t stream);
+  // From now on (for good), allocations can be exported to other
+  // processes; pool memory held is freed on `stream` first.
+  void makeExportable(cudaStream_t stream);
+  bool exportable() const { return exportable_; }
 
  private:
   char* base_ = nullptr;
   size_t bytes_ = 0;
+  bool exportable_ = false;
+  std::vector<void*> retired_;  // outgrown exportable allocations
 };
 
 }  // namespace attn

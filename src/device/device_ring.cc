@@ -3,16 +3,22 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "src/device/cuda_check.h"
+#include "transports/cuda_ipc/ipc_state.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 
 namespace attn {
 
-attnResult_t DeviceRing::reserve(DeviceAttnState& R, size_t capacity) {
+DeviceRing::~DeviceRing() { closePrev(); }
+
+attnResult_t DeviceRing::reserve(DeviceAttnState& R, size_t capacity, const RingLink* link) {
+  const bool exportable = link && link->direct() && link->nextByHandle();
   for (int b = 0; b < 2; ++b) {
     ATTN_CHECK(R.hostBlock[b].reserve(capacity));
+    if (exportable) R.block[b].makeExportable(R.compute);
     ATTN_CHECK(R.block[b].reserve(capacity, R.compute));
   }
   return attnSuccess;
@@ -39,16 +45,59 @@ attnResult_t DeviceRing::loadOwn(int numSeqs, const RowsRef& rows, size_t rowByt
   metaBytes_ = own.tensorAt;
   cur_ = 0;
   if (!direct_) return attnSuccess;
+  return tradePeeks();
+}
+
+// Direct: the neighbours learn each other's device buffers (with handles
+// when they are other processes), and this rank opens its previous rank's.
+attnResult_t DeviceRing::tradePeeks() {
   // Before anything is sent: the next rank counts its first read only
   // after it has our first metadata.
-  readsBase_ = R_.ringReads.load(std::memory_order_acquire);
-  mine_ = Peek{{reinterpret_cast<uint64_t>(R_.block[0].get()), reinterpret_cast<uint64_t>(R_.block[1].get())},
-               reinterpret_cast<uint64_t>(&R_.ringReads)};
+  readsBase_ = link_->reads().load(std::memory_order_acquire);
+  ipc::IpcState& ipcState = link_->ipc();
+  Peek mine;
+  for (int b = 0; b < 2; ++b) {
+    std::string why;
+    ATTN_CHECK(ipcState.exporter().describe(R_.block[b].get(), R_.block[b].capacity(), ipcState.device(),
+                                            link_->nextByHandle(), &mine.block[b], &why));
+    if (!mine.block[b].usable)
+      return setError(attnInternalError, "ring: rank %d cannot offer its ring buffer to rank %d: %s", me_, next_,
+                      why.c_str());
+  }
   Request send, recv;
   ATTN_CHECK(e_.irecv(prev_, &prevPeek_, sizeof(prevPeek_), &recv));
-  ATTN_CHECK(e_.isend(next_, &mine_, sizeof(mine_), &send));
+  ATTN_CHECK(e_.isend(next_, &mine, sizeof(mine), &send));
   ATTN_CHECK(e_.wait(&send));
-  return e_.wait(&recv);
+  ATTN_CHECK(e_.wait(&recv));
+  for (int b = 0; b < 2; ++b) {
+    const ipc::IpcBuffer& buf = prevPeek_.block[b];
+    if (!link_->prevByHandle()) {
+      prevBlock_[b] = reinterpret_cast<const char*>(buf.ptr);
+      continue;
+    }
+    if (!buf.hasHandle || buf.ptr < buf.base)
+      return setError(attnInternalError, "ring: rank %d sent no IPC handle for its ring buffer", prev_);
+    void* base = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&base, buf.handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return setError(attnUnhandledCudaError, "ring: opening rank %d's ring buffer (cudaIpcOpenMemHandle) failed: %s",
+                      prev_, cudaGetErrorString(err));
+    }
+    prevOpened_[b] = base;
+    prevBlock_[b] = static_cast<const char*>(base) + (buf.ptr - buf.base);
+    ipc::ipcCounters().ringOpens.fetch_add(1, std::memory_order_relaxed);
+  }
+  return attnSuccess;
+}
+
+void DeviceRing::closePrev() {
+  for (void*& p : prevOpened_) {
+    if (!p) continue;
+    if (cudaIpcCloseMemHandle(p) != cudaSuccess) (void)cudaGetLastError();
+    p = nullptr;
+    ipc::ipcCounters().ringCloses.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 attnResult_t DeviceRing::post(int s, Request* sendReq, Request* recvReq) {
@@ -88,17 +137,17 @@ attnResult_t DeviceRing::advance(ProgressThread& driver, Request* sendReq, Reque
     return setError(attnInternalError, "ring: %zu bytes of block metadata from rank %d", recvReq->bytes, prev_);
   std::memcpy(&h, R_.hostBlock[nb].base(), sizeof(h));
   const BlockLayout l = BlockLayout::of(h.num_seqs, h.rows, rowBytes_, tensors_);
-  if (h.rows < 0 || h.num_seqs < 0 || l.tensorAt != recvReq->bytes || l.total > capacity_)
+  if (h.rows < 0 || h.num_seqs < 0 || l.tensorAt != recvReq->bytes || l.total > capacity_ ||
+      l.total > prevPeek_.block[cur_].bytes)
     return setError(attnInvalidUsage, "ring: block from rank %d does not match its metadata (%zu bytes, %d rows)",
                     prev_, recvReq->bytes, h.rows);
   // Our buffer nb held block s-1, which the next rank read during step s-1.
   ATTN_CHECK(waitReads(uint64_t(steps_), waitUs));
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.block[nb].get(), reinterpret_cast<const void*>(prevPeek_.block[cur_]),
-                                  l.total, cudaMemcpyDefault, copy_));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.block[nb].get(), prevBlock_[cur_], l.total, cudaMemcpyDefault, copy_));
   ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[nb], copy_));
   ATTN_CUDA_CHECK(cudaEventSynchronize(R_.blockReady[nb]));
   // Done reading prev's buffer: it may fill it again.
-  reinterpret_cast<std::atomic<uint64_t>*>(prevPeek_.reads)->fetch_add(1, std::memory_order_acq_rel);
+  link_->prevReads().fetch_add(1, std::memory_order_acq_rel);
   ipc::ipcCounters().ringPulls.fetch_add(1, std::memory_order_relaxed);
   bytes_ = l.total;
   metaBytes_ = l.tensorAt;
@@ -108,10 +157,10 @@ attnResult_t DeviceRing::advance(ProgressThread& driver, Request* sendReq, Reque
 }
 
 attnResult_t DeviceRing::waitReads(uint64_t count, double* waitUs) {
-  std::atomic<uint64_t>& reads = R_.ringReads;
+  std::atomic<uint64_t>& reads = link_->reads();
   if (reads.load(std::memory_order_acquire) - readsBase_ >= count) return attnSuccess;
-  // The next rank is a thread of this process; it may also fail and never
-  // read, which breaks the engine, or stall past the timeout.
+  // The next rank may fail and never read, which breaks the engine, or
+  // stall past the timeout.
   const auto t0 = Clock::now();
   const auto deadline = t0 + std::chrono::milliseconds(e_.timeoutMs() > 0 ? e_.timeoutMs() : 1 << 30);
   for (int spins = 0; reads.load(std::memory_order_acquire) - readsBase_ < count; ++spins) {
@@ -126,7 +175,15 @@ attnResult_t DeviceRing::waitReads(uint64_t count, double* waitUs) {
 }
 
 attnResult_t DeviceRing::finish(int moves, double* waitUs) {
-  return direct_ ? waitReads(uint64_t(moves), waitUs) : attnSuccess;
+  if (!direct_) return attnSuccess;
+  // Our copies out of prev's buffers were synchronised as they arrived.
+  // Close first, then wait: every rank waits on its next one, so waiting
+  // first would wait in a circle.
+  if (link_->prevByHandle()) {
+    closePrev();
+    link_->prevReads().fetch_add(1, std::memory_order_acq_rel);
+  }
+  return waitReads(uint64_t(moves) + (link_->nextByHandle() ? 1 : 0), waitUs);
 }
 
 }  // namespace attn

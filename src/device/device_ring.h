@@ -9,12 +9,15 @@
 //    transports send and receive, and is uploaded. A host buffer is
 //    received into only after its block was sent (the previous step
 //    waited for that) and uploaded (post() synchronises blockReady);
-//  - direct (every rank in this process, cuda_ipc agreed): only the
-//    metadata goes over the transport, as the signal that the block is
-//    ready. The next rank copies the block itself device to device out of
-//    this rank's buffer, then counts the read in this rank's ringReads. A
-//    device buffer is copied into only after the next rank has finished
-//    reading what it held.
+//  - direct (RingLink::direct): only the metadata goes over the
+//    transport, as the signal that the block is ready. The next rank copies
+//    the block itself device to device out of this rank's buffer, then
+//    counts the read in this rank's control word. A device buffer is
+//    copied into only after the next rank has finished reading what it
+//    held. A neighbour in this process reads by address; one in another
+//    process opens this rank's buffers' IPC handles at the start of the
+//    call, closes them at its end and counts that too, so no mapping
+//    outlives the call (memory a peer has open must not be freed).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,15 +29,21 @@
 #include "src/attn/progress_thread.h"
 #include "src/core/engine.h"
 #include "src/device/device_attn_state.h"
+#include "src/device/ring_link.h"
+#include "transports/cuda_ipc/ipc_handles.h"
 
 namespace attn {
 
 class DeviceRing {
  public:
+  // link: null or not direct() for the staged mode.
   DeviceRing(Engine& e, DeviceAttnState& R, cudaStream_t copy, int me, int next, int prev, size_t capacity,
-             bool direct)
+             RingLink* link)
       : e_(e), R_(R), copy_(copy), me_(me), next_(next), prev_(prev), capacity_(capacity),
-        direct_(direct && next != me) {}
+        link_(link && link->direct() && next != me ? link : nullptr), direct_(link_ != nullptr) {}
+  ~DeviceRing();  // closes the previous rank's buffers if an error left them open
+  DeviceRing(const DeviceRing&) = delete;
+  DeviceRing& operator=(const DeviceRing&) = delete;
 
   // Block 0, this rank's own: `rows` (device tensors t0 and, for KV, t1;
   // host offsets and positions) packed into host buffer 0 (metadata on the
@@ -45,8 +54,10 @@ class DeviceRing {
   attnResult_t loadOwn(int numSeqs, const RowsRef& rows, size_t rowBytes);
 
   // Both host and device buffers hold at least `capacity` bytes (device
-  // ones grown on the compute stream: synchronise it before use).
-  static attnResult_t reserve(DeviceAttnState& R, size_t capacity);
+  // ones grown on the compute stream: synchronise it before use). The
+  // device ones are exportable when the next rank reads them through IPC
+  // handles (link direct and nextByHandle).
+  static attnResult_t reserve(DeviceAttnState& R, size_t capacity, const RingLink* link);
 
   int cur() const { return cur_; }
   const char* host() const { return R_.hostBlock[cur_].base(); }
@@ -62,17 +73,20 @@ class DeviceRing {
   // reader here finished, and makes it current. Adds the time blocked on
   // peers to *waitUs.
   attnResult_t advance(ProgressThread& driver, Request* sendReq, Request* recvReq, double* waitUs);
-  // Direct: returns once the next rank has read this rank's blocks of all
-  // `moves` steps, so the next call may overwrite them. Staged: nothing.
+  // Direct: closes the previous rank's buffers (through handles), then
+  // returns once the next rank has read this rank's blocks of all `moves`
+  // steps (and closed them), so the next call may overwrite or free them.
+  // Staged: nothing.
   attnResult_t finish(int moves, double* waitUs);
 
  private:
-  // What a rank tells its next rank in direct mode.
+  // What a rank tells its next rank in direct mode: its two device buffers.
   struct Peek {
-    uint64_t block[2];
-    uint64_t reads;  // &DeviceAttnState::ringReads
+    ipc::IpcBuffer block[2];
   };
+  attnResult_t tradePeeks();
   attnResult_t waitReads(uint64_t count, double* waitUs);
+  void closePrev();
 
   Engine& e_;
   DeviceAttnState& R_;
@@ -82,9 +96,12 @@ class DeviceRing {
   int tensors_ = 1;
   int cur_ = 0;
   int steps_ = 0;  // advances so far
+  RingLink* link_;
   bool direct_;
-  Peek mine_{}, prevPeek_{};
-  uint64_t readsBase_ = 0;  // R.ringReads at the start of this call
+  Peek prevPeek_{};
+  const char* prevBlock_[2] = {nullptr, nullptr};  // prev's buffers, in this address space
+  void* prevOpened_[2] = {nullptr, nullptr};       // their mappings, when opened from handles
+  uint64_t readsBase_ = 0;  // this rank's word at the start of this call
 };
 
 }  // namespace attn

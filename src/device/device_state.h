@@ -7,6 +7,7 @@
 #include "src/device/device_attn_state.h"
 #include "src/device/nccl_bridge.h"
 #include "src/device/pinned_arena.h"
+#include "src/device/ring_link.h"
 #include "src/device/stream_bridge.h"
 #include "transports/cuda_ipc/ipc_state.h"
 
@@ -19,6 +20,7 @@ struct DeviceState {
   DeviceAttnState attn;  // ring attention on the GPU
   NcclBridgePtr nccl;    // attnCommInitFromNccl: the NCCL backend (nccl_bridge.h)
   std::unique_ptr<ipc::IpcState> ipc;  // the cuda_ipc backend (transports/cuda_ipc), made on first use
+  std::unique_ptr<RingLink> ring;      // how ring attention's blocks move (ring_link.h), made on first use
   std::unique_ptr<StreamBridge> bridge;
 };
 

@@ -59,7 +59,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
     capacity = std::max(capacity, BlockLayout::of(S, c.kvRowsOf[r], c.kvRowBytes, 2).total);
-  ATTN_CHECK(DeviceRing::reserve(R, capacity));
+  ATTN_CHECK(DeviceRing::reserve(R, capacity, env.ring));
   // The queries stay on the device.
   DeviceKernels kernels(c, R);
   ATTN_CHECK(kernels.reserve({c.q}, n));
@@ -70,7 +70,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(acc.init(c, R));
   const DeviceRows myQ = kernels.resident(0);
   // Block 0 is this rank's KV.
-  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.directRing);
+  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.ring);
   ATTN_CHECK(ring.loadOwn(S, c.kv, c.kvRowBytes));
 
   // Step s's send and receive; they outlive the loop body (see the guard).

@@ -87,7 +87,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     capacity = std::max(capacity, BlockLayout::of(S, c.qRowsOf[r], c.qRowBytes, 1).total);
     maxPartial = std::max(maxPartial, c.partialBytes(c.qRowsOf[r]));
   }
-  ATTN_CHECK(DeviceRing::reserve(R, capacity));
+  ATTN_CHECK(DeviceRing::reserve(R, capacity, env.ring));
   PeerSlots outSlot(n);
   DeviceHomecoming home(n);
   for (int p = 0; p < n; ++p)
@@ -109,7 +109,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const DeviceRows myKv = kernels.resident(0);
   float* visitO = reinterpret_cast<float*>(R.visit.get());
   // Block 0 is this rank's queries.
-  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.directRing);
+  DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.ring);
   ATTN_CHECK(ring.loadOwn(S, c.q, c.qRowBytes));
 
   std::unique_ptr<Request[]> outReq(new Request[n]);

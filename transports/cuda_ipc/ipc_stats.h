@@ -21,6 +21,8 @@ struct IpcCounters {
   std::atomic<uint64_t> p2pPulls{0};     // receives copied GPU to GPU
   std::atomic<uint64_t> p2pViaHost{0};   // sends and receives moved through pinned host memory
   std::atomic<uint64_t> ringPulls{0};    // ring-attention blocks copied device to device (src/device)
+  std::atomic<uint64_t> ringOpens{0};    // a neighbour's ring buffer opened from its handle (once per call)
+  std::atomic<uint64_t> ringCloses{0};   // and closed again
 };
 
 IpcCounters& ipcCounters();

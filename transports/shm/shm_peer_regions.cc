@@ -1,12 +1,8 @@
 #include "transports/shm/shm_peer_regions.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <string>
 
 #include "src/core/log.h"
@@ -35,35 +31,23 @@ const uint8_t* PeerRegions::lookup(const SlotHeader& s) {
   return base ? base + s.regionOffset : nullptr;
 }
 
-// Opens the peer's descriptor and checks it is the region the slot names
-// before mapping it: the number may since have been reused for another file.
+// Opens the peer's descriptor (checked to be the region the slot names:
+// the number may since have been reused for another file) and maps it.
 const uint8_t* PeerRegions::mapRegion(const SlotHeader& s) {
-  const std::string path = "/proc/" + std::to_string(pid_) + "/fd/" + std::to_string(s.regionFd);
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == EACCES || errno == EPERM) {
+  ShareableRegion r;
+  r.ownerPid = s.regionPid;
+  r.fd = s.regionFd;
+  r.serial = s.regionSerial;
+  std::string why;
+  int err = 0;
+  void* p = mapPeerShareable(pid_, r, s.regionBytes, /*writable=*/false, /*populate=*/true, &why, &err);
+  if (!p) {
+    if (err == EACCES || err == EPERM) {
       refused_ = true;
-      ATTN_INFO(kLogShm, "peer %d: cannot open its shareable memory (%s); reading it with CMA",
-                peer_, strerror(errno));
+      ATTN_INFO(kLogShm, "peer %d: cannot open its shareable memory (%s); reading it with CMA", peer_, why.c_str());
     }
     return nullptr;
   }
-  char link[256];
-  const std::string self = "/proc/self/fd/" + std::to_string(fd);
-  ssize_t n = readlink(self.c_str(), link, sizeof(link) - 1);
-  link[n > 0 ? n : 0] = '\0';
-  const std::string want = "/memfd:" + shareableName(s.regionPid, s.regionSerial) + " ";
-  struct stat st{};
-  if (strncmp(link, want.c_str(), want.size()) != 0 || fstat(fd, &st) != 0 ||
-      static_cast<uint64_t>(st.st_size) < s.regionBytes) {
-    close(fd);
-    return nullptr;
-  }
-  // Populate now: one pass over the page tables instead of a fault per page
-  // during the copies.
-  void* p = mmap(nullptr, s.regionBytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) return nullptr;
   if (lru_.size() >= maxRegions_) {
     Mapping& old = lru_.back();
     munmap(old.base, old.bytes);

@@ -1,0 +1,67 @@
+// How the blocks of device ring attention reach the next rank, decided by
+// every rank together on a communicator's first attention call:
+//  - direct, when the cuda_ipc backend serves the communicator (every rank
+//    on this host and able to reach every peer's GPU) and every rank can
+//    count its reads in its previous rank's control word: the next rank
+//    copies each block out of this rank's device buffer, by address when it
+//    is a thread of this process, through CUDA IPC handles when it is
+//    another process;
+//  - staged otherwise, through pinned host memory and the host transport.
+// The control word is host memory shared with the next rank (a memfd it
+// maps through /proc/<pid>/fd when it is another process): how many blocks
+// it has copied out of this rank's buffers, ever. A rank overwrites a
+// buffer only after its reader has counted the read (device_ring.h).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "attncomm.h"
+
+struct attnComm;
+
+namespace attn {
+
+namespace ipc {
+class IpcState;
+}
+
+struct alignas(64) RingControl {
+  std::atomic<uint64_t> reads{0};
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "the control word is shared between processes");
+
+class RingLink {
+ public:
+  RingLink() = default;
+  ~RingLink();  // unmaps the previous rank's word, frees this rank's
+  RingLink(const RingLink&) = delete;
+  RingLink& operator=(const RingLink&) = delete;
+
+  // Collective over the communicator, on its first attention call (after
+  // ipc.agree); later calls return at once. Logs the choice once.
+  attnResult_t agree(attnComm* comm, ipc::IpcState& ipc);
+  bool direct() const { return direct_; }
+  ipc::IpcState& ipc() const { return *ipc_; }
+  // The neighbour is another process: blocks move through IPC handles, and
+  // buffers it reads must be exportable.
+  bool prevByHandle() const { return prevByHandle_; }
+  bool nextByHandle() const { return nextByHandle_; }
+  // This rank's word (the next rank adds to it) and the previous rank's
+  // (this rank adds to it).
+  std::atomic<uint64_t>& reads() { return mine_->reads; }
+  std::atomic<uint64_t>& prevReads() { return prev_->reads; }
+
+ private:
+  bool decided_ = false;
+  bool direct_ = false;
+  bool prevByHandle_ = false, nextByHandle_ = false;
+  ipc::IpcState* ipc_ = nullptr;
+  RingControl* mine_ = nullptr;  // shareableAlloc'd
+  RingControl* prev_ = nullptr;  // the previous rank's, in this address space
+  void* prevMap_ = nullptr;      // its mapping here when it is another process
+  size_t prevMapBytes_ = 0;
+};
+
+}  // namespace attn
