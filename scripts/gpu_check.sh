@@ -90,6 +90,11 @@ stage_perf() {
     run "$BUILD/perf/${coll}_perf" -G 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
   done
   run "$BUILD/perf/all_gather_perf" -G 0 -p 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
+  # The staging backend (cuda_ipc off) in one piece, then pipelined.
+  for chunk in 0 4194304; do
+    run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
+      "$BUILD/perf/all_reduce_perf" -G 0 -p 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
+  done
   grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap" "$log" | head -100
 }
 

@@ -19,7 +19,7 @@ if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
   fi
   # Only what the "device" tests run: the device test binaries and the perf
   # binaries of the -G smoke tests.
-  cmake --build "$EMU_DIR" -j "$(nproc)" --target test_cuda_emu test_device_comm test_cuda_ipc \
+  cmake --build "$EMU_DIR" -j "$(nproc)" --target test_cuda_emu test_device_comm test_device_staging test_cuda_ipc \
         test_nccl_bridge all_gather_perf reduce_scatter_perf all_reduce_perf alltoall_perf \
         broadcast_perf sendrecv_perf ring_attn_perf decode_attn_perf
   (cd "$EMU_DIR" && ctest -L device --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")

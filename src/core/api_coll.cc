@@ -78,13 +78,14 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     return call.finish(setError(attnInvalidArgument,
                                 "all-gather: sendbuff overlaps recvbuff but is not this rank's "
                                 "slot (in place needs sendbuff == recvbuff + rank*sendcount)"));
-  if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(
-        comm, stream,
-        deviceColl(DeviceOpKind::kAllGather, sendbuff, out, sendcount, datatype,
-                   {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}}, [=](char* const* h) {
-                     return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
-                   })));
+  if (deviceRoute(comm)) {
+    DeviceOp d = deviceColl(DeviceOpKind::kAllGather, sendbuff, out, sendcount, datatype,
+                            {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}}, [=](char* const* h) {
+                              return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
+                            });
+    d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllGather(in, o, c, datatype, comm, nullptr); };
+    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+  }
   AlgoSetting algo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "AllGather", [=] {
@@ -118,6 +119,9 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                               return attnReduceScatter(h[0], h[1], recvcount, datatype, op, comm, nullptr);
                             });
     d.op = op;
+    d.sliceOp = [=](char* in, char* o, size_t c) {
+      return attnReduceScatter(in, o, c, datatype, op, comm, nullptr);
+    };
     return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
   AlgoSetting algo;
@@ -148,6 +152,7 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                               return attnAllReduce(h[0], h[1], count, datatype, op, comm, nullptr);
                             });
     d.op = op;
+    d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllReduce(in, o, c, datatype, op, comm, nullptr); };
     return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
   AlgoSetting algo;
@@ -181,6 +186,7 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                               return attnBroadcast(h[0], h[1], count, datatype, root, comm, nullptr);
                             });
     d.root = root;
+    d.sliceOp = [=](char* in, char* o, size_t c) { return attnBroadcast(in, o, c, datatype, root, comm, nullptr); };
     return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
   return call.finish(dispatch(comm, "Broadcast", [=] {
@@ -201,13 +207,13 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
   const int n = comm->nranks;
   if (overlaps(sendbuff, bytes * n, recvbuff, bytes * n))
     return call.finish(setError(attnInvalidArgument, "all-to-all cannot run in place: buffers overlap"));
-  if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(
-        comm, stream,
-        deviceColl(DeviceOpKind::kAllToAll, sendbuff, recvbuff, count, datatype,
-                   {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}}, [=](char* const* h) {
-                     return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr);
-                   })));
+  if (deviceRoute(comm)) {
+    DeviceOp d = deviceColl(DeviceOpKind::kAllToAll, sendbuff, recvbuff, count, datatype,
+                            {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}},
+                            [=](char* const* h) { return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr); });
+    d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllToAll(in, o, c, datatype, comm, nullptr); };
+    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+  }
   AllToAllSetting schedule;
   ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
   return call.finish(dispatch(comm, "AllToAll", [=] {

@@ -44,6 +44,10 @@ struct DeviceSpan {
 // The host-memory operation, given one staged pointer per span (nullptr for
 // empty spans).
 using HostOp = std::function<attnResult_t(char* const* host)>;
+// The same host operation on `count` elements per block, for one slice of
+// a pipelined staging (stage_pipeline.h): `in` and `out` laid out as the
+// operation's own buffers of that count.
+using SliceOp = std::function<attnResult_t(char* in, char* out, size_t count)>;
 
 struct DeviceOp {
   DeviceOpKind kind = DeviceOpKind::kOther;
@@ -58,6 +62,7 @@ struct DeviceOp {
   // For the staging backend.
   std::vector<DeviceSpan> spans;
   HostOp hostOp;
+  SliceOp sliceOp;  // all-gather, reduce-scatter, all-reduce, broadcast, all-to-all
 };
 
 }  // namespace attn

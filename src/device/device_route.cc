@@ -5,6 +5,7 @@
 #include "src/core/comm.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_state.h"
+#include "src/device/stage_pipeline.h"
 #include "transports/cuda_ipc/ipc_backend.h"
 
 namespace attn {
@@ -76,11 +77,21 @@ attnResult_t stageAround(DeviceState& st, cudaStream_t copy, const std::vector<D
   return attnSuccess;
 }
 
-attnResult_t enqueueStaged(attnComm* comm, attnStream_t stream, std::vector<DeviceSpan> spans,
-                           HostOp op) {
+// Pipelined when the operation can be sliced and is larger than a slice
+// (stage_pipeline.h), else in one piece.
+attnResult_t runStaged(const attnComm* comm, DeviceState& st, cudaStream_t copy, const DeviceOp& op,
+                       size_t chunkBytes) {
+  if (const size_t slice = stageSliceCount(op, chunkBytes))
+    return runStagePipeline(op, comm->rank, comm->nranks, slice, st.arena, st.sliceEvents, copy);
+  return stageAround(st, copy, op.spans, op.hostOp);
+}
+
+attnResult_t enqueueStaged(attnComm* comm, attnStream_t stream, DeviceOp op) {
   std::shared_ptr<DeviceState> st = comm->device;
-  auto work = [st, spans = std::move(spans), op = std::move(op)](cudaStream_t copy) {
-    return stageAround(*st, copy, spans, op);
+  // Read here, on the caller's thread, like every per-call setting.
+  const size_t chunk = stageChunkBytes();
+  auto work = [comm, st, op = std::move(op), chunk](cudaStream_t copy) {
+    return runStaged(comm, *st, copy, op, chunk);
   };
   return st->bridge->enqueue(reinterpret_cast<cudaStream_t>(stream), std::move(work));
 }
@@ -101,17 +112,17 @@ attnResult_t deviceEnqueueWork(attnComm* comm, attnStream_t stream, DeviceWork w
                                        [work = std::move(work)](cudaStream_t) { return work(); });
 }
 
-attnResult_t deviceRunStaged(attnComm* comm, const std::vector<DeviceSpan>& spans, const HostOp& op) {
+attnResult_t deviceRunStaged(attnComm* comm, const DeviceOp& op) {
   if (!comm->device || !StreamBridge::onProxyThread())
     return setError(attnInternalError, "deviceRunStaged outside a device communicator's proxy thread");
-  return stageAround(*comm->device, comm->device->bridge->copyStream(), spans, op);
+  return runStaged(comm, *comm->device, comm->device->bridge->copyStream(), op, stageChunkBytes());
 }
 
 attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {
   if (comm->device->nccl && op.kind != DeviceOpKind::kOther)
     return ncclEnqueue(comm, comm->device->nccl.get(), stream, op);
   if (ipcSelected(comm, op)) return ipcEnqueue(comm, stream, std::move(op));
-  return enqueueStaged(comm, stream, std::move(op.spans), std::move(op.hostOp));
+  return enqueueStaged(comm, stream, std::move(op));
 }
 
 }  // namespace attn

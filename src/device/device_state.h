@@ -8,6 +8,7 @@
 #include "src/device/nccl_bridge.h"
 #include "src/device/pinned_arena.h"
 #include "src/device/ring_link.h"
+#include "src/device/stage_pipeline.h"
 #include "src/device/stream_bridge.h"
 #include "transports/cuda_ipc/ipc_state.h"
 
@@ -17,6 +18,7 @@ namespace attn {
 // thread, the only user of the others).
 struct DeviceState {
   PinnedArena arena;     // the staging backend's copies
+  SliceEvents sliceEvents;  // pipelined staging: each slice's inputs are on the host
   DeviceAttnState attn;  // ring attention on the GPU
   NcclBridgePtr nccl;    // attnCommInitFromNccl: the NCCL backend (nccl_bridge.h)
   std::unique_ptr<ipc::IpcState> ipc;  // the cuda_ipc backend (transports/cuda_ipc), made on first use

@@ -317,6 +317,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   return copyAsync(dst, src, n, kind, s);
 }
 
+// Row by row: the same bytes in the same stream order as one 2D copy.
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                              size_t height, cudaMemcpyKind kind, cudaStream_t s) {
+  EMU_ENTER();
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidPitchValue, "2D copy of %zu-byte rows with pitches %zu and %zu", width, dpitch, spitch);
+  for (size_t r = 0; r < height && width; ++r)
+    if (cudaError_t e = copyAsync(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                                  width, kind, s);
+        e != cudaSuccess)
+      return e;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   EMU_ENTER();
   if (cudaError_t e = copyAsync(dst, src, n, kind, nullptr); e != cudaSuccess) return e;

@@ -35,7 +35,7 @@ attnResult_t ipcEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {
     if (!runStaged) ATTN_CHECK(ipc::runCollective(comm, *state, op, copy, &runStaged));
     if (runStaged) {
       ipc::ipcCounters().stagedOps.fetch_add(1, std::memory_order_relaxed);
-      return deviceRunStaged(comm, op.spans, op.hostOp);
+      return deviceRunStaged(comm, op);
     }
     ipc::ipcCounters().ops.fetch_add(1, std::memory_order_relaxed);
     return attnSuccess;

@@ -1,0 +1,138 @@
+// The staging backend of device communicators, pipelined
+// (src/device/stage_pipeline.h): collectives larger than a slice run slice
+// by slice through pinned host memory. ATTN_TRANSPORT=shm,tcp keeps
+// cuda_ipc out, so every collective here is staged; a small
+// ATTN_DEVICE_STAGE_CHUNK cuts each into several slices with a shorter last
+// one. Results must be exact and the slice counter must show the cut.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/device/stage_pipeline.h"
+#include "support/device_checks.h"
+#include "support/gpu.h"
+#include "support/multirank.h"
+
+namespace {
+
+using attn_test::AsStream;
+using attn_test::RunOptions;
+
+constexpr size_t kChunk = 4096;  // bytes of each rank block per slice
+
+size_t Slices(size_t count, attnDataType_t t) {
+  const size_t per = kChunk / attn_test::TypedBuf(t, 1).bytes();
+  return (count + per - 1) / per;
+}
+
+RunOptions Staged(attnConfig_t* cfg) {
+  *cfg = ATTN_CONFIG_INITIALIZER;
+  cfg->device = 0;
+  RunOptions o;
+  o.config = cfg;
+  o.env = {{"ATTN_TRANSPORT", "shm,tcp"}, {"ATTN_DEVICE_STAGE_CHUNK", std::to_string(kChunk)}};
+  return o;
+}
+
+// In place: all-reduce with send == recv, all-gather with send at this
+// rank's block of recv.
+void CheckInPlace(attnComm_t comm, int rank, int n, size_t count, cudaStream_t s) {
+  SCOPED_TRACE("in place on rank " + std::to_string(rank));
+  std::vector<float> host(count * n);
+  for (size_t i = 0; i < count; ++i) host[i] = float(rank * 100000 + i);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&d), host.size() * sizeof(float), s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(attnAllReduce(d, d, count, attnFloat32, attnSum, comm, AsStream(s)), attnSuccess)
+      << attnGetLastError(comm);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (size_t i = 0; i < count; ++i) {
+    double want = 0;
+    for (int r = 0; r < n; ++r) want += r * 100000.0 + i;
+    ASSERT_EQ(host[i], float(want)) << "all-reduce element " << i;
+  }
+  for (size_t i = 0; i < count; ++i) host[rank * count + i] = float(rank * 100000 + i);
+  ASSERT_EQ(cudaMemcpyAsync(d + rank * count, host.data() + rank * count, count * sizeof(float),
+                            cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(attnAllGather(d + rank * count, d, count, attnFloat32, comm, AsStream(s)), attnSuccess)
+      << attnGetLastError(comm);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), d, host.size() * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(d, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(host[r * count + i], float(r * 100000 + i)) << "all-gather block " << r << " element " << i;
+}
+
+// Every sliceable collective, counts that leave a short last slice; returns
+// the slices this rank should have run.
+size_t RunSuite(attnComm_t comm, int rank, int n) {
+  cudaStream_t s;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  size_t slices = 0;
+  for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
+    attn_test::CheckDevAllGather(comm, rank, n, t, 5001, s);
+    slices += Slices(5001, t);
+    for (attnRedOp_t op : {attnSum, attnAvg}) {
+      attn_test::CheckDevAllReduce(comm, rank, n, t, op, 3001, s);
+      attn_test::CheckDevReduceScatter(comm, rank, n, t, op, 2051, s);
+      slices += Slices(3001, t) + Slices(2051, t);
+    }
+  }
+  attn_test::CheckDevBroadcast(comm, rank, n, attnFloat32, 4099, n - 1, s);
+  attn_test::CheckDevAllToAll(comm, rank, n, attnFloat32, 1500, s);
+  CheckInPlace(comm, rank, n, 2500, s);
+  slices += Slices(4099, attnFloat32) + Slices(1500, attnFloat32) + 2 * Slices(2500, attnFloat32);
+  // One slice or less: unpipelined, as before.
+  attn_test::CheckDevAllReduce(comm, rank, n, attnFloat32, attnSum, 1024, s);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  attnResult_t async = attnInternalError;
+  EXPECT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+  EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+  cudaStreamDestroy(s);
+  return slices;
+}
+
+TEST(DeviceStaging, LargeCollectivesRunInSlicesBetweenThreads) {
+  REQUIRE_GPU();
+  for (int n : {2, 3}) {
+    attnConfig_t cfg;
+    const RunOptions o = Staged(&cfg);
+    // Read at every call: keep it set while the ranks run.
+    attn_test::ScopedEnv env(o.env);
+    std::atomic<size_t> expected{0};
+    const uint64_t before = attn::stagedSlices().load();
+    attn_test::RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) {
+      expected += RunSuite(comm, rank, nranks);
+    }, o);
+    EXPECT_EQ(attn::stagedSlices().load() - before, expected.load()) << n << " ranks";
+  }
+}
+
+TEST(DeviceStaging, LargeCollectivesRunInSlicesBetweenProcesses) {
+  REQUIRE_FORKABLE_CUDA();
+  attnConfig_t cfg;
+  attn_test::RunProcesses(3, [](int rank, int nranks, attnComm_t& comm) {
+    const uint64_t before = attn::stagedSlices().load();
+    const size_t expected = RunSuite(comm, rank, nranks);
+    EXPECT_EQ(attn::stagedSlices().load() - before, expected);
+  }, Staged(&cfg));
+}
+
+// ATTN_DEVICE_STAGE_CHUNK=0: every collective in one piece, still exact.
+TEST(DeviceStaging, ChunkZeroTurnsSlicingOff) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunOptions o = Staged(&cfg);
+  o.env[1].second = "0";
+  attn_test::ScopedEnv env(o.env);
+  const uint64_t before = attn::stagedSlices().load();
+  attn_test::RunThreads(2, [](int rank, int nranks, attnComm_t& comm) { RunSuite(comm, rank, nranks); }, o);
+  EXPECT_EQ(attn::stagedSlices().load(), before);
+}
+
+}  // namespace
