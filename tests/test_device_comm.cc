@@ -290,8 +290,9 @@ TEST(DeviceComm, EveryModeOnDeviceEqualsExactAttention) {
   }
 }
 
-// The same with ranks as processes sharing GPU 0 (their blocks move through
-// the shm transport, between pinned host buffers).
+// The same with ranks as processes sharing GPU 0 (ring blocks move device
+// to device through CUDA IPC handles; ship-Q's queries and partials go
+// through pinned host buffers and the shm transport).
 TEST(DeviceComm, EveryModeOnDeviceEqualsExactAttentionProcesses) {
   REQUIRE_FORKABLE_CUDA();
   const std::vector<attn_test::AttnCase> cases = DeviceCases();
