@@ -1,6 +1,9 @@
 // Host side of the device attention: checks the problem, picks the kernel
 // (WMMA tensor cores or SIMT), and launches it on the caller's stream.
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda/attention_simt.cuh"
 #include "kernels/cuda/attention_wmma.cuh"
@@ -79,13 +82,34 @@ bool wmmaEligible(const cpu::AttnProblem& p, const AttnCudaExec& ex, const Devic
          aligned(p.v, 16) && aligned(o, 16);
 }
 
+// Lets `kern` launch with `bytes` of dynamic shared memory on the current
+// device. The attribute stays set per kernel and device, so the driver is
+// asked only when a launch needs more than the largest allowed so far (not
+// on every launch: pass-KV launches once per ring step).
+attnResult_t allowSharedMemory(const void* kern, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> allowed;
+  int device = -1;
+  ATTN_CHECK(cudaResult(cudaGetDevice(&device), "cudaGetDevice"));
+  const std::pair<const void*, int> key{kern, device};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = allowed.find(key);
+    if (it != allowed.end() && it->second >= bytes) return attnSuccess;
+  }
+  ATTN_CHECK(cudaResult(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+                        "cudaFuncSetAttribute(attention shared memory)"));
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& a = allowed[key];
+  if (a < bytes) a = bytes;
+  return attnSuccess;
+}
+
 template <class T, int D>
 attnResult_t launchWmma(const AttnArgs& a, cudaStream_t s) {
   auto* kern = attnWmmaKernel<T, D>;
   constexpr size_t bytes = WmmaSmem<D>::kBytes;
-  ATTN_CHECK(cudaResult(
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-      "cudaFuncSetAttribute(attention shared memory)"));
+  ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
   kern<<<unsigned(a.tiles) * unsigned(a.hq), kWmmaThreads, bytes, s>>>(a);
   return checkLaunch("attention (wmma) launch");
 }
@@ -103,9 +127,7 @@ template <class T>
 attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
   auto* kern = attnSimtKernel<T>;
   const size_t bytes = simtSmemBytes(a.d);
-  ATTN_CHECK(cudaResult(
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-      "cudaFuncSetAttribute(attention shared memory)"));
+  ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
   kern<<<unsigned(a.tiles) * unsigned(a.hq), kSimtThreads, bytes, s>>>(a);
   return checkLaunch("attention (simt) launch");
 }
