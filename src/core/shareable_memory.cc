@@ -46,7 +46,7 @@ void* mapPeerShareable(int64_t holder, const ShareableRegion& r, size_t bytes, b
   int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) {
     *errnoOut = errno;
-    *why = "opening " + path + " failed: " + strerror(errno);
+    *why = "opening " + path + " failed: " + strerror(*errnoOut);
     return nullptr;
   }
   char link[256];
