@@ -231,7 +231,7 @@ TEST(Ucx, LocalCloseFailsQueuedRequests) {
 // forgets it once the memory is unmapped.
 TEST(Ucx, RegistrationCache) {
   std::unique_ptr<attn::ucx::UcxWorker> w;
-  ASSERT_EQ(attn::ucx::UcxWorker::create(&w), attnSuccess) << attn::threadLastError();
+  ASSERT_EQ(attn::ucx::UcxWorker::create(false, &w), attnSuccess) << attn::threadLastError();
   attn::ucx::UcxRegCache cache(w->context(), 4096, 4);
   if (!cache.enabled()) GTEST_SKIP() << "UCM memory events are off (UCX_MEM_EVENTS=no)";
   const size_t len = size_t(8) << 20;

@@ -65,6 +65,29 @@ attnResult_t Engine::irecv(int peer, void* buf, size_t capacity, Request* req) {
   return conns_[peer]->postRecv(buf, capacity, req);
 }
 
+bool Engine::takesDeviceMemory(int peer) const {
+  return peer >= 0 && peer < nranks_ && conns_[peer] && conns_[peer]->takesDeviceMemory();
+}
+
+attnResult_t Engine::isendDevice(int peer, const void* buf, size_t bytes, Request* req) {
+  if (broken()) return setError(brokenCode_, "%s", brokenWhy_.c_str());
+  std::lock_guard<std::mutex> g(mu_);
+  if (!takesDeviceMemory(peer))
+    return setError(attnInternalError, "device-memory send to peer %d, whose transport takes only host memory", peer);
+  ATTN_TRACE(kLogP2p, "isend (device memory) peer %d bytes %zu via %s", peer, bytes, transportName(peer));
+  return conns_[peer]->postDeviceSend(buf, bytes, req);
+}
+
+attnResult_t Engine::irecvDevice(int peer, void* buf, size_t capacity, Request* req) {
+  if (broken()) return setError(brokenCode_, "%s", brokenWhy_.c_str());
+  std::lock_guard<std::mutex> g(mu_);
+  if (!takesDeviceMemory(peer))
+    return setError(attnInternalError, "device-memory receive from peer %d, whose transport takes only host memory",
+                    peer);
+  ATTN_TRACE(kLogP2p, "irecv (device memory) peer %d capacity %zu via %s", peer, capacity, transportName(peer));
+  return conns_[peer]->postDeviceRecv(buf, capacity, req);
+}
+
 attnResult_t Engine::progress(bool* progressed) {
   *progressed = false;
   if (broken()) return setError(brokenCode_, "%s", brokenWhy_.c_str());

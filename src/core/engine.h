@@ -43,6 +43,11 @@ class Engine {
 
   attnResult_t isend(int peer, const void* buf, size_t bytes, Request* req);
   attnResult_t irecv(int peer, void* buf, size_t capacity, Request* req);
+  // The connection to `peer` moves CUDA device memory itself (false for
+  // self and unconnected peers); then the two below take device buffers.
+  bool takesDeviceMemory(int peer) const;
+  attnResult_t isendDevice(int peer, const void* buf, size_t bytes, Request* req);
+  attnResult_t irecvDevice(int peer, void* buf, size_t capacity, Request* req);
 
   // One pass over the busy connections; *progressed when anything moved.
   attnResult_t progress(bool* progressed);

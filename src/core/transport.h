@@ -93,6 +93,14 @@ class Connection {
   // Closes the link now (abort or error); the peer notices. Queued requests
   // fail with attnRemoteError.
   virtual void close() = 0;
+  // Whether postDeviceSend/postDeviceRecv work: the transport moves CUDA
+  // device memory itself (UCX built with CUDA), so device buffers need no
+  // staging through host memory. Fixed at connection time.
+  virtual bool takesDeviceMemory() const { return false; }
+  // postSend/postRecv on a buffer that may be CUDA device memory (or host
+  // memory: the transport tells them apart). Only where takesDeviceMemory().
+  virtual attnResult_t postDeviceSend(const void* buf, size_t bytes, Request* req);
+  virtual attnResult_t postDeviceRecv(void* buf, size_t capacity, Request* req);
   // Sends of at least this many bytes from shareable memory (attnMemAlloc)
   // are read by the peer straight from its mapping of that memory, with no
   // system call per message; 0: never. Algorithms may stage data there.

@@ -209,13 +209,31 @@ attnResult_t UcxConnection::postFailure(Op* op, attnResult_t code, const std::st
 }
 
 attnResult_t UcxConnection::postSend(const void* buf, size_t bytes, Request* req) {
+  return send(buf, bytes, req, /*device=*/false);
+}
+
+attnResult_t UcxConnection::postDeviceSend(const void* buf, size_t bytes, Request* req) {
+  return send(buf, bytes, req, /*device=*/true);
+}
+
+attnResult_t UcxConnection::postRecv(void* buf, size_t capacity, Request* req) {
+  return recv(buf, capacity, req, /*device=*/false);
+}
+
+attnResult_t UcxConnection::postDeviceRecv(void* buf, size_t capacity, Request* req) {
+  return recv(buf, capacity, req, /*device=*/true);
+}
+
+// Device memory skips the registration cache: UCX registers it in its own
+// cache, which also hears of cudaFree (ours hears only of munmap).
+attnResult_t UcxConnection::send(const void* buf, size_t bytes, Request* req, bool device) {
   std::lock_guard<std::mutex> g(worker_->mutex());
   if (broken_) {
     req->fail(attnRemoteError, brokenWhy_);
     return setError(attnRemoteError, "%s", brokenWhy_.c_str());
   }
   const uint64_t seq = sendSeq_++;
-  Op* op = new Op{this, req, cache_->acquire(buf, bytes), bytes, false, seq, nullptr};
+  Op* op = new Op{this, req, device ? nullptr : cache_->acquire(buf, bytes), bytes, false, seq, nullptr};
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   prm.cb.send = &sendDone;
@@ -250,14 +268,14 @@ attnResult_t UcxConnection::postSend(const void* buf, size_t bytes, Request* req
   return attnSuccess;
 }
 
-attnResult_t UcxConnection::postRecv(void* buf, size_t capacity, Request* req) {
+attnResult_t UcxConnection::recv(void* buf, size_t capacity, Request* req, bool device) {
   std::lock_guard<std::mutex> g(worker_->mutex());
   if (broken_) {
     req->fail(attnRemoteError, brokenWhy_);
     return setError(attnRemoteError, "%s", brokenWhy_.c_str());
   }
   const uint64_t seq = recvSeq_++;
-  Op* op = new Op{this, req, cache_->acquire(buf, capacity), capacity, true, seq, nullptr};
+  Op* op = new Op{this, req, device ? nullptr : cache_->acquire(buf, capacity), capacity, true, seq, nullptr};
   // Always through the callback: UCX 1.13 leaves recv_info unset when a
   // receive completes inside the call, and the length matters.
   ucp_request_param_t prm{};

@@ -43,6 +43,11 @@ class UcxConnection : public Connection {
 
   attnResult_t postSend(const void* buf, size_t bytes, Request* req) override;
   attnResult_t postRecv(void* buf, size_t capacity, Request* req) override;
+  // UCX built with CUDA (UcxWorker::deviceMemory): it detects device
+  // buffers itself and moves them (cuda_copy, cuda_ipc, GPUDirect RDMA).
+  bool takesDeviceMemory() const override { return worker_->deviceMemory(); }
+  attnResult_t postDeviceSend(const void* buf, size_t bytes, Request* req) override;
+  attnResult_t postDeviceRecv(void* buf, size_t capacity, Request* req) override;
   attnResult_t progress(bool* progressed) override;
   bool idle() const override { return inflight_.empty(); }
   void close() override;
@@ -88,6 +93,8 @@ class UcxConnection : public Connection {
   ucp_tag_t tagOf(int sender, uint64_t seq) const {
     return (ucp_tag_t(uint32_t(sender)) << kSeqBits) | (seq & ((ucp_tag_t(1) << kSeqBits) - 1));
   }
+  attnResult_t send(const void* buf, size_t bytes, Request* req, bool device);
+  attnResult_t recv(void* buf, size_t capacity, Request* req, bool device);
   // What a failed status means for a request on this link.
   std::string describe(const char* what, ucs_status_t st) const;
   // Records a failure seen in a callback; progress() breaks the link.

@@ -21,7 +21,27 @@ constexpr unsigned kMaxProgressRounds = 64;
 
 const char* statusText(ucs_status_t s) { return ucs_status_string(s); }
 
-attnResult_t UcxWorker::create(std::unique_ptr<UcxWorker>* out) {
+namespace {
+
+// Whether this UCX moves CUDA device memory (built with CUDA, its cuda
+// module loaded).
+bool supportsCudaMemory(ucp_context_h context) {
+#if ATTN_CUDA_EMULATION
+  // tests/cuda_emu: "device" memory is host memory, which every UCX moves;
+  // this opens the device path for the emulated tests without a GPU.
+  (void)context;
+  return true;
+#else
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context, &attr) != UCS_OK) return false;
+  return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+#endif
+}
+
+}  // namespace
+
+attnResult_t UcxWorker::create(bool allowDevice, std::unique_ptr<UcxWorker>* out) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);  // UCX_* environment
@@ -46,8 +66,11 @@ attnResult_t UcxWorker::create(std::unique_ptr<UcxWorker>* out) {
   if (st != UCS_OK)
     return setError(attnSystemError, "ucx: ucp_worker_create failed: %s", statusText(st));
   if (ucp_worker_get_efd(w->worker_, &w->efd_) != UCS_OK) w->efd_ = -1;
-  ATTN_INFO(kLogNet, "ucx: worker ready (%s)",
-            w->efd_ >= 0 ? "wakeup by event fd" : "no event fd: short sleeps");
+  const bool cuda = supportsCudaMemory(w->context_);
+  w->deviceMemory_ = allowDevice && cuda;
+  ATTN_INFO(kLogNet, "ucx: worker ready (%s; device buffers %s)",
+            w->efd_ >= 0 ? "wakeup by event fd" : "no event fd: short sleeps",
+            w->deviceMemory_ ? "moved by UCX" : !cuda ? "staged: this UCX has no CUDA support" : "staged: ATTN_UCX_CUDA=0");
   *out = std::move(w);
   return attnSuccess;
 }

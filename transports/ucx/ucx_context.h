@@ -22,7 +22,8 @@ namespace attn::ucx {
 class UcxWorker {
  public:
   // ucp_init (tag matching + wakeup) and one worker. Errors name UCX's cause.
-  static attnResult_t create(std::unique_ptr<UcxWorker>* out);
+  // allowDevice: take device memory where this UCX supports CUDA memory.
+  static attnResult_t create(bool allowDevice, std::unique_ptr<UcxWorker>* out);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
@@ -30,6 +31,9 @@ class UcxWorker {
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
   std::mutex& mutex() { return mu_; }
+  // Device buffers go to UCX as they are: it was built with CUDA (its
+  // context lists CUDA memory) and ATTN_UCX_CUDA allows it.
+  bool deviceMemory() const { return deviceMemory_; }
 
   // The worker address (what peers need to reach it).
   attnResult_t address(std::vector<uint8_t>* out) const;
@@ -64,6 +68,7 @@ class UcxWorker {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;  // -1: no wakeup support, wait() sleeps briefly instead
+  bool deviceMemory_ = false;
   std::mutex mu_;
   std::vector<void*> closing_;  // endpoint close requests in flight
   std::deque<uint64_t> kept_;   // deque: push_back keeps addresses stable

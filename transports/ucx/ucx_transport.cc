@@ -35,7 +35,7 @@ class UcxTransport : public Transport {
   attnResult_t connect(const TransportContext& ctx, const std::vector<int>& peers,
                        std::vector<std::unique_ptr<Connection>>* conns) override {
     ATTN_REQUIRE(conns != nullptr, "ucx: NULL connection list");
-    ATTN_CHECK(UcxWorker::create(&worker_));
+    ATTN_CHECK(UcxWorker::create(envInt("ATTN_UCX_CUDA", 1) != 0, &worker_));
     const int64_t regMin = std::max<int64_t>(envInt("ATTN_UCX_REG_MIN", kDefaultRegMin), 0);
     cache_ = std::make_unique<UcxRegCache>(worker_->context(), size_t(regMin), kRegCacheEntries);
 
