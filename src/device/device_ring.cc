@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "src/device/cuda_check.h"
+#include "src/device/transport_direct.h"
 #include "transports/cuda_ipc/ipc_state.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 
@@ -15,7 +16,7 @@ namespace attn {
 DeviceRing::~DeviceRing() { closePrev(); }
 
 attnResult_t DeviceRing::reserve(DeviceAttnState& R, size_t capacity, const RingLink* link) {
-  const bool exportable = link && link->direct() && link->nextByHandle();
+  const bool exportable = link && ((link->direct() && link->nextByHandle()) || link->viaTransport());
   for (int b = 0; b < 2; ++b) {
     ATTN_CHECK(R.hostBlock[b].reserve(capacity));
     if (exportable) R.block[b].makeExportable(R.compute);
@@ -31,7 +32,7 @@ attnResult_t DeviceRing::loadOwn(int numSeqs, const RowsRef& rows, size_t rowByt
   char* d0 = R_.block[0].get();
   const BlockLayout own = packBlockMeta(me_, numSeqs, rows.offsets, rows.pos, rows.rows, rowBytes, tensors_, h0);
   const void* t[2] = {rows.t0, rows.t1};
-  const bool staged = next_ != me_ && !direct_;
+  const bool staged = next_ != me_ && !direct_ && !viaTransport_;
   for (int i = 0; i < tensors_ && rows.rows && staged; ++i)
     ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt + i * own.tensorBytes, t[i], own.tensorBytes,
                                     cudaMemcpyDefault, copy_));
@@ -101,6 +102,14 @@ void DeviceRing::closePrev() {
 }
 
 attnResult_t DeviceRing::post(int s, Request* sendReq, Request* recvReq) {
+  if (viaTransport_) {
+    // Block s must be in the device buffer before it is sent from there
+    // (later blocks arrived there before advance returned).
+    if (s == 0) ATTN_CUDA_CHECK(cudaEventSynchronize(R_.blockReady[0]));
+    ATTN_CHECK(e_.irecv(prev_, R_.hostBlock[1 - cur_].base(), capacity_, recvReq));
+    ATTN_CHECK(e_.isend(next_, R_.hostBlock[cur_].base(), metaBytes_, sendReq));
+    return e_.isendDevice(next_, R_.block[cur_].get(), bytes_, &deviceReq_.emplace_back());
+  }
   if (direct_) {
     // The metadata says "block s is in my device buffer": it must be.
     // (Later blocks were synchronised when they arrived, in advance.)
@@ -122,6 +131,7 @@ attnResult_t DeviceRing::advance(ProgressThread& driver, Request* sendReq, Reque
   ATTN_CHECK(driver.wait(recvReq));
   *waitUs += usSince(t0);
   const int nb = 1 - cur_;
+  if (viaTransport_) return receiveDevice(driver, recvReq, waitUs);
   ATTN_CUDA_CHECK(cudaStreamWaitEvent(copy_, R_.kernelDone[nb], 0));
   if (!direct_) {
     ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.block[nb].get(), R_.hostBlock[nb].base(), recvReq->bytes,
@@ -132,15 +142,11 @@ attnResult_t DeviceRing::advance(ProgressThread& driver, Request* sendReq, Reque
     return attnSuccess;
   }
   // The block's size from its header; the metadata must be all of it.
-  BlockHeader h;
-  if (recvReq->bytes < sizeof(h))
-    return setError(attnInternalError, "ring: %zu bytes of block metadata from rank %d", recvReq->bytes, prev_);
-  std::memcpy(&h, R_.hostBlock[nb].base(), sizeof(h));
-  const BlockLayout l = BlockLayout::of(h.num_seqs, h.rows, rowBytes_, tensors_);
-  if (h.rows < 0 || h.num_seqs < 0 || l.tensorAt != recvReq->bytes || l.total > capacity_ ||
-      l.total > prevPeek_.block[cur_].bytes)
-    return setError(attnInvalidUsage, "ring: block from rank %d does not match its metadata (%zu bytes, %d rows)",
-                    prev_, recvReq->bytes, h.rows);
+  BlockLayout l;
+  ATTN_CHECK(checkMeta(nb, recvReq->bytes, &l));
+  if (l.total > prevPeek_.block[cur_].bytes)
+    return setError(attnInvalidUsage, "ring: rank %d's block (%zu bytes) does not fit its ring buffer (%llu)",
+                    prev_, l.total, (unsigned long long)prevPeek_.block[cur_].bytes);
   // Our buffer nb held block s-1, which the next rank read during step s-1.
   ATTN_CHECK(waitReads(uint64_t(steps_), waitUs));
   ATTN_CUDA_CHECK(cudaMemcpyAsync(R_.block[nb].get(), prevBlock_[cur_], l.total, cudaMemcpyDefault, copy_));
@@ -153,6 +159,52 @@ attnResult_t DeviceRing::advance(ProgressThread& driver, Request* sendReq, Reque
   metaBytes_ = l.tensorAt;
   cur_ = nb;
   ++steps_;
+  return attnSuccess;
+}
+
+// Via the transport: the metadata of block s+1 is here (recvReq); its
+// device block follows into the other device buffer, received once the
+// kernel that read that buffer (step s-1's) is done. Block s's device send
+// is waited for too: the next step receives into its buffer.
+attnResult_t DeviceRing::receiveDevice(ProgressThread& driver, Request* recvReq, double* waitUs) {
+  const int nb = 1 - cur_;
+  BlockLayout l;
+  ATTN_CHECK(checkMeta(nb, recvReq->bytes, &l));
+  ATTN_CUDA_CHECK(cudaEventSynchronize(R_.kernelDone[nb]));
+  Request* sent = &deviceReq_.back();
+  Request* got = &deviceReq_.emplace_back();
+  ATTN_CHECK(e_.irecvDevice(prev_, R_.block[nb].get(), capacity_, got));
+  driver.kick();
+  const auto t0 = Clock::now();
+  ATTN_CHECK(driver.wait(sent));
+  ATTN_CHECK(driver.wait(got));
+  *waitUs += usSince(t0);
+  if (got->bytes != l.total)
+    return setError(attnInvalidUsage, "ring: rank %d sent a %zu-byte block, its metadata says %zu", prev_,
+                    got->bytes, l.total);
+  // Complete in device memory: the record only lets the compute stream's
+  // wait for blockReady pass.
+  ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[nb], copy_));
+  directCounters().ringSteps.fetch_add(1, std::memory_order_relaxed);
+  bytes_ = l.total;
+  metaBytes_ = l.tensorAt;
+  cur_ = nb;
+  ++steps_;
+  return attnSuccess;
+}
+
+// The metadata of the block now in host buffer `nb` (`got` bytes), which
+// must be all of it: its layout, checked against the buffers.
+attnResult_t DeviceRing::checkMeta(int nb, size_t got, BlockLayout* out) const {
+  BlockHeader h;
+  if (got < sizeof(h))
+    return setError(attnInternalError, "ring: %zu bytes of block metadata from rank %d", got, prev_);
+  std::memcpy(&h, R_.hostBlock[nb].base(), sizeof(h));
+  const BlockLayout l = BlockLayout::of(h.num_seqs, h.rows, rowBytes_, tensors_);
+  if (h.rows < 0 || h.num_seqs < 0 || l.tensorAt != got || l.total > capacity_)
+    return setError(attnInvalidUsage, "ring: block from rank %d does not match its metadata (%zu bytes, %d rows)",
+                    prev_, got, h.rows);
+  *out = l;
   return attnSuccess;
 }
 

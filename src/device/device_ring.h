@@ -17,13 +17,20 @@
 //    held. A neighbour in this process reads by address; one in another
 //    process opens this rank's buffers' IPC handles at the start of the
 //    call, closes them at its end and counts that too, so no mapping
-//    outlives the call (memory a peer has open must not be freed).
+//    outlives the call (memory a peer has open must not be freed);
+//  - via the transport (RingLink::viaTransport: it takes device memory):
+//    the metadata goes as in direct mode, then the whole device block as
+//    a second message, received straight into the other device buffer
+//    once the kernel that read that buffer has finished. No staging, no
+//    peer mapping; the transport (UCX) picks GPUDirect RDMA or its own
+//    pipeline.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 
 #include "src/attn/attn_call.h"
 #include "src/attn/progress_thread.h"
@@ -40,7 +47,8 @@ class DeviceRing {
   DeviceRing(Engine& e, DeviceAttnState& R, cudaStream_t copy, int me, int next, int prev, size_t capacity,
              RingLink* link)
       : e_(e), R_(R), copy_(copy), me_(me), next_(next), prev_(prev), capacity_(capacity),
-        link_(link && link->direct() && next != me ? link : nullptr), direct_(link_ != nullptr) {}
+        link_(link && link->direct() && next != me ? link : nullptr), direct_(link_ != nullptr),
+        viaTransport_(link && !link->direct() && link->viaTransport() && next != me) {}
   ~DeviceRing();  // closes the previous rank's buffers if an error left them open
   DeviceRing(const DeviceRing&) = delete;
   DeviceRing& operator=(const DeviceRing&) = delete;
@@ -55,8 +63,9 @@ class DeviceRing {
 
   // Both host and device buffers hold at least `capacity` bytes (device
   // ones grown on the compute stream: synchronise it before use). The
-  // device ones are exportable when the next rank reads them through IPC
-  // handles (link direct and nextByHandle).
+  // device ones are exportable (cudaMalloc'd) when the next rank reads them
+  // through IPC handles (link direct and nextByHandle) or the transport
+  // moves them (it may register them for RDMA).
   static attnResult_t reserve(DeviceAttnState& R, size_t capacity, const RingLink* link);
 
   int cur() const { return cur_; }
@@ -64,14 +73,16 @@ class DeviceRing {
   char* device() const { return R_.block[cur_].get(); }
   size_t bytes() const { return bytes_; }
 
-  // Step s: sends the current block (staged) or its metadata (direct) to
-  // `next` and receives the next one's from `prev` into the other host
-  // buffer.
+  // Step s: sends the current block (staged) or its metadata (direct; via
+  // the transport, then the device block too) to `next` and receives the
+  // next one's from `prev` into the other host buffer.
   attnResult_t post(int s, Request* sendReq, Request* recvReq);
   // Waits for both, brings the next block into the other device buffer
-  // (upload, or copy out of prev's buffer) once kernelDone says its last
-  // reader here finished, and makes it current. Adds the time blocked on
-  // peers to *waitUs.
+  // (upload, copy out of prev's buffer, or receive from the transport)
+  // once kernelDone says its last reader here finished, and makes it
+  // current. Adds the time blocked on peers to *waitUs. Via the transport
+  // the device block is received here, so a caller posting other receives
+  // from `prev` must post them after the last advance.
   attnResult_t advance(ProgressThread& driver, Request* sendReq, Request* recvReq, double* waitUs);
   // Direct: closes the previous rank's buffers (through handles), then
   // returns once the next rank has read this rank's blocks of all `moves`
@@ -86,6 +97,8 @@ class DeviceRing {
   };
   attnResult_t tradePeeks();
   attnResult_t waitReads(uint64_t count, double* waitUs);
+  attnResult_t receiveDevice(ProgressThread& driver, Request* recvReq, double* waitUs);
+  attnResult_t checkMeta(int nb, size_t got, BlockLayout* out) const;
   void closePrev();
 
   Engine& e_;
@@ -98,6 +111,8 @@ class DeviceRing {
   int steps_ = 0;  // advances so far
   RingLink* link_;
   bool direct_;
+  bool viaTransport_;
+  std::deque<Request> deviceReq_;  // via the transport: the device blocks' sends and receives
   Peek prevPeek_{};
   const char* prevBlock_[2] = {nullptr, nullptr};  // prev's buffers, in this address space
   void* prevOpened_[2] = {nullptr, nullptr};       // their mappings, when opened from handles

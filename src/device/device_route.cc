@@ -77,10 +77,17 @@ attnResult_t stageAround(DeviceState& st, cudaStream_t copy, const std::vector<D
   return attnSuccess;
 }
 
-// Pipelined when the operation can be sliced and is larger than a slice
+// Over the host transports: device buffers straight to them where every
+// rank's transports take device memory (transport_direct.h), else staged,
+// pipelined when the operation can be sliced and is larger than a slice
 // (stage_pipeline.h), else in one piece.
-attnResult_t runStaged(const attnComm* comm, DeviceState& st, cudaStream_t copy, const DeviceOp& op,
-                       size_t chunkBytes) {
+attnResult_t runViaTransport(attnComm* comm, DeviceState& st, cudaStream_t copy, const DeviceOp& op,
+                             size_t chunkBytes) {
+  if (TransportDirect::implements(op.kind)) {
+    if (!st.direct) st.direct = std::make_unique<TransportDirect>(comm->config.device);
+    ATTN_CHECK(st.direct->agree(comm));
+    if (st.direct->enabled()) return st.direct->run(comm, op, copy);
+  }
   if (const size_t slice = stageSliceCount(op, chunkBytes))
     return runStagePipeline(op, comm->rank, comm->nranks, slice, st.arena, st.sliceEvents, copy);
   return stageAround(st, copy, op.spans, op.hostOp);
@@ -91,7 +98,8 @@ attnResult_t enqueueStaged(attnComm* comm, attnStream_t stream, DeviceOp op) {
   // Read here, on the caller's thread, like every per-call setting.
   const size_t chunk = stageChunkBytes();
   auto work = [comm, st, op = std::move(op), chunk](cudaStream_t copy) {
-    return runStaged(comm, *st, copy, op, chunk);
+    ErrorContext ctx(comm->prefix);
+    return runViaTransport(comm, *st, copy, op, chunk);
   };
   return st->bridge->enqueue(reinterpret_cast<cudaStream_t>(stream), std::move(work));
 }
@@ -112,10 +120,10 @@ attnResult_t deviceEnqueueWork(attnComm* comm, attnStream_t stream, DeviceWork w
                                        [work = std::move(work)](cudaStream_t) { return work(); });
 }
 
-attnResult_t deviceRunStaged(attnComm* comm, const DeviceOp& op) {
+attnResult_t deviceRunViaTransport(attnComm* comm, const DeviceOp& op) {
   if (!comm->device || !StreamBridge::onProxyThread())
-    return setError(attnInternalError, "deviceRunStaged outside a device communicator's proxy thread");
-  return runStaged(comm, *comm->device, comm->device->bridge->copyStream(), op, stageChunkBytes());
+    return setError(attnInternalError, "deviceRunViaTransport outside a device communicator's proxy thread");
+  return runViaTransport(comm, *comm->device, comm->device->bridge->copyStream(), op, stageChunkBytes());
 }
 
 attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {

@@ -44,10 +44,12 @@ bool deviceBusy(const attnComm* comm);
 attnResult_t deviceAsyncError(attnComm* comm);
 // Enqueues `work` on `stream` for the proxy thread.
 attnResult_t deviceEnqueueWork(attnComm* comm, attnStream_t stream, DeviceWork work);
-// From inside a DeviceWork: runs `op` on pinned host copies of its spans
-// (the staging backend, pipelined where stage_pipeline.h can; synchronously
-// on the proxy thread).
-attnResult_t deviceRunStaged(attnComm* comm, const DeviceOp& op);
+// From inside a DeviceWork: runs `op` over the host transports,
+// synchronously on the proxy thread: its device buffers handed to them
+// where they all take device memory (transport_direct.h), else on pinned
+// host copies of its spans (the staging backend, pipelined where
+// stage_pipeline.h can).
+attnResult_t deviceRunViaTransport(attnComm* comm, const DeviceOp& op);
 #else
 inline bool deviceRoute(const attnComm*) { return false; }
 inline bool onDeviceProxy(const attnComm*) { return false; }
@@ -62,7 +64,7 @@ inline attnResult_t deviceAsyncError(attnComm*) { return attnSuccess; }
 inline attnResult_t deviceEnqueueWork(attnComm*, attnStream_t, DeviceWork) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
-inline attnResult_t deviceRunStaged(attnComm*, const DeviceOp&) {
+inline attnResult_t deviceRunViaTransport(attnComm*, const DeviceOp&) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
 #endif

@@ -43,10 +43,11 @@ attnResult_t RingLink::agree(attnComm* comm, ipc::IpcState& ipc) {
   const int prev = (me - 1 + n) % n, next = (me + 1) % n;
   // The cuda_ipc agreement is the same on every rank: off means staged
   // everywhere, with nothing to exchange.
-  if (n < 2 || !ipc.enabled()) {
+  if (n < 2) {
     decided_ = true;
     return attnSuccess;
   }
+  if (!ipc.enabled()) return agreeTransport(comm);
   prevByHandle_ = !ipc.peer(prev).sameProcess;
   nextByHandle_ = !ipc.peer(next).sameProcess;
   bool ok = true;
@@ -102,15 +103,35 @@ attnResult_t RingLink::agree(attnComm* comm, ipc::IpcState& ipc) {
   for (int r = 0; r < n && refused < 0; ++r)
     if (!oks[r]) refused = r;
   direct_ = refused < 0;
-  decided_ = true;
   if (direct_) {
+    decided_ = true;
     ATTN_INFO(kLogAttn, "device ring attention: blocks move GPU to GPU (next rank %d %s)", next,
               nextByHandle_ ? "in another process, through CUDA IPC handles" : "in this process, by address");
-  } else {
-    ATTN_INFO(kLogAttn, "device ring attention: blocks staged through pinned host memory (rank %d cannot "
-              "count its reads in its previous rank's control word%s%s)", refused, refused == me ? ": " : "",
-              refused == me ? why.c_str() : "");
+    return attnSuccess;
   }
+  ATTN_INFO(kLogAttn, "device ring attention: no peer copies (rank %d cannot count its reads in its previous "
+            "rank's control word%s%s)", refused, refused == me ? ": " : "", refused == me ? why.c_str() : "");
+  return agreeTransport(comm);
+}
+
+attnResult_t RingLink::agreeTransport(attnComm* comm) {
+  Engine& e = *comm->engine;
+  const int n = comm->nranks, me = comm->rank;
+  const int prev = (me - 1 + n) % n, next = (me + 1) % n;
+  const bool mine = e.takesDeviceMemory(prev) && e.takesDeviceMemory(next);
+  std::vector<int32_t> all;
+  ATTN_CHECK(ipc::allGatherRecord(e, int32_t(mine ? 1 : 0), &all));
+  int refused = -1;
+  for (int r = 0; r < n && refused < 0; ++r)
+    if (!all[r]) refused = r;
+  viaTransport_ = refused < 0;
+  decided_ = true;
+  if (viaTransport_)
+    ATTN_INFO(kLogAttn, "device ring attention: blocks handed to the transport as device memory (%s)",
+              e.transportName(next));
+  else
+    ATTN_INFO(kLogAttn, "device ring attention: blocks staged through pinned host memory (rank %d's transport "
+              "takes host memory only)", refused);
   return attnSuccess;
 }
 

@@ -6,6 +6,9 @@
 //    copies each block out of this rank's device buffer, by address when it
 //    is a thread of this process, through CUDA IPC handles when it is
 //    another process;
+//  - via the transport, when not direct but every rank's transport to its
+//    neighbours takes device memory (UCX built with CUDA): the device
+//    block goes to the transport as it is (transport_direct.h);
 //  - staged otherwise, through pinned host memory and the host transport.
 // The control word is host memory shared with the next rank (a memfd it
 // maps through /proc/<pid>/fd when it is another process): how many blocks
@@ -43,6 +46,7 @@ class RingLink {
   // ipc.agree); later calls return at once. Logs the choice once.
   attnResult_t agree(attnComm* comm, ipc::IpcState& ipc);
   bool direct() const { return direct_; }
+  bool viaTransport() const { return viaTransport_; }
   ipc::IpcState& ipc() const { return *ipc_; }
   // The neighbour is another process: blocks move through IPC handles, and
   // buffers it reads must be exportable.
@@ -54,8 +58,12 @@ class RingLink {
   std::atomic<uint64_t>& prevReads() { return prev_->reads; }
 
  private:
+  // The part of agree() that decides viaTransport.
+  attnResult_t agreeTransport(attnComm* comm);
+
   bool decided_ = false;
   bool direct_ = false;
+  bool viaTransport_ = false;
   bool prevByHandle_ = false, nextByHandle_ = false;
   ipc::IpcState* ipc_ = nullptr;
   RingControl* mine_ = nullptr;  // shareableAlloc'd

@@ -147,7 +147,6 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     Request& recvReq = req[2 * s + 1];
     if (moving) {
       ATTN_CHECK(ring.post(s, &sendReq, &recvReq));
-      if (s == n - 2) ATTN_CHECK(expectPartial(env.prev));
       driver->kick();
     }
     BlockView visitor;
@@ -179,6 +178,9 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     if (owner != me) waitingOwner = owner;
     ATTN_CHECK(foldArrivedOnDevice(c, R, acc, home, myPartial));
     if (moving) ATTN_CHECK(ring.advance(*driver, &sendReq, &recvReq, &c.stats.waitUs));
+    // The previous rank sends its partial of our queries after its last
+    // block, which the last advance has received.
+    if (s == n - 2) ATTN_CHECK(expectPartial(env.prev));
     ATTN_TRACE(kLogAttn, "device pass-Q step %d: %d query rows of rank %d, host %.0f us", s, visitor.rows,
                owner, usSince(stepStart));
   }

@@ -31,11 +31,11 @@ attnResult_t ipcEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {
     if (!state) state = std::make_unique<ipc::IpcState>(comm->config.device);
     if (op.kind == DeviceOpKind::kP2pGroup) return ipc::runP2pGroup(comm, *state, op, copy);
     ATTN_CHECK(state->agree(comm));
-    bool runStaged = !state->enabled();
-    if (!runStaged) ATTN_CHECK(ipc::runCollective(comm, *state, op, copy, &runStaged));
-    if (runStaged) {
+    bool elsewhere = !state->enabled();
+    if (!elsewhere) ATTN_CHECK(ipc::runCollective(comm, *state, op, copy, &elsewhere));
+    if (elsewhere) {
       ipc::ipcCounters().stagedOps.fetch_add(1, std::memory_order_relaxed);
-      return deviceRunStaged(comm, op);
+      return deviceRunViaTransport(comm, op);
     }
     ipc::ipcCounters().ops.fetch_add(1, std::memory_order_relaxed);
     return attnSuccess;

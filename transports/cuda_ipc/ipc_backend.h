@@ -15,11 +15,13 @@ namespace attn {
 // are the same on every rank, so all ranks route the same operations here.
 // Whether the ranks allow cuda_ipc (ATTN_TRANSPORT / config.transports)
 // and reach each other's GPUs they agree inside the first collective; if
-// not, every one of them runs it (and the later ones) staged.
+// not, every one of them runs it (and the later ones) over the host
+// transports (device memory straight to them, or staged).
 bool ipcSelected(const attnComm* comm, const DeviceOp& op);
 
 // Enqueues `op` on `stream`: GPU to GPU where agreed and the buffers allow,
-// else the staging backend on the same work item (deviceRunStaged).
+// else over the host transports on the same work item
+// (deviceRunViaTransport).
 attnResult_t ipcEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op);
 
 }  // namespace attn

@@ -8,6 +8,7 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
+#include "src/device/transport_direct.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 
 namespace attn::ipc {
@@ -177,16 +178,29 @@ class P2pGroup {
     return waitFor(wait);
   }
 
-  // Phase 4: what was not pulled, through pinned host memory and the host
-  // transport (every pair on another host, and those that could not pull).
+  // Phase 4: what was not pulled, over the host transport (every pair on
+  // another host, and those that could not pull): the buffer itself where
+  // the transport takes device memory, else through pinned host memory.
+  // Each side decides alone: the bytes on the wire are the same.
   attnResult_t moveTheRest() {
     size_t sendBytes = 0, recvBytes = 0;
+    std::vector<Request*> wait;
     for (size_t i = 0; i < n_; ++i) {
-      if (ops_[i].peer == me_) continue;
-      if (ops_[i].isSend) viaHost_[i] = !local(i) || !reply_[i].pulled;
-      if (viaHost_[i]) (ops_[i].isSend ? sendBytes : recvBytes) += alignUp(ops_[i].bytes);
+      const P2pOp& o = ops_[i];
+      if (o.peer == me_) continue;
+      if (o.isSend) viaHost_[i] = !local(i) || !reply_[i].pulled;
+      if (!viaHost_[i]) continue;
+      if (e_.takesDeviceMemory(o.peer)) {
+        viaHost_[i] = false;
+        if (o.isSend) ATTN_CHECK(e_.isendDevice(o.peer, o.buf, o.bytes, req(i, 2)));
+        else ATTN_CHECK(e_.irecvDevice(o.peer, o.buf, o.bytes, req(i, 2)));
+        wait.push_back(req(i, 2));
+        continue;
+      }
+      (o.isSend ? sendBytes : recvBytes) += alignUp(o.bytes);
     }
-    if (sendBytes == 0 && recvBytes == 0) return attnSuccess;
+    if (!wait.empty()) directCounters().p2p.fetch_add(wait.size(), std::memory_order_relaxed);
+    if (sendBytes == 0 && recvBytes == 0) return waitFor(wait);
     ATTN_CHECK(st_.sendStage().reserve(sendBytes));
     ATTN_CHECK(st_.recvStage().reserve(recvBytes));
     std::vector<char*> host(n_, nullptr);
@@ -199,7 +213,7 @@ class P2pGroup {
       if (o.isSend && o.bytes) ATTN_CUDA_CHECK(cudaMemcpyAsync(host[i], o.buf, o.bytes, cudaMemcpyDefault, copy_));
     }
     ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));
-    std::vector<Request*> wait;
+    const size_t direct = wait.size();
     for (size_t i = 0; i < n_; ++i) {
       if (!viaHost_[i]) continue;
       const P2pOp& o = ops_[i];
@@ -212,7 +226,7 @@ class P2pGroup {
       if (viaHost_[i] && !ops_[i].isSend && req(i, 2)->bytes)
         ATTN_CUDA_CHECK(cudaMemcpyAsync(ops_[i].buf, host[i], req(i, 2)->bytes, cudaMemcpyDefault, copy_));
     ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));
-    ipcCounters().p2pViaHost.fetch_add(wait.size(), std::memory_order_relaxed);
+    ipcCounters().p2pViaHost.fetch_add(wait.size() - direct, std::memory_order_relaxed);
     return attnSuccess;
   }
 

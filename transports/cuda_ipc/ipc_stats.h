@@ -11,7 +11,7 @@ namespace attn::ipc {
 
 struct IpcCounters {
   std::atomic<uint64_t> ops{0};          // operations run GPU-to-GPU
-  std::atomic<uint64_t> stagedOps{0};    // routed here but run by the staging backend
+  std::atomic<uint64_t> stagedOps{0};    // routed here but run over the host transports (staged or direct)
   std::atomic<uint64_t> opens{0};        // cudaIpcOpenMemHandle calls (cache misses)
   std::atomic<uint64_t> openHits{0};     // peer buffers found already open
   std::atomic<uint64_t> closes{0};       // cudaIpcCloseMemHandle calls

@@ -1,0 +1,76 @@
+#include "src/device/transport_direct.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "src/core/comm.h"
+#include "src/core/env.h"
+#include "src/core/log.h"
+#include "transports/cuda_ipc/ipc_exchange.h"
+
+namespace attn {
+
+DirectCounters& directCounters() {
+  static DirectCounters c;
+  return c;
+}
+
+namespace {
+constexpr int64_t kDefaultScratch = int64_t(64) << 20;
+}  // namespace
+
+TransportDirect::TransportDirect(int device)
+    : device_(device), scratchBudget_(size_t(std::max<int64_t>(envInt("ATTN_DEVICE_DIRECT_SCRATCH", kDefaultScratch), 1))) {}
+
+TransportDirect::~TransportDirect() {
+  if (!scratch_.get()) return;
+  int saved = -1;
+  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+  if (saved != device_) (void)cudaSetDevice(device_);
+  scratch_.reset(nullptr);  // stream-ordered: never waits for the device
+  if (saved >= 0 && saved != device_) (void)cudaSetDevice(saved);
+}
+
+bool TransportDirect::implements(DeviceOpKind kind) {
+  switch (kind) {
+    case DeviceOpKind::kAllGather:
+    case DeviceOpKind::kReduceScatter:
+    case DeviceOpKind::kAllReduce:
+    case DeviceOpKind::kBroadcast:
+    case DeviceOpKind::kAllToAll:
+    case DeviceOpKind::kAllToAllv:
+      return true;
+    default:
+      return false;
+  }
+}
+
+attnResult_t TransportDirect::agree(attnComm* comm) {
+  if (decided_) return attnSuccess;
+  Engine& e = *comm->engine;
+  const int me = comm->rank, n = comm->nranks;
+  int without = -1;  // a peer whose connection takes host memory only
+  for (int p = 0; p < n && without < 0; ++p)
+    if (p != me && !e.takesDeviceMemory(p)) without = p;
+  const int32_t mine = n > 1 && without < 0 ? 1 : 0;
+  std::vector<int32_t> all;
+  ATTN_CHECK(ipc::allGatherRecord(e, mine, &all));
+  int refused = -1;
+  for (int r = 0; r < n && refused < 0; ++r)
+    if (!all[r]) refused = r;
+  enabled_ = n > 1 && refused < 0;
+  decided_ = true;
+  if (enabled_) {
+    ATTN_INFO(kLogNet, "device collectives: buffers handed to the transport as device memory (%s)",
+              e.transportName(me == 0 ? 1 : 0));
+  } else if (n > 1) {
+    ATTN_INFO(kLogNet, "device collectives: staged through pinned host memory (rank %d's transport%s "
+              "takes host memory only)", refused,
+              refused == me ? (" to rank " + std::to_string(without) + " (" + e.transportName(without) + ")").c_str()
+                            : "");
+  }
+  return attnSuccess;
+}
+
+}  // namespace attn
