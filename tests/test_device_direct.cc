@@ -102,6 +102,32 @@ uint64_t RunCollectives(attnComm_t comm, int rank, int n) {
   return ops;
 }
 
+// Reductions on pageable host buffers: UCX moves them as they are, and
+// the GPU kernels, which cannot read them, reduce through device scratch.
+void RunOnHostBuffers(attnComm_t comm, int rank, int n) {
+  SCOPED_TRACE("pageable host buffers on rank " + std::to_string(rank));
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const size_t count = 20011;
+  std::vector<float> in(count * n), out(count * n, -1.f);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float((rank + 1) * 1000 + i % 997);
+  ASSERT_EQ(attnAllReduce(in.data(), out.data(), count, attnFloat32, attnSum, comm, AsStream(s)), attnSuccess)
+      << attnGetLastError(comm);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (size_t i = 0; i < count; ++i) {
+    double want = 0;
+    for (int r = 0; r < n; ++r) want += (r + 1) * 1000.0 + i % 997;
+    ASSERT_EQ(out[i], float(want)) << "all-reduce element " << i;
+  }
+  // In place: this rank's block of the input is the output.
+  ASSERT_EQ(attnReduceScatter(in.data(), in.data() + rank * count, count, attnFloat32, attnMax, comm, AsStream(s)),
+            attnSuccess) << attnGetLastError(comm);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_EQ(in[rank * count + i], float(n * 1000 + (rank * count + i) % 997)) << "reduce-scatter element " << i;
+  cudaStreamDestroy(s);
+}
+
 // A grouped ring exchange and a self pair: the ring pair goes over UCX as
 // device memory, the self pair is a local copy.
 void RunGroup(attnComm_t comm, int rank, int n) {
@@ -126,6 +152,8 @@ TEST(DeviceDirect, CollectivesHandDeviceBuffersToUcxBetweenThreads) {
     const uint64_t slices = attn::stagedSlices().load();
     attn_test::RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) {
       expected += RunCollectives(comm, rank, nranks);
+      RunOnHostBuffers(comm, rank, nranks);
+      expected += 2;
       RunGroup(comm, rank, nranks);
     }, o);
     EXPECT_EQ(attn::directCounters().ops.load() - ops, expected.load()) << n << " ranks";

@@ -126,6 +126,20 @@ class DirectRun {
     return attnSuccess;
   }
 
+  // Device memory of this GPU, managed or pinned host memory: the kernels
+  // may read and write it.
+  static bool gpuReadable(const void* p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    return (a.type == cudaMemoryTypeDevice && a.device == dev) || a.type == cudaMemoryTypeManaged ||
+           a.type == cudaMemoryTypeHost;
+  }
+
   attnResult_t copy(char* dst, const char* src, size_t bytes) {
     if (bytes == 0 || dst == src) return attnSuccess;
     ATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_));
@@ -192,10 +206,15 @@ class DirectRun {
     // Plain cudaMalloc memory: the transport may register it for RDMA,
     // which stream-ordered pool memory may not allow.
     if (!scratch_.exportable()) scratch_.makeExportable(copy_);
-    ATTN_CHECK(scratch_.reserve(std::min(slices, size_t(2)) * half * size_t(n_ - 1), copy_));
+    // The kernels need this rank's block and output in memory the GPU
+    // reads; host buffers (pageable) are reduced through one more slot.
+    const bool ownOnGpu = gpuReadable(own), outOnGpu = gpuReadable(out);
+    const size_t slots = std::min(slices, size_t(2)) * size_t(n_ - 1);
+    ATTN_CHECK(scratch_.reserve((slots + (ownOnGpu && outOnGpu ? 0 : 1)) * half, copy_));
     ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));  // the scratch is usable by the transport now
     std::vector<size_t> firstPosted(slices + 1, 0);
     auto slot = [&](size_t s, int k) { return scratch_.get() + ((s % 2) * size_t(n_ - 1) + size_t(k - 1)) * half; };
+    char* local = scratch_.get() + slots * half;
     auto part = [&](const Block& b, size_t s) {
       const size_t off = s * half;
       return Block{b.offset + off, off < b.bytes ? std::min(half, b.bytes - off) : 0};
@@ -223,14 +242,21 @@ class DirectRun {
       const Block in = part(Block{0, mineBytes}, s);
       const size_t count = in.bytes / esz_;
       if (count == 0) continue;
-      for (int k = 1; k < n_; ++k) {
-        if (k == 1) ATTN_CHECK(cuda::reduce2(out + in.offset, own + in.offset, slot(s, k), count, op_.type, op_.op, copy_));
-        else ATTN_CHECK(cuda::reduceInto(out + in.offset, slot(s, k), count, op_.type, op_.op, copy_));
+      const char* mine = own + in.offset;
+      if (!ownOnGpu) {
+        ATTN_CHECK(copy(local, mine, in.bytes));
+        mine = local;
       }
+      char* target = outOnGpu ? out + in.offset : local;
+      // This rank's block first: out may alias it (in place), and each
+      // kernel reads an element before writing it.
+      ATTN_CHECK(cuda::reduce2(target, mine, slot(s, 1), count, op_.type, op_.op, copy_));
+      for (int k = 2; k < n_; ++k)
+        ATTN_CHECK(cuda::reduceInto(target, slot(s, k), count, op_.type, op_.op, copy_));
+      if (op_.op == attnAvg) ATTN_CHECK(cuda::divideInPlace(target, count, op_.type, n_, copy_));
+      if (!outOnGpu) ATTN_CHECK(copy(out + in.offset, local, in.bytes));
     }
     waited_ = posted_.size();
-    if (op_.op == attnAvg && mineBytes)
-      ATTN_CHECK(cuda::divideInPlace(out, mineBytes / esz_, op_.type, n_, copy_));
     ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));
     return attnSuccess;
   }
