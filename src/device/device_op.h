@@ -32,6 +32,37 @@ enum class DeviceOpKind {
   kOther,          // only the staging backend runs it (e.g. attention)
 };
 
+// The six collectives (not groups, barriers or kOther): the kinds the
+// peer-copy and transport-direct backends run.
+inline bool isCollective(DeviceOpKind k) {
+  switch (k) {
+    case DeviceOpKind::kAllGather:
+    case DeviceOpKind::kReduceScatter:
+    case DeviceOpKind::kAllReduce:
+    case DeviceOpKind::kBroadcast:
+    case DeviceOpKind::kAllToAll:
+    case DeviceOpKind::kAllToAllv:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// For messages.
+inline const char* deviceOpName(DeviceOpKind k) {
+  switch (k) {
+    case DeviceOpKind::kAllGather: return "all-gather";
+    case DeviceOpKind::kReduceScatter: return "reduce-scatter";
+    case DeviceOpKind::kAllReduce: return "all-reduce";
+    case DeviceOpKind::kBroadcast: return "broadcast";
+    case DeviceOpKind::kAllToAll: return "all-to-all";
+    case DeviceOpKind::kAllToAllv: return "all-to-allv";
+    case DeviceOpKind::kP2pGroup: return "send/recv group";
+    case DeviceOpKind::kBarrier: return "barrier";
+    default: return "operation";
+  }
+}
+
 // A device (or host) buffer the operation reads (`in`) and/or writes
 // (`out`). An output that the operation may leave partly untouched must also
 // be an input, so the untouched part survives the staging round trip.

@@ -20,18 +20,6 @@ namespace {
 // passes a chunk on while the next one arrives.
 constexpr size_t kChainChunk = size_t(4) << 20;
 
-const char* kindName(DeviceOpKind k) {
-  switch (k) {
-    case DeviceOpKind::kAllGather: return "all-gather";
-    case DeviceOpKind::kReduceScatter: return "reduce-scatter";
-    case DeviceOpKind::kAllReduce: return "all-reduce";
-    case DeviceOpKind::kBroadcast: return "broadcast";
-    case DeviceOpKind::kAllToAll: return "all-to-all";
-    case DeviceOpKind::kAllToAllv: return "all-to-allv";
-    default: return "operation";
-  }
-}
-
 class DirectRun {
  public:
   DirectRun(attnComm* comm, const DeviceOp& op, cudaStream_t copy, DeviceBuffer& scratch, size_t scratchBudget)
@@ -78,7 +66,7 @@ class DirectRun {
       }
       default:
         return setError(attnInternalError, "device collectives: %s reached the transport-direct backend",
-                        kindName(op_.kind));
+                        deviceOpName(op_.kind));
     }
   }
 
@@ -116,7 +104,7 @@ class DirectRun {
       if (p.recv && p.req->bytes != p.expect)
         return setError(attnInvalidUsage,
                         "%s: rank %d sent %zu bytes where rank %d expects %zu (counts disagree between ranks)",
-                        kindName(op_.kind), p.peer, p.req->bytes, me_, p.expect);
+                        deviceOpName(op_.kind), p.peer, p.req->bytes, me_, p.expect);
     }
     return attnSuccess;
   }
@@ -151,7 +139,7 @@ class DirectRun {
   // so that not every rank starts with rank 0.
   attnResult_t exchange(const char* src, const std::vector<Block>& to, char* dst, const std::vector<Block>& from) {
     if (to[me_].bytes != from[me_].bytes)
-      return setError(attnInvalidUsage, "%s: rank %d sends itself %zu bytes but expects %zu", kindName(op_.kind),
+      return setError(attnInvalidUsage, "%s: rank %d sends itself %zu bytes but expects %zu", deviceOpName(op_.kind),
                       me_, to[me_].bytes, from[me_].bytes);
     for (int k = 1; k < n_; ++k) {
       const int p = (me_ - k + n_) % n_;
@@ -278,7 +266,7 @@ class DirectRun {
 attnResult_t TransportDirect::run(attnComm* comm, const DeviceOp& op, cudaStream_t copy) {
   if (!enabled_ || !implements(op.kind))
     return setError(attnInternalError, "device collectives: transport-direct backend asked for %s it cannot run",
-                    kindName(op.kind));
+                    deviceOpName(op.kind));
   ATTN_CHECK(DirectRun(comm, op, copy, scratch_, scratchBudget_).run());
   directCounters().ops.fetch_add(1, std::memory_order_relaxed);
   return attnSuccess;

@@ -32,19 +32,7 @@ TransportDirect::~TransportDirect() {
   if (saved >= 0 && saved != device_) (void)cudaSetDevice(saved);
 }
 
-bool TransportDirect::implements(DeviceOpKind kind) {
-  switch (kind) {
-    case DeviceOpKind::kAllGather:
-    case DeviceOpKind::kReduceScatter:
-    case DeviceOpKind::kAllReduce:
-    case DeviceOpKind::kBroadcast:
-    case DeviceOpKind::kAllToAll:
-    case DeviceOpKind::kAllToAllv:
-      return true;
-    default:
-      return false;
-  }
-}
+bool TransportDirect::implements(DeviceOpKind kind) { return isCollective(kind); }
 
 attnResult_t TransportDirect::agree(attnComm* comm) {
   if (decided_) return attnSuccess;

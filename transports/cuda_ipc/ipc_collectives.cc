@@ -26,18 +26,6 @@ struct IpcDesc {
 };
 static_assert(std::is_trivially_copyable_v<IpcDesc>);
 
-const char* kindName(DeviceOpKind k) {
-  switch (k) {
-    case DeviceOpKind::kAllGather: return "all-gather";
-    case DeviceOpKind::kReduceScatter: return "reduce-scatter";
-    case DeviceOpKind::kAllReduce: return "all-reduce";
-    case DeviceOpKind::kBroadcast: return "broadcast";
-    case DeviceOpKind::kAllToAll: return "all-to-all";
-    case DeviceOpKind::kAllToAllv: return "all-to-allv";
-    default: return "operation";
-  }
-}
-
 // The buffers this rank publishes for `op` and the block of its source
 // meant for each peer.
 struct Layout {
@@ -141,7 +129,7 @@ class Pulls {
       default:
         // ipcSelected() sends only the kinds above here; others are staged.
         return setError(attnInternalError, "cuda_ipc: %s reached the IPC backend, which has no pulls for it",
-                        kindName(op_.kind));
+                        deviceOpName(op_.kind));
     }
   }
 
@@ -162,7 +150,7 @@ class Pulls {
     if (d.bytes == 0) return attnSuccess;
     if (d.offset > d.src.bytes || d.bytes > d.src.bytes - d.offset)
       return setError(attnInternalError, "cuda_ipc %s: rank %d's block [%llu, +%llu) lies outside its buffer",
-                      kindName(op_.kind), p, (unsigned long long)d.offset, (unsigned long long)d.bytes);
+                      deviceOpName(op_.kind), p, (unsigned long long)d.offset, (unsigned long long)d.bytes);
     const char* base;
     ATTN_CHECK(st_.importer().map(p, st_.peer(p).sameProcess, d.src, &base));
     *ptr = base + d.offset;
@@ -184,7 +172,7 @@ class Pulls {
       return setError(attnInvalidUsage,
                       "cuda_ipc %s: rank %d provides %zu bytes for rank %d, which expects %zu "
                       "(counts disagree between ranks)",
-                      kindName(op_.kind), p, bytes, comm_->rank, want);
+                      deviceOpName(op_.kind), p, bytes, comm_->rank, want);
     return copyAsync(dst, src, bytes);
   }
 
@@ -193,7 +181,7 @@ class Pulls {
     if (bytes == 0) return attnSuccess;
     if (offset > buf.bytes || bytes > buf.bytes - offset)
       return setError(attnInvalidUsage, "cuda_ipc %s: rank %d's buffer holds %llu bytes, %zu needed",
-                      kindName(op_.kind), p, (unsigned long long)buf.bytes, offset + bytes);
+                      deviceOpName(op_.kind), p, (unsigned long long)buf.bytes, offset + bytes);
     const char* base;
     ATTN_CHECK(st_.importer().map(p, st_.peer(p).sameProcess, buf, &base));
     return copyAsync(dst, base + offset, bytes);
@@ -218,7 +206,7 @@ class Pulls {
         return setError(attnInvalidUsage,
                         "cuda_ipc %s: rank %d provides %zu bytes for rank %d, which expects %zu "
                         "(counts disagree between ranks)",
-                        kindName(op_.kind), p, got, me, bytes);
+                        deviceOpName(op_.kind), p, got, me, bytes);
       needScratch = needScratch || !st_.peer(p).directRead;
     }
     void* scratch = nullptr;
@@ -243,8 +231,8 @@ class Pulls {
     cudaError_t sync = cudaStreamSynchronize(copy_);
     if (mine == attnSuccess && sync != cudaSuccess)
       mine = setError(attnUnhandledCudaError, "cuda_ipc %s: waiting for the copies failed: %s (%s)",
-                      kindName(op_.kind), cudaGetErrorString(sync), cudaGetErrorName(sync));
-    return settle(e, mine, kindName(op_.kind));
+                      deviceOpName(op_.kind), cudaGetErrorString(sync), cudaGetErrorName(sync));
+    return settle(e, mine, deviceOpName(op_.kind));
   }
 
   attnComm* comm_;
@@ -257,19 +245,7 @@ class Pulls {
 
 }  // namespace
 
-bool implements(DeviceOpKind kind) {
-  switch (kind) {
-    case DeviceOpKind::kAllGather:
-    case DeviceOpKind::kReduceScatter:
-    case DeviceOpKind::kAllReduce:
-    case DeviceOpKind::kBroadcast:
-    case DeviceOpKind::kAllToAll:
-    case DeviceOpKind::kAllToAllv:
-      return true;
-    default:
-      return false;
-  }
-}
+bool implements(DeviceOpKind kind) { return isCollective(kind); }
 
 attnResult_t runCollective(attnComm* comm, IpcState& st, const DeviceOp& op, cudaStream_t copy,
                            bool* staged) {
