@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -330,6 +331,52 @@ TEST(DeviceComm, EveryModeOnDeviceWithAUserKernel) {
     // Called on the device (with the compute stream) in every mode.
     EXPECT_GT(gUserKernelCalls.load(), 0) << attn_test::ModeName(mode);
   }
+}
+
+// The next rank's process dies between reading this rank's last block and
+// counting its close: no request to it is in flight, so only the process
+// watch in DeviceRing::waitReads can tell. The survivor's operation must
+// fail with an error naming the dead rank (not sit out the 60 s timeout,
+// which the harness deadline would turn into a failure) and release the
+// stream.
+attnResult_t DieOnSecondBlock(const attnAttnKernelArgs_t* a, void* calls, attnStream_t stream) {
+  if (stream != nullptr && ++*static_cast<int*>(calls) == 2) raise(SIGKILL);
+  return DeviceUserKernel(a, nullptr, stream);
+}
+
+TEST(DeviceComm, RingFailsFastWhenTheNextProcessDies) {
+  REQUIRE_FORKABLE_CUDA();
+  const attn_test::AttnCase c = SmallPrefillCase(12);
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  cfg.timeout_ms = 60000;
+  o.deadline_ms = 30000;
+  o.env = {{"ATTN_TRANSPORT", "shm,tcp,cuda_ipc"}};
+  const int victim = 1;
+  auto results = attn_test::RunProcessesCollect(2, [&](int rank, int nranks, attnComm_t& comm) {
+    const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 17, -1);
+    const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+    // One good call first: the ring is set up and moves device to device.
+    ExpectExact(RunOnDevice(c, sh, comm, attnModePassKV, true), c.cfg.dtype, "before the kill");
+    int calls = 0;
+    if (rank == victim) ASSERT_EQ(attnCommSetAttnKernel(comm, DieOnSecondBlock, &calls), attnSuccess);
+    const DeviceRun r = RunOnDevice(c, sh, comm, attnModePassKV, true);
+    ASSERT_NE(rank, victim) << "the victim outlived its kill";
+    // Enqueued fine; the failure is asynchronous and the stream was released.
+    EXPECT_EQ(r.rc, attnSuccess) << r.error;
+    attnResult_t async = attnSuccess;
+    ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+    EXPECT_EQ(async, attnRemoteError);
+    const std::string why = attnGetLastError(comm);
+    EXPECT_NE(why.find("rank 1"), std::string::npos) << why;
+    EXPECT_NE(why.find("exited"), std::string::npos) << why;
+    attn_test::ReportFromChild("rank 0: " + why);
+    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+    comm = nullptr;
+  }, o);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[victim].signaled && results[victim].signal == SIGKILL) << results[victim].Describe();
+  EXPECT_TRUE(results[0].passed()) << results[0].Describe();
 }
 
 // Sends and receives inside a group (the staging backend): a ring exchange

@@ -211,12 +211,22 @@ attnResult_t DeviceRing::checkMeta(int nb, size_t got, BlockLayout* out) const {
 attnResult_t DeviceRing::waitReads(uint64_t count, double* waitUs) {
   std::atomic<uint64_t>& reads = link_->reads();
   if (reads.load(std::memory_order_acquire) - readsBase_ >= count) return attnSuccess;
-  // The next rank may fail and never read, which breaks the engine, or
-  // stall past the timeout.
+  // The next rank may fail and never read (its failure breaks our engine),
+  // its process may die (watched here), or it may stall past the timeout.
   const auto t0 = Clock::now();
   const auto deadline = t0 + std::chrono::milliseconds(e_.timeoutMs() > 0 ? e_.timeoutMs() : 1 << 30);
   for (int spins = 0; reads.load(std::memory_order_acquire) - readsBase_ < count; ++spins) {
     if (e_.broken()) return setError(e_.brokenResult(), "ring: the communicator broke while rank %d read", next_);
+    if (e_.aborted()) return setError(attnRemoteError, "ring: communicator aborted while rank %d read", next_);
+    if (!link_->nextAlive()) {
+      // Nothing else would notice: no request to it is in flight. Breaking
+      // the engine closes our connections, so the other ranks fail fast too.
+      const std::string why = "ring: peer rank " + std::to_string(next_) + " (pid " +
+                              std::to_string(link_->nextPid()) + ") exited before reading rank " +
+                              std::to_string(me_) + "'s block";
+      e_.breakWith(attnRemoteError, why);
+      return setError(attnRemoteError, "%s", why.c_str());
+    }
     if (Clock::now() > deadline)
       return setError(attnTimeout, "ring: rank %d did not finish reading this rank's block", next_);
     if (spins < 64) std::this_thread::yield();

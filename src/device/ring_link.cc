@@ -29,6 +29,10 @@ struct ControlCard {
   int32_t pad = 0;
 };
 
+// How often a rank waiting on its next rank's reads looks whether that
+// process still exists.
+constexpr int kNextWatchMs = 20;
+
 }  // namespace
 
 RingLink::~RingLink() {
@@ -75,6 +79,7 @@ attnResult_t RingLink::agree(attnComm* comm, ipc::IpcState& ipc) {
   std::vector<ControlCard> cards;
   ATTN_CHECK(ipc::allGatherRecord(*comm->engine, mine, &cards));
   const ControlCard& theirs = cards[prev];
+  if (nextByHandle_) nextWatch_.watch(static_cast<pid_t>(cards[next].holder), kNextWatchMs);
   if (ok && !prevByHandle_) {
     prev_ = reinterpret_cast<RingControl*>(theirs.addr);
     ok = prev_ != nullptr;

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "attncomm.h"
+#include "src/core/process_watch.h"
 
 struct attnComm;
 
@@ -56,6 +57,11 @@ class RingLink {
   // (this rank adds to it).
   std::atomic<uint64_t>& reads() { return mine_->reads; }
   std::atomic<uint64_t>& prevReads() { return prev_->reads; }
+  // False once the next rank's process has exited (always true when it is
+  // a thread of this one): a rank waiting for its reads has no socket to
+  // tell it. Cheap; rate-limited.
+  bool nextAlive() { return nextWatch_.alive(); }
+  long nextPid() const { return static_cast<long>(nextWatch_.pid()); }
 
  private:
   // The part of agree() that decides viaTransport.
@@ -70,6 +76,7 @@ class RingLink {
   RingControl* prev_ = nullptr;  // the previous rank's, in this address space
   void* prevMap_ = nullptr;      // its mapping here when it is another process
   size_t prevMapBytes_ = 0;
+  ProcessWatch nextWatch_;
 };
 
 }  // namespace attn

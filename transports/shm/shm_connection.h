@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "src/core/process_watch.h"
 #include "src/core/transport.h"
 #include "transports/shm/shm_bell.h"
 #include "transports/shm/shm_process.h"
