@@ -65,8 +65,9 @@ UcxConnection::UcxConnection(int peer, int myRank, UcxWorker* worker, UcxRegCach
 
 UcxConnection::~UcxConnection() { close(); }
 
-attnResult_t UcxConnection::connectTo(const std::vector<uint8_t>& peerAddress) {
+attnResult_t UcxConnection::connectTo(const std::vector<uint8_t>& peerAddress, bool peerTakesDevice) {
   std::lock_guard<std::mutex> g(worker_->mutex());
+  peerTakesDevice_ = peerTakesDevice;
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;

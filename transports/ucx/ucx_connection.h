@@ -32,8 +32,9 @@ class UcxConnection : public Connection {
   UcxConnection(int peer, int myRank, UcxWorker* worker, UcxRegCache* cache);
   ~UcxConnection() override;
 
-  // Creates the endpoint to the peer's worker address.
-  attnResult_t connectTo(const std::vector<uint8_t>& peerAddress);
+  // Creates the endpoint to the peer's worker address. `peerTakesDevice`:
+  // the peer's UCX moves CUDA memory too (exchanged with the address).
+  attnResult_t connectTo(const std::vector<uint8_t>& peerAddress, bool peerTakesDevice);
   // Connect-time handshake: an empty message each way, so the endpoint is
   // wired up (and the peer known reachable) before any real traffic or a
   // goodbye needs it. Caller holds the worker mutex; the transport drives
@@ -43,9 +44,11 @@ class UcxConnection : public Connection {
 
   attnResult_t postSend(const void* buf, size_t bytes, Request* req) override;
   attnResult_t postRecv(void* buf, size_t capacity, Request* req) override;
-  // UCX built with CUDA (UcxWorker::deviceMemory): it detects device
-  // buffers itself and moves them (cuda_copy, cuda_ipc, GPUDirect RDMA).
-  bool takesDeviceMemory() const override { return worker_->deviceMemory(); }
+  // UCX built with CUDA (UcxWorker::deviceMemory) on both sides: it
+  // detects device buffers itself and moves them (cuda_copy, cuda_ipc,
+  // GPUDirect RDMA). Both sides, so that the two ends of a pair agree on
+  // whether its device messages are staged (and then maybe sliced).
+  bool takesDeviceMemory() const override { return worker_->deviceMemory() && peerTakesDevice_; }
   attnResult_t postDeviceSend(const void* buf, size_t bytes, Request* req) override;
   attnResult_t postDeviceRecv(void* buf, size_t capacity, Request* req) override;
   attnResult_t progress(bool* progressed) override;
@@ -121,6 +124,7 @@ class UcxConnection : public Connection {
   size_t completions_ = 0;
   void* helloReq_[2] = {nullptr, nullptr};  // send, receive
   Bye* bye_ = nullptr;       // posted goodbye receive (owned by UCX while posted)
+  bool peerTakesDevice_ = false;
   bool peerClosed_ = false;  // goodbye received
   uint64_t peerSent_ = 0;    // ... after this many messages
   bool peerFailed_ = false;

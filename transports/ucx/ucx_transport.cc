@@ -41,6 +41,8 @@ class UcxTransport : public Transport {
 
     std::vector<uint8_t> mine;
     ATTN_CHECK(worker_->address(&mine));
+    const size_t addressBytes = mine.size();
+    mine.push_back(worker_->deviceMemory() ? 1 : 0);  // travels behind the address
     std::vector<std::vector<uint8_t>> all;
     ATTN_CHECK(exchangeAddresses(ctx, mine, &all));
 
@@ -48,14 +50,18 @@ class UcxTransport : public Transport {
     for (int p : peers) {
       if (p < 0 || p >= ctx.nranks || p == ctx.rank)
         return setError(attnInternalError, "ucx: asked to connect to rank %d of %d", p, ctx.nranks);
+      if (all[p].empty())
+        return setError(attnInternalError, "ucx: rank %d sent no worker address", p);
+      const bool peerTakesDevice = all[p].back() != 0;
+      all[p].pop_back();
       auto c = std::make_unique<UcxConnection>(p, ctx.rank, worker_.get(), cache_.get());
-      ATTN_CHECK(c->connectTo(all[p]));
+      ATTN_CHECK(c->connectTo(all[p], peerTakesDevice));
       conns->push_back(std::move(c));
     }
     ATTN_CHECK(handshake(ctx, *conns));
     ATTN_INFO(kLogNet, "ucx: rank %d ready: %zu peers, worker address %zu bytes, "
                        "registration cache %s",
-              ctx.rank, peers.size(), mine.size(),
+              ctx.rank, peers.size(), addressBytes,
               cache_->enabled() ? ("from " + std::to_string(regMin) + " bytes").c_str() : "off");
     return attnSuccess;
   }
