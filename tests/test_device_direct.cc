@@ -17,11 +17,13 @@
 
 #include "attncomm.h"
 #include "src/device/stage_pipeline.h"
+#include "src/device/staged_p2p.h"
 #include "src/device/transport_direct.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 #include "support/attn_fixtures.h"
 #include "support/device_attn.h"
 #include "support/device_checks.h"
+#include "support/device_p2p.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
 #if ATTN_HAVE_UCX
@@ -203,6 +205,27 @@ TEST(DeviceDirect, UcxCudaOffStages) {
   EXPECT_EQ(attn::directCounters().ops.load(), ops);
   EXPECT_EQ(attn::directCounters().p2p.load(), p2p);
   EXPECT_GT(attn::stagedSlices().load(), slices);
+}
+
+// ATTN_UCX_CUDA differs between the two ends of a pair: UCX's connections
+// exchange it, so both ends stage (a whole device message on one side
+// would never meet the other side's slices), and large messages are
+// sliced on both.
+TEST(DeviceDirect, MixedUcxCudaSettingsStageBothEnds) {
+  REQUIRE_FORKABLE_CUDA();
+  REQUIRE_UCX_CUDA();
+  attnConfig_t cfg;
+  RunOptions o = OverUcx(&cfg);
+  o.child_setup = [](int rank) {
+    setenv("ATTN_HOSTID", ("mixed-host-" + std::to_string(rank)).c_str(), 1);
+    setenv("ATTN_UCX_CUDA", rank == 0 ? "0" : "1", 1);
+  };
+  attn_test::RunProcesses(2, [](int rank, int nranks, attnComm_t& comm) {
+    const uint64_t p2p = attn::directCounters().p2p.load(), slices = attn::stagedP2pSlices().load();
+    const size_t expected = attn_test::CheckDevSlicedP2p(comm, rank, nranks, 4096);
+    EXPECT_EQ(attn::directCounters().p2p.load(), p2p) << "no pair may go direct";
+    EXPECT_EQ(attn::stagedP2pSlices().load() - slices, expected);
+  }, o);
 }
 
 // Ring attention: each block's metadata and then the device block itself

@@ -4,15 +4,20 @@
 // cuda_ipc out, so every collective here is staged; a small
 // ATTN_DEVICE_STAGE_CHUNK cuts each into several slices with a shorter last
 // one. Results must be exact and the slice counter must show the cut.
+// Grouped sends and receives go the same way (src/device/staged_p2p.h).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "attncomm.h"
 #include "src/device/stage_pipeline.h"
+#include "src/device/staged_p2p.h"
 #include "support/device_checks.h"
+#include "support/device_p2p.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
 
@@ -133,6 +138,79 @@ TEST(DeviceStaging, ChunkZeroTurnsSlicingOff) {
   const uint64_t before = attn::stagedSlices().load();
   attn_test::RunThreads(2, [](int rank, int nranks, attnComm_t& comm) { RunSuite(comm, rank, nranks); }, o);
   EXPECT_EQ(attn::stagedSlices().load(), before);
+}
+
+// ---------------------------------------------------------------------------
+// Sends and receives
+
+TEST(DeviceStaging, LargeSendsAndReceivesMoveInSlicesBetweenThreads) {
+  REQUIRE_GPU();
+  for (int n : {2, 3}) {
+    attnConfig_t cfg;
+    const RunOptions o = Staged(&cfg);
+    attn_test::ScopedEnv env(o.env);
+    std::atomic<size_t> expected{0};
+    const uint64_t before = attn::stagedP2pSlices().load();
+    attn_test::RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) {
+      for (int call = 0; call < 2; ++call) expected += attn_test::CheckDevSlicedP2p(comm, rank, nranks, kChunk);  // the arena is reused
+    }, o);
+    EXPECT_EQ(attn::stagedP2pSlices().load() - before, expected.load()) << n << " ranks";
+  }
+}
+
+// Processes on emulated hosts of their own (ATTN_HOSTID): no pair is on
+// one host, so nothing is described or pulled, only staged over tcp.
+RunOptions StagedAcrossHosts(attnConfig_t* cfg) {
+  RunOptions o = Staged(cfg);
+  o.child_setup = [](int rank) { setenv("ATTN_HOSTID", ("staged-host-" + std::to_string(rank)).c_str(), 1); };
+  return o;
+}
+
+TEST(DeviceStaging, LargeSendsAndReceivesMoveInSlicesAcrossHosts) {
+  REQUIRE_FORKABLE_CUDA();
+  attnConfig_t cfg;
+  attn_test::RunProcesses(3, [](int rank, int nranks, attnComm_t& comm) {
+    const uint64_t before = attn::stagedP2pSlices().load();
+    const size_t expected = attn_test::CheckDevSlicedP2p(comm, rank, nranks, kChunk);
+    EXPECT_GT(expected, 0u);
+    EXPECT_EQ(attn::stagedP2pSlices().load() - before, expected);
+  }, StagedAcrossHosts(&cfg));
+}
+
+// A receive of another size than its send fails (attnInvalidUsage, on the
+// stream's communicator) instead of taking the first slices as the whole
+// message. Across hosts, where no descriptor exchange compares the sizes
+// first: sizes cut into slices of the same lengths (only the header tells),
+// and a whole receive meeting a sliced send (the lengths tell).
+TEST(DeviceStaging, SlicedSendMeetingAReceiveOfAnotherSizeFailsAcrossHosts) {
+  REQUIRE_FORKABLE_CUDA();
+  for (size_t recvBytes : {2 * kChunk, kChunk / 2}) {
+    attnConfig_t cfg;
+    attn_test::RunProcesses(2, [&](int rank, int, attnComm_t& comm) {
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      const size_t sendBytes = 3 * kChunk;
+      void* d = nullptr;
+      ASSERT_EQ(cudaMallocAsync(&d, sendBytes, s), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(d, rank, sendBytes, s), cudaSuccess);
+      const attnResult_t r = rank == 0 ? attnSend(d, sendBytes, attnUint8, 1, comm, AsStream(s))
+                                       : attnRecv(d, recvBytes, attnUint8, 0, comm, AsStream(s));
+      EXPECT_EQ(r, attnSuccess) << "enqueued; the failure is asynchronous";
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess) << "a failed operation still releases the stream";
+      attnResult_t async = attnSuccess;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      if (rank == 1) {
+        const std::string why = attnGetLastError(comm);
+        EXPECT_EQ(async, attnInvalidUsage) << recvBytes << ": " << why;
+        EXPECT_TRUE(why.find("rank 0") != std::string::npos || why.find("peer 0") != std::string::npos) << why;
+        attn_test::ReportFromChild(why);
+      }
+      // The sender may finish (its slices were buffered) or see the link break.
+      EXPECT_EQ(cudaFreeAsync(d, s), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaStreamDestroy(s);
+    }, StagedAcrossHosts(&cfg));
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "src/device/device_op.h"
 #include "src/device/device_route.h"
 #include "src/device/device_scope.h"
+#include "src/device/stage_pipeline.h"
 
 namespace attn {
 namespace {
@@ -42,22 +43,6 @@ attnResult_t streamWait(attnStream_t waiter, attnStream_t signaler) {
   return attnSuccess;
 }
 
-// The staged twin: the same group on host copies, re-entered on the proxy
-// thread (where the API runs on host memory). h[i] is op i's copy.
-HostOp stagedGroup(attnComm* comm, std::vector<P2pOp> ops) {
-  return [comm, ops = std::move(ops)](char* const* h) -> attnResult_t {
-    attnGroupStart();
-    attnResult_t r = attnSuccess;
-    for (size_t i = 0; i < ops.size() && r == attnSuccess; ++i) {
-      const P2pOp& o = ops[i];
-      r = o.isSend ? attnSend(h[i], o.bytes, attnUint8, o.peer, comm, nullptr)
-                   : attnRecv(h[i], o.bytes, attnUint8, o.peer, comm, nullptr);
-    }
-    attnResult_t end = attnGroupEnd();  // always: the group must be closed
-    return r != attnSuccess ? r : end;
-  };
-}
-
 }  // namespace
 
 attnResult_t deviceP2pGroup(attnComm* comm, std::vector<P2pOp> ops, StreamJoin* after) {
@@ -77,10 +62,10 @@ attnResult_t deviceP2pGroup(attnComm* comm, std::vector<P2pOp> ops, StreamJoin* 
   }
   DeviceOp op;
   op.kind = DeviceOpKind::kP2pGroup;
-  op.p2p = ops;
-  // Receives are staged in too: they leave what they do not write as it was.
-  for (const P2pOp& o : ops) op.spans.push_back({o.buf, o.bytes, true, !o.isSend});
-  op.hostOp = stagedGroup(comm, std::move(ops));
+  // Every backend runs groups pair by pair (ipc_p2p.cc, nccl_comm.cc): no
+  // host operation to stage around.
+  op.p2p = std::move(ops);
+  op.stageChunk = stageChunkBytes();  // read on the caller's thread, like every per-call setting
   ATTN_CHECK(deviceEnqueue(comm, join.primary, std::move(op)));
   *after = std::move(join);
   return attnSuccess;

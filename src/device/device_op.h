@@ -90,6 +90,7 @@ struct DeviceOp {
   int root = -1;
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // kAllToAllv
   std::vector<P2pOp> p2p;                                         // kP2pGroup
+  size_t stageChunk = 0;  // kP2pGroup: ATTN_DEVICE_STAGE_CHUNK at the call (staged_p2p.h)
   // For the staging backend.
   std::vector<DeviceSpan> spans;
   HostOp hostOp;

@@ -8,6 +8,7 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
+#include "src/device/staged_p2p.h"
 #include "src/device/transport_direct.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 
@@ -26,13 +27,10 @@ struct Reply {
 };
 static_assert(std::is_trivially_copyable_v<SendDesc> && std::is_trivially_copyable_v<Reply>);
 
-constexpr size_t kAlign = 256;
-size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
 class P2pGroup {
  public:
   P2pGroup(attnComm* comm, IpcState& st, const DeviceOp& op, cudaStream_t copy)
-      : comm_(comm), e_(*comm->engine), st_(st), ops_(op.p2p), copy_(copy), me_(comm->rank),
+      : comm_(comm), e_(*comm->engine), st_(st), ops_(op.p2p), copy_(copy), chunk_(op.stageChunk), me_(comm->rank),
         n_(ops_.size()), desc_(n_), reply_(n_), viaHost_(n_, false), req_(new Request[3 * n_]) {}
 
   attnResult_t run() {
@@ -180,16 +178,19 @@ class P2pGroup {
 
   // Phase 4: what was not pulled, over the host transport (every pair on
   // another host, and those that could not pull): the buffer itself where
-  // the transport takes device memory, else through pinned host memory.
-  // Each side decides alone: the bytes on the wire are the same.
+  // the transport takes device memory, else through pinned host memory,
+  // large messages in slices (staged_p2p.h).
   attnResult_t moveTheRest() {
-    size_t sendBytes = 0, recvBytes = 0;
     std::vector<Request*> wait;
+    StagedP2p staged(e_, copy_, chunk_);
+    size_t stagedOps = 0;
     for (size_t i = 0; i < n_; ++i) {
       const P2pOp& o = ops_[i];
       if (o.peer == me_) continue;
       if (o.isSend) viaHost_[i] = !local(i) || !reply_[i].pulled;
       if (!viaHost_[i]) continue;
+      // Both ends of a pair get the same answer (ucx_connection.h): a
+      // whole message on one side never meets slices on the other.
       if (e_.takesDeviceMemory(o.peer)) {
         viaHost_[i] = false;
         if (o.isSend) ATTN_CHECK(e_.isendDevice(o.peer, o.buf, o.bytes, req(i, 2)));
@@ -197,36 +198,18 @@ class P2pGroup {
         wait.push_back(req(i, 2));
         continue;
       }
-      (o.isSend ? sendBytes : recvBytes) += alignUp(o.bytes);
+      staged.add(o.peer, o.isSend, o.buf, o.bytes);
+      ++stagedOps;
     }
     if (!wait.empty()) directCounters().p2p.fetch_add(wait.size(), std::memory_order_relaxed);
-    if (sendBytes == 0 && recvBytes == 0) return waitFor(wait);
-    ATTN_CHECK(st_.sendStage().reserve(sendBytes));
-    ATTN_CHECK(st_.recvStage().reserve(recvBytes));
-    std::vector<char*> host(n_, nullptr);
-    size_t sOff = 0, rOff = 0;
-    for (size_t i = 0; i < n_; ++i) {
-      if (!viaHost_[i]) continue;
-      const P2pOp& o = ops_[i];
-      host[i] = o.isSend ? st_.sendStage().base() + sOff : st_.recvStage().base() + rOff;
-      (o.isSend ? sOff : rOff) += alignUp(o.bytes);
-      if (o.isSend && o.bytes) ATTN_CUDA_CHECK(cudaMemcpyAsync(host[i], o.buf, o.bytes, cudaMemcpyDefault, copy_));
-    }
-    ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));
-    const size_t direct = wait.size();
-    for (size_t i = 0; i < n_; ++i) {
-      if (!viaHost_[i]) continue;
-      const P2pOp& o = ops_[i];
-      if (o.isSend) ATTN_CHECK(e_.isend(o.peer, host[i], o.bytes, req(i, 2)));
-      else ATTN_CHECK(e_.irecv(o.peer, host[i], o.bytes, req(i, 2)));
-      wait.push_back(req(i, 2));
+    if (!staged.empty()) {
+      const attnResult_t r = staged.run(st_.p2pStage(), st_.p2pSliceEvents());
+      // The device requests above point into this group, which is about to go.
+      if (r != attnSuccess && !wait.empty() && !e_.broken()) e_.breakWith(r, threadLastError());
+      ATTN_CHECK(r);
     }
     ATTN_CHECK(waitFor(wait));
-    for (size_t i = 0; i < n_; ++i)
-      if (viaHost_[i] && !ops_[i].isSend && req(i, 2)->bytes)
-        ATTN_CUDA_CHECK(cudaMemcpyAsync(ops_[i].buf, host[i], req(i, 2)->bytes, cudaMemcpyDefault, copy_));
-    ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));
-    ipcCounters().p2pViaHost.fetch_add(wait.size() - direct, std::memory_order_relaxed);
+    ipcCounters().p2pViaHost.fetch_add(stagedOps, std::memory_order_relaxed);
     return attnSuccess;
   }
 
@@ -246,6 +229,7 @@ class P2pGroup {
   IpcState& st_;
   const std::vector<P2pOp>& ops_;
   cudaStream_t copy_;
+  const size_t chunk_;  // ATTN_DEVICE_STAGE_CHUNK at the call
   const int me_;
   const size_t n_;
   AgreeCard mine_;

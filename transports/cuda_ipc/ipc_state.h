@@ -14,6 +14,7 @@
 #include "attncomm.h"
 #include "src/device/device_buffer.h"
 #include "src/device/pinned_arena.h"
+#include "src/device/stage_pipeline.h"
 #include "transports/cuda_ipc/ipc_handles.h"
 
 struct attnComm;
@@ -64,10 +65,9 @@ class IpcState {
   // stream order on `stream` (the proxy's copy stream, its only user).
   attnResult_t scratch(size_t bytes, cudaStream_t stream, void** out);
   // Pinned staging of grouped sends and receives that cannot be pulled
-  // (ipc_p2p.cc): one arena per direction, so growing one never moves
-  // buffers the other has handed to the transport.
-  PinnedArena& sendStage() { return sendStage_; }
-  PinnedArena& recvStage() { return recvStage_; }
+  // (ipc_p2p.cc, src/device/staged_p2p.h), and the events of its slices.
+  PinnedArena& p2pStage() { return p2pStage_; }
+  SliceEvents& p2pSliceEvents() { return p2pSliceEvents_; }
   // An operation ran staged because a buffer could not be served: logged
   // the first time per communicator.
   void noteStaged(int rank, const std::string& why);
@@ -86,7 +86,8 @@ class IpcState {
   IpcExporter exporter_;
   std::unique_ptr<IpcImporter> importer_;
   DeviceBuffer scratch_;
-  PinnedArena sendStage_, recvStage_;
+  PinnedArena p2pStage_;
+  SliceEvents p2pSliceEvents_;
 };
 
 }  // namespace attn::ipc
