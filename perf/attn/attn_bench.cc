@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/reference_attention.h"
+#include "perf/attn/seq_device.h"
 #include "perf/rank_device.h"
 #include "perf/timing.h"
 #include "src/attn/attn_state.h"
@@ -212,13 +213,11 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
       !dev.upload(dk, k.data(), k.size()) || !dev.upload(dv, v.data(), v.size()))
     return 1;
 
+  SeqDevice seqDevice(dev, o.processes);  // -M seq with -G
   // One call of `mode`; its compute time in *computeUs, AUTO's pick in *chose.
   auto once = [&](int mode, double* computeUs, int* chose) -> bool {
+    if (mode < 0 && dev.onDevice()) return seqDevice.once(comm, b, s, dq, dk, dv, dout, dlse, computeUs);
     if (mode < 0) {
-      if (dev.onDevice()) {
-        fprintf(stderr, "the sequential baseline runs on host memory only (drop seq from -M with -G)\n");
-        return false;
-      }
       if (!sequentialOnce(comm, b, s, q.data(), k.data(), v.data(), accO.data(), lse.data(), computeUs))
         return false;
       return attn::cpu::convertFromFloat(out.data(), b.cfg.dtype, accO.data(), accO.size()) == attnSuccess;

@@ -47,10 +47,11 @@ struct RunOptions {
   int iters = 5, warmup = 1;
   bool check = true;
   int device = ATTN_DEVICE_HOST;  // -G: tensors on this CUDA device
+  bool processes = false;         // ranks are processes (-p, or launched externally)
 };
 
 // Runs every mode of `modes` (attnModeAuto.. or -1 for the
-// all-gather-then-compute baseline, host memory only) on this rank's
+// all-gather-then-compute baseline) on this rank's
 // shard, interleaved (iterations outer, modes inner); one result per mode.
 // With a device, a call is timed from its enqueue until its stream is
 // idle. Collective.

@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
       printHeader();
     }
     AttnReport report(o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device};
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally()};
     for (int B : o.batches) {
       Batch b;
       b.cfg = o.cfg;

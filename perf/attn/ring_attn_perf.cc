@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       printHeader();
     }
     AttnReport report(o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device};
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally()};
     for (double miss : o.miss) {
       Batch b;
       b.cfg = o.cfg;
