@@ -5,14 +5,19 @@
 # ./gpu-check-out).
 #
 #   bash scripts/gpu_check.sh --prepare      # on a machine with apt: GoogleTest's
-#                                            # packages into .device/ (git-ignored)
+#                                            # packages and a UCX built with CUDA
+#                                            # (scripts/build_ucx_cuda.sh) into
+#                                            # .device/ (git-ignored)
 #   bash scripts/gpu_check.sh [STAGE...]     # on the GPU machine, carrying .device/
 #
-# Stages, in order when none is named: build, test, perf. `test` runs the
-# GPU tests (names with cuda, device, nccl, python), `all` the whole suite;
-# `perf` the GPU benchmarks: kernels against copy bandwidth and torch SDPA,
-# ring attention and decode on one shared GPU (overlap), collectives on
-# device buffers. Builds into build-gpu/ (kept between stages).
+# Stages, in order when none is named: build, test, ucx, perf. `build` links
+# the carried UCX (.device/ucx-cuda) when there is one, else builds without
+# UCX. `test` runs the GPU tests (names with cuda, device, nccl, python), `all`
+# the whole suite; `ucx` what the carried UCX reports about CUDA (ucx_info)
+# and the DeviceDirect tests (device buffers straight to UCX); `perf` the GPU
+# benchmarks: kernels against copy bandwidth and torch SDPA, ring attention
+# and decode on one shared GPU (overlap), collectives on device buffers.
+# Builds into build-gpu/ (kept between stages).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,11 +26,30 @@ OUT=${OUT:-$ROOT/gpu-check-out}
 BUILD=${BUILD_DIR:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT"
+# The carried UCX: every stage finds its libraries (and UCX its modules,
+# next to libucs) through LD_LIBRARY_PATH; the CUDA runtime its cuda modules need too.
+UCX_PREFIX=
+ucx_env() {
+  [ -z "$UCX_PREFIX" ] && [ -f "$DEV/ucx-cuda/.complete" ] || return 0
+  UCX_PREFIX=$DEV/ucx-cuda
+  export LD_LIBRARY_PATH=$UCX_PREFIX/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PKG_CONFIG_PATH=$UCX_PREFIX/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+}
+ucx_env
 
 prepare() {
   mkdir -p "$DEV"
   (cd "$DEV" && apt-get download libgtest-dev >/dev/null) || { echo "apt-get download failed" >&2; exit 1; }
+  # Optional: without it the GPU build goes without UCX.
+  bash "$ROOT/scripts/build_ucx_cuda.sh" || echo "UCX with CUDA not built; the GPU build will have no UCX" >&2
   ls -l "$DEV"
+  du -sh "$DEV"
+}
+
+# The carried UCX (pkg-config or, where there is none, UCX's CMake package).
+ucx_flags() {
+  if [ -n "$UCX_PREFIX" ]; then echo "-DATTN_ENABLE_UCX=ON -Ducx_DIR=$UCX_PREFIX/lib/cmake/ucx"
+  else echo "-DATTN_ENABLE_UCX=OFF"; fi
 }
 
 # GoogleTest from the carried packages when the machine lacks it.
@@ -55,8 +79,8 @@ stage_build() {
   nvidia-smi >"$OUT/build.log" 2>&1
   # shellcheck disable=SC2046
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA_ARCHS=90a-real \
-        -DATTN_CUDA_PTXAS_VERBOSE=ON -DATTN_ENABLE_UCX=OFF -DATTN_ENABLE_MPI=OFF \
-        $(gtest_prefix) $(nccl_flags) >>"$OUT/build.log" 2>&1 &&
+        -DATTN_CUDA_PTXAS_VERBOSE=ON -DATTN_ENABLE_MPI=OFF \
+        $(ucx_flags) $(gtest_prefix) $(nccl_flags) >>"$OUT/build.log" 2>&1 &&
     ninja -C "$BUILD" -j"$JOBS" >>"$OUT/build.log" 2>&1
   local rc=$?
   # ptxas: registers and spills of every kernel (the hot ones must not spill).
@@ -75,6 +99,31 @@ stage_test() {
   return $rc
 }
 
+# Whether the carried UCX reports CUDA memory (ucx_info), then the tests that
+# hand device buffers straight to it; they skip where it does not.
+stage_ucx() {
+  local log=$OUT/ucx.log
+  if [ -z "$UCX_PREFIX" ]; then
+    echo "ucx: no .device/ucx-cuda (scripts/build_ucx_cuda.sh via --prepare); skipped" | tee "$log"
+    return 0
+  fi
+  { cat "$UCX_PREFIX/.complete"; "$UCX_PREFIX/bin/ucx_info" -v; } >"$log" 2>&1
+  "$UCX_PREFIX/bin/ucx_info" -d >"$OUT/ucx_info-d.log" 2>&1
+  echo "ucx_info -d, lines with cuda:" >>"$log"
+  if ! grep -i cuda "$OUT/ucx_info-d.log" >>"$log"; then
+    echo "(none: UCX reports no CUDA; its module loading, which names what failed:)" >>"$log"
+    UCX_LOG_LEVEL=debug "$UCX_PREFIX/bin/ucx_info" -d 2>&1 | grep -iE "module|dlopen|cuda" | head -20 >>"$log"
+  fi
+  # The binary itself, not ctest: its output names each skip's reason.
+  timeout 900 "$BUILD/tests/test_device_direct" --gtest_filter='DeviceDirect*' >"$OUT/tests-ucx.log" 2>&1
+  local rc=$?
+  cat "$log"
+  grep -E "^\[ +(OK|SKIPPED|FAILED|PASSED) +\]" "$OUT/tests-ucx.log" | tail -20
+  grep -A1 ": Skipped$" "$OUT/tests-ucx.log" | grep -v -e ": Skipped$" -e "^--$" | sort | uniq -c
+  echo "DeviceDirect rc=$rc"
+  return $rc
+}
+
 stage_perf() {
   local log=$OUT/perf.log
   : >"$log"
@@ -90,25 +139,29 @@ stage_perf() {
     run "$BUILD/perf/${coll}_perf" -G 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
   done
   run "$BUILD/perf/all_gather_perf" -G 0 -p 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
-  # The staging backend (cuda_ipc off) in one piece, then pipelined.
+  # The staging backend (cuda_ipc off) in one piece, then pipelined:
+  # collectives, and send/recv (src/device/staged_p2p.h).
   for chunk in 0 4194304; do
     run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
       "$BUILD/perf/all_reduce_perf" -G 0 -p 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
+    run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
+      "$BUILD/perf/sendrecv_perf" -G 0 -p 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
   done
   grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap" "$log" | head -100
 }
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test perf)
+[ ${#stages[@]} -eq 0 ] && stages=(build test ucx perf)
 status=0
 for s in "${stages[@]}"; do
   case $s in
-    --prepare) prepare ;;
+    --prepare) prepare; ucx_env ;;
     build) stage_build || status=1 ;;
     test) stage_test gpu || status=1 ;;
     all) stage_test all || status=1 ;;
+    ucx) stage_ucx || status=1 ;;
     perf) stage_perf ;;
-    *) echo "unknown stage $s (build, test, all, perf, --prepare)" >&2; exit 2 ;;
+    *) echo "unknown stage $s (build, test, all, ucx, perf, --prepare)" >&2; exit 2 ;;
   esac
 done
 exit $status
