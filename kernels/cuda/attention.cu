@@ -110,8 +110,8 @@ attnResult_t launchWmma(const AttnArgs& a, cudaStream_t s) {
   auto* kern = attnWmmaKernel<T, D>;
   constexpr size_t bytes = WmmaSmem<D>::kBytes;
   ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
-  kern<<<unsigned(a.tiles) * unsigned(a.hq), kWmmaThreads, bytes, s>>>(a);
-  return checkLaunch("attention (wmma) launch");
+  return launchKernel("attention (wmma) launch", kern, unsigned(a.tiles) * unsigned(a.hq), kWmmaThreads,
+                      bytes, s, a);
 }
 
 template <class T>
@@ -128,8 +128,8 @@ attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
   auto* kern = attnSimtKernel<T>;
   const size_t bytes = simtSmemBytes(a.d);
   ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
-  kern<<<unsigned(a.tiles) * unsigned(a.hq), kSimtThreads, bytes, s>>>(a);
-  return checkLaunch("attention (simt) launch");
+  return launchKernel("attention (simt) launch", kern, unsigned(a.tiles) * unsigned(a.hq), kSimtThreads,
+                      bytes, s, a);
 }
 
 attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const float* o,
@@ -213,8 +213,8 @@ attnResult_t initAccumulator(float* o, float* lse, int64_t rows, int heads, int 
   const size_t nrows = size_t(rows) * size_t(heads);
   if (nrows == 0) return attnSuccess;
   ATTN_REQUIRE(o && lse, "cuda initAccumulator: null o or lse");
-  initAccKernel<<<gridFor(nrows * head_dim, 256), 256, 0, stream>>>(o, lse, nrows, head_dim);
-  return checkLaunch("initAccumulator launch");
+  return launchKernel("initAccumulator launch", initAccKernel, gridFor(nrows * head_dim, 256), 256, 0,
+                      stream, o, lse, nrows, head_dim);
 }
 
 }  // namespace attn::cuda

@@ -59,7 +59,7 @@ attnSimtKernel(AttnArgs a) {
     warp_qhi = my_qpos;
     for (int o = 16; o; o >>= 1) warp_qhi = max(warp_qhi, __shfl_xor_sync(0xffffffffu, warp_qhi, o));
   }
-  const bool warp_rows = w.q0 + (threadIdx.x >> 5) * 8 < w.q1;
+  const bool warp_rows = w.q0 + int(threadIdx.x >> 5) * 8 < w.q1;
   (void)warp_qlo;
 
   float acc[64];

@@ -41,4 +41,20 @@ inline unsigned gridFor(size_t work, unsigned per_block, unsigned cap = 1u << 16
 // device code for this GPU, ...), as a readable attnResult_t.
 inline attnResult_t checkLaunch(const char* kernel) { return cudaResult(cudaGetLastError(), kernel); }
 
+// Enqueues kern<<<grid, block, smemBytes, stream>>>(args...) and returns its
+// launch error. Built for the SIMT simulator (tests/cuda_emu/simt: the
+// kernels' own tests on machines without a GPU), the same kernel runs on
+// simulated threads of the emulated runtime instead.
+template <class... P, class... A>
+attnResult_t launchKernel(const char* name, void (*kern)(P...), dim3 grid, dim3 block, size_t smemBytes,
+                          cudaStream_t stream, A... args) {
+#if defined(ATTN_CUDA_SIMT)
+  attn_simt::launch(reinterpret_cast<const void*>(kern), name, grid, block, smemBytes, stream,
+                    [] { return smem; }, [kern, args...] { kern(P(args)...); });
+#else
+  kern<<<grid, block, smemBytes, stream>>>(P(args)...);
+#endif
+  return checkLaunch(name);
+}
+
 }  // namespace attn::cuda

@@ -136,9 +136,8 @@ attnResult_t launch(MergeArgs& a, cudaStream_t stream) {
   const size_t rpb = kMergeThreads / tpr;
   const size_t blocks = (a.rows + rpb - 1) / rpb;
   if (blocks > 0x7fffffffull) return setError(attnInvalidArgument, "cuda merge: %zu rows is too many", a.rows);
-  if (vec) mergeKernel<4><<<unsigned(blocks), kMergeThreads, 0, stream>>>(a);
-  else mergeKernel<1><<<unsigned(blocks), kMergeThreads, 0, stream>>>(a);
-  return checkLaunch("merge launch");
+  return launchKernel("merge launch", vec ? mergeKernel<4> : mergeKernel<1>, unsigned(blocks), kMergeThreads,
+                      0, stream, a);
 }
 
 attnResult_t mergeImpl(float* o_acc, float* lse_acc, const cpu::AttnPartialRef* parts, int nparts,

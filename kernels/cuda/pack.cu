@@ -32,8 +32,8 @@ attnResult_t rows(void* dst, const void* src, const int32_t* idx, size_t n, size
   auto go = [&](auto unit) {
     using U = decltype(unit);
     const size_t upr = row_bytes / sizeof(U);
-    rowsKernel<U, kScatter><<<gridFor(n, 1, 1u << 20), 128, 0, stream>>>(d, s, idx, n, bound, upr);
-    return checkLaunch(kScatter ? "scatterRows launch" : "gatherRows launch");
+    return launchKernel(kScatter ? "scatterRows launch" : "gatherRows launch", rowsKernel<U, kScatter>,
+                        gridFor(n, 1, 1u << 20), 128, 0, stream, d, s, idx, n, bound, upr);
   };
   auto fits = [&](size_t a) { return row_bytes % a == 0 && aligned(dst, a) && aligned(src, a); };
   if (fits(16)) return go(uint4{});

@@ -92,13 +92,8 @@ attnResult_t launchReduce(void* d, const void* a, const void* b, size_t n, cudaS
   // Vector path: 16 bytes per thread per step; grid capped, the loop strides.
   const size_t units = vec ? n / (16 / sizeof(S)) + 1 : n;
   const unsigned grid = gridFor(units, 256, 4096);
-  if (vec)
-    reduceKernel<T, Op, true><<<grid, 256, 0, s>>>(static_cast<S*>(d), static_cast<const S*>(a),
-                                                  static_cast<const S*>(b), n);
-  else
-    reduceKernel<T, Op, false><<<grid, 256, 0, s>>>(static_cast<S*>(d), static_cast<const S*>(a),
-                                                   static_cast<const S*>(b), n);
-  return checkLaunch("reduce launch");
+  return launchKernel("reduce launch", vec ? reduceKernel<T, Op, true> : reduceKernel<T, Op, false>, grid,
+                      256, 0, s, static_cast<S*>(d), static_cast<const S*>(a), static_cast<const S*>(b), n);
 }
 
 template <class T>
@@ -148,9 +143,9 @@ attnResult_t convert(void* dst, const void* src, attnDataType_t type, size_t cou
                       "cudaMemcpyAsync (convert)");
   }
   const unsigned grid = gridFor(count, 256, 4096);
-  if (type == attnFloat16) convertKernel<Fp16Tag, kToFloat><<<grid, 256, 0, s>>>(dst, src, count);
-  else convertKernel<Bf16Tag, kToFloat><<<grid, 256, 0, s>>>(dst, src, count);
-  return checkLaunch("convert launch");
+  return launchKernel("convert launch",
+                      type == attnFloat16 ? convertKernel<Fp16Tag, kToFloat> : convertKernel<Bf16Tag, kToFloat>,
+                      grid, 256, 0, s, dst, src, count);
 }
 
 }  // namespace
@@ -177,9 +172,8 @@ attnResult_t divideInPlace(void* dst, size_t count, attnDataType_t type, int n,
   ATTN_REQUIRE(dst, "cuda divide: null pointer");
   return byType(type, [&](auto tag) {
     using T = decltype(tag);
-    divideKernel<T><<<gridFor(count, 256, 4096), 256, 0, stream>>>(
-        static_cast<typename Elem<T>::S*>(dst), count, n);
-    return checkLaunch("divide launch");
+    return launchKernel("divide launch", divideKernel<T>, gridFor(count, 256, 4096), 256, 0, stream,
+                        static_cast<typename Elem<T>::S*>(dst), count, n);
   });
 }
 

@@ -18,3 +18,21 @@ endforeach()
 # The runtime is inside the library: consumers need only the headers.
 add_library(attn_cudart INTERFACE)
 target_include_directories(attn_cudart INTERFACE ${ATTN_CUDA_EMU_INCLUDE})
+
+# The SIMT simulator (simt/): kernels/cuda's own sources compiled as host
+# C++ and run on simulated GPU threads. Linked into test_cuda_kernels
+# only, ahead of the library, so those tests check the real kernels while
+# the rest of the emulated build keeps the fast CPU twins above. (The
+# archive's emu_kernels.o defines the same launchers and is then never
+# pulled in.)
+set(ATTN_SIMT_KERNELS attention.cu merge.cu pack.cu reduce.cu)
+list(TRANSFORM ATTN_SIMT_KERNELS PREPEND ${PROJECT_SOURCE_DIR}/kernels/cuda/)
+file(GLOB ATTN_SIMT_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/simt/*.cc)
+set_source_files_properties(${ATTN_SIMT_KERNELS} PROPERTIES LANGUAGE CXX
+  COMPILE_OPTIONS "-xc++;-include;${CMAKE_CURRENT_LIST_DIR}/simt/device_prelude.h;-Wno-unknown-pragmas")
+add_library(attn_cuda_simt OBJECT ${ATTN_SIMT_KERNELS} ${ATTN_SIMT_SRC})
+target_compile_definitions(attn_cuda_simt PRIVATE ATTN_HAVE_CUDA=1)
+target_include_directories(attn_cuda_simt BEFORE PRIVATE ${CMAKE_CURRENT_LIST_DIR}/simt/include)
+target_include_directories(attn_cuda_simt PRIVATE
+  ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include ${ATTN_CUDA_EMU_INCLUDE})
+target_compile_options(attn_cuda_simt PRIVATE ${ATTN_WARN_FLAGS})

@@ -26,6 +26,7 @@ struct Process {
   std::atomic<unsigned long long> nextBufferId{1};
   std::map<Stream*, std::shared_ptr<Stream>> streams;  // live, created ones
   std::vector<std::shared_ptr<Stream>> legacy;         // per device
+  std::map<const void*, size_t> kernelSmem;            // cudaFuncSetAttribute
 };
 
 Process& proc() {
@@ -346,6 +347,19 @@ cudaError_t synchronizeStream(cudaStream_t s) {
     st->waitFor(st->mark());
   }
   return cudaSuccess;
+}
+
+size_t maxDynamicSharedMemory(const void* kernel) {
+  Process& p = proc();
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto it = p.kernelSmem.find(kernel);
+  return it == p.kernelSmem.end() ? kSharedMemoryDefault : it->second;
+}
+
+void setMaxDynamicSharedMemory(const void* kernel, size_t bytes) {
+  Process& p = proc();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.kernelSmem[kernel] = bytes;
 }
 
 }  // namespace attn_emu

@@ -114,4 +114,12 @@ std::shared_ptr<Event> eventOf(cudaEvent_t e);  // null for a bad handle
 
 double nowMs();
 
+// ---- kernels ------------------------------------------------------------------
+
+// Dynamic shared memory a kernel may launch with: 48 KiB unless raised by
+// cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize).
+size_t maxDynamicSharedMemory(const void* kernel);
+void setMaxDynamicSharedMemory(const void* kernel, size_t bytes);
+constexpr size_t kSharedMemoryDefault = 48 << 10, kSharedMemoryOptin = 227 << 10;
+
 }  // namespace attn_emu

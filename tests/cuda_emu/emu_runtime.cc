@@ -178,8 +178,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   snprintf(prop->name, sizeof(prop->name), "attncomm emulated CUDA device %d", device);
   for (int i = 0; i < 16; ++i) prop->uuid.bytes[i] = char(0xa0 + i * 7 + device);
   prop->totalGlobalMem = size_t(16) << 30;
-  prop->sharedMemPerBlock = 48 << 10;
-  prop->sharedMemPerBlockOptin = 227 << 10;
+  prop->sharedMemPerBlock = kSharedMemoryDefault;
+  prop->sharedMemPerBlockOptin = kSharedMemoryOptin;
   prop->sharedMemPerMultiprocessor = 228 << 10;
   prop->regsPerBlock = 65536;
   prop->warpSize = 32;
@@ -208,6 +208,18 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMemoryPoolsSupported: *value = 1; break;
     default: *value = 0; break;
   }
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  EMU_ENTER();
+  if (func == nullptr) return fail(cudaErrorInvalidDeviceFunction, "cudaFuncSetAttribute(null)");
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+    return cudaSuccess;  // the other attributes are hints the emulation has no use for
+  if (value < 0 || size_t(value) > kSharedMemoryOptin)
+    return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: %d bytes of shared memory (opt-in limit %zu)",
+                value, kSharedMemoryOptin);
+  setMaxDynamicSharedMemory(func, size_t(value));
   return cudaSuccess;
 }
 
