@@ -471,7 +471,8 @@ ATTN_API attnResult_t attnDecodePlacement(int num_seqs, int64_t step, int nranks
 
 /* Rates the selector's cost model uses. Calibrated once per communicator
  * (link: a short ping-pong with the ring neighbours; kernel: a timed run of
- * the attention kernel; interference: the kernel and an exchange timed
+ * the attention kernel, the CUDA one on a device communicator's GPU unless
+ * a user kernel is set; interference: the kernel and an exchange timed
  * together), overridable here or by ATTN_MODEL_* variables. */
 typedef struct {
   double link_bandwidth_GBps; /* bytes/ns between ring neighbours */

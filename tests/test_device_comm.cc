@@ -316,7 +316,8 @@ TEST(DeviceComm, EveryModeOnDeviceWithAUserKernel) {
   const std::vector<int32_t> newLens = {150, 33}, cachedLens = {60, 0};
   const attn_test::AttnCase c =
       attn_test::MakeCase("device-user", attn_test::PrefillSpec(acfg, newLens, cachedLens), 5);
-  for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ}) {
+  // AUTO too: its calibration must time the kernel on the device as well.
+  for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto}) {
     gUserKernelCalls = 0;
     attnConfig_t cfg;
     RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
@@ -331,6 +332,28 @@ TEST(DeviceComm, EveryModeOnDeviceWithAUserKernel) {
     // Called on the device (with the compute stream) in every mode.
     EXPECT_GT(gUserKernelCalls.load(), 0) << attn_test::ModeName(mode);
   }
+}
+
+// AUTO's kernel rate on a device communicator is the CUDA kernel's, timed
+// on the GPU (a host communicator's is the CPU kernel's); with a user
+// kernel it stays the host timing run attncomm.h describes.
+TEST(DeviceComm, CostModelTimesTheCudaKernelOnTheGpu) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(2, [&](int, int, attnComm_t& comm) {
+    attnCostModel_t m{};
+    ASSERT_EQ(attnCommGetCostModel(comm, &m), attnSuccess);
+    EXPECT_GT(m.attn_tflops, 0);
+    const attn::AttnState& st = attn::attnStateOf(comm);
+    ASSERT_EQ(st.kernelTimedOnDevice.size(), 1u);
+    EXPECT_TRUE(st.kernelTimedOnDevice.begin()->second);
+  }, OnGpu0(&cfg));
+  RunThreads(2, [&](int, int, attnComm_t& comm) {
+    ASSERT_EQ(attnCommSetAttnKernel(comm, DeviceUserKernel, nullptr), attnSuccess);
+    attnCostModel_t m{};
+    ASSERT_EQ(attnCommGetCostModel(comm, &m), attnSuccess);
+    EXPECT_FALSE(attn::attnStateOf(comm).kernelTimedOnDevice.begin()->second);
+  }, OnGpu0(&cfg));
 }
 
 // The next rank's process dies between reading this rank's last block and

@@ -28,6 +28,7 @@ struct AttnState {
   bool haveLink = false;
   double linkGBps = 0, linkLatencyUs = 0, interference = 0;
   std::map<int, double> kernelTflops;
+  std::map<int, bool> kernelTimedOnDevice;  // by the same key: the CUDA kernel, not the CPU one
   bool modelOverridden = false;
   attnCostModel_t override{};
   std::unique_ptr<cpu::WorkerPool> pool;

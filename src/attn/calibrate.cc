@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -11,6 +12,9 @@
 #include "src/core/env.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#if ATTN_HAVE_CUDA
+#include "src/device/device_attn_probe.h"
+#endif
 
 namespace attn {
 namespace {
@@ -60,7 +64,9 @@ attnResult_t agree(attnComm* comm, std::initializer_list<Figure> figures) {
 }
 
 // A fixed attention problem for timing the kernel: nq queries against nk
-// keys, all visible.
+// keys, all visible. On a device communicator (without a user kernel, which
+// AUTO times with host buffers: attncomm.h) it is the CUDA kernel on the
+// communicator's GPU, sized there to take about a millisecond.
 struct KernelProbe {
   AttnCall c;
   std::vector<char> q, kv;
@@ -68,8 +74,22 @@ struct KernelProbe {
   std::vector<float> o, lse;
   int32_t qoff[2] = {0, 0}, koff[2] = {0, 0};
   int nq = 0, nk = 512;
+#if ATTN_HAVE_CUDA
+  std::unique_ptr<DeviceAttnProbe> device;
+#endif
 
   KernelProbe(attnComm* comm, const attnAttnConfig_t& cfg) {
+    c.comm = comm;
+    c.state = &attnStateOf(comm);
+    c.cfg = cfg;
+    c.cfg.causal = 0;
+    c.numSeqs = 1;
+#if ATTN_HAVE_CUDA
+    if (comm->device && !c.state->userKernel) {
+      device = std::make_unique<DeviceAttnProbe>();
+      return;
+    }
+#endif
     nq = std::max(8, 1024 / cfg.num_q_heads);
     const size_t esz = cfg.dtype == attnFloat32 ? 4 : 2;
     q.assign(esz * nq * cfg.num_q_heads * cfg.head_dim, 0);
@@ -79,26 +99,50 @@ struct KernelProbe {
     for (int i = 0; i < nk; ++i) kpos[i] = i;
     o.resize(static_cast<size_t>(nq) * cfg.num_q_heads * cfg.head_dim);
     lse.resize(static_cast<size_t>(nq) * cfg.num_q_heads);
-    c.comm = comm;
-    c.state = &attnStateOf(comm);
-    c.cfg = cfg;
-    c.cfg.causal = 0;
-    c.numSeqs = 1;
     qoff[1] = nq;
     koff[1] = nk;
   }
-  double flops() const { return 4.0 * nq * nk * c.cfg.num_q_heads * c.cfg.head_dim; }
-  attnResult_t run() {
+  bool onDevice() const {
+#if ATTN_HAVE_CUDA
+    return device != nullptr;
+#else
+    return false;
+#endif
+  }
+  attnResult_t init() {
+#if ATTN_HAVE_CUDA
+    if (device) return device->init(c.comm, c.cfg);
+#endif
+    return attnSuccess;
+  }
+  double flops() const {
+#if ATTN_HAVE_CUDA
+    if (device) return device->flops();
+#endif
+    return 4.0 * nq * nk * c.cfg.num_q_heads * c.cfg.head_dim;
+  }
+  // One run; `gpuSeconds` (device only) gets its GPU time.
+  attnResult_t run(double* gpuSeconds = nullptr) {
+#if ATTN_HAVE_CUDA
+    if (device) {
+      double s = 0;
+      ATTN_CHECK(device->run(&s));
+      if (gpuSeconds) *gpuSeconds = s;
+      return attnSuccess;
+    }
+#endif
+    (void)gpuSeconds;
     RowsRef qs{q.data(), nullptr, nq, qoff, qpos.data()}, ks{kv.data(), kv.data(), nk, koff, kpos.data()};
     return c.partial(qs, ks, o.data(), lse.data());
   }
-  // Median seconds of `reps` runs.
+  // Median seconds of `reps` runs: GPU time on a device, else wall time.
   attnResult_t time(int reps, double* seconds) {
     std::vector<double> t;
     for (int i = 0; i < reps; ++i) {
+      double gpu = 0;
       auto t0 = Clock::now();
-      ATTN_CHECK(run());
-      t.push_back(usSince(t0) * 1e-6);
+      ATTN_CHECK(run(&gpu));
+      t.push_back(onDevice() ? gpu : usSince(t0) * 1e-6);
     }
     std::sort(t.begin(), t.end());
     *seconds = std::max(t[t.size() / 2], 1e-9);
@@ -163,6 +207,7 @@ attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostMo
   if (needLink || needKernel) {
     double lat = 0, bw = 1e9, tflops = 1e9, interference = 0;
     KernelProbe probe(comm, cfg);
+    ATTN_CHECK(probe.init());
     double kernelSeconds = 0;
     ATTN_CHECK(probe.time(3, &kernelSeconds));
     if (needKernel) tflops = probe.flops() / kernelSeconds / 1e12;
@@ -185,11 +230,14 @@ attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostMo
       st.linkGBps = bw;
       st.interference = interference;
     }
-    if (needKernel) st.kernelTflops[key] = tflops;
+    if (needKernel) {
+      st.kernelTflops[key] = tflops;
+      st.kernelTimedOnDevice[key] = probe.onDevice();
+    }
     ATTN_INFO(kLogAttn,
-              "cost model: link %.3f GB/s, %.1f us; kernel %.4f TFLOP/s (dtype %d, D %d); interference %.2f",
+              "cost model: link %.3f GB/s, %.1f us; kernel %.4f TFLOP/s (dtype %d, D %d, %s); interference %.2f",
               st.linkGBps, st.linkLatencyUs, st.kernelTflops[key], (int)cfg.dtype, cfg.head_dim,
-              st.interference);
+              st.kernelTimedOnDevice[key] ? "CUDA kernel on the GPU" : "CPU kernel", st.interference);
   }
   model->link_bandwidth_GBps = st.linkGBps;
   model->link_latency_us = st.linkLatencyUs;
