@@ -25,7 +25,9 @@ attnResult_t copySelf(int me, const char* send, const std::vector<Block>& sendBl
   if (sendBlocks[me].bytes != recvBlocks[me].bytes)
     return setError(attnInvalidArgument, "all-to-all: %zu bytes to self but %zu expected from self",
                     sendBlocks[me].bytes, recvBlocks[me].bytes);
-  std::memmove(recv + recvBlocks[me].offset, send + sendBlocks[me].offset, sendBlocks[me].bytes);
+  // Zero bytes may come with null buffers (a rank with nothing to send).
+  if (sendBlocks[me].bytes != 0)
+    std::memmove(recv + recvBlocks[me].offset, send + sendBlocks[me].offset, sendBlocks[me].bytes);
   return attnSuccess;
 }
 
