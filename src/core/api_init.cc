@@ -239,7 +239,10 @@ attnResult_t attnCommGetAsyncError(attnComm_t comm, attnResult_t* asyncError) {
   ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
   ATTN_REQUIRE(asyncError != nullptr, "asyncError is NULL");
   attnResult_t e = comm->asyncError.load();
-  if (e == attnSuccess && comm->engine && comm->engine->broken()) e = comm->engine->brokenResult();
+  // The engine is set by the init thread of a non-blocking communicator;
+  // `ready` (released after it) says it may be read.
+  if (e == attnSuccess && comm->ready.load(std::memory_order_acquire) && comm->engine->broken())
+    e = comm->engine->brokenResult();
   if (e == attnSuccess && comm->executor && comm->executor->busy()) e = attnInProgress;
   if (e == attnSuccess) e = deviceAsyncError(comm);
   if (e == attnSuccess && deviceBusy(comm)) e = attnInProgress;
