@@ -33,3 +33,18 @@ if [ "$kind" = thread ]; then
   skip="$skip|^ArgumentValidation.CountsOverflowingSizeAreRejected$|^CpuReduce.EveryTypeOpCountAndForm$"
 fi
 (cd "$dir" && ctest --output-on-failure --timeout 900 -j "${CTEST_JOBS:-2}" -E "$skip")
+
+# The device paths on the emulated CUDA runtime, as scripts/test.sh runs
+# them, but without the SIMT simulator's binaries: its GPU threads are
+# fibers on stacks of their own, which the sanitizers are not told about.
+if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
+   [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime_api.h" ]; then
+  emu="$dir-emu"
+  cmake -S . -B "$emu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE="$flags" \
+        -DATTN_CUDA_EMULATION=ON -DATTN_ENABLE_VERBS=OFF -DATTN_ENABLE_MPI=OFF
+  cmake --build "$emu" -j "$(nproc)" --target test_cuda_emu test_device_comm test_device_staging \
+        test_device_direct test_cuda_ipc test_nccl_bridge all_gather_perf reduce_scatter_perf \
+        all_reduce_perf alltoall_perf broadcast_perf sendrecv_perf ring_attn_perf decode_attn_perf
+  (cd "$emu" && ctest -L device --output-on-failure --timeout 900 -j "${CTEST_JOBS:-2}" \
+        -E '^simt\.|^Cuda(Simt|Attention|Merge|Pack|Reduce|KernelsArgs)\.')
+fi
