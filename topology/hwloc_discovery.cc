@@ -67,9 +67,8 @@ bool discoverWithHwloc(MachineView* m) {
   hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
 #if HWLOC_API_VERSION >= 0x00020100
   // GPUs are named by the cuda/nvml/rsmi plugins. The OpenCL and GL ones add
-  // nothing we read, and cost: OpenCL loads every vendor's ICD (NVIDIA's
-  // initialises its driver in this process), GL opens X displays, and both
-  // leak what they allocate when hwloc unloads them.
+  // nothing we read, and cost: OpenCL discovery loads every installed vendor
+  // ICD into this process, GL discovery tries to open X displays.
   hwloc_topology_set_components(t, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "opencl");
   hwloc_topology_set_components(t, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "gl");
 #endif
