@@ -423,6 +423,52 @@ ATTN_API attnResult_t attnMergeAttnStates(int n, const void* const* outs,
                                           int64_t rows, int heads, int head_dim,
                                           attnDataType_t dtype, attnStream_t stream);
 
+/* --- Level-aware sparse attention (CSPS §3.2.4, "CSA") --- */
+
+/* The tier between two ranks, nearest first: the fabric model's (see
+ * attnCommTopoDump; host and rack ids come from hwloc / ATTN_HOSTID /
+ * ATTN_RACKID). */
+typedef enum {
+  attnTierDevice = 0,  /* same host, same GPU */
+  attnTierHost = 1,    /* same host */
+  attnTierRack = 2,    /* another host of the same rack */
+  attnTierCluster = 3  /* anything farther */
+} attnTier_t;
+
+/* Which of its peers' keys a rank attends to. Farther peers send fewer:
+ * CSPS keeps, for a drop ratio p inside the server, 1 - p there, (1 - p) / 2
+ * one level out and (1 - p) / 4 two levels out. */
+typedef struct {
+  float keep[4];           /* by attnTier_t between the two ranks: the
+                              fraction of each sequence's keys a peer sends,
+                              in [0, 1]. Per sequence of n keys a peer sends
+                              round(keep * n) of them, at least one when
+                              keep > 0. A rank's own keys are all kept. The
+                              same on every rank. */
+  const float* importance; /* [kv rows] a score per key of this rank's shard
+                              (e.g. the attention mass the previous layer
+                              gave it): the highest scores are kept, ties by
+                              the earlier row, NaN lowest. NULL only when
+                              every keep is 1. */
+} attnLevelDrop_t;
+
+/* Attention of this rank's queries over its own keys and the keys each peer
+ * keeps for the tier between them: a level-aware all-to-all of K/V with token
+ * dropping. Dropped keys are neither sent nor computed; only KV heads travel;
+ * each peer's keys are folded into the result as they arrive
+ * (merge-on-receive), nearest peers first. drop == NULL keeps every key:
+ * exact attention, the result of attnRingAttention. q, k, v, out, lse,
+ * layout and cfg as attnRingAttention; place near tokens on near ranks
+ * (attnCommTopoRank) so the keys dropped are the distant ones. Host
+ * communicators only (stream NULL): a device communicator gets
+ * attnInvalidUsage. Collective: every rank calls it with the same cfg,
+ * num_seqs and keep. */
+ATTN_API attnResult_t attnLevelAttention(const void* q, const void* k, const void* v, void* out,
+                                         float* lse, const attnSeqLayout_t* layout,
+                                         const attnAttnConfig_t* cfg,
+                                         const attnLevelDrop_t* drop, attnComm_t comm,
+                                         attnStream_t stream);
+
 /* --- Sharding planner (CP paper §3.5.1) --- */
 
 /* A batch to shard: per sequence, new tokens (T_i) and cached tokens (P_i)

@@ -38,32 +38,6 @@
 namespace attn_test {
 namespace {
 
-// Communicators of these tests fail a stuck operation instead of hanging.
-attnConfig_t TestCommConfig() {
-  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = 60000;
-  return cfg;
-}
-
-RunOptions Opts(int deadline_ms = 180000) {
-  static attnConfig_t cfg = TestCommConfig();
-  RunOptions o;
-  o.deadline_ms = deadline_ms;
-  o.config = &cfg;
-  return o;
-}
-
-attnAttnConfig_t Cfg(int hq, int hkv, int d, attnDataType_t t, bool causal, float scale = 0.0f) {
-  attnAttnConfig_t c{};
-  c.num_q_heads = hq;
-  c.num_kv_heads = hkv;
-  c.head_dim = d;
-  c.dtype = t;
-  c.softmax_scale = scale;
-  c.causal = causal ? 1 : 0;
-  return c;
-}
-
 // The head shapes of the sweep: GQA ratios 1, 4, 8, 16, small dims (odd
 // ones included) so the sweep stays fast.
 struct HeadShape {
@@ -78,7 +52,7 @@ std::vector<attnAttnConfig_t> AllSweepConfigs() {
   for (const HeadShape& h : kHeadShapes)
     for (int causal = 0; causal < 2; ++causal)
       for (attnDataType_t t : {attnFloat32, attnBfloat16})
-        out.push_back(Cfg(h.hq, h.hkv, h.d, t, causal != 0, h.scale));
+        out.push_back(AttnCfg(h.hq, h.hkv, h.d, t, causal != 0, h.scale));
   return out;
 }
 
@@ -238,7 +212,7 @@ TEST_P(RingAttentionThreads, SweepEqualsReference) {
     if (HasFatalFailure()) return;
   }
   RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "threads"); },
-             Opts());
+             AttnRunOptions());
 }
 
 INSTANTIATE_TEST_SUITE_P(N, RingAttentionThreads, ::testing::Values(1, 2, 3, 4, 5, 8),
@@ -264,7 +238,7 @@ TEST_P(RingAttentionProcesses, SweepEqualsReference) {
     if (HasFatalFailure()) return;
   }
   RunProcesses(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "processes"); },
-               Opts());
+               AttnRunOptions());
 }
 
 INSTANTIATE_TEST_SUITE_P(N, RingAttentionProcesses, ::testing::Values(1, 2, 3, 4, 5, 8),
@@ -276,14 +250,14 @@ INSTANTIATE_TEST_SUITE_P(N, RingAttentionProcesses, ::testing::Values(1, 2, 3, 4
 std::vector<Job> BigHeadsJobs(int n) {
   std::vector<Job> jobs;
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
-    attnAttnConfig_t cfg = Cfg(16, 2, 128, t, true);
+    attnAttnConfig_t cfg = AttnCfg(16, 2, 128, t, true);
     std::vector<int32_t> T = {300, 61}, P = {150, 0};
     auto c = std::make_shared<AttnCase>(MakeCase("large partial prefill", PrefillSpec(cfg, T, P), 77));
     Placement pl = PlannerPlacement(*c, T, P, n);
     for (attnAttnMode_t m : kAllModes) jobs.push_back({c, pl, m, true});
   }
   {
-    attnAttnConfig_t cfg = Cfg(32, 4, 64, attnFloat32, false);
+    attnAttnConfig_t cfg = AttnCfg(32, 4, 64, attnFloat32, false);
     std::vector<int32_t> T = {129}, P = {200};
     auto c = std::make_shared<AttnCase>(MakeCase("large non-causal", PrefillSpec(cfg, T, P), 78));
     Placement pl = RandomPlacement(*c, n, 79, -1);
@@ -295,7 +269,7 @@ std::vector<Job> BigHeadsJobs(int n) {
 TEST(RingAttentionLarge, PartialPrefillBigHeads) {
   const std::vector<Job> jobs = BigHeadsJobs(4);
   RunThreads(4, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "large"); },
-             Opts());
+             AttnRunOptions());
 }
 
 // The same as processes: query blocks, KV blocks and partials of several
@@ -307,34 +281,34 @@ TEST(RingAttentionLarge, PartialPrefillBigHeadsProcesses) {
   const size_t once = jobs.size();
   for (size_t i = 0; i < once; ++i) jobs.push_back(jobs[i]);
   RunProcesses(4, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "large"); },
-               Opts());
+               AttnRunOptions());
 }
 
 // Peaky softmax (large scores): the merge must subtract maxima correctly.
 TEST(RingAttentionLarge, PeakySoftmaxFp32) {
   const int n = 3;
   std::vector<Job> jobs;
-  attnAttnConfig_t cfg = Cfg(4, 2, 32, attnFloat32, true, 1.0f);
+  attnAttnConfig_t cfg = AttnCfg(4, 2, 32, attnFloat32, true, 1.0f);
   AttnProblemSpec spec = PrefillSpec(cfg, {70}, {40});
   spec.q_scale = 6.0f;  // scores up to ~hundreds
   auto c = std::make_shared<AttnCase>(MakeCase("peaky softmax", spec, 91));
   Placement pl = RandomPlacement(*c, n, 92, -1);
   for (attnAttnMode_t m : kAllModes) jobs.push_back({c, pl, m, true});
   RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "peaky"); },
-             Opts());
+             AttnRunOptions());
 }
 
 // fp16 is accepted too (DESIGN.md §4: bf16/fp16 within 1e-2).
 TEST(RingAttentionLarge, Fp16AllModes) {
   const int n = 3;
   std::vector<Job> jobs;
-  attnAttnConfig_t cfg = Cfg(8, 2, 24, attnFloat16, true);
+  attnAttnConfig_t cfg = AttnCfg(8, 2, 24, attnFloat16, true);
   std::vector<int32_t> T = {40, 9}, P = {13, 0};
   auto c = std::make_shared<AttnCase>(MakeCase("fp16", PrefillSpec(cfg, T, P), 93));
   Placement pl = PlannerPlacement(*c, T, P, n);
   for (attnAttnMode_t m : kAllModes) jobs.push_back({c, pl, m, true});
   RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "fp16"); },
-             Opts());
+             AttnRunOptions());
 }
 
 // head_dim at both ends of [1, 256]. With D = 1 a row is one value, an
@@ -344,7 +318,7 @@ TEST(RingAttentionLarge, Fp16AllModes) {
 TEST(RingAttentionLarge, HeadDimOneAnd256) {
   for (int n : {1, 2}) {
     for (int d : {1, 256}) {
-      attnAttnConfig_t cfg = Cfg(4, 1, d, attnFloat32, true);
+      attnAttnConfig_t cfg = AttnCfg(4, 1, d, attnFloat32, true);
       std::vector<int32_t> T = {13}, P = {6};
       auto c = std::make_shared<AttnCase>(MakeCase("head_dim " + std::to_string(d), PrefillSpec(cfg, T, P), 80 + d));
       Placement pl = PlannerPlacement(*c, T, P, n);
@@ -359,7 +333,7 @@ TEST(RingAttentionLarge, HeadDimOneAnd256) {
           EXPECT_LE(d == 1 ? run.stats.max_o_abs : run.stats.max_o_rel, OutBound(cfg.dtype))
               << what << ": " << run.stats.Describe();
         }
-      }, Opts());
+      }, AttnRunOptions());
     }
   }
 }
@@ -370,13 +344,13 @@ TEST(RingAttentionLarge, KernelThreadsProcesses) {
   const int n = 2;
   std::vector<Job> jobs;
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
-    attnAttnConfig_t cfg = Cfg(8, 2, 32, t, true);
+    attnAttnConfig_t cfg = AttnCfg(8, 2, 32, t, true);
     std::vector<int32_t> T = {150, 7}, P = {60, 0};
     auto c = std::make_shared<AttnCase>(MakeCase("kernel threads", PrefillSpec(cfg, T, P), 81));
     Placement pl = PlannerPlacement(*c, T, P, n);
     for (attnAttnMode_t m : kAllModes) jobs.push_back({c, pl, m, true});
   }
-  RunOptions o = Opts();
+  RunOptions o = AttnRunOptions();
   o.env = {{"ATTN_KERNEL_THREADS", "3"}};
   RunProcesses(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "kernel threads"); },
                o);
@@ -385,7 +359,7 @@ TEST(RingAttentionLarge, KernelThreadsProcesses) {
 // An empty batch (num_seqs 0) and a batch with no rows anywhere.
 TEST(RingAttentionEdge, EmptyBatches) {
   RunThreads(3, [&](int rank, int, attnComm_t& comm) {
-    attnAttnConfig_t cfg = Cfg(4, 2, 8, attnFloat32, true);
+    attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
     int32_t zero[1] = {0};
     attnSeqLayout_t lay{0, zero, nullptr, zero, nullptr};
     for (attnAttnMode_t m : kAllModes)
@@ -397,7 +371,7 @@ TEST(RingAttentionEdge, EmptyBatches) {
       ATTN_EXPECT_OK(comm, attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay3, &cfg, m,
                                              comm, nullptr));
     (void)rank;
-  }, Opts(60000));
+  }, AttnRunOptions(60000));
 }
 
 // num_seqs 0 with NULL offsets: checkOffsets accepts it (no rows), so the
@@ -405,12 +379,12 @@ TEST(RingAttentionEdge, EmptyBatches) {
 // the test binary down.
 TEST(RingAttentionEdge, ZeroSeqsWithNullOffsetsDoesNotCrash) {
   auto results = RunProcessesCollect(1, [&](int, int, attnComm_t& comm) {
-    attnAttnConfig_t cfg = Cfg(4, 2, 8, attnFloat32, false);
+    attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, false);
     attnSeqLayout_t lay{0, nullptr, nullptr, nullptr, nullptr};
     const attnResult_t r = attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &cfg,
                                              attnModePassKV, comm, nullptr);
     EXPECT_TRUE(r == attnSuccess || r == attnInvalidArgument) << ResultName(r);
-  }, Opts(60000));
+  }, AttnRunOptions(60000));
   for (const auto& r : results)
     EXPECT_TRUE(r.passed()) << "attnRingAttention(num_seqs 0, NULL offsets): " << r.Describe();
 }
@@ -425,7 +399,7 @@ TEST(RingAttentionEdge, NonBlockingCommunicator) {
   RunOptions o;
   o.config = &ccfg;
   o.deadline_ms = 120000;
-  attnAttnConfig_t cfg = Cfg(8, 2, 16, attnBfloat16, true);
+  attnAttnConfig_t cfg = AttnCfg(8, 2, 16, attnBfloat16, true);
   std::vector<int32_t> T = {33, 5}, P = {12, 4};
   auto c = std::make_shared<AttnCase>(MakeCase("non-blocking", PrefillSpec(cfg, T, P), 88));
   Placement pl = PlannerPlacement(*c, T, P, n);
@@ -453,7 +427,7 @@ TEST(RingAttentionEdge, NonBlockingCommunicator) {
 // Two attention calls queued in one group run at attnGroupEnd.
 TEST(RingAttentionEdge, InsideAGroup) {
   const int n = 3;
-  attnAttnConfig_t cfg = Cfg(4, 2, 8, attnFloat32, true);
+  attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
   std::vector<int32_t> T1 = {20}, T2 = {9, 14}, P2 = {3, 0};
   auto c1 = std::make_shared<AttnCase>(MakeCase("group 1", PrefillSpec(cfg, T1, {}), 90));
   auto c2 = std::make_shared<AttnCase>(MakeCase("group 2", PrefillSpec(cfg, T2, P2), 91));
@@ -473,7 +447,7 @@ TEST(RingAttentionEdge, InsideAGroup) {
     ASSERT_EQ(e, attnSuccess) << attnGetLastError(comm);
     EXPECT_TRUE(WithinBounds(CompareShard(*c1, s1, o1.data(), l1.data()), cfg.dtype, "group call 1"));
     EXPECT_TRUE(WithinBounds(CompareShard(*c2, s2, o2.data(), l2.data()), cfg.dtype, "group call 2"));
-  }, Opts(60000));
+  }, AttnRunOptions(60000));
 }
 
 // ---------------------------------------------------------------------------
@@ -486,12 +460,12 @@ TEST(RingAttentionBf16, ErrorAtN8NoWorseThan1p5xN1) {
   };
   std::vector<Input> inputs;
   {
-    attnAttnConfig_t cfg = Cfg(8, 2, 64, attnBfloat16, true);
+    attnAttnConfig_t cfg = AttnCfg(8, 2, 64, attnBfloat16, true);
     std::vector<int32_t> T = {160, 33}, P = {0, 90};
     inputs.push_back({std::make_shared<AttnCase>(MakeCase("bf16 growth causal", PrefillSpec(cfg, T, P), 123)), T, P});
   }
   {
-    attnAttnConfig_t cfg = Cfg(16, 1, 32, attnBfloat16, false);
+    attnAttnConfig_t cfg = AttnCfg(16, 1, 32, attnBfloat16, false);
     std::vector<int32_t> T = {120}, P = {64};
     inputs.push_back({std::make_shared<AttnCase>(MakeCase("bf16 growth full", PrefillSpec(cfg, T, P), 124)), T, P});
   }
@@ -510,7 +484,7 @@ TEST(RingAttentionBf16, ErrorAtN8NoWorseThan1p5xN1) {
           std::lock_guard<std::mutex> g(mu);
           err[i][m].Merge(st);
         }
-    }, Opts());
+    }, AttnRunOptions());
     return err;
   };
   const auto e1 = measure(1);
@@ -538,7 +512,7 @@ TEST(RingAttentionBf16, ErrorAtN8NoWorseThan1p5xN1) {
 
 TEST(RingAttentionMasked, RowsBeforeEveryKeyGiveZeroAndMinusInf) {
   const int n = 3;
-  attnAttnConfig_t cfg = Cfg(4, 2, 8, attnBfloat16, true);
+  attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnBfloat16, true);
   AttnProblemSpec spec;
   spec.cfg = cfg;
   spec.q_pos = {{0, 1, 2, 50}};
@@ -574,7 +548,7 @@ TEST(RingAttentionMasked, RowsBeforeEveryKeyGiveZeroAndMinusInf) {
         }
       EXPECT_TRUE(WithinBounds(CompareShard(*c, sh, out.data(), lse.data()), cfg.dtype, ModeName(m)));
     }
-  }, Opts());
+  }, AttnRunOptions());
 }
 
 // ---------------------------------------------------------------------------
@@ -622,7 +596,7 @@ TEST(MergeAttnStates, PartitionOfKeysEqualsFullResult) {
   for (attnDataType_t t : {attnFloat32, attnBfloat16, attnFloat16}) {
     for (int parts : {1, 2, 3, 7}) {
       for (bool inPlace : {false, true}) {
-        attnAttnConfig_t cfg = Cfg(4, 2, 16, t, true);
+        attnAttnConfig_t cfg = AttnCfg(4, 2, 16, t, true);
         AttnProblemSpec spec = PrefillSpec(cfg, {23, 5}, {11, 0});
         // Rows whose every partial is -inf: queries before every key.
         spec.q_pos.push_back({0, 1});
@@ -721,7 +695,7 @@ TEST(MergeAttnStates, BadArguments) {
 
 TEST(RingAttentionKernel, UserKernelIsUsedAndExactNullRestores) {
   const int n = 3;
-  attnAttnConfig_t cfg = Cfg(8, 2, 16, attnFloat32, true);
+  attnAttnConfig_t cfg = AttnCfg(8, 2, 16, attnFloat32, true);
   std::vector<int32_t> T = {17, 4}, P = {9, 3};
   auto c = std::make_shared<AttnCase>(MakeCase("user kernel", PrefillSpec(cfg, T, P), 55));
   Placement pl = PlannerPlacement(*c, T, P, n);
@@ -738,7 +712,7 @@ TEST(RingAttentionKernel, UserKernelIsUsedAndExactNullRestores) {
     const int64_t frozen = calls[rank].load();
     for (attnAttnMode_t m : kAllModes) ExpectRingAttentionExact(*c, pl, rank, comm, m, true, "built-in again");
     EXPECT_EQ(calls[rank].load(), frozen) << "the user kernel was called after NULL restored the built-in";
-  }, Opts());
+  }, AttnRunOptions());
 }
 
 // A user kernel that fails: every mode reports the failure, no hang.
@@ -746,7 +720,7 @@ attnResult_t FailingKernel(const attnAttnKernelArgs_t*, void*, attnStream_t) { r
 
 TEST(RingAttentionKernel, FailingUserKernelFailsTheCallOnN1) {
   // On one rank nothing can hang; the kernel's failure must come back.
-  attnAttnConfig_t cfg = Cfg(2, 1, 8, attnFloat32, false);
+  attnAttnConfig_t cfg = AttnCfg(2, 1, 8, attnFloat32, false);
   std::vector<int32_t> T = {5};
   auto c = std::make_shared<AttnCase>(MakeCase("failing kernel", PrefillSpec(cfg, T, {}), 56));
   Placement pl = PlannerPlacement(*c, T, {}, 1);
@@ -757,7 +731,7 @@ TEST(RingAttentionKernel, FailingUserKernelFailsTheCallOnN1) {
       EXPECT_NE(run.rc, attnSuccess) << ModeName(m);
       EXPECT_FALSE(run.error.empty()) << ModeName(m);
     }
-  }, Opts());
+  }, AttnRunOptions());
 }
 
 // The kernel fails on one rank of three while its transfers are posted: that
@@ -767,7 +741,7 @@ TEST(RingAttentionKernel, FailingUserKernelFailsTheCallOnN1) {
 // that is gone; ranks as threads share one address space, where that would
 // crash or corrupt.
 void FailingKernelOnRank1(attnAttnMode_t mode, bool processes) {
-  attnAttnConfig_t cfg = Cfg(4, 2, 16, attnFloat32, true);
+  attnAttnConfig_t cfg = AttnCfg(4, 2, 16, attnFloat32, true);
   std::vector<int32_t> T = {40, 23}, C = {17, 0};
   auto c = std::make_shared<AttnCase>(MakeCase("failing on rank 1", PrefillSpec(cfg, T, C), 57));
   Placement pl = PlannerPlacement(*c, T, C, 3);
@@ -782,8 +756,8 @@ void FailingKernelOnRank1(attnAttnMode_t mode, bool processes) {
     RankRun again = RunRingAttentionRank(*c, pl, rank, comm, mode, true);
     EXPECT_NE(again.rc, attnSuccess) << what << " (second call)";
   };
-  if (processes) RunProcesses(3, body, Opts(40000));
-  else RunThreads(3, body, Opts(40000));
+  if (processes) RunProcesses(3, body, AttnRunOptions(40000));
+  else RunThreads(3, body, AttnRunOptions(40000));
 }
 
 TEST(RingAttentionKernel, FailingUserKernelOnOneRankFailsEveryRankThreads) {
@@ -815,7 +789,7 @@ TEST(RingAttentionBadInput, LocalErrorsAreClearAndLeaveTheCommUsable) {
   const int n = 2;
   RunThreads(n, [&](int rank, int, attnComm_t& comm) {
     SmallProblem p(4, 2, 8);
-    attnAttnConfig_t cfg = Cfg(4, 2, 8, attnFloat32, true);
+    attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
     auto call = [&](const attnSeqLayout_t* lay, const attnAttnConfig_t* c) {
       return attnRingAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(), lay, c,
                                attnModePassKV, comm, nullptr);
@@ -869,12 +843,12 @@ TEST(RingAttentionBadInput, LocalErrorsAreClearAndLeaveTheCommUsable) {
     // The communicator still works after all of that.
     ATTN_EXPECT_OK(comm, call(&p.layout, &cfg));
     EXPECT_TRUE(std::isfinite(p.lse[0]));
-  }, Opts(60000));
+  }, AttnRunOptions(60000));
 }
 
 TEST(RingAttentionBadInput, NullCommIsRejected) {
   SmallProblem p(2, 1, 4);
-  attnAttnConfig_t cfg = Cfg(2, 1, 4, attnFloat32, false);
+  attnAttnConfig_t cfg = AttnCfg(2, 1, 4, attnFloat32, false);
   EXPECT_NE(attnRingAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(), &p.layout,
                               &cfg, attnModePassKV, nullptr, nullptr),
             attnSuccess);
@@ -883,7 +857,7 @@ TEST(RingAttentionBadInput, NullCommIsRejected) {
 // Ranks that disagree on the call's shape: attnInvalidUsage on every rank,
 // quickly, and the communicator survives.
 void MismatchBody(int rank, int n, attnComm_t& comm, attnAttnMode_t mode, int variant) {
-  attnAttnConfig_t cfg = Cfg(4, 2, 8, attnFloat32, true);
+  attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
   if (rank == n - 1) {
     switch (variant) {
       case 0: cfg.num_q_heads = 8; break;               // head mismatch
@@ -904,7 +878,7 @@ void MismatchBody(int rank, int n, attnComm_t& comm, attnAttnMode_t mode, int va
   EXPECT_STRNE(attnGetLastError(comm), "");
   EXPECT_LT(s, 30.0) << "the mismatch should be found at once, not by a timeout";
   // Still usable: a matching call succeeds.
-  attnAttnConfig_t good = Cfg(4, 2, 8, attnFloat32, true);
+  attnAttnConfig_t good = AttnCfg(4, 2, 8, attnFloat32, true);
   SmallProblem q(4, 2, 8);
   ATTN_EXPECT_OK(comm, attnRingAttention(q.q.data(), q.k.data(), q.v.data(), q.out.data(), q.lse.data(),
                                          &q.layout, &good, mode, comm, nullptr));
@@ -914,14 +888,14 @@ TEST(RingAttentionBadInput, ShapeMismatchAcrossRanksThreads) {
   for (int variant = 0; variant < 6; ++variant)
     RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
       MismatchBody(rank, n, comm, variant % 2 ? attnModePassQ : attnModePassKV, variant);
-    }, Opts(60000));
+    }, AttnRunOptions(60000));
 }
 
 TEST(RingAttentionBadInput, HeadMismatchAcrossRanksProcesses) {
   RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
     MismatchBody(rank, n, comm, attnModeAuto, 0);
     MismatchBody(rank, n, comm, attnModeShipQ, 2);
-  }, Opts(60000));
+  }, AttnRunOptions(60000));
 }
 
 // One rank rejects its arguments locally (head_dim 300) while the other
@@ -934,7 +908,7 @@ TEST(RingAttentionBadInput, InvalidConfigOnOneRankDoesNotHang) {
   o.config = &ccfg;
   o.deadline_ms = 60000;
   RunThreads(2, [&](int rank, int, attnComm_t& comm) {
-    attnAttnConfig_t cfg = Cfg(4, 2, 8, attnFloat32, true);
+    attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
     if (rank == 1) cfg.head_dim = 300;
     SmallProblem p(4, 2, 8);
     const auto t0 = std::chrono::steady_clock::now();
@@ -952,7 +926,7 @@ TEST(RingAttentionBadInput, InvalidConfigOnOneRankDoesNotHang) {
 // Ranks disagreeing on num_seqs or mode.
 TEST(RingAttentionBadInput, ModeOrNumSeqsMismatch) {
   RunThreads(2, [&](int rank, int, attnComm_t& comm) {
-    attnAttnConfig_t cfg = Cfg(4, 2, 8, attnFloat32, true);
+    attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
     SmallProblem p(4, 2, 8);
     attnResult_t r = attnRingAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(),
                                        &p.layout, &cfg, rank ? attnModePassQ : attnModePassKV, comm,
@@ -968,7 +942,7 @@ TEST(RingAttentionBadInput, ModeOrNumSeqsMismatch) {
     r = attnRingAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(), &lay, &cfg,
                           attnModePassKV, comm, nullptr);
     EXPECT_EQ(r, attnInvalidUsage) << "num_seqs mismatch, rank " << rank << ": " << attnGetLastError(comm);
-  }, Opts(60000));
+  }, AttnRunOptions(60000));
 }
 
 }  // namespace

@@ -13,12 +13,14 @@
 namespace attn {
 namespace cpu { class WorkerPool; }
 
-// Figures of one attnRingAttention call on this rank.
+// Figures of one attnRingAttention / attnLevelAttention call on this rank.
 struct AttnCallStats {
   attnAttnMode_t mode = attnModeAuto;  // the mode that ran
   double totalUs = 0;    // the whole call
   double computeUs = 0;  // in the attention kernel (and merges)
   double waitUs = 0;     // blocked on communication after computing
+  int64_t rowsSent = 0;  // key rows sent to peers (attnLevelAttention)
+  uint64_t bytesSent = 0;  // bytes of those blocks
 };
 
 struct AttnState {

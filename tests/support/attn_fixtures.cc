@@ -86,6 +86,29 @@ AttnProblemSpec PrefillSpec(const attnAttnConfig_t& cfg, const std::vector<int32
   return s;
 }
 
+attnAttnConfig_t AttnCfg(int hq, int hkv, int d, attnDataType_t t, bool causal, float scale) {
+  attnAttnConfig_t c{};
+  c.num_q_heads = hq;
+  c.num_kv_heads = hkv;
+  c.head_dim = d;
+  c.dtype = t;
+  c.softmax_scale = scale;
+  c.causal = causal ? 1 : 0;
+  return c;
+}
+
+RunOptions AttnRunOptions(int deadline_ms) {
+  static const attnConfig_t cfg = [] {
+    attnConfig_t c = ATTN_CONFIG_INITIALIZER;
+    c.timeout_ms = 60000;
+    return c;
+  }();
+  RunOptions o;
+  o.deadline_ms = deadline_ms;
+  o.config = &cfg;
+  return o;
+}
+
 AttnCase MakeCase(const std::string& name, const AttnProblemSpec& spec, uint64_t seed) {
   AttnCase c;
   c.name = name;

@@ -21,6 +21,7 @@
 
 #include "attncomm.h"
 #include "kernels/cpu/attention.h"
+#include "tests/support/multirank.h"
 
 namespace attn_test {
 
@@ -56,6 +57,12 @@ struct AttnCase {
   int64_t q_rows() const { return static_cast<int64_t>(q_pos.size()); }
   int64_t kv_rows() const { return static_cast<int64_t>(kv_pos.size()); }
 };
+
+// An attention config (softmax_scale 0: 1/sqrt(head_dim)).
+attnAttnConfig_t AttnCfg(int hq, int hkv, int d, attnDataType_t t, bool causal, float scale = 0.0f);
+// Runner options of the attention tests: communicators that fail a stuck
+// operation (timeout_ms 60 s) instead of hanging, and a deadline.
+RunOptions AttnRunOptions(int deadline_ms = 180000);
 
 size_t AttnElemSize(attnDataType_t t);
 const char* AttnDtypeName(attnDataType_t t);

@@ -1,0 +1,228 @@
+// Planning one attention collective: see plan_call.h.
+#include "src/attn/plan_call.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "src/attn/calibrate.h"
+#include "src/coll/coll.h"
+#include "src/core/datatype.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace attn {
+
+AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int32_t mode,
+                const attnAttnConfig_t& cfg, const float* keep) {
+  AttnCard c{};
+  c.qRows = qRows;
+  c.kvRows = kvRows;
+  c.numSeqs = numSeqs;
+  c.mode = mode;
+  c.hq = cfg.num_q_heads;
+  c.hkv = cfg.num_kv_heads;
+  c.d = cfg.head_dim;
+  c.dtype = cfg.dtype;
+  c.causal = cfg.causal ? 1 : 0;
+  c.scale = cfg.softmax_scale;
+  c.overridesRates = costModelOverridden(comm) ? 1 : 0;
+  for (int t = 0; t < 4; ++t) c.keep[t] = keep ? keep[t] : 1.0f;
+  return c;
+}
+
+attnResult_t checkConfig(const attnAttnConfig_t* cfg) {
+  ATTN_REQUIRE(cfg != nullptr, "attention config is NULL");
+  ATTN_REQUIRE(cfg->num_q_heads > 0 && cfg->num_kv_heads > 0,
+               "num_q_heads (%d) and num_kv_heads (%d) must be positive", cfg->num_q_heads,
+               cfg->num_kv_heads);
+  ATTN_REQUIRE(cfg->num_q_heads % cfg->num_kv_heads == 0,
+               "num_q_heads (%d) must be a multiple of num_kv_heads (%d)", cfg->num_q_heads,
+               cfg->num_kv_heads);
+  ATTN_REQUIRE(cfg->head_dim >= 1 && cfg->head_dim <= cpu::kAttnMaxHeadDim,
+               "head_dim %d is outside [1, %d]", cfg->head_dim, cpu::kAttnMaxHeadDim);
+  ATTN_REQUIRE(cfg->dtype == attnFloat32 || cfg->dtype == attnFloat16 || cfg->dtype == attnBfloat16,
+               "attention dtype must be attnFloat32, attnFloat16 or attnBfloat16, got %s",
+               dataTypeName(cfg->dtype));
+  ATTN_REQUIRE(std::isfinite(cfg->softmax_scale) && cfg->softmax_scale >= 0,
+               "softmax_scale must be finite and >= 0");
+  return attnSuccess;
+}
+
+attnResult_t checkOffsets(const char* what, int numSeqs, const int32_t* offs, int64_t* rows) {
+  *rows = 0;
+  if (numSeqs == 0) return attnSuccess;
+  ATTN_REQUIRE(offs != nullptr, "layout.%s is NULL", what);
+  ATTN_REQUIRE(offs[0] == 0, "layout.%s[0] must be 0, got %d", what, offs[0]);
+  for (int i = 0; i < numSeqs; ++i)
+    ATTN_REQUIRE(offs[i + 1] >= offs[i], "layout.%s decreases at sequence %d (%d -> %d)", what, i,
+                 offs[i], offs[i + 1]);
+  *rows = offs[numSeqs];
+  return attnSuccess;
+}
+
+// The rates AUTO decides with: calibrated (already agreed), then local
+// overrides; when any rank overrides, every rank takes the slowest figures
+// so all of them still choose the same mode.
+attnResult_t agreedModel(attnComm* comm, const attnAttnConfig_t& cfg,
+                         const std::vector<AttnCard>& cards, attnCostModel_t* model) {
+  ATTN_CHECK(costModelOf(comm, cfg, model));
+  bool any = false;
+  for (const auto& c : cards) any |= c.overridesRates != 0;
+  if (!any || comm->nranks == 1) return attnSuccess;
+  const int n = comm->nranks;
+  std::vector<attnCostModel_t> all(n);
+  all[comm->rank] = *model;
+  std::vector<Block> blocks(n);
+  for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(attnCostModel_t), sizeof(attnCostModel_t)};
+  ATTN_CHECK(ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n),
+                            reinterpret_cast<char*>(all.data()), blocks, chunkBytes(1)));
+  for (const auto& m : all) {
+    model->link_bandwidth_GBps = std::min(model->link_bandwidth_GBps, m.link_bandwidth_GBps);
+    model->link_latency_us = std::max(model->link_latency_us, m.link_latency_us);
+    model->attn_tflops = std::min(model->attn_tflops, m.attn_tflops);
+    model->comm_interference = std::max(model->comm_interference, m.comm_interference);
+  }
+  return attnSuccess;
+}
+
+namespace {
+const char* callName(const AttnCard& c) {
+  return c.mode == kLevelCallMode ? "level attention" : "ring attention";
+}
+}  // namespace
+
+attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<AttnCard>* all) {
+  const int n = comm->nranks;
+  all->assign(n, AttnCard{});
+  (*all)[comm->rank] = mine;
+  std::vector<Block> blocks(n);
+  for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(AttnCard), sizeof(AttnCard)};
+  ATTN_CHECK(ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n),
+                            reinterpret_cast<char*>(all->data()), blocks, chunkBytes(1)));
+  for (int r = 0; r < n; ++r) {
+    const AttnCard& o = (*all)[r];
+    if (o.numSeqs != mine.numSeqs || o.mode != mine.mode || o.hq != mine.hq || o.hkv != mine.hkv ||
+        o.d != mine.d || o.dtype != mine.dtype || o.causal != mine.causal || o.scale != mine.scale)
+      return setError(attnInvalidUsage,
+                      "%s: rank %d called with (num_seqs %d, mode %d, heads %d/%d, "
+                      "head_dim %d, dtype %d, causal %d) but rank %d with (%d, %d, %d/%d, %d, %d, %d)",
+                      callName(mine), comm->rank, mine.numSeqs, mine.mode, mine.hq, mine.hkv, mine.d,
+                      mine.dtype, mine.causal, r, o.numSeqs, o.mode, o.hq, o.hkv, o.d, o.dtype,
+                      o.causal);
+    if (std::memcmp(o.keep, mine.keep, sizeof(mine.keep)) != 0)
+      return setError(attnInvalidUsage,
+                      "%s: rank %d keeps (%g, %g, %g, %g) of the keys by tier but rank %d keeps "
+                      "(%g, %g, %g, %g): every rank must pass the same keep fractions",
+                      callName(mine), comm->rank, mine.keep[0], mine.keep[1], mine.keep[2],
+                      mine.keep[3], r, o.keep[0], o.keep[1], o.keep[2], o.keep[3]);
+  }
+  return attnSuccess;
+}
+
+ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs) {
+  ModelInput in;
+  in.nranks = static_cast<int>(cards.size());
+  in.numSeqs = numSeqs;
+  int64_t kvTotal = 0;
+  for (const auto& c : cards) {
+    in.newTokens += c.qRows;
+    kvTotal += c.kvRows;
+    in.maxQRows = std::max(in.maxQRows, c.qRows);
+    in.maxKvRows = std::max(in.maxKvRows, c.kvRows);
+  }
+  in.cachedTokens = std::max<int64_t>(0, kvTotal - in.newTokens);
+  return in;
+}
+
+// Plans one call on host-side metadata: checks the layout, rebases the
+// offsets, learns every rank's row counts and agrees on the mode (AUTO
+// resolved). Collective. The tensors are only recorded: host pointers on a
+// host communicator, device pointers on a device one.
+attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* v,
+                      const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg,
+                      attnAttnMode_t* mode, AttnCall* out, const float* keep) {
+  AttnCall& c = *out;
+  c.comm = comm;
+  c.state = &attnStateOf(comm);
+  c.cfg = cfg;
+  c.numSeqs = layout.num_seqs;
+  int64_t qRows, kvRows;
+  ATTN_CHECK(checkOffsets("q_offsets", layout.num_seqs, layout.q_offsets, &qRows));
+  ATTN_CHECK(checkOffsets("kv_offsets", layout.num_seqs, layout.kv_offsets, &kvRows));
+  if (layout.num_seqs == 0) {
+    c.qOffsets = c.kvOffsets = {0};
+  } else {
+    c.qOffsets.assign(layout.q_offsets, layout.q_offsets + layout.num_seqs + 1);
+    c.kvOffsets.assign(layout.kv_offsets, layout.kv_offsets + layout.num_seqs + 1);
+  }
+  // Positions only matter for the causal mask; without one, zeros will do.
+  const int32_t* qpos = layout.q_pos;
+  const int32_t* kvpos = layout.kv_pos;
+  if (!qpos || !kvpos) c.zeroPos.assign(std::max<int64_t>({qRows, kvRows, 1}), 0);
+  if (!qpos) qpos = c.zeroPos.data();
+  if (!kvpos) kvpos = c.zeroPos.data();
+  c.q = {q, nullptr, static_cast<int32_t>(qRows), c.qOffsets.data(), qpos};
+  c.kv = {k, v, static_cast<int32_t>(kvRows), c.kvOffsets.data(), kvpos};
+  const size_t esz = dataTypeSize(cfg.dtype);
+  c.qRowBytes = esz * cfg.num_q_heads * cfg.head_dim;
+  c.kvRowBytes = esz * cfg.num_kv_heads * cfg.head_dim;
+
+  const int32_t cardMode = keep ? kLevelCallMode : static_cast<int32_t>(*mode);
+  const AttnCard mine = cardOf(comm, qRows, kvRows, layout.num_seqs, cardMode, cfg, keep);
+  std::vector<AttnCard> cards;
+  ATTN_CHECK(exchangeCards(comm, mine, &cards));
+  for (const auto& card : cards) {
+    c.qRowsOf.push_back(card.qRows);
+    c.kvRowsOf.push_back(card.kvRows);
+  }
+  if (!keep && *mode == attnModeAuto) {
+    attnCostModel_t model;
+    ATTN_CHECK(agreedModel(comm, cfg, cards, &model));
+    attnModeEstimate_t est;
+    estimateModes(model, cfg, modelInputOf(cards, layout.num_seqs), &est);
+    *mode = est.chosen;
+    ATTN_TRACE(kLogAttn, "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us -> mode %d",
+               est.pass_kv_us, est.pass_q_us, est.ship_q_us, (int)*mode);
+  }
+  return attnSuccess;
+}
+
+attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&)>& algo,
+                         void* out, float* lse) {
+  const attnAttnConfig_t& cfg = c.cfg;
+  c.accO.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads * cfg.head_dim);
+  c.accLse.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads);
+  cpu::initAccumulator(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim);
+  ATTN_CHECK(algo(c));
+  ATTN_CHECK(cpu::convertFromFloat(out, cfg.dtype, c.accO.data(), c.accO.size()));
+  if (lse) std::memcpy(lse, c.accLse.data(), c.accLse.size() * sizeof(float));
+  return attnSuccess;
+}
+
+attnResult_t checkCallArgs(const void* q, const void* k, const void* v, const void* out,
+                           const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
+                           int64_t* qRows, int64_t* kvRows) {
+  ATTN_CHECK(checkConfig(cfg));
+  ATTN_REQUIRE(layout != nullptr, "layout is NULL");
+  ATTN_REQUIRE(layout->num_seqs >= 0, "layout.num_seqs %d < 0", layout->num_seqs);
+  ATTN_CHECK(checkOffsets("q_offsets", layout->num_seqs, layout->q_offsets, qRows));
+  ATTN_CHECK(checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, kvRows));
+  ATTN_REQUIRE(*qRows == 0 || (q && out), "q or out is NULL with %lld query rows", (long long)*qRows);
+  ATTN_REQUIRE(*kvRows == 0 || (k && v), "k or v is NULL with %lld key rows", (long long)*kvRows);
+  ATTN_REQUIRE(!cfg->causal || ((*qRows == 0 || layout->q_pos) && (*kvRows == 0 || layout->kv_pos)),
+               "causal attention needs layout.q_pos and layout.kv_pos");
+  ATTN_REQUIRE(*qRows <= INT32_MAX && *kvRows <= INT32_MAX, "more than 2^31 rows on one rank");
+  return attnSuccess;
+}
+
+void recordStats(AttnCall& c, attnAttnMode_t mode, Clock::time_point t0) {
+  c.stats.mode = mode;
+  c.stats.totalUs = usSince(t0);
+  c.state->last = c.stats;
+}
+
+
+}  // namespace attn

@@ -1,0 +1,69 @@
+// Planning one attention collective, shared by attnRingAttention,
+// attnSelectMode and attnLevelAttention: argument checks, the card every
+// rank all-gathers (sizes and the call's shape, which must agree), the
+// agreed cost model, and the AttnCall the algorithms run on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/attn/attn_call.h"
+#include "src/attn/selector.h"
+
+namespace attn {
+
+attnResult_t checkConfig(const attnAttnConfig_t* cfg);
+// offs[0] == 0 and non-decreasing; *rows = offs[numSeqs] (0 without sequences).
+attnResult_t checkOffsets(const char* what, int numSeqs, const int32_t* offs, int64_t* rows);
+
+// Mode value on the card of an attnLevelAttention call: a rank calling
+// attnRingAttention while its peers call attnLevelAttention is caught.
+constexpr int32_t kLevelCallMode = 100;
+
+// What ranks exchange before running: their sizes, and the call's shape,
+// which must agree.
+struct AttnCard {
+  int64_t qRows, kvRows;
+  int32_t numSeqs, mode, hq, hkv, d, dtype, causal;
+  float scale;
+  int32_t overridesRates;  // ATTN_MODEL_* or attnCommSetCostModel on this rank
+  float keep[4];           // attnLevelAttention's keep fractions by tier (1 otherwise)
+  int32_t pad;
+};
+
+AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int32_t mode,
+                const attnAttnConfig_t& cfg, const float* keep /* [4] or NULL: all 1 */);
+// All-gathers the cards; fails unless every rank's shape equals ours.
+attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<AttnCard>* all);
+// The rates AUTO decides with, the same on every rank.
+attnResult_t agreedModel(attnComm* comm, const attnAttnConfig_t& cfg,
+                         const std::vector<AttnCard>& cards, attnCostModel_t* model);
+ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs);
+
+// Plans one call on host-side metadata: checks the layout, rebases the
+// offsets, learns every rank's row counts and agrees on the mode (AUTO
+// resolved). Collective. The tensors are only recorded: host pointers on a
+// host communicator, device pointers on a device one. A level call passes
+// its `keep` fractions ([4]): they go on its card (mode kLevelCallMode) and
+// *mode is left alone.
+attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* v,
+                      const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg,
+                      attnAttnMode_t* mode, AttnCall* out, const float* keep = nullptr);
+
+// Runs a planned call on host memory (c.q, c.kv host pointers): the fp32
+// accumulator, the algorithm, then out (cfg.dtype) and lse (may be NULL).
+attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&)>& algo,
+                         void* out, float* lse);
+
+// The checks every attention call makes on its pointers and layout before
+// anything moves: *qRows / *kvRows are this rank's row counts.
+attnResult_t checkCallArgs(const void* q, const void* k, const void* v, const void* out,
+                           const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
+                           int64_t* qRows, int64_t* kvRows);
+
+// Keeps the call's figures as the communicator's last (read by perf/).
+void recordStats(AttnCall& c, attnAttnMode_t mode, Clock::time_point t0);
+
+}  // namespace attn
