@@ -48,6 +48,7 @@ SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR, INVALID_ARGUMENT, I
 INT8, UINT8, INT32, INT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(8)
 SUM, PROD, MAX, MIN, AVG = range(5)
 MODE_AUTO, MODE_PASS_KV, MODE_PASS_Q, MODE_SHIP_Q = range(4)
+TIER_DEVICE, TIER_HOST, TIER_RACK, TIER_CLUSTER = range(4)  # attnTier_t: indices of level_attention keep
 DEVICE_HOST = -1
 _CONFIG_MAGIC = 0xA7C0F16
 _HEADER_VERSION = 100  # ATTN_VERSION_CODE of the header these declarations follow (0.1.0)
@@ -84,6 +85,10 @@ class _AttnConfig(ctypes.Structure):
 class _SeqLayout(ctypes.Structure):
     _fields_ = [("num_seqs", ctypes.c_int), ("q_offsets", _i32p), ("q_pos", _i32p),
                 ("kv_offsets", _i32p), ("kv_pos", _i32p)]
+
+
+class _LevelDrop(ctypes.Structure):
+    _fields_ = [("keep", ctypes.c_float * 4), ("importance", ctypes.POINTER(ctypes.c_float))]
 
 
 class _BatchSpec(ctypes.Structure):
@@ -134,6 +139,8 @@ _AllToAllv = _declare("attnAllToAllv", _p, _szp, _szp, _p, _szp, _szp, ctypes.c_
 _Barrier = _declare("attnBarrier", _comm, _p)
 _RingAttention = _declare("attnRingAttention", _p, _p, _p, _p, _p, ctypes.POINTER(_SeqLayout),
                           ctypes.POINTER(_AttnConfig), ctypes.c_int, _comm, _p)
+_LevelAttention = _declare("attnLevelAttention", _p, _p, _p, _p, _p, ctypes.POINTER(_SeqLayout),
+                           ctypes.POINTER(_AttnConfig), ctypes.POINTER(_LevelDrop), _comm, _p)
 _MergeAttnStates = _declare("attnMergeAttnStates", ctypes.c_int, ctypes.POINTER(_p), ctypes.POINTER(_p), _p,
                             _p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, _p)
 _PlanPrefill = _declare("attnPlanPrefill", ctypes.POINTER(_BatchSpec), ctypes.c_int, ctypes.POINTER(_p))
@@ -406,6 +413,30 @@ class Comm:
         _check(_RingAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
                               ctypes.byref(layout._c), ctypes.byref(cfg), mode, self._h, _stream(stream)),
                self._h, "attnRingAttention")
+
+    def level_attention(self, q, k, v, out, layout, num_q_heads, num_kv_heads, head_dim, keep=None,
+                        importance=None, lse=None, causal=True, softmax_scale=0.0):
+        """attnLevelAttention: as ring_attention, but each peer sends only the
+        keys it keeps for the tier between the two ranks. keep: 4 fractions by
+        tier (device, host, rack, cluster), or None to keep every key;
+        importance: float32 [kv rows], the score of each local key."""
+        qp, _, t = _buffer(q)
+        cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal))
+        drop = None
+        if keep is not None:
+            if len(keep) != 4:
+                raise ValueError("keep takes 4 fractions: device, host, rack, cluster tiers")
+            imp = None
+            if importance is not None:
+                ip, _, it = _buffer(importance)
+                if it != FLOAT32:
+                    raise TypeError("importance must be float32")
+                imp = ctypes.cast(ip, ctypes.POINTER(ctypes.c_float))
+            drop = _LevelDrop((ctypes.c_float * 4)(*keep), imp)
+        _check(_LevelAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
+                               ctypes.byref(layout._c), ctypes.byref(cfg),
+                               ctypes.byref(drop) if drop is not None else None, self._h, None),
+               self._h, "attnLevelAttention")
 
 
 # Inside a group, sends and receives run at the outermost group_end: the

@@ -164,6 +164,66 @@ class RingAttention(unittest.TestCase):
         self.check_modes(3, np.float16, 2e-2, [50], [20])
 
 
+class LevelAttention(unittest.TestCase):
+    """attnLevelAttention from Python: keeping every key is exact attention;
+    dropping keeps, from each peer, the most important half of its keys
+    (threads share a host: every peer is at the host tier)."""
+
+    def test_keep_all_is_exact_and_dropping_keeps_the_most_important_keys(self):
+        rng = np.random.default_rng(11)
+        n, L, hq, hkv, d = 3, 41, 4, 2, 8
+        q, k, v = random_batch(rng, [L], [0], hq, hkv, d, np.float32)
+        importance = rng.random(L).astype(np.float32)
+        ref_o, ref_lse = exact_attention(q, k, v, [L], [0])
+        shards = ac.plan_prefill([L], n)
+        keep_host = 0.5
+
+        def reference_over(keys, qi):
+            # Causal attention of rows qi over the key rows `keys` only
+            # (positions are rows: one sequence, no cached tokens).
+            mask = np.full(L, False)
+            mask[keys] = True
+            group = hq // hkv
+            kk = np.repeat(k.astype(np.float64), group, axis=1)
+            vv = np.repeat(v.astype(np.float64), group, axis=1)
+            s = np.einsum("qhd,khd->hqk", q[qi].astype(np.float64), kk) / np.sqrt(d)
+            ok = mask[None, None, :] & (np.arange(L)[None, None, :] <= np.array(qi)[None, :, None])
+            s = np.where(ok, s, -np.inf)
+            m = s.max(axis=2, keepdims=True)
+            e = np.exp(s - m)
+            z = e.sum(axis=2, keepdims=True)
+            return np.einsum("hqk,khd->qhd", e / z, vv), (m + np.log(z))[:, :, 0].T
+
+        def kept_from(p):
+            ki = np.array(shards[p].kv_index, np.int64)
+            count = min(len(ki), max(1, int(np.floor(keep_host * len(ki) + 0.5)))) if len(ki) else 0
+            order = np.argsort(-importance[ki], kind="stable")
+            return ki[order[:count]]
+
+        comms = ac.Comm.init_all(n)
+
+        def body(r, c):
+            s = shards[r]
+            qi, ki = np.array(s.q_index, np.int64), np.array(s.kv_index, np.int64)
+            mq, mk, mv = (np.ascontiguousarray(a) for a in (q[qi], k[ki], v[ki]))
+            out = np.full_like(mq, np.nan)
+            lse = np.full((len(qi), hq), np.nan, np.float32)
+            c.level_attention(mq, mk, mv, out, s.layout, hq, hkv, d, lse=lse)
+            self.assertLess(np.abs(out - ref_o[qi]).max(initial=0), 1e-4, f"rank {r}: keep all")
+            keys = np.concatenate([ki] + [kept_from(p) for p in range(n) if p != r])
+            want_o, want_lse = reference_over(keys, qi)
+            c.level_attention(mq, mk, mv, out, s.layout, hq, hkv, d, lse=lse,
+                              keep=(1.0, keep_host, 1.0, 1.0), importance=importance[ki].copy())
+            self.assertLess(np.abs(out - want_o).max(initial=0), 1e-4, f"rank {r}: dropping")
+            self.assertLess(np.abs(lse - want_lse).max(initial=0), 1e-4, f"rank {r}: dropping lse")
+
+        try:
+            on_ranks(comms, body)
+        finally:
+            for c in comms:
+                c.destroy()
+
+
 class Merge(unittest.TestCase):
     def test_merging_partials_over_disjoint_keys_equals_attention_over_all(self):
         rng = np.random.default_rng(7)
