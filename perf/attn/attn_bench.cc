@@ -103,6 +103,35 @@ bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void*
   return true;
 }
 
+}  // namespace
+
+void Shard::finish() {
+  layout.num_seqs = static_cast<int>(qOffsets.size()) - 1;
+  layout.q_offsets = qOffsets.data();
+  layout.q_pos = qPos.data();
+  layout.kv_offsets = kvOffsets.data();
+  layout.kv_pos = kvPos.data();
+}
+
+int64_t Batch::newRows() const {
+  int64_t n = 0;
+  for (int32_t t : newLens) n += t;
+  return n;
+}
+int64_t Batch::fullRows() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < newLens.size(); ++i) n += newLens[i] + cachedLens[i];
+  return n;
+}
+
+void Batch::fillQ(const std::vector<int64_t>& rows, void* out) const {
+  fillRows(*this, 1, cfg.num_q_heads, rows, out);
+}
+void Batch::fillKV(const std::vector<int64_t>& rows, void* k, void* v) const {
+  fillRows(*this, 2, cfg.num_kv_heads, rows, k);
+  fillRows(*this, 3, cfg.num_kv_heads, rows, v);
+}
+
 // Exact attention (double) for this rank's queries over the full batch.
 bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, const Shard& s, const void* q,
                            const void* out, const float* lse, double* oErr, double* lseErr) {
@@ -150,35 +179,6 @@ bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, con
   *oErr = errs[2] > 0 ? INFINITY : errs[0];
   *lseErr = errs[1];
   return true;
-}
-
-}  // namespace
-
-void Shard::finish() {
-  layout.num_seqs = static_cast<int>(qOffsets.size()) - 1;
-  layout.q_offsets = qOffsets.data();
-  layout.q_pos = qPos.data();
-  layout.kv_offsets = kvOffsets.data();
-  layout.kv_pos = kvPos.data();
-}
-
-int64_t Batch::newRows() const {
-  int64_t n = 0;
-  for (int32_t t : newLens) n += t;
-  return n;
-}
-int64_t Batch::fullRows() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < newLens.size(); ++i) n += newLens[i] + cachedLens[i];
-  return n;
-}
-
-void Batch::fillQ(const std::vector<int64_t>& rows, void* out) const {
-  fillRows(*this, 1, cfg.num_q_heads, rows, out);
-}
-void Batch::fillKV(const std::vector<int64_t>& rows, void* k, void* v) const {
-  fillRows(*this, 2, cfg.num_kv_heads, rows, k);
-  fillRows(*this, 3, cfg.num_kv_heads, rows, v);
 }
 
 const char* modeName(int mode) {

@@ -58,6 +58,12 @@ struct RunOptions {
 int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<int>& modes,
              const RunOptions& o, std::vector<ModeResult>* results);
 
+// Max over ranks of the error of (out, lse) (host copies) against exact
+// attention in double precision over the whole batch. Collective.
+class RankDevice;
+bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, const Shard& s, const void* q,
+                           const void* out, const float* lse, double* oErr, double* lseErr);
+
 const char* modeName(int mode);
 // Fixed-width table row and header; JSON object.
 void printHeader();

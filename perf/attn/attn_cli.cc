@@ -19,7 +19,8 @@ void usage(const char* prog, bool decode) {
           "          [-d float|half|bfloat16] [-C 0|1 causal] [-M modes] [-G device]\n"
           "  modes: comma list of kv, q, ship, auto, seq (all-gather KV then compute,\n"
           "         on the host or, with -G, on the device)\n"
-          "  -G DEV: tensors on CUDA device DEV, every rank on it, one stream per rank\n",
+          "  -G DEV: tensors on CUDA device DEV, every rank on it, one stream per rank\n"
+          "  -k KEEPS (level_attn_perf): comma list of host:rack:cluster keep fractions\n",
           prog, decode ? "[-b batch sizes, e.g. 1,4,16]" : "[-m miss rates, e.g. 1,0.1,0.01] [-B seqs]");
 }
 
@@ -34,6 +35,28 @@ bool parseList(const char* s, std::vector<T>* out) {
     double v = strtod(tok.c_str(), &end);
     if (*end) return false;
     out->push_back(static_cast<T>(v));
+  }
+  return !out->empty();
+}
+
+// "1:0.5:0.25,0.5" -> {1, 0.5, 0.25}, {0.5, 0.5, 0.5}; each in [0, 1].
+bool parseKeeps(const char* s, std::vector<std::array<float, 3>>* out) {
+  out->clear();
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::vector<float> v;
+    std::stringstream is(item);
+    std::string tok;
+    while (std::getline(is, tok, ':')) {
+      char* end;
+      const float x = strtof(tok.c_str(), &end);
+      if (tok.empty() || *end || !(x >= 0 && x <= 1)) return false;
+      v.push_back(x);
+    }
+    if (v.size() == 1) v.assign(3, v[0]);
+    if (v.size() != 3) return false;
+    out->push_back({v[0], v[1], v[2]});
   }
   return !out->empty();
 }
@@ -64,7 +87,7 @@ std::string rankMode(const AttnOptions& o) {
 bool parseAttnOptions(int argc, char** argv, bool decode, AttnOptions* o, int* exitCode) {
   *exitCode = 2;
   int c;
-  while ((c = getopt(argc, argv, "t:p:n:w:c:J:L:m:b:B:H:K:D:d:C:M:G:h")) != -1) {
+  while ((c = getopt(argc, argv, "t:p:n:w:c:J:L:m:b:B:H:K:D:d:C:M:G:k:h")) != -1) {
     bool good = true;
     switch (c) {
       case 't': o->threads = atoi(optarg); good = o->threads > 0; break;
@@ -89,6 +112,7 @@ bool parseAttnOptions(int argc, char** argv, bool decode, AttnOptions* o, int* e
         break;
       case 'M': good = parseModes(optarg, &o->modes); break;
       case 'G': o->device = atoi(optarg); good = o->device >= 0; break;
+      case 'k': good = parseKeeps(optarg, &o->keeps); break;
       case 'h': *exitCode = 0; good = false; break;
       default: good = false;
     }

@@ -2,6 +2,7 @@
 // flags overlap: -t/-p ranks, -n iterations, -w warm-up, -c check, -J JSON).
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct AttnOptions {
   attnAttnConfig_t cfg{8, 2, 64, attnFloat32, 0.0f, 1};  // -H -K -D -d -C
   std::vector<int> modes;      // -M kv,q,ship,auto,seq
   int device = ATTN_DEVICE_HOST;  // -G DEV: tensors on a CUDA device
+  // -k (level_attn_perf): keep fractions by tier, "host:rack:cluster" each
+  // (the device tier takes the host's); one value is all three.
+  std::vector<std::array<float, 3>> keeps = {{1, 1, 1}, {1, 0.5f, 0.25f}, {0.5f, 0.25f, 0.125f}};
 };
 
 // How the ranks run, for the header: "threads", "processes, cuda:0", ...

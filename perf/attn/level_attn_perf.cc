@@ -1,0 +1,201 @@
+// level_attn_perf: attnLevelAttention (CSPS's communication-efficient sparse
+// attention) against exact ring pass-KV in the same run. Full prefill; each
+// sequence is cut into N contiguous chunks placed on the ranks in proximity
+// order (attnCommTopoRank: near tokens on near ranks). For each set of keep
+// fractions (-k host:rack:cluster): time (median over iterations of the
+// slowest rank), attention compute, waiting, the bytes the busiest rank
+// sent, the speed-up over pass-KV, and with -c 1 the error against exact
+// attention (zero drop must be exact; with drops it is the approximation,
+// not a failure). Key importance is a fixed random score per token.
+//
+//   level_attn_perf -p 4 -L 8192 -k 1,1:0.5:0.25,0.5:0.25:0.125
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "perf/attn/attn_bench.h"
+#include "perf/attn/attn_cli.h"
+#include "perf/launch.h"
+#include "perf/rank_device.h"
+#include "perf/timing.h"
+#include "src/attn/attn_state.h"
+
+using namespace attnperf;
+
+namespace {
+
+bool ok(attnResult_t r, attnComm_t comm, const char* what) {
+  if (r == attnSuccess) return true;
+  fprintf(stderr, "%s failed: %s (%s)\n", what, attnGetErrorString(r), attnGetLastError(comm));
+  return false;
+}
+
+// Chunk `slot` of N of every sequence (full prefill: q rows = kv rows).
+Shard contiguousShard(const Batch& b, int slot, int n) {
+  Shard s;
+  s.qOffsets.push_back(0);
+  s.kvOffsets.push_back(0);
+  int64_t base = 0;
+  for (int32_t len : b.newLens) {
+    const int64_t lo = len * static_cast<int64_t>(slot) / n, hi = len * static_cast<int64_t>(slot + 1) / n;
+    for (int64_t i = lo; i < hi; ++i) {
+      s.qPos.push_back(static_cast<int32_t>(i));
+      s.qGlobal.push_back(base + i);
+    }
+    s.qOffsets.push_back(static_cast<int32_t>(s.qPos.size()));
+    base += len;
+  }
+  s.kvOffsets = s.qOffsets;
+  s.kvPos = s.qPos;
+  s.kvGlobal = s.qGlobal;
+  s.finish();
+  return s;
+}
+
+// A fixed score in [0, 1) per token: every rank derives its own.
+float importanceOf(int64_t row) {
+  uint64_t z = static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull + 0x5bd1e995u;
+  z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 29;
+  return static_cast<float>((z >> 40) / 16777216.0);
+}
+
+struct Variant {
+  std::string name;
+  bool ring = false;            // exact pass-KV baseline
+  attnLevelDrop_t drop{};
+  std::vector<double> t, compute, wait;
+  double sentMax = 0;
+  double err = -1;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  AttnOptions o;
+  int code;
+  if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
+  if (o.device != ATTN_DEVICE_HOST) {
+    fprintf(stderr, "level_attn_perf: attnLevelAttention runs on host communicators (no -G)\n");
+    return 2;
+  }
+  const int nranks = o.procs ? o.procs : o.threads;
+  RankBody body = [&](attnComm_t comm) -> int {
+    int me, n, slot;
+    attnCommUserRank(comm, &me);
+    attnCommCount(comm, &n);
+    if (!ok(attnCommTopoRank(comm, &slot), comm, "attnCommTopoRank")) return 1;
+    Batch b;
+    b.cfg = o.cfg;
+    for (int i = 0; i < o.seqs; ++i) {
+      b.newLens.push_back(static_cast<int32_t>(o.length));
+      b.cachedLens.push_back(0);
+    }
+    const Shard s = contiguousShard(b, slot, n);
+    const size_t es = b.cfg.dtype == attnFloat32 ? 4 : 2;
+    const size_t nq = s.qPos.size();
+    std::vector<char> q(es * nq * b.cfg.num_q_heads * b.cfg.head_dim), out(q.size());
+    std::vector<char> k(es * nq * b.cfg.num_kv_heads * b.cfg.head_dim), v(k.size());
+    std::vector<float> lse(nq * b.cfg.num_q_heads), imp(nq);
+    b.fillQ(s.qGlobal, q.data());
+    b.fillKV(s.kvGlobal, k.data(), v.data());
+    for (size_t i = 0; i < nq; ++i) imp[i] = importanceOf(s.kvGlobal[i]);
+
+    std::vector<Variant> vars(1);
+    vars[0].name = "pass-kv";
+    vars[0].ring = true;
+    for (const auto& kp : o.keeps) {
+      Variant x;
+      char name[64];
+      snprintf(name, sizeof(name), "level %g:%g:%g", kp[0], kp[1], kp[2]);
+      x.name = name;
+      x.drop = {{kp[0], kp[0], kp[1], kp[2]}, imp.data()};
+      vars.push_back(x);
+    }
+    attn::AttnState& st = attn::attnStateOf(comm);
+    auto once = [&](Variant& x) -> bool {
+      if (x.ring)
+        return ok(attnRingAttention(q.data(), k.data(), v.data(), out.data(), lse.data(), &s.layout, &b.cfg,
+                                    attnModePassKV, comm, nullptr),
+                  comm, "attnRingAttention");
+      return ok(attnLevelAttention(q.data(), k.data(), v.data(), out.data(), lse.data(), &s.layout, &b.cfg,
+                                   &x.drop, comm, nullptr),
+                comm, "attnLevelAttention");
+    };
+    // Iterations outer, variants inner: background load hits all alike.
+    for (int i = 0; i < o.warmup + o.iters; ++i)
+      for (Variant& x : vars) {
+        if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
+        const double t0 = nowUs();
+        if (!once(x)) return 1;
+        const double t = nowUs() - t0;
+        if (i < o.warmup) continue;
+        x.t.push_back(t);
+        x.compute.push_back(st.last.computeUs);
+        x.wait.push_back(st.last.waitUs);
+        x.sentMax = static_cast<double>(st.last.bytesSent);
+      }
+    RankDevice host;
+    if (!host.open(ATTN_DEVICE_HOST, false)) return 1;
+    for (Variant& x : vars) {
+      for (auto* series : {&x.t, &x.compute, &x.wait})
+        if (!ok(attnAllReduce(series->data(), series->data(), series->size(), attnFloat64, attnMax, comm,
+                              nullptr),
+                comm, "attnAllReduce"))
+          return 1;
+      if (!ok(attnAllReduce(&x.sentMax, &x.sentMax, 1, attnFloat64, attnMax, comm, nullptr), comm,
+              "attnAllReduce"))
+        return 1;
+      if (o.check) {
+        double lseErr;
+        if (!once(x) || !checkAgainstReference(comm, host, b, s, q.data(), out.data(), lse.data(), &x.err, &lseErr))
+          return 1;
+      }
+    }
+    if (me != 0) return 0;
+    printf("# level_attn_perf: %d ranks (%s), %d sequence(s) of %" PRId64 " tokens, heads %d/%d, head_dim %d, "
+           "%s, causal %d\n",
+           n, rankMode(o).c_str(), o.seqs, o.length, o.cfg.num_q_heads, o.cfg.num_kv_heads, o.cfg.head_dim,
+           o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
+           o.cfg.causal);
+    printf("# medians over %d iterations of the slowest rank; sent = bytes the busiest rank sent "
+           "(level calls); err = max |O - exact| / max |O_row|\n", o.iters);
+    printf("# %-24s %10s %10s %10s %10s %9s %10s\n", "variant", "time(ms)", "attn(ms)", "wait(ms)",
+           "sent(MB)", "vs pass-kv", "max_err");
+    const double base = summarize(vars[0].t).medianUs;
+    // DESIGN.md §4's bounds: the exact variants (pass-KV, keep all) must meet them.
+    const double bound = o.cfg.dtype == attnFloat32 ? 1e-5 : 1e-2;
+    int status = 0;
+    FILE* json = o.json.empty() ? nullptr : fopen(o.json.c_str(), "w");
+    if (json) fprintf(json, "[\n");
+    for (size_t j = 0; j < vars.size(); ++j) {
+      const Variant& x = vars[j];
+      const double t = summarize(x.t).medianUs, c = summarize(x.compute).medianUs,
+                   w = summarize(x.wait).medianUs;
+      char sent[32] = "-", err[32] = "-";
+      if (!x.ring) snprintf(sent, sizeof(sent), "%.2f", x.sentMax / 1e6);
+      if (x.err >= 0) snprintf(err, sizeof(err), "%.2e", x.err);
+      const bool exact = x.ring || (x.drop.keep[1] == 1 && x.drop.keep[2] == 1 && x.drop.keep[3] == 1);
+      const bool failed = exact && x.err > bound;
+      printf("  %-24s %10.3f %10.3f %10.3f %10s %8.2fx %10s%s\n", x.name.c_str(), t / 1e3, c / 1e3, w / 1e3,
+             sent, t > 0 ? base / t : 0.0, err, failed ? "  FAILED: exact variant over the bound" : "");
+      if (failed) status = 1;
+      if (json)
+        fprintf(json,
+                "  {\"variant\": \"%s\", \"nranks\": %d, \"tokens\": %" PRId64 ", \"time_us\": %.3f, "
+                "\"compute_us\": %.3f, \"wait_us\": %.3f, \"sent_bytes\": %.0f, \"speedup_vs_pass_kv\": %.4f, "
+                "\"max_err\": %.3e}%s\n",
+                x.name.c_str(), n, o.length, t, c, w, x.ring ? 0.0 : x.sentMax, t > 0 ? base / t : 0.0, x.err,
+                j + 1 < vars.size() ? "," : "");
+    }
+    if (json) {
+      fprintf(json, "]\n");
+      fclose(json);
+    }
+    return status;
+  };
+  if (launchedExternally()) return launchExternal(body);
+  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+}
