@@ -332,36 +332,67 @@ TEST(LevelAttentionDrop, HostTierKeepsTheMostImportantKeysThreads) {
   }
 }
 
-// Processes on emulated hosts and racks: ranks 0 and 1 share host a, rank
-// 2 is host b of the same rack, ranks 3 and 4 are hosts c and d of another
-// rack. Every tier but the device one occurs, each with its own keep.
+// Processes on emulated hosts and racks: rank 0 is host a, ranks 1 and 2
+// share host b of the same rack, ranks 3 and 4 share host c of another
+// rack. Every tier but the device one occurs, each with its own keep, and
+// hosts b and c take their remote blocks through one of their ranks, which
+// passes them on. Causal (later hosts use earlier keys) and not (every
+// block is used everywhere).
 TEST(LevelAttentionDrop, EveryTierWithItsOwnKeepProcessesOnEmulatedHosts) {
   const int n = 5;
-  static const char* kHost[] = {"lvl-a", "lvl-a", "lvl-b", "lvl-c", "lvl-d"};
+  static const char* kHost[] = {"lvl-a", "lvl-b", "lvl-b", "lvl-c", "lvl-c"};
   static const char* kRack[] = {"rack0", "rack0", "rack0", "rack1", "rack1"};
   auto tierOf = [](int a, int b) {
     if (std::strcmp(kHost[a], kHost[b]) == 0) return int(attnTierHost);
     if (std::strcmp(kRack[a], kRack[b]) == 0) return int(attnTierRack);
     return int(attnTierCluster);
   };
-  auto c = PrefillCase("drop tiers", AttnCfg(4, 2, 8, attnBfloat16, true), {10 * n + 3, 6 * n}, 31);
-  const Placement pl = ContiguousPlacement(*c, n);
-  const std::vector<float> imp = RandomImportance(*c, 32);
+  const std::vector<std::shared_ptr<const AttnCase>> cases = {
+      PrefillCase("drop tiers causal", AttnCfg(4, 2, 8, attnBfloat16, true), {10 * n + 3, 6 * n}, 31),
+      PrefillCase("drop tiers", AttnCfg(2, 1, 16, attnFloat32, false), {7 * n + 2}, 33)};
   const attnLevelDrop_t drop{{1, 0.8f, 0.4f, 0.2f}, nullptr};
-  std::vector<AttnCase> refs;
-  for (int r = 0; r < n; ++r) refs.push_back(ReferenceOverKeptKeys(*c, pl, r, drop.keep, imp, tierOf));
+  std::vector<Placement> pls;
+  std::vector<std::vector<float>> imps;
+  std::vector<std::vector<AttnCase>> refs(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    pls.push_back(ContiguousPlacement(*cases[i], n));
+    imps.push_back(RandomImportance(*cases[i], 32 + i));
+    for (int r = 0; r < n; ++r)
+      refs[i].push_back(ReferenceOverKeptKeys(*cases[i], pls[i], r, drop.keep, imps[i], tierOf));
+  }
   RunOptions o = AttnRunOptions();
   o.child_setup = [](int rank) {
     setenv("ATTN_HOSTID", kHost[rank], 1);
     setenv("ATTN_RACKID", kRack[rank], 1);
   };
   RunProcesses(n, [&](int rank, int, attnComm_t& comm) {
-    LevelRun run;
-    ExpectLevelExact(*c, refs[rank], pl, rank, comm, &drop, &imp, "tiers", &run);
-    int64_t sent = 0;
-    for (int p = 0; p < n; ++p)
-      if (p != rank) sent += UsableBy(*c, pl, p, KeptFrom(*c, pl, rank, drop.keep[tierOf(rank, p)], imp));
-    EXPECT_EQ(run.call.rowsSent, sent) << "rank " << rank;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const AttnCase& c = *cases[i];
+      const Placement& pl = pls[i];
+      LevelRun run;
+      ExpectLevelExact(c, refs[i][rank], pl, rank, comm, &drop, &imps[i], "tiers", &run);
+      // Our host's peers get what they can use; another host gets, once
+      // (through one of its ranks), what any of its ranks can use.
+      int64_t sent = 0;
+      std::vector<std::string> hostsDone = {kHost[rank]};
+      for (int p = 0; p < n; ++p) {
+        if (p == rank) continue;
+        const std::vector<int64_t> kept = KeptFrom(c, pl, rank, drop.keep[tierOf(rank, p)], imps[i]);
+        if (std::strcmp(kHost[p], kHost[rank]) == 0) {
+          sent += UsableBy(c, pl, p, kept);
+          continue;
+        }
+        if (std::find(hostsDone.begin(), hostsDone.end(), kHost[p]) != hostsDone.end()) continue;
+        hostsDone.push_back(kHost[p]);
+        for (int64_t g : kept) {
+          bool any = false;
+          for (int r = 0; r < n; ++r)
+            any = any || (std::strcmp(kHost[r], kHost[p]) == 0 && UsableBy(c, pl, r, {g}) == 1);
+          sent += any;
+        }
+      }
+      EXPECT_EQ(run.call.rowsSent, sent) << c.name << ", rank " << rank;
+    }
   }, o);
 }
 

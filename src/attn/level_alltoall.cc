@@ -11,12 +11,19 @@
 // would be masked), only the bytes; which keys are kept is decided first,
 // over all of a sequence's keys, so the result is the documented one.
 //
-// Between two ranks there is one message each way: the keys this rank keeps
-// for the pair's tier that the peer can see.
+// Keys bound for another host cross the slow link once: they go to one rank
+// there, the relay for this sender, which passes them on to the rest of its
+// host (see Hosts).
+//
+// Messages between two ranks match in posting order (FIFO); a receiver
+// posts, per same-host peer, one receive for the peer's own block and one
+// per remote rank the peer relays for it, and tells them apart by the
+// origin in the block's header.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <string>
 
 #include "src/attn/attn_call.h"
 #include "src/attn/break_on_early_exit.h"
@@ -84,6 +91,42 @@ KeptRows visibleTo(const AttnCall& c, const KeptRows& kept, const int32_t* upTo)
   return out;
 }
 
+// Ranks grouped by host (fabric model's host ids; every rank its own host
+// without a model). A remote host's ranks get our keys through one of them,
+// its relay for us, which passes the block on over the host's fast links:
+// the slow link carries each block once, as in CSPS's hierarchical
+// exchange. Relays are spread over a host's ranks by sender.
+struct Hosts {
+  std::vector<int> of;                    // host index of each rank
+  std::vector<std::vector<int>> members;  // ranks of each host, ascending
+  explicit Hosts(const attnComm& comm) : of(comm.nranks) {
+    std::vector<std::string> ids;
+    for (int r = 0; r < comm.nranks; ++r) {
+      const std::string id = comm.fabric ? comm.fabric->ranks[r].host : std::to_string(r);
+      auto it = std::find(ids.begin(), ids.end(), id);
+      of[r] = static_cast<int>(it - ids.begin());
+      if (it == ids.end()) {
+        ids.push_back(id);
+        members.emplace_back();
+      }
+      members[of[r]].push_back(r);
+    }
+  }
+  int relayFor(int sender, int host) const {
+    const std::vector<int>& m = members[host];
+    return m[sender % m.size()];
+  }
+};
+
+// A block this rank receives.
+struct Incoming {
+  int from;         // the peer it comes from (its origin, or our host's relay)
+  bool relay;       // we pass it on to the rest of our host
+  size_t capacity;  // bytes to post for it
+  std::vector<char> buf;
+  bool done = false;
+};
+
 // Packs the kept rows of this rank's keys into a block at `out`.
 size_t packKept(const AttnCall& c, const KeptRows& kept, char* out) {
   const int64_t rows = static_cast<int64_t>(kept.rows.size());
@@ -107,45 +150,78 @@ size_t packKept(const AttnCall& c, const KeptRows& kept, char* out) {
 
 attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
   Engine& e = *c.comm->engine;
-  const int n = c.comm->nranks, me = c.comm->rank;
+  const int n = c.comm->nranks, me = c.comm->rank, S = c.numSeqs;
+  const Hosts hosts(*c.comm);
   std::vector<int> tierOf(n, int(Tier::kDevice));
   for (int p = 0; p < n; ++p)
     if (p != me && c.comm->fabric) tierOf[p] = int(c.comm->fabric->tierBetween(me, p));
-
-  // The keys kept for each tier some peer sits at, then per peer those it
-  // can see, packed into its slot of shareable memory (same-host peer
-  // processes map it instead of copying it).
   std::vector<int32_t> upTo;
   ATTN_CHECK(allVisibleUpTo(c, &upTo));
+  auto upToOf = [&](int r) { return upTo.data() + static_cast<size_t>(r) * S; };
+
+  // What we send: to each peer of our host the keys kept for its tier that
+  // it can see; to each other host, once, the keys kept for that host's
+  // tier that any of its ranks can see, through its relay for us.
   bool used[kTierCount] = {};
   for (int p = 0; p < n; ++p)
     if (p != me) used[tierOf[p]] = true;
   KeptRows kept[kTierCount];
   for (int t = 0; t < kTierCount; ++t)
-    if (used[t]) kept[t] = selectKept(c.numSeqs, c.kvOffsets.data(), drop.importance, drop.keep[t]);
+    if (used[t]) kept[t] = selectKept(S, c.kvOffsets.data(), drop.importance, drop.keep[t]);
+  std::vector<int> sendTo;  // peers, nearest first
   std::vector<KeptRows> toPeer(n);
-  PeerSlots slot(n);
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    toPeer[p] = visibleTo(c, kept[tierOf[p]], upTo.data() + static_cast<size_t>(p) * c.numSeqs);
-    slot.add(p, BlockLayout::of(c.numSeqs, toPeer[p].rows.size(), c.kvRowBytes, 2).total);
+  for (int p : peersNearestFirst(*c.comm, tierOf)) {
+    const int h = hosts.of[p];
+    if (h == hosts.of[me]) {
+      toPeer[p] = visibleTo(c, kept[tierOf[p]], upToOf(p));
+    } else {
+      if (p != hosts.relayFor(me, h)) continue;
+      std::vector<int32_t> any(S, INT32_MIN);
+      for (int r : hosts.members[h])
+        for (int s = 0; s < S; ++s) any[s] = std::max(any[s], upToOf(r)[s]);
+      toPeer[p] = visibleTo(c, kept[tierOf[p]], any.data());
+    }
+    sendTo.push_back(p);
   }
+  PeerSlots slot(n);
+  for (int p : sendTo) slot.add(p, BlockLayout::of(S, toPeer[p].rows.size(), c.kvRowBytes, 2).total);
   ATTN_CHECK(c.state->outgoing.reserve(std::max<size_t>(slot.total, 1)));
   std::vector<size_t> blockBytes(n, 0);
-  for (int p = 0; p < n; ++p)
-    if (p != me) blockBytes[p] = packKept(c, toPeer[p], c.state->outgoing.data() + slot.offset[p]);
+  for (int p : sendTo) blockBytes[p] = packKept(c, toPeer[p], c.state->outgoing.data() + slot.offset[p]);
 
-  const std::vector<int> peers = peersNearestFirst(*c.comm, tierOf);
-  std::vector<std::vector<char>> in(n);
-  std::unique_ptr<Request[]> recvReq(new Request[n]), sendReq(new Request[n]);
-  BreakOnEarlyExit guard(e);
-  for (int p : peers) {
-    const int64_t bound = keptBound(c.kvRowsOf[p], c.numSeqs, drop.keep[tierOf[p]]);
-    in[p].resize(BlockLayout::of(c.numSeqs, bound, c.kvRowBytes, 2).total);
-    ATTN_CHECK(e.irecv(p, in[p].data(), in[p].size(), &recvReq[p]));
+  // What we receive: each same-host peer's own block, then the blocks it
+  // relays to us (any order: a block names its origin); and the block of
+  // each remote rank we relay for, which we pass on to the rest of our host.
+  const std::vector<int>& mates = hosts.members[hosts.of[me]];
+  std::vector<Incoming> in;
+  for (int p : peersNearestFirst(*c.comm, tierOf)) {
+    if (hosts.of[p] == hosts.of[me]) {
+      int64_t rows = keptBound(c.kvRowsOf[p], S, drop.keep[tierOf[p]]);
+      int count = 1;
+      for (int s = 0; s < n; ++s)
+        if (hosts.of[s] != hosts.of[me] && hosts.relayFor(s, hosts.of[me]) == p) {
+          rows = std::max(rows, keptBound(c.kvRowsOf[s], S, drop.keep[tierOf[s]]));
+          ++count;
+        }
+      for (int i = 0; i < count; ++i) in.push_back(Incoming{p, false, BlockLayout::of(S, rows, c.kvRowBytes, 2).total, {}, false});
+    } else if (hosts.relayFor(p, hosts.of[me]) == me) {
+      const int64_t rows = keptBound(c.kvRowsOf[p], S, drop.keep[tierOf[p]]);
+      in.push_back(Incoming{p, mates.size() > 1, BlockLayout::of(S, rows, c.kvRowBytes, 2).total, {}, false});
+    }
   }
-  for (int p : peers) {
-    ATTN_CHECK(e.isend(p, c.state->outgoing.data() + slot.offset[p], blockBytes[p], &sendReq[p]));
+  size_t forwards = 0;
+  for (const Incoming& x : in) forwards += x.relay ? mates.size() - 1 : 0;
+
+  std::unique_ptr<Request[]> recvReq(new Request[in.size()]);
+  std::unique_ptr<Request[]> sendReq(new Request[sendTo.size() + forwards]);
+  size_t sends = 0;
+  BreakOnEarlyExit guard(e);
+  for (size_t i = 0; i < in.size(); ++i) {
+    in[i].buf.resize(in[i].capacity);
+    ATTN_CHECK(e.irecv(in[i].from, in[i].buf.data(), in[i].buf.size(), &recvReq[i]));
+  }
+  for (int p : sendTo) {
+    ATTN_CHECK(e.isend(p, c.state->outgoing.data() + slot.offset[p], blockBytes[p], &sendReq[sends++]));
     c.stats.bytesSent += blockBytes[p];
     c.stats.rowsSent += static_cast<int64_t>(toPeer[p].rows.size());
   }
@@ -157,44 +233,62 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
   // Our own keys, all of them, while the first blocks are on the way.
   ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
 
-  std::vector<bool> folded(n, false);
-  size_t remaining = peers.size();
+  std::vector<bool> seen(n, false);
+  seen[me] = true;
+  size_t remaining = in.size();
   int spins = 0;
   const auto waitStart = Clock::now();
   const double computeBefore = c.stats.computeUs;
   while (remaining > 0) {
     bool did = false;
-    for (int p : peers) {
-      if (folded[p] || recvReq[p].pending()) continue;
-      ATTN_CHECK(driver->wait(&recvReq[p]));
+    for (size_t i = 0; i < in.size(); ++i) {
+      Incoming& x = in[i];
+      if (x.done || recvReq[i].pending()) continue;
+      ATTN_CHECK(driver->wait(&recvReq[i]));
       BlockView block;
-      ATTN_CHECK(viewBlock(in[p].data(), recvReq[p].bytes, c.kvRowBytes, 2, &block));
-      if (block.numSeqs != c.numSeqs || block.rows > c.kvRowsOf[p])
-        return setError(attnInternalError, "level attention: block of rank %d has %d sequences and %d rows",
-                        p, block.numSeqs, block.rows);
+      ATTN_CHECK(viewBlock(x.buf.data(), recvReq[i].bytes, c.kvRowBytes, 2, &block));
+      const int o = block.origin;
+      if (o < 0 || o >= n || seen[o] || block.numSeqs != S || block.rows > c.kvRowsOf[o])
+        return setError(attnInternalError,
+                        "level attention: unexpected block from rank %d (origin %d, %d sequences, %d rows)",
+                        x.from, o, block.numSeqs, block.rows);
+      seen[o] = true;
+      if (x.relay) {  // pass it on first: the rest of our host waits for it
+        for (int r : mates)
+          if (r != me) {
+            ATTN_CHECK(e.isend(r, x.buf.data(), recvReq[i].bytes, &sendReq[sends++]));
+            c.stats.bytesSent += recvReq[i].bytes;
+          }
+        driver->kick();
+      }
       ATTN_CHECK(c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data()));
-      ATTN_TRACE(kLogAttn, "level attention: folded %d of %lld keys of rank %d (tier %s)", block.rows,
-                 static_cast<long long>(c.kvRowsOf[p]), p, tierName(Tier(tierOf[p])));
-      in[p] = {};  // a folded block's memory goes back at once
-      folded[p] = did = true;
+      ATTN_TRACE(kLogAttn, "level attention: folded %d of %lld keys of rank %d (tier %s%s)", block.rows,
+                 static_cast<long long>(c.kvRowsOf[o]), o, tierName(Tier(tierOf[o])),
+                 x.from != o ? ", relayed" : "");
+      if (!x.relay) x.buf = {};  // a folded block's memory goes back at once
+      x.done = did = true;
       --remaining;
     }
     if (did) {
       spins = 0;
       continue;
     }
-    // Nothing landed: sleep on the nearest block still outstanding.
+    // Nothing landed: sleep until any block does. Not on one in particular:
+    // a relayed block waits for its relay to see the original, and two
+    // relays each sleeping on the other's forward would never wake.
     if (++spins > 50) {
-      for (int p : peers)
-        if (!folded[p]) {
-          ATTN_CHECK(driver->wait(&recvReq[p]));
-          break;
-        }
+      ATTN_CHECK(driver->waitFor([&] {
+        for (size_t i = 0; i < in.size(); ++i)
+          if (!in[i].done && !recvReq[i].pending()) return true;
+        return false;
+      }));
     } else {
       std::this_thread::yield();
     }
   }
-  for (int p : peers) ATTN_CHECK(driver->wait(&sendReq[p]));
+  for (size_t i = 0; i < sends; ++i) ATTN_CHECK(driver->wait(&sendReq[i]));
+  for (int p = 0; p < n; ++p)
+    if (!seen[p]) return setError(attnInternalError, "level attention: no block of rank %d arrived", p);
   c.stats.waitUs += usSince(waitStart) - (c.stats.computeUs - computeBefore);
   guard.done();
   return attnSuccess;

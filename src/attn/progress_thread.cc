@@ -61,9 +61,16 @@ void ProgressThread::loop() {
 }
 
 attnResult_t ProgressThread::wait(Request* req) {
+  ATTN_CHECK(waitFor([req] { return !req->pending(); }));
+  if (req->state.load() == Request::kFailed)
+    return setError(req->error == attnSuccess ? attnRemoteError : req->error, "%s", req->message.c_str());
+  return attnSuccess;
+}
+
+attnResult_t ProgressThread::waitFor(const std::function<bool()>& ready) {
   int spins = 0;
   const auto start = std::chrono::steady_clock::now();
-  while (req->pending()) {
+  while (!ready()) {
     if (e_.aborted()) {
       e_.breakWith(attnRemoteError, "communicator aborted");
       return setError(attnRemoteError, "communicator aborted");
@@ -88,12 +95,9 @@ attnResult_t ProgressThread::wait(Request* req) {
     // timeout and a broken engine (set by other threads) noticed.
     std::unique_lock<std::mutex> g(mu_);
     ++waiters_;
-    doneCv_.wait_for(g, std::chrono::milliseconds(1),
-                     [&] { return !req->pending() || failed_.load() != attnSuccess; });
+    doneCv_.wait_for(g, std::chrono::milliseconds(1), [&] { return ready() || failed_.load() != attnSuccess; });
     --waiters_;
   }
-  if (req->state.load() == Request::kFailed)
-    return setError(req->error == attnSuccess ? attnRemoteError : req->error, "%s", req->message.c_str());
   return attnSuccess;
 }
 

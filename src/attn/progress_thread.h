@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,6 +29,10 @@ class ProgressThread {
   // spinning or polling here would take the CPU from the ranks still
   // computing when threads outnumber cores, and slow the whole ring.
   attnResult_t wait(Request* req);
+  // The same until ready() holds (e.g. any of several requests is done).
+  // ready() is called with the driver's lock held or not: it must only
+  // read request states. Fails on timeout, abort or a broken engine.
+  attnResult_t waitFor(const std::function<bool()>& ready);
 
  private:
   void loop();
