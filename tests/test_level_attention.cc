@@ -31,6 +31,7 @@
 #include "attncomm.h"
 #include "kernels/cpu/reference_attention.h"
 #include "src/attn/attn_state.h"
+#include "src/attn/level_routes.h"
 #include "src/attn/level_select.h"
 #include "tests/support/attn_fixtures.h"
 #include "tests/support/multirank.h"
@@ -251,6 +252,49 @@ TEST(LevelSelect, HighestScoresPerSequenceInRowOrderTiesToEarlierRowNaNLowest) {
   EXPECT_EQ(none.offsets, (std::vector<int32_t>{0, 0, 0, 0}));
 }
 
+// Every rank gets every other rank's block exactly once, along a path of at
+// most three hops, and each block enters another rack, and another host,
+// exactly once.
+TEST(LevelRoutes, EveryRankReachedOnceEachBoundaryCrossedOnce) {
+  const std::vector<std::string> host = {"a", "b", "b", "c", "c", "d", "e", "e", "e"};
+  const std::vector<std::string> rack = {"r0", "r0", "r0", "r1", "r1", "r1", "", "", ""};
+  const int n = static_cast<int>(host.size());
+  attn::LevelRoutes routes(host, rack);
+  auto rackKey = [&](int r) { return rack[r].empty() ? "host " + host[r] : rack[r]; };
+  for (int s = 0; s < n; ++s) {
+    std::vector<int> reached(n, 0);
+    std::vector<std::string> racksEntered, hostsEntered;
+    for (int r = 0; r < n; ++r) {
+      if (r == s) continue;
+      int hops = 0;
+      for (int x = r; x != s; x = routes.parent(s, x)) ASSERT_LT(++hops, 4) << "s " << s << " r " << r;
+      const int p = routes.parent(s, r);
+      if (rackKey(p) != rackKey(r)) racksEntered.push_back(rackKey(r));
+      if (host[p] != host[r]) hostsEntered.push_back(host[r]);
+      // children() is the inverse of parent().
+      const std::vector<int> kids = routes.children(s, p);
+      EXPECT_NE(std::find(kids.begin(), kids.end(), r), kids.end()) << "s " << s << " r " << r;
+      ++reached[routes.firstHop(s, r)];
+    }
+    for (const std::string& k : racksEntered)
+      EXPECT_EQ(std::count(racksEntered.begin(), racksEntered.end(), k), 1) << "s " << s << " rack " << k;
+    for (const std::string& h : hostsEntered)
+      EXPECT_EQ(std::count(hostsEntered.begin(), hostsEntered.end(), h), 1) << "s " << s << " host " << h;
+    // s sends one block per first hop: one per host mate, per other host of
+    // its rack and per other rack.
+    int firstHops = 0;
+    for (int r = 0; r < n; ++r) firstHops += reached[r] > 0;
+    std::vector<std::string> groups;
+    for (int r = 0; r < n; ++r) {
+      if (r == s) continue;
+      const std::string g = host[r] == host[s] ? "rank " + std::to_string(r)
+                            : rackKey(r) == rackKey(s) ? "host " + host[r] : rackKey(r);
+      if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    }
+    EXPECT_EQ(firstHops, static_cast<int>(groups.size())) << "s " << s;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Keeping everything: exact attention
 
@@ -332,16 +376,17 @@ TEST(LevelAttentionDrop, HostTierKeepsTheMostImportantKeysThreads) {
   }
 }
 
-// Processes on emulated hosts and racks: rank 0 is host a, ranks 1 and 2
-// share host b of the same rack, ranks 3 and 4 share host c of another
-// rack. Every tier but the device one occurs, each with its own keep, and
-// hosts b and c take their remote blocks through one of their ranks, which
-// passes them on. Causal (later hosts use earlier keys) and not (every
+// Processes on emulated hosts and racks: rank 0 is host a and ranks 1, 2
+// host b of rack 0; ranks 3, 4 are host c and rank 5 host d of rack 1.
+// Every tier but the device one occurs, each with its own keep; blocks for
+// another host go through a relay there, blocks for the other rack through
+// a relay in it that passes them to its host mates and to a relay on the
+// rack's other host. Causal (later ranks use earlier keys) and not (every
 // block is used everywhere).
 TEST(LevelAttentionDrop, EveryTierWithItsOwnKeepProcessesOnEmulatedHosts) {
-  const int n = 5;
-  static const char* kHost[] = {"lvl-a", "lvl-b", "lvl-b", "lvl-c", "lvl-c"};
-  static const char* kRack[] = {"rack0", "rack0", "rack0", "rack1", "rack1"};
+  const int n = 6;
+  static const char* kHost[] = {"lvl-a", "lvl-b", "lvl-b", "lvl-c", "lvl-c", "lvl-d"};
+  static const char* kRack[] = {"rack0", "rack0", "rack0", "rack1", "rack1", "rack1"};
   auto tierOf = [](int a, int b) {
     if (std::strcmp(kHost[a], kHost[b]) == 0) return int(attnTierHost);
     if (std::strcmp(kRack[a], kRack[b]) == 0) return int(attnTierRack);
@@ -371,10 +416,11 @@ TEST(LevelAttentionDrop, EveryTierWithItsOwnKeepProcessesOnEmulatedHosts) {
       const Placement& pl = pls[i];
       LevelRun run;
       ExpectLevelExact(c, refs[i][rank], pl, rank, comm, &drop, &imps[i], "tiers", &run);
-      // Our host's peers get what they can use; another host gets, once
-      // (through one of its ranks), what any of its ranks can use.
+      // Our host's peers get what they can use; another host of our rack
+      // gets, once, what any of its ranks can use; the other rack gets,
+      // once, what any of its ranks can use.
       int64_t sent = 0;
-      std::vector<std::string> hostsDone = {kHost[rank]};
+      std::vector<std::string> groupsDone;
       for (int p = 0; p < n; ++p) {
         if (p == rank) continue;
         const std::vector<int64_t> kept = KeptFrom(c, pl, rank, drop.keep[tierOf(rank, p)], imps[i]);
@@ -382,12 +428,14 @@ TEST(LevelAttentionDrop, EveryTierWithItsOwnKeepProcessesOnEmulatedHosts) {
           sent += UsableBy(c, pl, p, kept);
           continue;
         }
-        if (std::find(hostsDone.begin(), hostsDone.end(), kHost[p]) != hostsDone.end()) continue;
-        hostsDone.push_back(kHost[p]);
+        const bool sameRack = std::strcmp(kRack[p], kRack[rank]) == 0;
+        const std::string group = sameRack ? kHost[p] : kRack[p];
+        if (std::find(groupsDone.begin(), groupsDone.end(), group) != groupsDone.end()) continue;
+        groupsDone.push_back(group);
         for (int64_t g : kept) {
           bool any = false;
           for (int r = 0; r < n; ++r)
-            any = any || (std::strcmp(kHost[r], kHost[p]) == 0 && UsableBy(c, pl, r, {g}) == 1);
+            any = any || ((sameRack ? kHost[r] : kRack[r]) == group && UsableBy(c, pl, r, {g}) == 1);
           sent += any;
         }
       }

@@ -2,8 +2,9 @@
 // algorithm of attnLevelAttention. Every rank sends each peer the keys it
 // keeps for the tier between them (all of them inside a GPU or host when
 // keep says so, fewer across racks), in one self-describing block, and
-// attends to every block it receives the moment it lands (merge-on-receive). Peers are served nearest first, so the fast local
-// blocks are computed while the far ones still cross the slow links.
+// attends to every block it receives the moment it lands (merge-on-receive).
+// Peers are served nearest first, so the fast local blocks are computed
+// while the far ones still cross the slow links.
 //
 // Keys a peer could not use are not sent either: keys of a sequence the peer
 // holds no queries of, and, with a causal mask, keys after the peer's last
@@ -11,14 +12,14 @@
 // would be masked), only the bytes; which keys are kept is decided first,
 // over all of a sequence's keys, so the result is the documented one.
 //
-// Keys bound for another host cross the slow link once: they go to one rank
-// there, the relay for this sender, which passes them on to the rest of its
-// host (see Hosts).
+// Keys bound for another host or rack cross each slow boundary once: they
+// go to a relay there, which passes them on (level_routes.h: a tree per
+// sender over hosts and racks). A block for a subtree holds what any rank
+// of it can see.
 //
 // Messages between two ranks match in posting order (FIFO); a receiver
-// posts, per same-host peer, one receive for the peer's own block and one
-// per remote rank the peer relays for it, and tells them apart by the
-// origin in the block's header.
+// posts, per peer, one receive for each block that peer hands it (its own
+// and those it relays), and tells them apart by the origin in the header.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "src/attn/attn_call.h"
 #include "src/attn/break_on_early_exit.h"
 #include "src/attn/level_alltoall.h"
+#include "src/attn/level_routes.h"
 #include "src/attn/level_select.h"
 #include "src/attn/progress_thread.h"
 #include "src/coll/coll.h"
@@ -91,41 +93,23 @@ KeptRows visibleTo(const AttnCall& c, const KeptRows& kept, const int32_t* upTo)
   return out;
 }
 
-// Ranks grouped by host (fabric model's host ids; every rank its own host
-// without a model). A remote host's ranks get our keys through one of them,
-// its relay for us, which passes the block on over the host's fast links:
-// the slow link carries each block once, as in CSPS's hierarchical
-// exchange. Relays are spread over a host's ranks by sender.
-struct Hosts {
-  std::vector<int> of;                    // host index of each rank
-  std::vector<std::vector<int>> members;  // ranks of each host, ascending
-  explicit Hosts(const attnComm& comm) : of(comm.nranks) {
-    std::vector<std::string> ids;
-    for (int r = 0; r < comm.nranks; ++r) {
-      const std::string id = comm.fabric ? comm.fabric->ranks[r].host : std::to_string(r);
-      auto it = std::find(ids.begin(), ids.end(), id);
-      of[r] = static_cast<int>(it - ids.begin());
-      if (it == ids.end()) {
-        ids.push_back(id);
-        members.emplace_back();
-      }
-      members[of[r]].push_back(r);
-    }
-  }
-  int relayFor(int sender, int host) const {
-    const std::vector<int>& m = members[host];
-    return m[sender % m.size()];
-  }
-};
-
-// A block this rank receives.
+// A block this rank receives from one peer (its origin or a relay); which
+// origin it carries is read from its header.
 struct Incoming {
-  int from;         // the peer it comes from (its origin, or our host's relay)
-  bool relay;       // we pass it on to the rest of our host
+  int from;
   size_t capacity;  // bytes to post for it
   std::vector<char> buf;
   bool done = false;
 };
+
+LevelRoutes routesOf(const attnComm& comm) {
+  std::vector<std::string> host(comm.nranks), rack(comm.nranks);
+  for (int r = 0; r < comm.nranks; ++r) {
+    host[r] = comm.fabric ? comm.fabric->ranks[r].host : std::to_string(r);
+    rack[r] = comm.fabric ? comm.fabric->ranks[r].rack : std::string();
+  }
+  return LevelRoutes(host, rack);
+}
 
 // Packs the kept rows of this rank's keys into a block at `out`.
 size_t packKept(const AttnCall& c, const KeptRows& kept, char* out) {
@@ -151,66 +135,61 @@ size_t packKept(const AttnCall& c, const KeptRows& kept, char* out) {
 attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
   Engine& e = *c.comm->engine;
   const int n = c.comm->nranks, me = c.comm->rank, S = c.numSeqs;
-  const Hosts hosts(*c.comm);
+  const LevelRoutes routes = routesOf(*c.comm);
   std::vector<int> tierOf(n, int(Tier::kDevice));
   for (int p = 0; p < n; ++p)
     if (p != me && c.comm->fabric) tierOf[p] = int(c.comm->fabric->tierBetween(me, p));
   std::vector<int32_t> upTo;
   ATTN_CHECK(allVisibleUpTo(c, &upTo));
-  auto upToOf = [&](int r) { return upTo.data() + static_cast<size_t>(r) * S; };
+  const std::vector<int> nearest = peersNearestFirst(*c.comm, tierOf);
 
-  // What we send: to each peer of our host the keys kept for its tier that
-  // it can see; to each other host, once, the keys kept for that host's
-  // tier that any of its ranks can see, through its relay for us.
+  // What we send: to each first hop of our tree the keys kept for its tier
+  // (the same for its whole subtree) that any rank of the subtree can see.
   bool used[kTierCount] = {};
   for (int p = 0; p < n; ++p)
     if (p != me) used[tierOf[p]] = true;
   KeptRows kept[kTierCount];
   for (int t = 0; t < kTierCount; ++t)
     if (used[t]) kept[t] = selectKept(S, c.kvOffsets.data(), drop.importance, drop.keep[t]);
-  std::vector<int> sendTo;  // peers, nearest first
-  std::vector<KeptRows> toPeer(n);
-  for (int p : peersNearestFirst(*c.comm, tierOf)) {
-    const int h = hosts.of[p];
-    if (h == hosts.of[me]) {
-      toPeer[p] = visibleTo(c, kept[tierOf[p]], upToOf(p));
-    } else {
-      if (p != hosts.relayFor(me, h)) continue;
-      std::vector<int32_t> any(S, INT32_MIN);
-      for (int r : hosts.members[h])
-        for (int s = 0; s < S; ++s) any[s] = std::max(any[s], upToOf(r)[s]);
-      toPeer[p] = visibleTo(c, kept[tierOf[p]], any.data());
-    }
-    sendTo.push_back(p);
+  std::vector<std::vector<int32_t>> seenBy(n);  // per first hop: what its subtree can see
+  std::vector<bool> firstHop(n, false);
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    const int hop = routes.firstHop(me, r);
+    firstHop[hop] = true;
+    seenBy[hop].resize(S, INT32_MIN);
+    for (int s = 0; s < S; ++s) seenBy[hop][s] = std::max(seenBy[hop][s], upTo[static_cast<size_t>(r) * S + s]);
   }
+  std::vector<int> sendTo;  // first hops, nearest first
+  std::vector<KeptRows> toPeer(n);
+  for (int p : nearest)
+    if (firstHop[p]) {
+      toPeer[p] = visibleTo(c, kept[tierOf[p]], seenBy[p].data());
+      sendTo.push_back(p);
+    }
   PeerSlots slot(n);
   for (int p : sendTo) slot.add(p, BlockLayout::of(S, toPeer[p].rows.size(), c.kvRowBytes, 2).total);
   ATTN_CHECK(c.state->outgoing.reserve(std::max<size_t>(slot.total, 1)));
   std::vector<size_t> blockBytes(n, 0);
   for (int p : sendTo) blockBytes[p] = packKept(c, toPeer[p], c.state->outgoing.data() + slot.offset[p]);
 
-  // What we receive: each same-host peer's own block, then the blocks it
-  // relays to us (any order: a block names its origin); and the block of
-  // each remote rank we relay for, which we pass on to the rest of our host.
-  const std::vector<int>& mates = hosts.members[hosts.of[me]];
-  std::vector<Incoming> in;
-  for (int p : peersNearestFirst(*c.comm, tierOf)) {
-    if (hosts.of[p] == hosts.of[me]) {
-      int64_t rows = keptBound(c.kvRowsOf[p], S, drop.keep[tierOf[p]]);
-      int count = 1;
-      for (int s = 0; s < n; ++s)
-        if (hosts.of[s] != hosts.of[me] && hosts.relayFor(s, hosts.of[me]) == p) {
-          rows = std::max(rows, keptBound(c.kvRowsOf[s], S, drop.keep[tierOf[s]]));
-          ++count;
-        }
-      for (int i = 0; i < count; ++i) in.push_back(Incoming{p, false, BlockLayout::of(S, rows, c.kvRowBytes, 2).total, {}, false});
-    } else if (hosts.relayFor(p, hosts.of[me]) == me) {
-      const int64_t rows = keptBound(c.kvRowsOf[p], S, drop.keep[tierOf[p]]);
-      in.push_back(Incoming{p, mates.size() > 1, BlockLayout::of(S, rows, c.kvRowBytes, 2).total, {}, false});
-    }
-  }
+  // What we receive: every other rank's block, each from its parent in that
+  // rank's tree, in the order the parent sends them (arrival order; a block
+  // names its origin). Blocks we relay go on to our children in that tree.
+  std::vector<int> count(n, 0);
+  std::vector<int64_t> rowsCap(n, 0);
   size_t forwards = 0;
-  for (const Incoming& x : in) forwards += x.relay ? mates.size() - 1 : 0;
+  for (int s = 0; s < n; ++s) {
+    if (s == me) continue;
+    const int p = routes.parent(s, me);
+    ++count[p];
+    rowsCap[p] = std::max(rowsCap[p], keptBound(c.kvRowsOf[s], S, drop.keep[tierOf[s]]));
+    forwards += routes.children(s, me).size();
+  }
+  std::vector<Incoming> in;
+  for (int p : nearest)
+    for (int i = 0; i < count[p]; ++i)
+      in.push_back(Incoming{p, BlockLayout::of(S, rowsCap[p], c.kvRowBytes, 2).total, {}, false});
 
   std::unique_ptr<Request[]> recvReq(new Request[in.size()]);
   std::unique_ptr<Request[]> sendReq(new Request[sendTo.size() + forwards]);
@@ -248,24 +227,23 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
       BlockView block;
       ATTN_CHECK(viewBlock(x.buf.data(), recvReq[i].bytes, c.kvRowBytes, 2, &block));
       const int o = block.origin;
-      if (o < 0 || o >= n || seen[o] || block.numSeqs != S || block.rows > c.kvRowsOf[o])
+      if (o < 0 || o >= n || o == me || seen[o] || routes.parent(o, me) != x.from || block.numSeqs != S ||
+          block.rows > c.kvRowsOf[o])
         return setError(attnInternalError,
                         "level attention: unexpected block from rank %d (origin %d, %d sequences, %d rows)",
                         x.from, o, block.numSeqs, block.rows);
       seen[o] = true;
-      if (x.relay) {  // pass it on first: the rest of our host waits for it
-        for (int r : mates)
-          if (r != me) {
-            ATTN_CHECK(e.isend(r, x.buf.data(), recvReq[i].bytes, &sendReq[sends++]));
-            c.stats.bytesSent += recvReq[i].bytes;
-          }
-        driver->kick();
+      const std::vector<int> next = routes.children(o, me);
+      for (int r : next) {  // pass it on first: the ranks behind us wait for it
+        ATTN_CHECK(e.isend(r, x.buf.data(), recvReq[i].bytes, &sendReq[sends++]));
+        c.stats.bytesSent += recvReq[i].bytes;
       }
+      if (!next.empty()) driver->kick();
       ATTN_CHECK(c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data()));
       ATTN_TRACE(kLogAttn, "level attention: folded %d of %lld keys of rank %d (tier %s%s)", block.rows,
                  static_cast<long long>(c.kvRowsOf[o]), o, tierName(Tier(tierOf[o])),
                  x.from != o ? ", relayed" : "");
-      if (!x.relay) x.buf = {};  // a folded block's memory goes back at once
+      if (next.empty()) x.buf = {};  // a folded block's memory goes back at once
       x.done = did = true;
       --remaining;
     }
