@@ -456,7 +456,7 @@ typedef struct {
  * keeps for the tier between them: a level-aware all-to-all of K/V with token
  * dropping. Dropped keys are neither sent nor computed, nor are keys no
  * query of the receiver can see (causal); only KV heads travel; keys bound
- * for another host cross to it once (one rank there relays them); each
+ * for another host or rack cross to it once (a rank there relays them); each
  * peer's keys are folded into the result as they arrive (merge-on-receive),
  * nearest peers first. drop == NULL keeps every key:
  * exact attention, the result of attnRingAttention. q, k, v, out, lse,
