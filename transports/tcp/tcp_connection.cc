@@ -77,6 +77,7 @@ attnResult_t TcpConnection::postSend(const void* buf, size_t bytes, Request* req
   } while (off < bytes);
   ATTN_TRACE(kLogNet, "tcp: send seq %lu (%zu bytes, %zu chunks) to %s", (unsigned long)seq,
              bytes, op->chunksLeft, peerName_.c_str());
+  publishPollFds();
   return attnSuccess;
 }
 
@@ -86,6 +87,7 @@ attnResult_t TcpConnection::postRecv(void* buf, size_t capacity, Request* req) {
     return setError(attnRemoteError, "%s", brokenWhy_.c_str());
   }
   recvOps_.push_back(RecvOp{req, static_cast<char*>(buf), capacity});
+  publishPollFds();
   return attnSuccess;
 }
 
@@ -95,6 +97,12 @@ bool TcpConnection::idle() const { return sendOps_.empty() && recvOps_.empty(); 
 // Progress
 
 attnResult_t TcpConnection::progress(bool* progressed) {
+  const attnResult_t r = progressLocked(progressed);
+  publishPollFds();
+  return r;
+}
+
+attnResult_t TcpConnection::progressLocked(bool* progressed) {
   *progressed = false;
   if (broken_) return setError(brokenCode_, "%s", brokenWhy_.c_str());
   for (Sock& s : socks_) {
@@ -277,6 +285,7 @@ void TcpConnection::shutDown(attnResult_t code, const std::string& why) {
     if (!op.done) op.req->fail(attnRemoteError, why);
   sendOps_.clear();
   recvOps_.clear();
+  publishPollFds();  // before the descriptors close: a sleeper stops polling them
   for (Sock& s : socks_) {
     s.sendq.clear();
     if (s.fd >= 0) {
@@ -294,15 +303,24 @@ attnResult_t TcpConnection::breakLink(attnResult_t code, const std::string& why)
 
 void TcpConnection::close() { shutDown(attnRemoteError, peerName_ + ": connection closed locally"); }
 
+void TcpConnection::publishPollFds() {
+  std::vector<pollfd>& fds = scratch_;  // the previous snapshot's storage: no allocation
+  fds.clear();
+  if (!broken_)
+    for (const Sock& s : socks_) {
+      if (s.fd < 0) continue;
+      short ev = 0;
+      if (!s.sendq.empty()) ev |= POLLOUT;
+      if (!recvOps_.empty() && !s.eof && !s.parked()) ev |= POLLIN;
+      if (ev) fds.push_back(pollfd{s.fd, ev, 0});
+    }
+  std::lock_guard<std::mutex> g(pollMu_);
+  pollFds_.swap(fds);
+}
+
 void TcpConnection::addPollFds(std::vector<pollfd>* out) const {
-  if (broken_) return;
-  for (const Sock& s : socks_) {
-    if (s.fd < 0) continue;
-    short ev = 0;
-    if (!s.sendq.empty()) ev |= POLLOUT;
-    if (!recvOps_.empty() && !s.eof && !s.parked()) ev |= POLLIN;
-    if (ev) out->push_back(pollfd{s.fd, ev, 0});
-  }
+  std::lock_guard<std::mutex> g(pollMu_);
+  out->insert(out->end(), pollFds_.begin(), pollFds_.end());
 }
 
 }  // namespace attn::tcp

@@ -48,7 +48,9 @@ class TcpConnection : public Connection {
   bool idle() const override;
   void close() override;
 
-  // Appends the sockets and events the queued operations wait for.
+  // Appends the sockets and events the queued operations wait for. Called
+  // by a sleeping driver without the engine's lock, so it reads only the
+  // snapshot that the locked calls publish.
   void addPollFds(std::vector<pollfd>* out) const;
 
  private:
@@ -96,6 +98,9 @@ class TcpConnection : public Connection {
   // shutDown, and records `why` as the thread's error.
   attnResult_t breakLink(attnResult_t code, const std::string& why);
   bool peerGone() const;
+  attnResult_t progressLocked(bool* progressed);
+  // Recomputes the poll snapshot from the queues (after every change).
+  void publishPollFds();
 
   TcpOptions opt_;
   std::string peerName_;  // "peer 3 (10.0.0.2:4567)"
@@ -108,6 +113,9 @@ class TcpConnection : public Connection {
   attnResult_t brokenCode_ = attnSuccess;
   std::string brokenWhy_;
   std::shared_ptr<TcpRegistry> registry_;
+  mutable std::mutex pollMu_;
+  std::vector<pollfd> pollFds_;  // what addPollFds hands out
+  std::vector<pollfd> scratch_;  // the next snapshot, built under the engine's lock
 };
 
 }  // namespace attn::tcp
