@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
+#include <memory>
 #include <string>
 
 #include "src/attn/attn_call.h"
@@ -98,7 +98,7 @@ KeptRows visibleTo(const AttnCall& c, const KeptRows& kept, const int32_t* upTo)
 struct Incoming {
   int from;
   size_t capacity;  // bytes to post for it
-  std::vector<char> buf;
+  std::unique_ptr<char[]> buf;  // not zeroed: a receive overwrites what it uses
   bool done = false;
 };
 
@@ -189,15 +189,15 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
   std::vector<Incoming> in;
   for (int p : nearest)
     for (int i = 0; i < count[p]; ++i)
-      in.push_back(Incoming{p, BlockLayout::of(S, rowsCap[p], c.kvRowBytes, 2).total, {}, false});
+      in.push_back(Incoming{p, BlockLayout::of(S, rowsCap[p], c.kvRowBytes, 2).total, nullptr, false});
 
   std::unique_ptr<Request[]> recvReq(new Request[in.size()]);
   std::unique_ptr<Request[]> sendReq(new Request[sendTo.size() + forwards]);
   size_t sends = 0;
   BreakOnEarlyExit guard(e);
   for (size_t i = 0; i < in.size(); ++i) {
-    in[i].buf.resize(in[i].capacity);
-    ATTN_CHECK(e.irecv(in[i].from, in[i].buf.data(), in[i].buf.size(), &recvReq[i]));
+    in[i].buf.reset(new char[std::max<size_t>(in[i].capacity, 1)]);
+    ATTN_CHECK(e.irecv(in[i].from, in[i].buf.get(), in[i].capacity, &recvReq[i]));
   }
   for (int p : sendTo) {
     ATTN_CHECK(e.isend(p, c.state->outgoing.data() + slot.offset[p], blockBytes[p], &sendReq[sends++]));
@@ -225,7 +225,7 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
       if (x.done || recvReq[i].pending()) continue;
       ATTN_CHECK(driver->wait(&recvReq[i]));
       BlockView block;
-      ATTN_CHECK(viewBlock(x.buf.data(), recvReq[i].bytes, c.kvRowBytes, 2, &block));
+      ATTN_CHECK(viewBlock(x.buf.get(), recvReq[i].bytes, c.kvRowBytes, 2, &block));
       const int o = block.origin;
       if (o < 0 || o >= n || o == me || seen[o] || routes.parent(o, me) != x.from || block.numSeqs != S ||
           block.rows > c.kvRowsOf[o])
@@ -235,7 +235,7 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
       seen[o] = true;
       const std::vector<int> next = routes.children(o, me);
       for (int r : next) {  // pass it on first: the ranks behind us wait for it
-        ATTN_CHECK(e.isend(r, x.buf.data(), recvReq[i].bytes, &sendReq[sends++]));
+        ATTN_CHECK(e.isend(r, x.buf.get(), recvReq[i].bytes, &sendReq[sends++]));
         c.stats.bytesSent += recvReq[i].bytes;
       }
       if (!next.empty()) driver->kick();
@@ -243,7 +243,7 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
       ATTN_TRACE(kLogAttn, "level attention: folded %d of %lld keys of rank %d (tier %s%s)", block.rows,
                  static_cast<long long>(c.kvRowsOf[o]), o, tierName(Tier(tierOf[o])),
                  x.from != o ? ", relayed" : "");
-      if (next.empty()) x.buf = {};  // a folded block's memory goes back at once
+      if (next.empty()) x.buf.reset();  // a folded block's memory goes back at once
       x.done = did = true;
       --remaining;
     }
