@@ -14,6 +14,7 @@
 //     built-in);
 //   - bad input: clear errors, on every rank, no hang.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +25,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -734,38 +736,77 @@ TEST(RingAttentionKernel, FailingUserKernelFailsTheCallOnN1) {
   }, AttnRunOptions());
 }
 
-// The kernel fails on one rank of three while its transfers are posted: that
-// rank returns the kernel's error, and its peers fail too, long before the
-// communicators' 60 s timeout (the watchdog ends the test at 40 s). The
-// failing rank must also not leave the engine holding requests of a frame
-// that is gone; ranks as threads share one address space, where that would
-// crash or corrupt.
-void FailingKernelOnRank1(attnAttnMode_t mode, bool processes) {
+// The kernel fails on one rank of three while its transfers are posted:
+// that rank returns the kernel's error and no rank hangs (the communicators'
+// timeout is 60 s; the watchdog ends the test at 40 s). A peer that already
+// holds everything it needs may still finish: under pass-KV rank 0 gets
+// rank 1's block forwarded by rank 2, so when rank 1 fails late, rank 0's
+// result is complete, and then it must be exact. Rank 2 needs rank 0's
+// block that only rank 1 forwards (pass-KV), or its queries' partial from
+// rank 1 (pass-Q, ship-Q), so at least one peer always fails. The failing
+// rank must also not leave the engine holding requests of a frame that is
+// gone; ranks as threads share one address space, where that would crash
+// or corrupt. Both orders are run: the kernel fails at once, and after
+// the peers have had time to run ahead.
+attnResult_t SlowFailingKernel(const attnAttnKernelArgs_t*, void*, attnStream_t) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  return attnInternalError;
+}
+
+// How the two peers' first calls ended, shared by ranks as processes.
+struct PeerOutcomes {
+  std::atomic<int> failed{0}, finished{0};
+};
+
+void FailingKernelOnRank1(attnAttnMode_t mode, bool processes, bool slow) {
   attnAttnConfig_t cfg = AttnCfg(4, 2, 16, attnFloat32, true);
   std::vector<int32_t> T = {40, 23}, C = {17, 0};
   auto c = std::make_shared<AttnCase>(MakeCase("failing on rank 1", PrefillSpec(cfg, T, C), 57));
   Placement pl = PlannerPlacement(*c, T, C, 3);
+  void* shared = mmap(nullptr, sizeof(PeerOutcomes), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* peers = new (shared) PeerOutcomes;
+  const std::string how = std::string(ModeName(mode)) + (slow ? ", kernel fails late" : "");
   auto body = [&](int rank, int, attnComm_t& comm) {
-    if (rank == 1) ATTN_ASSERT_OK(comm, attnCommSetAttnKernel(comm, FailingKernel, nullptr));
+    if (rank == 1)
+      ATTN_ASSERT_OK(comm, attnCommSetAttnKernel(comm, slow ? SlowFailingKernel : FailingKernel,
+                                                 nullptr));
     RankRun run = RunRingAttentionRank(*c, pl, rank, comm, mode, true);
-    const std::string what = std::string(ModeName(mode)) + ", rank " + std::to_string(rank);
-    EXPECT_NE(run.rc, attnSuccess) << what;
-    EXPECT_FALSE(run.error.empty()) << what;
-    if (rank == 1) EXPECT_NE(run.error.find("attnCommSetAttnKernel"), std::string::npos) << run.error;
-    // The communicator stays failed; a second call must not hang either.
+    const std::string what = how + ", rank " + std::to_string(rank);
+    if (rank == 1) {
+      EXPECT_NE(run.rc, attnSuccess) << what;
+      EXPECT_NE(run.error.find("attnCommSetAttnKernel"), std::string::npos) << run.error;
+    } else if (run.rc == attnSuccess) {
+      EXPECT_TRUE(WithinBounds(run.stats, cfg.dtype, what + " (finished before the failure)"));
+      peers->finished.fetch_add(1);
+    } else {
+      EXPECT_FALSE(run.error.empty()) << what;
+      peers->failed.fetch_add(1);
+    }
+    // The communicators are broken now; a second call fails on every rank
+    // and must not hang either.
     RankRun again = RunRingAttentionRank(*c, pl, rank, comm, mode, true);
     EXPECT_NE(again.rc, attnSuccess) << what << " (second call)";
   };
   if (processes) RunProcesses(3, body, AttnRunOptions(40000));
   else RunThreads(3, body, AttnRunOptions(40000));
+  EXPECT_GE(peers->failed.load(), 1) << how << ": every peer finished without rank 1's work";
+  EXPECT_EQ(peers->failed.load() + peers->finished.load(), 2) << how;
+  peers->~PeerOutcomes();
+  munmap(shared, sizeof(PeerOutcomes));
 }
 
-TEST(RingAttentionKernel, FailingUserKernelOnOneRankFailsEveryRankThreads) {
-  for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ}) FailingKernelOnRank1(m, false);
+TEST(RingAttentionKernel, FailingUserKernelOnOneRankHangsNoRankThreads) {
+  for (bool slow : {false, true})
+    for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ})
+      FailingKernelOnRank1(m, false, slow);
 }
 
-TEST(RingAttentionKernel, FailingUserKernelOnOneRankFailsEveryRankProcesses) {
-  for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ}) FailingKernelOnRank1(m, true);
+TEST(RingAttentionKernel, FailingUserKernelOnOneRankHangsNoRankProcesses) {
+  for (bool slow : {false, true})
+    for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ})
+      FailingKernelOnRank1(m, true, slow);
 }
 
 // ---------------------------------------------------------------------------
