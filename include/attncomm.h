@@ -471,6 +471,152 @@ ATTN_API attnResult_t attnLevelAttention(const void* q, const void* k, const voi
                                          const attnLevelDrop_t* drop, attnComm_t comm,
                                          attnStream_t stream);
 
+/* --- Distributed KV cache (Infinite-LLM DistAttention, §4-6) --- */
+
+/* A pool of fixed-size KV blocks on every rank of a communicator. A rank owns
+ * the requests it appends to; their blocks live in its own pool or, after a
+ * move, in a peer's (the peer lends memory: a creditor; the owner borrows: a
+ * debtor). attnKvAttention ships each request's queries to the ranks that
+ * hold its blocks, which compute attention over those blocks there and
+ * return (O, LSE) partials that the owner merges as they arrive. Host memory
+ * (host communicators); the pool's K and V use the built-in CPU kernel. */
+typedef struct attnKvPool* attnKvPool_t;
+
+typedef struct {
+  int block_tokens;        /* tokens per block, 1 .. 4096 */
+  int num_kv_heads;        /* >= 1 */
+  int head_dim;            /* 1 .. 256 */
+  attnDataType_t dtype;    /* attnFloat32, attnFloat16 or attnBfloat16 */
+  int64_t capacity_blocks; /* blocks of this rank's pool (may differ by rank) */
+} attnKvPoolConfig_t;
+
+/* Collective over comm: block_tokens, num_kv_heads, head_dim and dtype must
+ * agree on every rank (ranks that disagree fail together, naming both). */
+ATTN_API attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig_t* config,
+                                       attnKvPool_t* pool);
+/* Local. The communicator must outlive the pool. */
+ATTN_API attnResult_t attnKvPoolDestroy(attnKvPool_t pool);
+
+/* Local: appends n tokens (k, v: [n, num_kv_heads, head_dim]; pos: their
+ * global positions, increasing) to request req of this rank, creating it on
+ * first use. Tokens fill the request's last block when it is here, then new
+ * blocks of this rank's pool; attnInvalidUsage when the pool has too few
+ * free blocks (nothing is appended then). */
+ATTN_API attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k, const void* v,
+                                   const int32_t* pos, int n);
+
+/* Local: ends request req of this rank. Its blocks here are freed at once;
+ * its blocks on peers are freed by them during the next collective call on
+ * the pool (attnKvMigrate, attnKvAttention, attnKvRebalance). */
+ATTN_API attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req);
+
+/* This rank's pool and requests, for the planner's heartbeat. */
+typedef struct {
+  int64_t capacity_blocks;
+  int64_t used_blocks;      /* own blocks here plus blocks lent in */
+  int64_t lent_in_blocks;   /* blocks of peers' requests held here */
+  int64_t lent_out_blocks;  /* blocks of own requests held by peers */
+  int num_requests;         /* own requests (the batch size) */
+} attnKvPoolStats_t;
+ATTN_API attnResult_t attnKvPoolGetStats(attnKvPool_t pool, attnKvPoolStats_t* stats);
+
+/* Where request req of this rank lives: holders[r] receives the number of its
+ * blocks in rank r's pool (holders: [nranks], may be NULL), *tokens the
+ * number of its tokens (may be NULL). Local. */
+ATTN_API attnResult_t attnKvGetPlacement(attnKvPool_t pool, int64_t req, int64_t* holders,
+                                         int64_t* tokens);
+
+/* A move of blocks of request (owner, req) from rank src's pool to rank
+ * dst's. The owner is src (it lends its blocks out: the oldest full ones
+ * go first) or dst (they come back to it). */
+typedef struct {
+  int src;
+  int dst;
+  int owner;
+  int64_t req;
+  int64_t num_blocks;
+} attnKvMove_t;
+
+/* Collective: each rank passes the moves it is the source of (src == its
+ * rank; any number, 0 included). Per move the source first asks dst to
+ * reserve num_blocks (try_move); dst grants whole moves first come, first
+ * served while its free blocks last and refuses the rest; granted blocks
+ * are then sent and freed at the source. granted[i] (may be NULL) receives
+ * the blocks moved for moves[i]: num_blocks or 0. A move of more blocks
+ * than src holds of the request is an error on the source (nothing moves). */
+ATTN_API attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* moves, int num_moves,
+                                    int64_t* granted);
+
+/* Collective: attention of this rank's queries over all the tokens of its
+ * requests, wherever their blocks are. num_reqs requests reqs[i] (own,
+ * distinct), with query rows [q_offsets[i], q_offsets[i+1]) of q
+ * ([rows, num_q_heads, head_dim], the pool's dtype); out the same shape and
+ * dtype; lse [rows, num_q_heads] fp32 or NULL. cfg gives num_q_heads,
+ * softmax_scale and causal (num_kv_heads, head_dim, dtype must be the
+ * pool's); with causal, q_pos [rows] are the queries' global positions
+ * (key visible when its pos <= the query's). Queries go only to ranks that
+ * hold blocks of their request; each holder computes over its blocks and
+ * returns (O, LSE), merged on arrival (DistAttention's MicroAttention). */
+ATTN_API attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const int64_t* reqs,
+                                      const int32_t* q_offsets, const void* q,
+                                      const int32_t* q_pos, void* out, float* lse,
+                                      const attnAttnConfig_t* cfg);
+
+/* The planner's view of one instance (a rank), as its heartbeat reports it. */
+typedef struct {
+  int batch_size;                 /* beta: own requests being decoded */
+  int pending_requests;           /* waiting requests that would join if
+                                     memory allowed */
+  int64_t pending_blocks;         /* blocks one pending request needs */
+  int64_t capacity_blocks;
+  int64_t used_blocks;            /* own blocks here plus blocks lent in:
+                                     the blocks its attention reads */
+  int64_t longest_req;            /* its longest own request, -1 for none */
+  int64_t longest_req_blocks;     /* that request's movable blocks here
+                                     (full blocks; the last one stays) */
+} attnKvInstance_t;
+
+/* The performance model (Infinite-LLM Eq. 5-7) and Alg. 1's thresholds.
+ * Time of one layer on an instance with batch b reading a blocks:
+ * T = nonattn_us_base + nonattn_us_per_req * b + attn_us_per_block * a;
+ * its throughput b / (num_layers * T). A debtor that lends out k blocks
+ * reads k fewer and admits min(pending_requests, free / pending_blocks)
+ * waiting requests into the memory then free (each reading pending_blocks);
+ * a creditor that takes k blocks reads k more. */
+typedef struct {
+  double nonattn_us_base;
+  double nonattn_us_per_req;
+  double attn_us_per_block;
+  int num_layers;
+  int debtor_max_batch;     /* beta_thres: debtors have batch <= this */
+  double creditor_max_util; /* U_thres: creditors use <= this of capacity */
+} attnKvModel_t;
+
+/* Infinite-LLM Alg. 1 (greedy, debtors by increasing batch, creditors by
+ * increasing memory use, ties by lower index; per debtor its longest
+ * request; per creditor the block count in [0, Block_max] that maximises the
+ * pair's modelled throughput, the smallest on ties; a debtor stops at the
+ * first creditor where no move gains; an instance is never both). The model
+ * needs nonattn_us_base + nonattn_us_per_req > 0. Pure and deterministic:
+ * every rank computes the same plan from the same heartbeats. Writes at
+ * most *num_moves moves (src = debtor = owner, dst = creditor) and sets
+ * *num_moves to the count; when more were needed, writes none, sets
+ * *num_moves to the count needed and returns attnInvalidArgument (moves ==
+ * NULL with *num_moves == 0 asks for the count). */
+ATTN_API attnResult_t attnKvPlan(const attnKvInstance_t* instances, int num_instances,
+                                 const attnKvModel_t* model, attnKvMove_t* moves,
+                                 int* num_moves);
+
+/* Collective: the heartbeat and the plan in one call. Every rank reports its
+ * instance (the pool gives batch, capacity, use and its longest request;
+ * the caller its waiting requests and the blocks each needs), all-gathers
+ * the reports, computes attnKvPlan with model (the same on every rank; it
+ * must agree) and runs attnKvMigrate on the moves. *moved (may be NULL)
+ * receives the blocks this rank sent. */
+ATTN_API attnResult_t attnKvRebalance(attnKvPool_t pool, const attnKvModel_t* model,
+                                      int pending_requests, int64_t pending_blocks,
+                                      int64_t* moved);
+
 /* --- Sharding planner (CP paper §3.5.1) --- */
 
 /* A batch to shard: per sequence, new tokens (T_i) and cached tokens (P_i)

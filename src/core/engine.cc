@@ -236,4 +236,25 @@ attnResult_t Engine::waitAll(Request* reqs, size_t n) {
   }
 }
 
+attnResult_t Engine::waitAny(Request* const* reqs, size_t n, size_t* done) {
+  if (n == 0) return setError(attnInternalError, "waitAny on no requests");
+  int spins = 0;
+  auto lastProgress = std::chrono::steady_clock::now();
+  for (;;) {
+    for (size_t i = 0; i < n; ++i)
+      if (!reqs[i]->pending()) {
+        *done = i;
+        return checkRequest(reqs[i]);
+      }
+    bool progressed = false;
+    ATTN_CHECK(progress(&progressed));
+    if (progressed) {
+      spins = 0;
+      lastProgress = std::chrono::steady_clock::now();
+    } else {
+      ATTN_CHECK(idleWait(&spins, &lastProgress));
+    }
+  }
+}
+
 }  // namespace attn

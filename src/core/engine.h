@@ -56,6 +56,10 @@ class Engine {
   // when nothing moved for the timeout, attnRemoteError on abort.
   attnResult_t wait(Request* req);
   attnResult_t waitAll(Request* reqs, size_t n);
+  // Blocks until one of reqs[0..n) is no longer pending; *done receives its
+  // index (the lowest when several are) and its result is returned. The
+  // order of arrival, for protocols that serve first come, first served.
+  attnResult_t waitAny(Request* const* reqs, size_t n, size_t* done);
   // Sleeps until activity may have happened (after spinning a little).
   // `idleSince` tracks the time of the last progress for the timeout check.
   attnResult_t idleWait(int* spins, std::chrono::steady_clock::time_point* lastProgress);

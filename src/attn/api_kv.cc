@@ -1,0 +1,270 @@
+// C API of the distributed KV cache: the pool handle, its local calls
+// (append, release, stats, placement) and its collectives (migrate,
+// attention, rebalance). Collectives check their input locally and tell the
+// peers in their first exchange, so bad input on one rank fails the call on
+// every rank instead of leaving the others waiting.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "src/attn/kv_attention.h"
+#include "src/attn/kv_migrate.h"
+#include "src/attn/kv_plan.h"
+#include "src/attn/kv_pool.h"
+#include "src/coll/coll.h"
+#include "src/core/api_call.h"
+#include "src/core/comm.h"
+#include "src/core/datatype.h"
+#include "src/device/device_route.h"
+
+using namespace attn;
+
+struct attnKvPool {
+  std::unique_ptr<KvPool> impl;
+};
+
+namespace {
+
+attnResult_t checkPoolConfig(const attnKvPoolConfig_t& c) {
+  ATTN_REQUIRE(c.block_tokens >= 1 && c.block_tokens <= 4096, "config.block_tokens = %d is outside 1 .. 4096",
+               c.block_tokens);
+  ATTN_REQUIRE(c.num_kv_heads >= 1, "config.num_kv_heads = %d < 1", c.num_kv_heads);
+  ATTN_REQUIRE(c.head_dim >= 1 && c.head_dim <= 256, "config.head_dim = %d is outside 1 .. 256", c.head_dim);
+  ATTN_REQUIRE(c.dtype == attnFloat32 || c.dtype == attnFloat16 || c.dtype == attnBfloat16,
+               "config.dtype %d is not attnFloat32, attnFloat16 or attnBfloat16", c.dtype);
+  ATTN_REQUIRE(c.capacity_blocks >= 0, "config.capacity_blocks = %lld < 0", (long long)c.capacity_blocks);
+  const double bytes = double(c.capacity_blocks) * c.block_tokens * c.num_kv_heads * c.head_dim *
+                       double(dataTypeSize(c.dtype)) * 2;
+  ATTN_REQUIRE(bytes < double(int64_t(1) << 46), "config asks for a %.3g-byte pool", bytes);
+  return attnSuccess;
+}
+
+// Every rank's record, all-gathered; status says whether its input was good.
+template <typename T>
+struct Report {
+  int32_t status;
+  int32_t reserved;
+  T body;
+};
+
+template <typename T>
+attnResult_t allGatherReports(attnComm* comm, const Report<T>& mine, std::vector<Report<T>>* all) {
+  const int n = comm->nranks;
+  all->assign(size_t(n), Report<T>{});
+  (*all)[size_t(comm->rank)] = mine;
+  if (n == 1) return attnSuccess;
+  std::vector<Block> blocks(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) blocks[size_t(i)] = {i * sizeof(Report<T>), sizeof(Report<T>)};
+  return ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n), reinterpret_cast<char*>(all->data()),
+                        blocks, chunkBytes(1));
+}
+
+template <typename T>
+attnResult_t firstBadReport(const std::vector<Report<T>>& all, int me, const char* what) {
+  for (size_t r = 0; r < all.size(); ++r)
+    if (int(r) != me && all[r].status != attnSuccess)
+      return setError(attnRemoteError, "%s: rank %zu could not take part (%s; its own error says why)", what, r,
+                      attnGetErrorString(attnResult_t(all[r].status)));
+  return attnSuccess;
+}
+
+attnResult_t checkPoolUsable(attnKvPool_t pool) {
+  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
+  return checkCommUsable(pool->impl->comm());
+}
+
+attnKvInstance_t instanceOf(const KvPool& pool, int pendingRequests, int64_t pendingBlocks) {
+  attnKvInstance_t in{};
+  const attnKvPoolStats_t s = pool.stats();
+  in.batch_size = s.num_requests;
+  in.pending_requests = pendingRequests;
+  in.pending_blocks = pendingBlocks;
+  in.capacity_blocks = s.capacity_blocks;
+  in.used_blocks = s.used_blocks;
+  in.longest_req = -1;
+  int64_t longest = -1;
+  for (const auto& [id, r] : pool.own)
+    if (r.tokens > longest) {
+      longest = r.tokens;
+      in.longest_req = id;
+      in.longest_req_blocks = int64_t(pool.movableOwn(r).size());
+    }
+  return in;
+}
+
+}  // namespace
+
+extern "C" attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig_t* config, attnKvPool_t* pool) {
+  ApiCall call(comm);
+  if (pool) *pool = nullptr;
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (deviceRoute(comm))
+    return call.finish(setError(attnInvalidUsage, "the KV pool lives in host memory; this communicator is on "
+                                                  "device %d", comm->config.device));
+  return call.finish(runGuarded([&]() -> attnResult_t {
+    attnResult_t local = pool ? attnSuccess : setError(attnInvalidArgument, "pool is NULL");
+    if (local == attnSuccess)
+      local = config ? checkPoolConfig(*config) : setError(attnInvalidArgument, "config is NULL");
+    Report<attnKvPoolConfig_t> mine{int32_t(local), 0, config && local == attnSuccess ? *config : attnKvPoolConfig_t{}};
+    std::vector<Report<attnKvPoolConfig_t>> all;
+    ATTN_CHECK(allGatherReports(comm, mine, &all));
+    if (local != attnSuccess) return local;
+    ATTN_CHECK(firstBadReport(all, comm->rank, "attnKvPoolCreate"));
+    for (size_t r = 0; r < all.size(); ++r) {
+      const attnKvPoolConfig_t& o = all[r].body;
+      if (o.block_tokens != config->block_tokens || o.num_kv_heads != config->num_kv_heads ||
+          o.head_dim != config->head_dim || o.dtype != config->dtype)
+        return setError(attnInvalidUsage,
+                        "attnKvPoolCreate: rank %d has blocks of %d tokens x %d kv heads x %d (dtype %d) "
+                        "but rank %zu of %d x %d x %d (dtype %d): the block layout must agree",
+                        comm->rank, config->block_tokens, config->num_kv_heads, config->head_dim,
+                        config->dtype, r, o.block_tokens, o.num_kv_heads, o.head_dim, o.dtype);
+    }
+    auto h = std::make_unique<attnKvPool>();
+    h->impl = std::make_unique<KvPool>(comm, *config);
+    ATTN_CHECK(h->impl->allocate());
+    *pool = h.release();
+    return attnSuccess;
+  }));
+}
+
+extern "C" attnResult_t attnKvPoolDestroy(attnKvPool_t pool) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  delete pool;
+  return attnSuccess;
+}
+
+extern "C" attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k, const void* v,
+                                     const int32_t* pos, int n) {
+  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
+  clearThreadLastError();
+  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
+  return runGuarded([&] { return pool->impl->append(req, k, v, pos, n); });
+}
+
+extern "C" attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req) {
+  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
+  clearThreadLastError();
+  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
+  return runGuarded([&] { return pool->impl->release(req); });
+}
+
+extern "C" attnResult_t attnKvPoolGetStats(attnKvPool_t pool, attnKvPoolStats_t* stats) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
+  ATTN_REQUIRE(stats != nullptr, "stats is NULL");
+  *stats = pool->impl->stats();
+  return attnSuccess;
+}
+
+extern "C" attnResult_t attnKvGetPlacement(attnKvPool_t pool, int64_t req, int64_t* holders, int64_t* tokens) {
+  ErrorContext ctx("-");
+  clearThreadLastError();
+  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
+  const KvPool& p = *pool->impl;
+  auto it = p.own.find(req);
+  ATTN_REQUIRE(it != p.own.end(), "request %lld is not a request of this rank", (long long)req);
+  if (holders) {
+    std::fill(holders, holders + p.nranks(), int64_t(0));
+    for (const KvBlockLoc& b : it->second.blocks) ++holders[b.holder];
+  }
+  if (tokens) *tokens = it->second.tokens;
+  return attnSuccess;
+}
+
+extern "C" attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* moves, int num_moves,
+                                      int64_t* granted) {
+  attnComm* comm = pool && pool->impl ? pool->impl->comm() : nullptr;
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkPoolUsable(pool)));
+  KvPool& p = *pool->impl;
+  // Bad moves are reported to the peers in the first exchange, not here.
+  attnResult_t local = num_moves >= 0 && (num_moves == 0 || moves)
+                           ? attnSuccess
+                           : setError(attnInvalidArgument, "moves is NULL or num_moves = %d < 0", num_moves);
+  std::vector<attnKvMove_t> ms;
+  if (local == attnSuccess) {
+    ms.assign(moves, moves + num_moves);
+    local = checkKvMoves(p, ms);
+  }
+  return call.finish(dispatch(comm, "KvMigrate", [&p, ms, local, granted]() -> attnResult_t {
+    std::vector<int64_t> g;
+    ATTN_CHECK(kvMigrate(p, ms, local, &g));
+    if (granted) std::copy(g.begin(), g.end(), granted);
+    return attnSuccess;
+  }));
+}
+
+extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const int64_t* reqs,
+                                        const int32_t* q_offsets, const void* q, const int32_t* q_pos,
+                                        void* out, float* lse, const attnAttnConfig_t* cfg) {
+  attnComm* comm = pool && pool->impl ? pool->impl->comm() : nullptr;
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkPoolUsable(pool)));
+  KvPool& p = *pool->impl;
+  KvAttnArgs a;
+  attnResult_t local = attnSuccess;
+  if (num_reqs < 0 || (num_reqs > 0 && (!reqs || !q_offsets)) || !cfg)
+    local = setError(attnInvalidArgument, "num_reqs = %d with reqs %p, q_offsets %p; cfg %p", num_reqs,
+                     (const void*)reqs, (const void*)q_offsets, (const void*)cfg);
+  if (local == attnSuccess) {
+    a.reqs.assign(reqs, reqs + num_reqs);
+    if (num_reqs > 0) a.qOffsets.assign(q_offsets, q_offsets + num_reqs + 1);
+    a.q = q;
+    a.qPos = q_pos;
+    a.out = out;
+    a.lse = lse;
+    a.cfg = *cfg;
+    local = checkKvAttnArgs(p, a);
+  }
+  return call.finish(dispatch(comm, "KvAttention", [&p, a, local] { return kvAttention(p, a, local); }));
+}
+
+extern "C" attnResult_t attnKvRebalance(attnKvPool_t pool, const attnKvModel_t* model, int pending_requests,
+                                        int64_t pending_blocks, int64_t* moved) {
+  attnComm* comm = pool && pool->impl ? pool->impl->comm() : nullptr;
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkPoolUsable(pool)));
+  KvPool& p = *pool->impl;
+  attnResult_t local = model ? attnSuccess : setError(attnInvalidArgument, "model is NULL");
+  if (local == attnSuccess && (pending_requests < 0 || pending_blocks < 0))
+    local = setError(attnInvalidArgument, "pending_requests = %d, pending_blocks = %lld: negative",
+                     pending_requests, (long long)pending_blocks);
+  const attnKvModel_t m = model ? *model : attnKvModel_t{};
+  return call.finish(dispatch(comm, "KvRebalance", [&p, comm, m, local, pending_requests, pending_blocks,
+                                                    moved]() -> attnResult_t {
+    struct Heartbeat {
+      attnKvInstance_t inst;
+      attnKvModel_t model;
+    };
+    Report<Heartbeat> mine{int32_t(local), 0, {instanceOf(p, pending_requests, pending_blocks), m}};
+    std::vector<Report<Heartbeat>> all;
+    ATTN_CHECK(allGatherReports(comm, mine, &all));
+    if (local != attnSuccess) return local;
+    ATTN_CHECK(firstBadReport(all, comm->rank, "attnKvRebalance"));
+    std::vector<attnKvInstance_t> insts;
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (std::memcmp(&all[r].body.model, &m, sizeof(m)) != 0)
+        return setError(attnInvalidUsage,
+                        "attnKvRebalance: rank %d and rank %zu passed different models: every rank must "
+                        "plan with the same one", comm->rank, r);
+      insts.push_back(all[r].body.inst);
+    }
+    std::vector<attnKvMove_t> plan;
+    // Every rank plans the same moves from the same heartbeats; a bad model
+    // fails everywhere alike.
+    ATTN_CHECK(planKvMoves(insts.data(), int(insts.size()), m, &plan));
+    std::vector<attnKvMove_t> mineMoves;
+    for (const attnKvMove_t& mv : plan)
+      if (mv.src == comm->rank) mineMoves.push_back(mv);
+    std::vector<int64_t> g;
+    ATTN_CHECK(kvMigrate(p, mineMoves, checkKvMoves(p, mineMoves), &g));
+    int64_t sent = 0;
+    for (int64_t x : g) sent += x;
+    if (moved) *moved = sent;
+    return attnSuccess;
+  }));
+}

@@ -1,0 +1,262 @@
+// Three rounds, every rank with every peer:
+//  1. try_move: per peer, the releases owed to it and the moves bound for it
+//     ({owner, req, blocks}). The destination applies every release first,
+//     then grants whole moves in the order their messages arrived (first
+//     come, first served) while its free blocks last, reserving the slots.
+//  2. replies: per move, the blocks granted (all or none).
+//  3. move: the granted blocks, each as {index, K, V, positions}; the source
+//     frees them, the destination files them in the reserved slots, and the
+//     owner (one of the two) records where they are now.
+// Only full blocks move (the last block of a request stays with its owner),
+// so every block on the wire has the same size.
+#include "src/attn/kv_migrate.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "src/attn/break_on_early_exit.h"
+#include "src/attn/kv_exchange.h"
+#include "src/core/comm.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace attn {
+
+namespace {
+
+struct TryMove {
+  int32_t owner;
+  int32_t reserved;
+  int64_t req;
+  int64_t blocks;
+};
+
+// One block's bytes on the wire.
+size_t wireBlockBytes(const KvPool& pool) {
+  return sizeof(int64_t) + 2 * pool.blockBytes() + size_t(pool.config().block_tokens) * sizeof(int32_t);
+}
+
+// The blocks a granted move sends, by index in the owner's request.
+std::vector<int64_t> blocksToSend(KvPool& pool, const attnKvMove_t& m) {
+  std::vector<int64_t> idx;
+  if (m.owner == pool.rank()) {
+    idx = pool.movableOwn(pool.own.at(m.req));
+  } else {
+    for (const KvLentBlock& b : pool.lentIn.at({m.owner, m.req})) idx.push_back(b.index);
+    std::sort(idx.begin(), idx.end());
+  }
+  idx.resize(size_t(m.num_blocks));
+  return idx;
+}
+
+// Packs the blocks and takes them out of this pool's books.
+void packAndFree(KvPool& pool, const attnKvMove_t& m, std::vector<char>* out) {
+  const std::vector<int64_t> idx = blocksToSend(pool, m);
+  const size_t bb = pool.blockBytes(), pb = size_t(pool.config().block_tokens) * sizeof(int32_t);
+  out->resize(idx.size() * wireBlockBytes(pool));
+  char* p = out->data();
+  std::vector<KvLentBlock>* lent = m.owner == pool.rank() ? nullptr : &pool.lentIn.at({m.owner, m.req});
+  for (int64_t i : idx) {
+    int64_t slot;
+    if (!lent) {
+      KvBlockLoc& b = pool.own.at(m.req).blocks[size_t(i)];
+      slot = b.slot;
+      b.holder = m.dst;
+      b.slot = -1;
+    } else {
+      auto it = std::find_if(lent->begin(), lent->end(), [&](const KvLentBlock& b) { return b.index == i; });
+      slot = it->slot;
+      lent->erase(it);
+    }
+    std::memcpy(p, &i, sizeof(i));
+    std::memcpy(p + sizeof(i), pool.k(slot), bb);
+    std::memcpy(p + sizeof(i) + bb, pool.v(slot), bb);
+    std::memcpy(p + sizeof(i) + 2 * bb, pool.pos(slot), pb);
+    p += wireBlockBytes(pool);
+    pool.giveSlot(slot);
+  }
+  if (lent && lent->empty()) pool.lentIn.erase({m.owner, m.req});
+}
+
+// Files received blocks into the slots reserved for them.
+attnResult_t unpack(KvPool& pool, int from, const TryMove& t, const std::vector<int64_t>& slots,
+                    const std::vector<char>& in) {
+  const size_t bb = pool.blockBytes(), pb = size_t(pool.config().block_tokens) * sizeof(int32_t);
+  const char* p = in.data();
+  const int me = pool.rank();
+  for (int64_t slot : slots) {
+    int64_t i;
+    std::memcpy(&i, p, sizeof(i));
+    std::memcpy(pool.k(slot), p + sizeof(i), bb);
+    std::memcpy(pool.v(slot), p + sizeof(i) + bb, bb);
+    std::memcpy(pool.pos(slot), p + sizeof(i) + 2 * bb, pb);
+    p += wireBlockBytes(pool);
+    if (t.owner == me) {
+      KvOwnRequest& r = pool.own.at(t.req);
+      if (i < 0 || size_t(i) >= r.blocks.size() || r.blocks[size_t(i)].holder != from)
+        return setError(attnRemoteError, "rank %d returned block %lld of request %lld, which it does not hold",
+                        from, (long long)i, (long long)t.req);
+      r.blocks[size_t(i)] = {me, slot, pool.config().block_tokens};
+    } else {
+      pool.lentIn[{t.owner, t.req}].push_back({i, slot});
+    }
+  }
+  return attnSuccess;
+}
+
+}  // namespace
+
+attnResult_t checkKvMoves(KvPool& pool, const std::vector<attnKvMove_t>& moves) {
+  const int me = pool.rank(), n = pool.nranks();
+  std::map<KvReqKey, int64_t> asked;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const attnKvMove_t& m = moves[i];
+    ATTN_REQUIRE(m.src == me, "moves[%zu].src = %d: a rank passes only its own moves (this is rank %d)", i, m.src, me);
+    ATTN_REQUIRE(m.dst >= 0 && m.dst < n && m.dst != me, "moves[%zu].dst = %d is not a peer (nranks %d)", i, m.dst, n);
+    ATTN_REQUIRE(m.owner == m.src || m.owner == m.dst,
+                 "moves[%zu].owner = %d: blocks move between their owner and a peer (src %d, dst %d)", i,
+                 m.owner, m.src, m.dst);
+    ATTN_REQUIRE(m.num_blocks >= 0, "moves[%zu].num_blocks = %lld < 0", i, (long long)m.num_blocks);
+    int64_t have = 0;
+    if (m.owner == me) {
+      auto it = pool.own.find(m.req);
+      ATTN_REQUIRE(it != pool.own.end() || m.num_blocks == 0, "moves[%zu]: request %lld is not a request of this rank", i,
+                   (long long)m.req);
+      if (it != pool.own.end()) have = int64_t(pool.movableOwn(it->second).size());
+    } else {
+      auto it = pool.lentIn.find({m.owner, m.req});
+      if (it != pool.lentIn.end()) have = int64_t(it->second.size());
+    }
+    int64_t& total = asked[{m.owner, m.req}];
+    total += m.num_blocks;
+    ATTN_REQUIRE(total <= have,
+                 "moves[%zu]: %lld blocks of request %lld of rank %d asked to move, but this rank can "
+                 "move %lld of them (full blocks it holds; a request's last block stays with its owner)",
+                 i, (long long)total, (long long)m.req, m.owner, (long long)have);
+  }
+  return attnSuccess;
+}
+
+attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, attnResult_t localStatus,
+                       std::vector<int64_t>* granted) {
+  Engine& e = *pool.comm()->engine;
+  const int me = pool.rank(), n = pool.nranks();
+  granted->assign(moves.size(), 0);
+
+  // 1. try_move (with the releases owed).
+  std::vector<std::vector<char>> out(static_cast<size_t>(n));
+  std::vector<std::vector<size_t>> movesTo(static_cast<size_t>(n));  // indices into moves, per destination
+  if (localStatus == attnSuccess) {
+    for (size_t i = 0; i < moves.size(); ++i)
+      if (moves[i].num_blocks > 0) movesTo[size_t(moves[i].dst)].push_back(i);
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      WireOut w;
+      pool.writeReleases(p, w);
+      w.put(uint32_t(movesTo[p].size()));
+      for (size_t i : movesTo[p]) w.put(TryMove{moves[i].owner, 0, moves[i].req, moves[i].num_blocks});
+      out[p] = std::move(w.bytes());
+    }
+  }
+  PeerExchange got;
+  ATTN_CHECK(exchangeWithPeers(e, me, n, "attnKvMigrate", localStatus, out, &got));
+
+  std::vector<std::vector<TryMove>> asks(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    WireIn in(got.in[p]);
+    ATTN_CHECK(pool.readReleases(p, in));
+    uint32_t count = 0;
+    if (!in.get(&count)) return setError(attnRemoteError, "attnKvMigrate: rank %d sent a truncated request", p);
+    asks[p].resize(count);
+    for (auto& t : asks[p])
+      if (!in.get(&t)) return setError(attnRemoteError, "attnKvMigrate: rank %d sent a truncated request", p);
+  }
+  // Grants, first come first served.
+  std::vector<std::vector<int64_t>> grants(static_cast<size_t>(n));
+  std::vector<std::vector<std::vector<int64_t>>> reservedSlots(static_cast<size_t>(n));
+  for (int p : got.arrival) {
+    grants[p].assign(asks[p].size(), 0);
+    reservedSlots[p].resize(asks[p].size());
+    for (size_t j = 0; j < asks[p].size(); ++j) {
+      const TryMove& t = asks[p][j];
+      const bool returning = t.owner == me;
+      const bool known = returning ? pool.own.count(t.req) > 0 : t.owner == p;
+      if (!known || t.blocks <= 0 || t.blocks > pool.freeBlocks()) continue;
+      grants[p][j] = t.blocks;
+      for (int64_t b = 0; b < t.blocks; ++b) reservedSlots[p][j].push_back(pool.takeSlot());
+    }
+  }
+
+  // 2. replies.
+  std::unique_ptr<Request[]> rreq(new Request[2 * size_t(n)]);
+  std::vector<std::vector<int64_t>> replies(static_cast<size_t>(n));
+  {
+    BreakOnEarlyExit guard(e);
+    std::vector<Request*> all;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      if (!movesTo[p].empty()) {
+        replies[p].resize(movesTo[p].size());
+        ATTN_CHECK(e.irecv(p, replies[p].data(), replies[p].size() * sizeof(int64_t), &rreq[2 * p]));
+        all.push_back(&rreq[2 * p]);
+      }
+      if (!asks[p].empty()) {
+        ATTN_CHECK(e.isend(p, grants[p].data(), grants[p].size() * sizeof(int64_t), &rreq[2 * p + 1]));
+        all.push_back(&rreq[2 * p + 1]);
+      }
+    }
+    for (Request* r : all) ATTN_CHECK(e.wait(r));
+    guard.done();
+  }
+
+  // 3. move.
+  std::unique_ptr<Request[]> dreq(new Request[moves.size() + 1]);
+  std::vector<std::vector<char>> sendBufs(moves.size());
+  std::vector<std::vector<std::vector<char>>> recvBufs(static_cast<size_t>(n));
+  std::vector<std::unique_ptr<Request[]>> recvReqs(static_cast<size_t>(n));
+  BreakOnEarlyExit guard(e);
+  std::vector<Request*> all;
+  for (int p = 0; p < n; ++p) {
+    if (p == me || asks[p].empty()) continue;
+    recvBufs[p].resize(asks[p].size());
+    recvReqs[p].reset(new Request[asks[p].size()]);
+    for (size_t j = 0; j < asks[p].size(); ++j) {
+      if (grants[p][j] == 0) continue;
+      recvBufs[p][j].resize(size_t(grants[p][j]) * wireBlockBytes(pool));
+      ATTN_CHECK(e.irecv(p, recvBufs[p][j].data(), recvBufs[p][j].size(), &recvReqs[p][j]));
+      all.push_back(&recvReqs[p][j]);
+    }
+  }
+  for (int p = 0; p < n; ++p) {
+    for (size_t j = 0; j < movesTo[p].size(); ++j) {
+      const size_t i = movesTo[p][j];
+      const int64_t g = replies[p][j];
+      if (g != 0 && g != moves[i].num_blocks)
+        return setError(attnRemoteError, "attnKvMigrate: rank %d granted %lld of %lld blocks", p,
+                        (long long)g, (long long)moves[i].num_blocks);
+      if (g == 0) continue;
+      packAndFree(pool, moves[i], &sendBufs[i]);
+      ATTN_CHECK(e.isend(p, sendBufs[i].data(), sendBufs[i].size(), &dreq[i]));
+      all.push_back(&dreq[i]);
+      (*granted)[i] = g;
+    }
+  }
+  for (Request* r : all) ATTN_CHECK(e.wait(r));
+  guard.done();
+  for (int p = 0; p < n; ++p)
+    for (size_t j = 0; j < asks[p].size(); ++j)
+      if (grants[p][j] != 0) ATTN_CHECK(unpack(pool, p, asks[p][j], reservedSlots[p][j], recvBufs[p][j]));
+  int64_t sent = 0, refused = 0;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    sent += (*granted)[i];
+    if ((*granted)[i] == 0 && moves[i].num_blocks > 0) ++refused;
+  }
+  ATTN_INFO(kLogAttn, "attnKvMigrate: sent %lld blocks, %lld moves refused, %lld free blocks left",
+            (long long)sent, (long long)refused, (long long)pool.freeBlocks());
+  return attnSuccess;
+}
+
+}  // namespace attn

@@ -1,0 +1,508 @@
+// The distributed KV cache (Infinite-LLM DistAttention): a pool of blocks
+// per rank, moves between pools with a reservation handshake, attention
+// that ships queries to the blocks' holders, and the rebalancer that plans
+// moves from every rank's heartbeat. Checked here:
+//   - append / release / placement bookkeeping on one rank;
+//   - attention over a request's blocks wherever they are equals exact
+//     attention over all its tokens (double-precision reference), before and
+//     after blocks are lent out and returned, fp32 / fp16 / bf16, causal,
+//     ranks as threads and as processes;
+//   - a destination grants whole moves while its free blocks last (first
+//     come, first served) and refuses the rest; nothing moves twice;
+//   - a released request's blocks are freed on its holders;
+//   - the rebalancer moves what attnKvPlan plans;
+//   - bad input fails the call on every rank, naming the rank, and the
+//     communicator stays usable.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/reference_attention.h"
+#include "tests/support/attn_fixtures.h"
+#include "tests/support/multirank.h"
+
+namespace attn_test {
+namespace {
+
+constexpr int kHkv = 2, kD = 16;
+
+float Hash(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return float(double(x >> 11) / double(1ULL << 53) * 2.0 - 1.0);
+}
+
+size_t ElemSize(attnDataType_t t) { return t == attnFloat32 ? 4 : 2; }
+
+// Values in the dtype, from a seed per element.
+std::vector<uint8_t> Values(attnDataType_t t, size_t count, uint64_t seed) {
+  std::vector<float> f(count);
+  for (size_t i = 0; i < count; ++i) f[i] = Hash(seed * 1000003ULL + i);
+  std::vector<uint8_t> out(count * ElemSize(t));
+  EXPECT_EQ(attn::cpu::convertFromFloat(out.data(), t, f.data(), count), attnSuccess);
+  return out;
+}
+
+// Request `req` of rank `owner`: tokens [0, len) at positions base + i.
+struct Tokens {
+  std::vector<uint8_t> k, v;
+  std::vector<int32_t> pos;
+};
+Tokens RequestTokens(attnDataType_t t, int owner, int64_t req, int len, int base = 0) {
+  Tokens x;
+  const uint64_t seed = uint64_t(owner) * 7919 + uint64_t(req) * 104729;
+  x.k = Values(t, size_t(len) * kHkv * kD, seed * 2 + 1);
+  x.v = Values(t, size_t(len) * kHkv * kD, seed * 2 + 2);
+  for (int i = 0; i < len; ++i) x.pos.push_back(base + i);
+  return x;
+}
+
+attnKvPoolConfig_t PoolCfg(int blockTokens, int64_t capacity, attnDataType_t t = attnFloat32) {
+  attnKvPoolConfig_t c{};
+  c.block_tokens = blockTokens;
+  c.num_kv_heads = kHkv;
+  c.head_dim = kD;
+  c.dtype = t;
+  c.capacity_blocks = capacity;
+  return c;
+}
+
+// A request this rank owns and what the test asks of it.
+struct Req {
+  int64_t id;
+  int len;       // tokens in the pool
+  int qRows;     // queries: the last qRows positions (causal), or decode at len
+};
+
+struct AttnCheck {
+  attnResult_t rc = attnSuccess;
+  std::string error;
+  double maxORel = 0, maxLse = 0;
+  int64_t nans = 0, emptyMismatch = 0;
+};
+
+// Runs attnKvAttention for this rank's requests and compares each with the
+// exact reference over all of its tokens.
+AttnCheck CheckAttention(attnKvPool_t pool, attnComm_t comm, int rank, const std::vector<Req>& reqs,
+                         attnDataType_t t, bool causal, int hq = 4) {
+  attnAttnConfig_t cfg = AttnCfg(hq, kHkv, kD, t, causal);
+  std::vector<int64_t> ids;
+  std::vector<int32_t> offs{0}, qpos;
+  for (const Req& r : reqs) {
+    ids.push_back(r.id);
+    offs.push_back(offs.back() + r.qRows);
+    for (int i = 0; i < r.qRows; ++i) qpos.push_back(r.len - r.qRows + i + (causal ? 0 : 0));
+  }
+  const int rows = offs.back();
+  const size_t rowElems = size_t(hq) * kD;
+  std::vector<uint8_t> q = Values(t, size_t(rows) * rowElems, 99 + uint64_t(rank) * 31);
+  std::vector<uint8_t> out(size_t(rows) * rowElems * ElemSize(t));
+  std::vector<float> lse(size_t(rows) * hq);
+  AttnCheck c;
+  c.rc = attnKvAttention(pool, int(ids.size()), ids.data(), offs.data(), q.data(), qpos.data(), out.data(),
+                         lse.data(), &cfg);
+  if (c.rc != attnSuccess) {
+    c.error = attnGetLastError(comm);
+    return c;
+  }
+  std::vector<float> of(size_t(rows) * rowElems);
+  EXPECT_EQ(attn::cpu::convertToFloat(of.data(), out.data(), t, of.size()), attnSuccess);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Req& r = reqs[i];
+    Tokens x = RequestTokens(t, rank, r.id, r.len);
+    attn::cpu::AttnProblem p;
+    p.q = q.data() + size_t(offs[i]) * rowElems * ElemSize(t);
+    p.k = x.k.data();
+    p.v = x.v.data();
+    p.dtype = t;
+    p.nq = r.qRows;
+    p.nk = r.len;
+    p.num_q_heads = hq;
+    p.num_kv_heads = kHkv;
+    p.head_dim = kD;
+    p.causal = causal;
+    p.q_pos = qpos.data() + offs[i];
+    p.k_pos = x.pos.data();
+    std::vector<double> ro(size_t(r.qRows) * rowElems), rl(size_t(r.qRows) * hq);
+    EXPECT_EQ(attn::cpu::referenceAttention(p, ro.data(), rl.data()), attnSuccess);
+    attn::cpu::AttnErrors e = attn::cpu::compareAttention(
+        of.data() + size_t(offs[i]) * rowElems, lse.data() + size_t(offs[i]) * hq, ro.data(), rl.data(),
+        size_t(r.qRows) * hq, kD);
+    c.maxORel = std::max(c.maxORel, e.max_o_rel);
+    c.maxLse = std::max(c.maxLse, e.max_lse_abs);
+    c.nans += e.nan_values;
+    c.emptyMismatch += e.empty_mismatch;
+  }
+  return c;
+}
+
+void ExpectExact(const AttnCheck& c, attnDataType_t t, const std::string& what) {
+  ASSERT_EQ(c.rc, attnSuccess) << what << ": " << c.error;
+  EXPECT_LE(c.maxORel, OutBound(t)) << what;
+  EXPECT_LE(c.maxLse, LseBound(t)) << what;
+  EXPECT_EQ(c.nans, 0) << what;
+  EXPECT_EQ(c.emptyMismatch, 0) << what;
+}
+
+void AppendRequest(attnKvPool_t pool, attnComm_t comm, attnDataType_t t, int rank, const Req& r) {
+  Tokens x = RequestTokens(t, rank, r.id, r.len);
+  // In two pieces, so the second fills the first's last block.
+  const int first = r.len / 3;
+  const size_t row = size_t(kHkv) * kD * ElemSize(t);
+  ATTN_ASSERT_OK(comm, attnKvAppend(pool, r.id, x.k.data(), x.v.data(), x.pos.data(), first));
+  ATTN_ASSERT_OK(comm, attnKvAppend(pool, r.id, x.k.data() + first * row, x.v.data() + first * row,
+                                    x.pos.data() + first, r.len - first));
+}
+
+std::vector<int64_t> Holders(attnKvPool_t pool, int n, int64_t req) {
+  std::vector<int64_t> h(static_cast<size_t>(n), int64_t(-1));
+  EXPECT_EQ(attnKvGetPlacement(pool, req, h.data(), nullptr), attnSuccess) << attnGetLastError(nullptr);
+  return h;
+}
+
+// ---------------------------------------------------------------------------
+// One rank: bookkeeping.
+
+TEST(KvPool, AppendFillsBlocksAndRefusesWhatDoesNotFit) {
+  RunThreads(1, [&](int, int, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(4, 4);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    Tokens x = RequestTokens(attnFloat32, 0, 7, 17);
+    const size_t row = size_t(kHkv) * kD * 4;
+    ATTN_ASSERT_OK(comm, attnKvAppend(pool, 7, x.k.data(), x.v.data(), x.pos.data(), 10));
+    int64_t holder = 0, tokens = 0;
+    ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, 7, &holder, &tokens));
+    EXPECT_EQ(holder, 3);  // 10 tokens in blocks of 4
+    EXPECT_EQ(tokens, 10);
+    // 7 more need 2 new blocks (2 fit in the last one); only 1 is free.
+    EXPECT_EQ(attnKvAppend(pool, 7, x.k.data() + 10 * row, x.v.data() + 10 * row, x.pos.data() + 10, 7),
+              attnInvalidUsage);
+    EXPECT_NE(std::string(attnGetLastError(nullptr)).find("free"), std::string::npos)
+        << attnGetLastError(nullptr);
+    ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, 7, &holder, &tokens));
+    EXPECT_EQ(tokens, 10) << "a refused append must append nothing";
+    // Positions must go on increasing.
+    EXPECT_EQ(attnKvAppend(pool, 7, x.k.data(), x.v.data(), x.pos.data() + 9, 1), attnInvalidArgument);
+    ATTN_ASSERT_OK(comm, attnKvAppend(pool, 7, x.k.data() + 10 * row, x.v.data() + 10 * row,
+                                      x.pos.data() + 10, 6));
+    attnKvPoolStats_t st{};
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+    EXPECT_EQ(st.used_blocks, 4);
+    EXPECT_EQ(st.num_requests, 1);
+    ExpectExact(CheckAttention(pool, comm, 0, {{7, 16, 3}}, attnFloat32, true), attnFloat32, "one rank");
+    ATTN_ASSERT_OK(comm, attnKvRelease(pool, 7));
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+    EXPECT_EQ(st.used_blocks, 0);
+    EXPECT_EQ(st.num_requests, 0);
+    EXPECT_EQ(attnKvRelease(pool, 7), attnInvalidArgument);
+    EXPECT_EQ(attnKvGetPlacement(pool, 7, nullptr, nullptr), attnInvalidArgument);
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+}
+
+TEST(KvPool, BadConfigsAreRefusedOnEveryRank) {
+  RunThreads(3, [&](int rank, int, attnComm_t& comm) {
+    attnKvPool_t pool = nullptr;
+    // Rank 1's config is invalid: every rank fails, rank 1 with the reason.
+    attnKvPoolConfig_t cfg = PoolCfg(rank == 1 ? 0 : 4, 8);
+    attnResult_t r = attnKvPoolCreate(comm, &cfg, &pool);
+    EXPECT_NE(r, attnSuccess);
+    EXPECT_EQ(pool, nullptr);
+    const std::string err = attnGetLastError(comm);
+    if (rank == 1) EXPECT_NE(err.find("block_tokens"), std::string::npos) << err;
+    else EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+    // Layouts that disagree: every rank fails, naming the other.
+    cfg = PoolCfg(rank == 2 ? 8 : 4, 8);
+    EXPECT_EQ(attnKvPoolCreate(comm, &cfg, &pool), attnInvalidUsage);
+    EXPECT_NE(std::string(attnGetLastError(comm)).find("must agree"), std::string::npos);
+    // The communicator is still good: capacities may differ.
+    cfg = PoolCfg(4, 8 + rank);
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions(60000));
+}
+
+// ---------------------------------------------------------------------------
+// Migration and attention across ranks.
+
+struct Scenario {
+  attnDataType_t dtype;
+  bool causal;
+  int blockTokens;
+};
+
+// Every rank owns two requests; rank 0 lends blocks of its long request to
+// ranks 1 and 2, then rank 2 returns them. Attention is exact throughout.
+void LendAndReturn(const Scenario& s, int rank, int n, attnComm_t& comm) {
+  const attnKvPoolConfig_t cfg = PoolCfg(s.blockTokens, 64, s.dtype);
+  attnKvPool_t pool = nullptr;
+  ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+  const std::vector<Req> reqs = {{100 + rank, 3 * s.blockTokens * n + 5, 1},
+                                 {200 + rank, s.blockTokens + 3, 4}};
+  for (const Req& r : reqs) AppendRequest(pool, comm, s.dtype, rank, r);
+  const std::string tag = std::string(s.dtype == attnFloat32 ? "fp32" : s.dtype == attnFloat16 ? "fp16" : "bf16") +
+                          (s.causal ? ", causal" : "") + ", rank " + std::to_string(rank);
+  ExpectExact(CheckAttention(pool, comm, rank, reqs, s.dtype, s.causal), s.dtype, "all at home, " + tag);
+
+  // Rank 0 lends 3 blocks to rank 1 and 2 to rank 2; the others lend none.
+  std::vector<attnKvMove_t> moves;
+  if (rank == 0) moves = {{0, 1, 0, 100, 3}, {0, 2, 0, 100, 2}};
+  std::vector<int64_t> granted(moves.size(), -1);
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  if (rank == 0) {
+    EXPECT_EQ(granted, (std::vector<int64_t>{3, 2}));
+    std::vector<int64_t> h = Holders(pool, n, 100);
+    EXPECT_EQ(h[1], 3);
+    EXPECT_EQ(h[2], 2);
+  }
+  attnKvPoolStats_t st{};
+  ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+  EXPECT_EQ(st.lent_in_blocks, rank == 1 ? 3 : rank == 2 ? 2 : 0) << tag;
+  EXPECT_EQ(st.lent_out_blocks, rank == 0 ? 5 : 0) << tag;
+  ExpectExact(CheckAttention(pool, comm, rank, reqs, s.dtype, s.causal), s.dtype, "after lending, " + tag);
+
+  // Appends go on at home while blocks are away.
+  // Rank 2 returns its two blocks; rank 1 returns one.
+  moves.clear();
+  if (rank == 2) moves = {{2, 0, 0, 100, 2}};
+  if (rank == 1) moves = {{1, 0, 0, 100, 1}};
+  granted.assign(moves.size(), -1);
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  for (int64_t g : granted) EXPECT_EQ(g, rank == 2 ? 2 : 1);
+  if (rank == 0) {
+    std::vector<int64_t> h = Holders(pool, n, 100);
+    EXPECT_EQ(h[1], 2);
+    EXPECT_EQ(h[2], 0);
+  }
+  ExpectExact(CheckAttention(pool, comm, rank, reqs, s.dtype, s.causal), s.dtype, "after returning, " + tag);
+  ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+}
+
+TEST(KvMigrate, LendAndReturnKeepAttentionExactThreads) {
+  for (Scenario s : {Scenario{attnFloat32, true, 4}, Scenario{attnFloat32, false, 16},
+                     Scenario{attnFloat16, true, 8}, Scenario{attnBfloat16, true, 5}})
+    RunThreads(3, [&](int rank, int n, attnComm_t& comm) { LendAndReturn(s, rank, n, comm); },
+               AttnRunOptions());
+}
+
+TEST(KvMigrate, LendAndReturnKeepAttentionExactProcesses) {
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    LendAndReturn(Scenario{attnFloat32, true, 4}, rank, n, comm);
+  }, AttnRunOptions());
+}
+
+// Ranks 0 and 1 both ask rank 2, which has room for one of them: exactly one
+// move is granted whole, the other refused, and attention stays exact.
+TEST(KvMigrate, DestinationGrantsFirstComeFirstServedWhileSpaceLasts) {
+  std::atomic<int64_t> grantedTotal{0}, grantedMoves{0};
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(4, rank == 2 ? 4 : 32);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    std::vector<Req> reqs;
+    if (rank < 2) {
+      reqs = {{5, 30, 2}};
+      AppendRequest(pool, comm, attnFloat32, rank, reqs[0]);
+    }
+    std::vector<attnKvMove_t> moves;
+    if (rank < 2) moves = {{rank, 2, rank, 5, 3}};
+    std::vector<int64_t> granted(moves.size(), -1);
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+    for (int64_t g : granted) {
+      EXPECT_TRUE(g == 0 || g == 3) << "a move is granted whole or not at all, got " << g;
+      grantedTotal += g;
+      grantedMoves += g > 0;
+    }
+    attnKvPoolStats_t st{};
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+    if (rank == 2) {
+      EXPECT_EQ(st.lent_in_blocks, 3);
+      EXPECT_EQ(st.used_blocks, 3);
+    }
+    if (rank < 2) {
+      std::vector<int64_t> h = Holders(pool, n, 5);
+      EXPECT_EQ(h[2], granted[0]);
+      EXPECT_EQ(h[size_t(rank)] + h[2], 8);  // 30 tokens in blocks of 4
+    }
+    ExpectExact(CheckAttention(pool, comm, rank, reqs, attnFloat32, true), attnFloat32,
+                "after the race, rank " + std::to_string(rank));
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+  EXPECT_EQ(grantedMoves.load(), 1);
+  EXPECT_EQ(grantedTotal.load(), 3);
+}
+
+// Releasing a request frees its blocks at home at once and on its holders
+// at the next collective call.
+TEST(KvRelease, HoldersFreeTheBlocksAtTheNextCall) {
+  RunThreads(2, [&](int rank, int n, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(4, 16);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    if (rank == 0) AppendRequest(pool, comm, attnFloat32, 0, {9, 21, 1});
+    std::vector<attnKvMove_t> moves;
+    if (rank == 0) moves = {{0, 1, 0, 9, 4}};
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr));
+    attnKvPoolStats_t st{};
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+    EXPECT_EQ(st.used_blocks, rank == 0 ? 2 : 4);
+    if (rank == 0) {
+      ATTN_ASSERT_OK(comm, attnKvRelease(pool, 9));
+      ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+      EXPECT_EQ(st.used_blocks, 0);
+    }
+    // Any collective call on the pool delivers the release.
+    ExpectExact(CheckAttention(pool, comm, rank, {}, attnFloat32, true), attnFloat32, "no queries");
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+    EXPECT_EQ(st.used_blocks, 0) << "rank " << rank;
+    EXPECT_EQ(st.lent_in_blocks, 0) << "rank " << rank;
+    (void)n;
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+}
+
+// A bad move on one rank fails the call on every rank (the others name it)
+// and nothing moves; the next call works.
+TEST(KvMigrate, BadMoveFailsEveryRankAndMovesNothing) {
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(4, 16);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    AppendRequest(pool, comm, attnFloat32, rank, {1, 13, 1});  // 4 blocks, 3 movable
+    std::vector<attnKvMove_t> moves = {{rank, (rank + 1) % n, rank, 1, rank == 1 ? 4 : 1}};
+    attnResult_t r = attnKvMigrate(pool, moves.data(), 1, nullptr);
+    EXPECT_NE(r, attnSuccess);
+    const std::string err = attnGetLastError(comm);
+    if (rank == 1) {
+      EXPECT_EQ(r, attnInvalidArgument);
+      EXPECT_NE(err.find("last block stays"), std::string::npos) << err;
+    } else {
+      EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+    }
+    std::vector<int64_t> h = Holders(pool, n, 1);
+    EXPECT_EQ(h[size_t(rank)], 4) << "nothing may move when a rank's moves are bad";
+    // Other shapes of bad input.
+    attnKvMove_t other = {rank, rank, rank, 1, 1};  // to itself
+    EXPECT_NE(attnKvMigrate(pool, rank == 0 ? &other : nullptr, rank == 0 ? 1 : 0, nullptr), attnSuccess);
+    attnKvMove_t third = {rank, (rank + 1) % n, (rank + 2) % n, 1, 1};  // owner neither end
+    EXPECT_NE(attnKvMigrate(pool, rank == 2 ? &third : nullptr, rank == 2 ? 1 : 0, nullptr), attnSuccess);
+    // Good moves now.
+    moves[0].num_blocks = 1;
+    int64_t g = -1;
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), 1, &g));
+    EXPECT_EQ(g, 1);
+    ExpectExact(CheckAttention(pool, comm, rank, {{1, 13, 1}}, attnFloat32, true), attnFloat32, "after");
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+}
+
+TEST(KvAttention, BadQueriesFailEveryRank) {
+  RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(4, 16);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    AppendRequest(pool, comm, attnFloat32, rank, {3, 9, 1});
+    attnAttnConfig_t acfg = AttnCfg(4, kHkv, kD, attnFloat32, true);
+    std::vector<float> q(4 * kD), out(4 * kD), lse(4);
+    int32_t offs[2] = {0, 1}, qpos[1] = {8};
+    int64_t id = rank == 1 ? 4 : 3;  // rank 1 names a request it does not have
+    attnResult_t r = attnKvAttention(pool, 1, &id, offs, q.data(), qpos, out.data(), lse.data(), &acfg);
+    EXPECT_NE(r, attnSuccess);
+    const std::string err = attnGetLastError(comm);
+    EXPECT_NE(err.find(rank == 1 ? "not a request of this rank" : "rank 1"), std::string::npos) << err;
+    id = 3;
+    acfg.head_dim = rank == 0 ? 8 : kD;  // not the pool's
+    EXPECT_NE(attnKvAttention(pool, 1, &id, offs, q.data(), qpos, out.data(), lse.data(), &acfg), attnSuccess);
+    acfg.head_dim = kD;
+    EXPECT_NE(attnKvAttention(pool, 1, &id, offs, q.data(), rank == 0 ? nullptr : qpos, out.data(), lse.data(),
+                              &acfg), attnSuccess);
+    ExpectExact(CheckAttention(pool, comm, rank, {{3, 9, 1}}, attnFloat32, true), attnFloat32, "after");
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+}
+
+// ---------------------------------------------------------------------------
+// The rebalancer: heartbeat, plan, moves.
+
+attnKvModel_t AttentionBoundModel() {
+  attnKvModel_t m{};
+  m.nonattn_us_base = 200;
+  m.nonattn_us_per_req = 20;
+  m.attn_us_per_block = 10;
+  m.num_layers = 32;
+  m.debtor_max_batch = 1;
+  m.creditor_max_util = 0.5;
+  return m;
+}
+
+TEST(KvRebalance, MovesWhatThePlanSaysAndStaysExact) {
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(4, 64);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    // Rank 0: one long request (a debtor: batch 1, requests waiting); ranks
+    // 1 and 2: two short requests each in roomy pools (creditors).
+    std::vector<Req> reqs = {{10 + rank, rank == 0 ? 200 : 9, 1}};
+    if (rank == 1) reqs.push_back({41, 9, 1});
+    if (rank == 2) reqs.push_back({40, 17, 2});
+    for (const Req& r : reqs) AppendRequest(pool, comm, attnFloat32, rank, r);
+    const attnKvModel_t model = AttentionBoundModel();
+    const int pending = rank == 0 ? 4 : 0;
+    const int64_t pendingBlocks = 8;
+
+    // What the plan will be, from the same heartbeats.
+    std::vector<attnKvInstance_t> inst(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      attnKvInstance_t& in = inst[size_t(r)];
+      // Blocks of 4: 200 tokens are 50 blocks (49 movable), 9 are 3 (2
+      // movable), 17 are 5 (4 movable); ties of length go to the lower id.
+      in.batch_size = r == 0 ? 1 : 2;
+      in.pending_requests = r == 0 ? 4 : 0;
+      in.pending_blocks = pendingBlocks;
+      in.capacity_blocks = 64;
+      in.used_blocks = r == 0 ? 50 : r == 1 ? 3 + 3 : 3 + 5;
+      in.longest_req = r == 2 ? 40 : 10 + r;
+      in.longest_req_blocks = r == 0 ? 49 : r == 1 ? 2 : 4;
+    }
+    std::vector<attnKvMove_t> plan(16);
+    int count = 16;
+    ASSERT_EQ(attnKvPlan(inst.data(), n, &model, plan.data(), &count), attnSuccess) << attnGetLastError(nullptr);
+    plan.resize(size_t(count));
+    int64_t expected = 0;
+    for (const attnKvMove_t& m : plan) {
+      EXPECT_EQ(m.src, 0) << "only rank 0 is a debtor here";
+      if (m.src == rank) expected += m.num_blocks;
+    }
+    if (rank == 0) EXPECT_GT(expected, 0) << "the model should make rank 0 lend";
+
+    int64_t moved = -1;
+    ATTN_ASSERT_OK(comm, attnKvRebalance(pool, &model, pending, pendingBlocks, &moved));
+    EXPECT_EQ(moved, expected) << "rank " << rank;
+    attnKvPoolStats_t st{};
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+    if (rank == 0) EXPECT_EQ(st.lent_out_blocks, expected);
+    ExpectExact(CheckAttention(pool, comm, rank, reqs, attnFloat32, true), attnFloat32,
+                "after rebalancing, rank " + std::to_string(rank));
+
+    // Models that disagree fail on every rank.
+    attnKvModel_t other = model;
+    if (rank == 1) other.attn_us_per_block = 11;
+    EXPECT_EQ(attnKvRebalance(pool, &other, 0, 8, nullptr), attnInvalidUsage);
+    EXPECT_NE(std::string(attnGetLastError(comm)).find("different models"), std::string::npos);
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+}
+
+}  // namespace
+}  // namespace attn_test
