@@ -12,9 +12,15 @@ call raises AttnError with the code and the communicator's last-error text
     # ... one Python thread per rank (ctypes releases the GIL in every call):
     comms[r].all_reduce(x, x, op=ac.SUM)
 
+The distributed KV cache: pool = comm.kv_pool(...) (a KvPool: append,
+migrate, attention over lent blocks, rebalance) and kv_plan(instances,
+model); it needs numpy.
+
 The library is ATTN_LIBRARY when set, else libattncomm.so from a build
 directory beside this file (build/, build-*/), else the system's.
 """
+import collections
+import collections.abc
 import ctypes
 import ctypes.util
 import glob
@@ -146,6 +152,51 @@ _MergeAttnStates = _declare("attnMergeAttnStates", ctypes.c_int, ctypes.POINTER(
 _PlanPrefill = _declare("attnPlanPrefill", ctypes.POINTER(_BatchSpec), ctypes.c_int, ctypes.POINTER(_p))
 _PlanGetShard = _declare("attnPlanGetShard", _p, ctypes.c_int, ctypes.POINTER(_Shard))
 _PlanDestroy = _declare("attnPlanDestroy", _p)
+
+
+class _KvPoolConfig(ctypes.Structure):
+    _fields_ = [("block_tokens", ctypes.c_int), ("num_kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int),
+                ("dtype", ctypes.c_int), ("capacity_blocks", ctypes.c_int64)]
+
+
+class _KvPoolStats(ctypes.Structure):
+    _fields_ = [("capacity_blocks", ctypes.c_int64), ("used_blocks", ctypes.c_int64),
+                ("lent_in_blocks", ctypes.c_int64), ("lent_out_blocks", ctypes.c_int64),
+                ("num_requests", ctypes.c_int)]
+
+
+class _KvMove(ctypes.Structure):
+    _fields_ = [("src", ctypes.c_int), ("dst", ctypes.c_int), ("owner", ctypes.c_int), ("req", ctypes.c_int64),
+                ("num_blocks", ctypes.c_int64)]
+
+
+class _KvInstance(ctypes.Structure):
+    _fields_ = [("batch_size", ctypes.c_int), ("pending_requests", ctypes.c_int),
+                ("pending_blocks", ctypes.c_int64), ("capacity_blocks", ctypes.c_int64),
+                ("used_blocks", ctypes.c_int64), ("longest_req", ctypes.c_int64),
+                ("longest_req_blocks", ctypes.c_int64)]
+
+
+class _KvModel(ctypes.Structure):
+    _fields_ = [("nonattn_us_base", ctypes.c_double), ("nonattn_us_per_req", ctypes.c_double),
+                ("attn_us_per_block", ctypes.c_double), ("num_layers", ctypes.c_int),
+                ("debtor_max_batch", ctypes.c_int), ("creditor_max_util", ctypes.c_double)]
+
+
+_kvpool = _p  # attnKvPool_t
+_KvPoolCreate = _declare("attnKvPoolCreate", _comm, ctypes.POINTER(_KvPoolConfig), ctypes.POINTER(_kvpool))
+_KvPoolDestroy = _declare("attnKvPoolDestroy", _kvpool)
+_KvAppend = _declare("attnKvAppend", _kvpool, ctypes.c_int64, _p, _p, _i32p, ctypes.c_int)
+_KvRelease = _declare("attnKvRelease", _kvpool, ctypes.c_int64)
+_KvPoolGetStats = _declare("attnKvPoolGetStats", _kvpool, ctypes.POINTER(_KvPoolStats))
+_KvGetPlacement = _declare("attnKvGetPlacement", _kvpool, ctypes.c_int64, _i64p, _i64p)
+_KvMigrate = _declare("attnKvMigrate", _kvpool, ctypes.POINTER(_KvMove), ctypes.c_int, _i64p)
+_KvAttention = _declare("attnKvAttention", _kvpool, ctypes.c_int, _i64p, _i32p, _p, _i32p, _p,
+                        ctypes.POINTER(ctypes.c_float), ctypes.POINTER(_AttnConfig))
+_KvPlan = _declare("attnKvPlan", ctypes.POINTER(_KvInstance), ctypes.c_int, ctypes.POINTER(_KvModel),
+                   ctypes.POINTER(_KvMove), ctypes.POINTER(ctypes.c_int))
+_KvRebalance = _declare("attnKvRebalance", _kvpool, ctypes.POINTER(_KvModel), ctypes.c_int, ctypes.c_int64,
+                        _i64p)
 
 # ---- errors -----------------------------------------------------------------
 
@@ -414,6 +465,12 @@ class Comm:
                               ctypes.byref(layout._c), ctypes.byref(cfg), mode, self._h, _stream(stream)),
                self._h, "attnRingAttention")
 
+    def kv_pool(self, block_tokens, num_kv_heads, head_dim, dtype=FLOAT32, capacity_blocks=0):
+        """attnKvPoolCreate (collective): a distributed KV cache over this
+        communicator's ranks; see KvPool. dtype: FLOAT32, FLOAT16, BFLOAT16
+        or a name ("float32", ...)."""
+        return KvPool(self, block_tokens, num_kv_heads, head_dim, dtype, capacity_blocks)
+
     def level_attention(self, q, k, v, out, layout, num_q_heads, num_kv_heads, head_dim, keep=None,
                         importance=None, lse=None, causal=True, softmax_scale=0.0):
         """attnLevelAttention: as ring_attention, but each peer sends only the
@@ -522,3 +579,250 @@ def plan_prefill(new_lens, nranks, cached_lens=None):
         return shards
     finally:
         _PlanDestroy(plan)
+
+# ---- distributed KV cache ---------------------------------------------------------
+
+KvMove = collections.namedtuple("KvMove", "src dst owner req num_blocks")
+KvMove.__doc__ = """attnKvMove_t: num_blocks blocks of request (owner, req) from rank
+src's pool to rank dst's. KvPool.migrate also takes plain 5-tuples in this
+order, or dicts with these keys."""
+
+_KV_INSTANCE_DEFAULTS = {"pending_requests": 0, "pending_blocks": 0, "longest_req": -1, "longest_req_blocks": 0}
+
+
+def _numpy():
+    import numpy  # only the KV cache needs it: the rest of the module also takes torch tensors
+    return numpy
+
+
+def _struct_from(struct, obj, defaults, what):
+    """A ctypes struct from a dict (or any object with attributes) named by
+    the C fields; missing fields take defaults, else it is an error."""
+    names = [f[0] for f in struct._fields_]
+    if isinstance(obj, collections.abc.Mapping):
+        unknown = sorted(set(obj) - set(names))
+        if unknown:
+            raise AttnError(INVALID_ARGUMENT, f"{what}: unknown fields {unknown}")
+        given = dict(obj)
+    else:
+        given = {n: getattr(obj, n) for n in names if hasattr(obj, n)}
+    missing = [n for n in names if n not in given and n not in defaults]
+    if missing:
+        raise AttnError(INVALID_ARGUMENT, f"{what}: fields {missing} are missing")
+    try:
+        return struct(**{n: given.get(n, defaults.get(n)) for n in names})
+    except TypeError as e:
+        raise AttnError(INVALID_ARGUMENT, f"{what}: {e}") from None
+
+
+def _kv_move(m, what):
+    if isinstance(m, collections.abc.Mapping):
+        return _struct_from(_KvMove, m, {}, what)
+    m = tuple(m)
+    if len(m) != 5:
+        raise AttnError(INVALID_ARGUMENT, f"{what}: (src, dst, owner, req, num_blocks), not {len(m)} values")
+    return _KvMove(*(int(x) for x in m))
+
+
+def _ints(values, dtype, what, count=None):
+    """values as a contiguous numpy integer array of dtype, refusing
+    non-integers and values out of its range (no silent wrap)."""
+    np = _numpy()
+    a = np.asarray(values).reshape(-1)
+    if a.size and a.dtype.kind not in "iu":
+        raise AttnError(INVALID_ARGUMENT, f"{what} must hold integers, not {a.dtype.name}")
+    info = np.iinfo(dtype)
+    if a.size and (int(a.min()) < info.min or int(a.max()) > info.max):
+        raise AttnError(INVALID_ARGUMENT, f"{what} holds values outside {np.dtype(dtype).name}")
+    if count is not None and a.size != count:
+        raise AttnError(INVALID_ARGUMENT, f"{what} holds {a.size} values, needs {count}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _kv_dtype(dtype):
+    """An attnDataType_t from a code, a name or a numpy dtype; -1 (which the
+    library refuses on every rank) when unknown."""
+    if isinstance(dtype, int):
+        return dtype
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+    return _TYPE_BY_NAME.get(name.replace("torch.", ""), -1)
+
+
+class KvPool:
+    """A distributed KV cache (attnKvPool_t, Infinite-LLM DistAttention):
+    fixed-size blocks of K/V in host memory on every rank. A rank owns the
+    requests it appends to; migrate() lends their blocks to peers, and
+    attention() computes over all of a request's tokens wherever they are.
+
+    Made by Comm.kv_pool (collective). Arrays are numpy, C-contiguous, of the
+    pool's dtype (float32, float16, or ml_dtypes' bfloat16). Local calls
+    (append, release, stats, placement) fail on their rank only; collective
+    calls (migrate, attention, rebalance) fail on every rank when one rank's
+    input is bad, including input refused here before reaching the library.
+    Close the pool (close() or a with block) before destroying its Comm."""
+
+    def __init__(self, comm, block_tokens, num_kv_heads, head_dim, dtype, capacity_blocks):
+        self.comm = comm
+        self.block_tokens, self.num_kv_heads, self.head_dim = int(block_tokens), int(num_kv_heads), int(head_dim)
+        self.dtype = _kv_dtype(dtype)
+        self.nranks = comm.size
+        cfg = _KvPoolConfig(self.block_tokens, self.num_kv_heads, self.head_dim, self.dtype, int(capacity_blocks))
+        h = _p()
+        _check(_KvPoolCreate(comm._h, ctypes.byref(cfg), ctypes.byref(h)), comm._h, "attnKvPoolCreate")
+        self._h = h
+
+    def close(self):
+        """attnKvPoolDestroy (local)."""
+        if self._h:
+            h, self._h = self._h, _p()
+            _check(_KvPoolDestroy(h), None, "attnKvPoolDestroy")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _rows(self, x, what, heads=None):
+        """Address and row count of x: [rows, heads, head_dim] of the pool's
+        dtype (heads defaults to num_kv_heads)."""
+        ptr, _, t = _buffer(x)
+        heads = self.num_kv_heads if heads is None else heads
+        shape = tuple(x.shape)
+        if len(shape) != 3 or shape[1:] != (heads, self.head_dim):
+            raise AttnError(INVALID_ARGUMENT, f"{what} has shape {shape}, needs (rows, {heads}, {self.head_dim})")
+        if t != self.dtype:
+            raise AttnError(INVALID_ARGUMENT, f"{what} is {x.dtype}, the pool holds attnDataType_t {self.dtype}")
+        return ptr, shape[0]
+
+    # -- local --
+    def append(self, req, k, v, pos):
+        """attnKvAppend: n tokens to request req of this rank (created on
+        first use). k, v: [n, num_kv_heads, head_dim]; pos: their n global
+        positions (ints, increasing). Raises (nothing appended) when the pool
+        has too few free blocks."""
+        kp, n = self._rows(k, "k")
+        vp, nv = self._rows(v, "v")
+        if nv != n:
+            raise AttnError(INVALID_ARGUMENT, f"k has {n} rows but v {nv}")
+        p = _ints(pos, _numpy().int32, "pos", n)
+        _check(_KvAppend(self._h, int(req), kp, vp, p.ctypes.data_as(_i32p), n), None, "attnKvAppend")
+
+    def release(self, req):
+        """attnKvRelease: ends request req of this rank (peers free their
+        blocks of it at the next collective call)."""
+        _check(_KvRelease(self._h, int(req)), None, "attnKvRelease")
+
+    def stats(self):
+        """attnKvPoolGetStats as a dict: capacity_blocks, used_blocks (own
+        blocks here plus blocks lent in), lent_in_blocks, lent_out_blocks,
+        num_requests (own requests)."""
+        s = _KvPoolStats()
+        _check(_KvPoolGetStats(self._h, ctypes.byref(s)), None, "attnKvPoolGetStats")
+        return {name: getattr(s, name) for name, _ in _KvPoolStats._fields_}
+
+    def placement(self, req):
+        """attnKvGetPlacement: (holders, tokens) of request req of this rank:
+        holders[r] (int64 array [nranks]) the number of its blocks in rank r's
+        pool, tokens its token count."""
+        holders = _numpy().zeros(self.nranks, _numpy().int64)
+        tokens = ctypes.c_int64()
+        _check(_KvGetPlacement(self._h, int(req), holders.ctypes.data_as(_i64p), ctypes.byref(tokens)), None,
+               "attnKvGetPlacement")
+        return holders, tokens.value
+
+    # -- collective --
+    def _refuse(self, empty_call, error, what):
+        """Bad input found here: a call the library refuses locally tells the
+        peers in its first exchange, so they fail too instead of waiting for
+        this rank; then the precise error is raised here."""
+        empty_call()
+        if isinstance(error, AttnError):
+            raise error
+        raise AttnError(INVALID_ARGUMENT, f"{what}: {type(error).__name__}: {error}") from error
+
+    def migrate(self, moves):
+        """attnKvMigrate: this rank's moves (it is their src; any number, none
+        included) as KvMove, 5-tuples (src, dst, owner, req, num_blocks) or
+        dicts. Returns granted, int64 [len(moves)]: the blocks moved for each
+        (num_blocks, or 0 when dst had too few free blocks)."""
+        np = _numpy()
+        try:
+            moves = list(moves)
+            cm = (_KvMove * max(1, len(moves)))(*[_kv_move(m, f"moves[{i}]") for i, m in enumerate(moves)])
+        except Exception as e:  # noqa: BLE001 - any failure here must reach the peers
+            self._refuse(lambda: _KvMigrate(self._h, None, -1, None), e, "moves")
+        granted = np.zeros(len(moves), np.int64)
+        _check(_KvMigrate(self._h, cm, len(moves), granted.ctypes.data_as(_i64p)), self.comm._h, "attnKvMigrate")
+        return granted
+
+    def attention(self, reqs, q_offsets, q, q_pos=None, num_q_heads=None, causal=True, scale=0.0, want_lse=True):
+        """attnKvAttention: attention of this rank's queries over all the
+        tokens of its requests, wherever their blocks are. reqs: own request
+        ids (distinct); q_offsets: len(reqs) + 1 row offsets into q, from 0 to
+        q's rows; q: [rows, num_q_heads (default q.shape[1]), head_dim] of
+        the pool's dtype; q_pos: the queries' global positions (needed with
+        causal: a key is seen when its pos <= the query's); scale 0 means
+        1/sqrt(head_dim). Returns (out like q, lse float32 [rows, num_q_heads]
+        or None without want_lse)."""
+        np = _numpy()
+        try:
+            r = _ints(reqs, np.int64, "reqs")
+            offs = _ints(q_offsets, np.int32, "q_offsets", len(r) + 1)
+            shape = tuple(q.shape)
+            hq = int(num_q_heads) if num_q_heads is not None else (shape[1] if len(shape) == 3 else 0)
+            qp, rows = self._rows(q, "q", hq)
+            if int(offs[-1]) != rows:
+                raise AttnError(INVALID_ARGUMENT, f"q_offsets ends at {int(offs[-1])} but q has {rows} rows")
+            pos = None if q_pos is None else _ints(q_pos, np.int32, "q_pos", rows)
+            out = np.empty_like(q)
+            lse = np.empty((rows, hq), np.float32) if want_lse else None
+        except Exception as e:  # noqa: BLE001 - any failure here must reach the peers
+            self._refuse(lambda: _KvAttention(self._h, -1, None, None, None, None, None, None, None), e,
+                         "attention")
+        cfg = _AttnConfig(hq, self.num_kv_heads, self.head_dim, self.dtype, scale, int(causal))
+        _check(_KvAttention(self._h, len(r), r.ctypes.data_as(_i64p), offs.ctypes.data_as(_i32p), qp,
+                            pos.ctypes.data_as(_i32p) if pos is not None else None, _buffer(out)[0],
+                            lse.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if lse is not None else None,
+                            ctypes.byref(cfg)), self.comm._h, "attnKvAttention")
+        return out, lse
+
+    def rebalance(self, model, pending_requests=0, pending_blocks=0):
+        """attnKvRebalance: every rank's heartbeat, kv_plan with model (a dict
+        as in kv_plan, the same on every rank) and the moves it plans.
+        pending_requests / pending_blocks: this rank's waiting requests and the
+        blocks each needs. Returns the blocks this rank sent."""
+        try:
+            m = _struct_from(_KvModel, model, {}, "model")
+        except Exception as e:  # noqa: BLE001 - any failure here must reach the peers
+            self._refuse(lambda: _KvRebalance(self._h, None, 0, 0, None), e, "model")
+        moved = ctypes.c_int64()
+        _check(_KvRebalance(self._h, ctypes.byref(m), int(pending_requests), int(pending_blocks),
+                            ctypes.byref(moved)), self.comm._h, "attnKvRebalance")
+        return moved.value
+
+
+def kv_plan(instances, model):
+    """attnKvPlan (Infinite-LLM Alg. 1, no communicator): the moves (KvMove,
+    src = debtor = owner, dst = creditor) for these instances.
+
+    instances: one dict (or object with attributes) per rank with the fields
+    of attnKvInstance_t: batch_size, capacity_blocks, used_blocks and
+    optionally pending_requests (0), pending_blocks (0), longest_req (-1:
+    none) and longest_req_blocks (0). model: the fields of attnKvModel_t, all
+    required: nonattn_us_base, nonattn_us_per_req, attn_us_per_block (us),
+    num_layers, debtor_max_batch, creditor_max_util."""
+    insts = [_struct_from(_KvInstance, x, _KV_INSTANCE_DEFAULTS, f"instances[{i}]") for i, x in enumerate(instances)]
+    arr = (_KvInstance * max(1, len(insts)))(*insts)
+    m = _struct_from(_KvModel, model, {}, "model")
+    count = ctypes.c_int(0)
+    code = _KvPlan(arr, len(insts), ctypes.byref(m), None, ctypes.byref(count))
+    # Asking for the count: a plan with moves answers attnInvalidArgument
+    # with the count set; any other failure leaves it at 0.
+    if code != SUCCESS and not (code == INVALID_ARGUMENT and count.value > 0):
+        _check(code, None, "attnKvPlan")
+    if count.value == 0:
+        return []
+    moves = (_KvMove * count.value)()
+    _check(_KvPlan(arr, len(insts), ctypes.byref(m), moves, ctypes.byref(count)), None, "attnKvPlan")
+    return [KvMove(x.src, x.dst, x.owner, x.req, x.num_blocks) for x in moves[:count.value]]

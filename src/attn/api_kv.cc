@@ -152,7 +152,7 @@ extern "C" attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req) {
 }
 
 extern "C" attnResult_t attnKvPoolGetStats(attnKvPool_t pool, attnKvPoolStats_t* stats) {
-  ErrorContext ctx("-");
+  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
   clearThreadLastError();
   ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
   ATTN_REQUIRE(stats != nullptr, "stats is NULL");
@@ -161,7 +161,7 @@ extern "C" attnResult_t attnKvPoolGetStats(attnKvPool_t pool, attnKvPoolStats_t*
 }
 
 extern "C" attnResult_t attnKvGetPlacement(attnKvPool_t pool, int64_t req, int64_t* holders, int64_t* tokens) {
-  ErrorContext ctx("-");
+  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
   clearThreadLastError();
   ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
   const KvPool& p = *pool->impl;

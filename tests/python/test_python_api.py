@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The C API from Python (python/attncomm.py, ctypes + numpy): collectives
-and ring attention on host memory, ranks as threads and as processes, and
-errors as exceptions with the library's text. Attention is checked against
+and ring attention on host memory, the distributed KV cache (pool, moves,
+attention over lent blocks, the planner), ranks as threads and as processes,
+and errors as exceptions with the library's text. Attention is checked against
 an independent float64 numpy reference. Exit 77 (skipped) without numpy."""
 import os
 import sys
+import threading
 import unittest
 
 from rank_threads import on_ranks  # first: the path to python/ and the test timeout
@@ -222,6 +224,184 @@ class LevelAttention(unittest.TestCase):
         finally:
             for c in comms:
                 c.destroy()
+
+
+def positional_attention(q, q_pos, k, v, k_pos, causal, scale=None):
+    """Float64 softmax attention of rows q [rows, Hq, D] over keys k, v
+    [keys, Hkv, D] of one request (GQA: query head h reads kv head
+    h // (Hq / Hkv)); with causal, a key is seen when its position <= the
+    query's. Returns out [rows, Hq, D] and the natural-log lse [rows, Hq]."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    scale = 1.0 / np.sqrt(q.shape[2]) if scale is None else scale
+    kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.einsum("qhd,khd->hqk", q, kk) * scale
+    if causal:
+        s = np.where(np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None], s, -np.inf)
+    m = s.max(axis=2, keepdims=True)
+    e = np.exp(s - m)
+    z = e.sum(axis=2, keepdims=True)
+    return np.einsum("hqk,khd->qhd", e / z, vv), (m + np.log(z))[:, :, 0].T
+
+
+class KvCache(unittest.TestCase):
+    """The distributed KV cache (attnKvPool*) from Python: 3 ranks as threads
+    append requests, rank 0 lends blocks of its request to rank 1, and each
+    rank's attention over its requests (decode rows everywhere, a causal chunk
+    on rank 0) equals a float64 numpy reference over all of the request's
+    tokens, wherever they are stored."""
+
+    N, BLOCK, HQ, HKV, D, CAPACITY = 3, 4, 4, 2, 8, 16
+    # rank -> {request id: tokens}; positions have gaps so causality is on
+    # positions, not rows
+    REQUESTS = {0: {10: 23}, 1: {11: 17}, 2: {20: 9, 21: 6}}
+
+    def make_tokens(self, rng, count, first_pos):
+        k = rng.uniform(-1, 1, (count, self.HKV, self.D)).astype(np.float32)
+        v = rng.uniform(-1, 1, (count, self.HKV, self.D)).astype(np.float32)
+        return k, v, first_pos + 2 * np.arange(count)
+
+    def check_attention(self, r, pool, tokens, reqs, q_rows, q_pos, causal, rng):
+        """Runs pool.attention for reqs with q_rows[i] rows each and checks it
+        against positional_attention over tokens[req] (k, v, pos)."""
+        rows = sum(q_rows)
+        q = rng.uniform(-1, 1, (rows, self.HQ, self.D)).astype(np.float32)
+        offsets = np.cumsum([0] + list(q_rows)).tolist()
+        out, lse = pool.attention(reqs, offsets, q, q_pos=q_pos if causal else None, causal=causal)
+        self.assertEqual((out.shape, out.dtype, lse.shape, lse.dtype),
+                         (q.shape, np.float32, (rows, self.HQ), np.float32))
+        for i, req in enumerate(reqs):
+            k, v, pos = tokens[req]
+            sl = slice(offsets[i], offsets[i + 1])
+            want_o, want_lse = positional_attention(q[sl], None if q_pos is None else q_pos[sl], k, v, pos, causal)
+            scale = np.abs(want_o).max(initial=1e-30)
+            self.assertLess(np.abs(out[sl] - want_o).max(initial=0) / scale, 1e-4, f"rank {r}, request {req}: out")
+            self.assertLess(np.abs(lse[sl] - want_lse).max(initial=0), 1e-4, f"rank {r}, request {req}: lse")
+
+    def test_lent_blocks_stay_in_attention_and_bad_calls_fail_everywhere(self):
+        comms = ac.Comm.init_all(self.N)
+        barrier = threading.Barrier(self.N)
+
+        def body(r, c):
+            rng = np.random.default_rng(100 + r)
+            with c.kv_pool(self.BLOCK, self.HKV, self.D, ac.FLOAT32, self.CAPACITY) as pool:
+                tokens = {}
+                for req, count in self.REQUESTS[r].items():
+                    tokens[req] = self.make_tokens(rng, count, first_pos=5 + r)
+                    pool.append(req, *tokens[req])
+
+                # rank 0 lends the 3 oldest full blocks of its 23-token request
+                # (6 blocks) to rank 1
+                granted = pool.migrate([(0, 1, 0, 10, 3)] if r == 0 else [])
+                np.testing.assert_array_equal(granted, [3] if r == 0 else np.zeros(0, np.int64))
+                stats = pool.stats()
+                want = {0: dict(used_blocks=3, lent_in_blocks=0, lent_out_blocks=3, num_requests=1),
+                        1: dict(used_blocks=5 + 3, lent_in_blocks=3, lent_out_blocks=0, num_requests=1),
+                        2: dict(used_blocks=3 + 2, lent_in_blocks=0, lent_out_blocks=0, num_requests=2)}[r]
+                self.assertEqual(stats, dict(capacity_blocks=self.CAPACITY, **want), f"rank {r}")
+                if r == 0:
+                    holders, count = pool.placement(10)
+                    np.testing.assert_array_equal(holders, [3, 3, 0])
+                    self.assertEqual((holders.dtype, count), (np.int64, 23))
+                    # 2 more tokens: one fills the last block (still here), one opens a block
+                    k, v, pos = tokens[10]
+                    k2, v2, _ = self.make_tokens(rng, 2, 0)
+                    pos2 = pos[-1] + 2 + 2 * np.arange(2)
+                    pool.append(10, k2, v2, pos2)
+                    tokens[10] = (np.concatenate([k, k2]), np.concatenate([v, v2]), np.concatenate([pos, pos2]))
+                    holders, count = pool.placement(10)
+                    np.testing.assert_array_equal(holders, [4, 3, 0])
+                    self.assertEqual(count, 25)
+                    with self.assertRaises(ac.AttnError) as e:  # a local error: this rank only
+                        pool.placement(11)
+                    self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
+                    self.assertIn("11", str(e.exception))
+
+                # decode rows (one per request, after its last token); on rank
+                # 0 also a causal chunk at key positions, between keys and after
+                reqs = sorted(tokens)
+                decode_pos = np.array([tokens[q][2][-1] + 1 for q in reqs], np.int32)
+                self.check_attention(r, pool, tokens, reqs, [1] * len(reqs), decode_pos, True, rng)
+                if r == 0:
+                    kp = tokens[10][2]
+                    chunk_pos = np.array([kp[0], kp[3], kp[3] + 1, kp[11], kp[20], kp[-1], kp[-1] + 7], np.int32)
+                    self.check_attention(r, pool, tokens, [10], [len(chunk_pos)], chunk_pos, True, rng)
+                elif r == 1:  # not causal: every key, no positions
+                    self.check_attention(r, pool, tokens, [11], [3], None, False, rng)
+                else:
+                    self.check_attention(r, pool, tokens, [], [], np.zeros(0, np.int32), True, rng)
+
+                # bad input on one rank fails the collective on every rank: a
+                # request rank 2 does not have (seen by the library) ...
+                q = np.zeros((len(reqs), self.HQ, self.D), np.float32)
+                bad = [999] + reqs[1:] if r == 2 else reqs
+                with self.assertRaises(ac.AttnError) as e:
+                    pool.attention(bad, list(range(len(reqs) + 1)), q, decode_pos)
+                if r == 2:
+                    self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
+                    self.assertIn("999", str(e.exception))
+                else:
+                    self.assertIn("rank 2", str(e.exception))
+                # ... and a wrong dtype on rank 1, a list on rank 0 (refused by
+                # the module, which still tells the peers)
+                with self.assertRaises(ac.AttnError) as e:
+                    pool.attention(reqs, list(range(len(reqs) + 1)),
+                                   {0: q.tolist(), 1: q.astype(np.float64)}.get(r, q), decode_pos)
+                if r == 1:
+                    self.assertIn("float64", str(e.exception))
+                with self.assertRaises(ac.AttnError):  # a move from a request rank 0 lacks
+                    pool.migrate([(0, 2, 0, 77, 1)] if r == 0 else [])
+                # the pool still works afterwards
+                self.check_attention(r, pool, tokens, reqs, [1] * len(reqs), decode_pos, True, rng)
+
+                # releasing frees the lent blocks at the next collective call
+                barrier.wait()
+                if r == 0:
+                    pool.release(10)
+                pool.migrate([])
+                self.assertEqual(pool.stats()["used_blocks"], {0: 0, 1: 5, 2: 5}[r], f"rank {r}")
+                self.assertEqual(pool.stats()["lent_in_blocks"], 0)
+                # nobody is a debtor now (rank 0 has no request, the others
+                # exceed the batch threshold): rebalancing moves nothing
+                model = dict(nonattn_us_base=100.0, nonattn_us_per_req=10.0, attn_us_per_block=0.1, num_layers=1,
+                             debtor_max_batch=0, creditor_max_util=0.9)
+                self.assertEqual(pool.rebalance(model), 0)
+
+        try:
+            on_ranks(comms, body)
+        finally:
+            for c in comms:
+                c.destroy()
+
+    def test_plan_moves_blocks_from_the_debtor(self):
+        model = dict(nonattn_us_base=100.0, nonattn_us_per_req=10.0, attn_us_per_block=0.1, num_layers=1,
+                     debtor_max_batch=2, creditor_max_util=0.5)
+        # instance 0: small batch, nearly full, 4 requests waiting for 10
+        # blocks each; instance 1: big batch, mostly free memory
+        debtor = dict(batch_size=1, pending_requests=4, pending_blocks=10, capacity_blocks=100, used_blocks=95,
+                      longest_req=7, longest_req_blocks=90)
+        creditor = dict(batch_size=8, capacity_blocks=100, used_blocks=10)
+        moves = ac.kv_plan([debtor, creditor], model)
+        self.assertEqual(len(moves), 1)
+        m = moves[0]
+        self.assertEqual((m.src, m.dst, m.owner, m.req), (0, 1, 0, 7))
+        # 35 blocks free 40, enough for all 4 waiting requests; past that the
+        # creditor loses more throughput per block than the debtor gains
+        self.assertEqual(m.num_blocks, 35)
+        self.assertEqual(moves, ac.kv_plan([debtor, creditor], {**model}))  # deterministic
+        # two debtors: the count comes first, then every move
+        moves = ac.kv_plan([debtor, creditor, dict(debtor, longest_req=9)], dict(model, creditor_max_util=0.9))
+        self.assertGreaterEqual(len(moves), 2)
+        self.assertEqual({(m.src, m.owner, m.req) for m in moves}, {(0, 0, 7), (2, 2, 9)})
+        self.assertTrue(all(m.dst == 1 and m.num_blocks > 0 for m in moves))
+        # no debtor, no move; a bad model is the library's error
+        self.assertEqual(ac.kv_plan([creditor, creditor], model), [])
+        with self.assertRaises(ac.AttnError) as e:
+            ac.kv_plan([debtor, creditor], dict(model, num_layers=0))
+        self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
+        self.assertIn("num_layers", str(e.exception))
+        with self.assertRaises(ac.AttnError):
+            ac.kv_plan([debtor], dict(model, typo=1))
 
 
 class Merge(unittest.TestCase):

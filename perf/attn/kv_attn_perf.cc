@@ -1,0 +1,244 @@
+// kv_attn_perf: DistAttention decode over the distributed KV cache.
+// Rank 0 owns one long request (-L tokens); the other ranks are creditors.
+// For each lent fraction (-f), rank 0 lends that share of the request's
+// blocks evenly to the creditors (attnKvMigrate, timed: the cost of moving
+// KV), then decodes: attnKvAttention of one query row ships the query to
+// the holders, which attend over their blocks in parallel and return
+// (O, LSE) to merge. Reported per fraction, medians over iterations of
+// rank 0's time: the decode step and its speed-up over f = 0 (all blocks at
+// home: one rank attends alone, the baseline), the bytes a step ships
+// (queries out, partials back) against the KV bytes that stay put, and the
+// migration's time and GB/s (what moving the KV to the query instead would
+// cost per step). Each output is checked against the f = 0 output; the run
+// fails when they differ beyond rounding.
+//
+//   kv_attn_perf -p 2 -L 32768 -f 0,0.25,0.5,0.75
+#include <getopt.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+#include "kernels/cpu/convert.h"
+#include "perf/launch.h"
+#include "perf/timing.h"
+
+using namespace attnperf;
+
+namespace {
+
+struct Options {
+  int threads = 0, procs = 0;
+  int64_t length = 32768;
+  int blockTokens = 16;
+  int hq = 32, hkv = 8, d = 128;
+  attnDataType_t dtype = attnFloat32;
+  int iters = 20, warmup = 3;
+  std::vector<double> fractions{0, 0.25, 0.5, 0.75};
+};
+
+void usage() {
+  fprintf(stderr,
+          "usage: kv_attn_perf [-t threads | -p procs] [-L tokens] [-b block_tokens] [-H hq:hkv:d]\n"
+          "                    [-d fp32|bf16|fp16] [-f f1,f2,...] [-n iters] [-w warmup]\n");
+}
+
+bool parse(int argc, char** argv, Options* o) {
+  int c;
+  while ((c = getopt(argc, argv, "t:p:L:b:H:d:f:n:w:h")) != -1) {
+    switch (c) {
+      case 't': o->threads = atoi(optarg); break;
+      case 'p': o->procs = atoi(optarg); break;
+      case 'L': o->length = atoll(optarg); break;
+      case 'b': o->blockTokens = atoi(optarg); break;
+      case 'H': if (sscanf(optarg, "%d:%d:%d", &o->hq, &o->hkv, &o->d) != 3) return false; break;
+      case 'd':
+        if (!strcmp(optarg, "fp32")) o->dtype = attnFloat32;
+        else if (!strcmp(optarg, "bf16")) o->dtype = attnBfloat16;
+        else if (!strcmp(optarg, "fp16")) o->dtype = attnFloat16;
+        else return false;
+        break;
+      case 'f': {
+        o->fractions.clear();
+        for (char* s = strtok(optarg, ","); s; s = strtok(nullptr, ",")) o->fractions.push_back(atof(s));
+        break;
+      }
+      case 'n': o->iters = atoi(optarg); break;
+      case 'w': o->warmup = atoi(optarg); break;
+      default: return false;
+    }
+  }
+  if (o->threads == 0 && o->procs == 0) o->threads = 2;
+  const int n = o->procs ? o->procs : o->threads;
+  return n >= 2 && o->length >= 1 && o->blockTokens >= 1 && o->iters >= 1 && o->warmup >= 0 &&
+         o->hq >= 1 && o->hkv >= 1 && o->hq % o->hkv == 0 && o->d >= 1 && o->d <= 256;
+}
+
+bool ok(attnResult_t r, attnComm_t comm, const char* what) {
+  if (r == attnSuccess) return true;
+  fprintf(stderr, "%s failed: %s (%s)\n", what, attnGetErrorString(r), attnGetLastError(comm));
+  return false;
+}
+
+float valueOf(uint64_t i) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + 0x5bd1e995u;
+  z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 29;
+  return static_cast<float>((z >> 40) / 8388608.0 - 1.0);
+}
+
+std::vector<char> values(attnDataType_t t, size_t count, uint64_t seed) {
+  std::vector<float> f(count);
+  for (size_t i = 0; i < count; ++i) f[i] = valueOf(seed + i);
+  std::vector<char> out(count * (t == attnFloat32 ? 4 : 2));
+  if (attn::cpu::convertFromFloat(out.data(), t, f.data(), count) != attnSuccess) out.clear();
+  return out;
+}
+
+struct Row {
+  double f = 0;
+  int64_t lent = 0;
+  double stepUs = 0, migrateUs = 0;
+  double maxDiff = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, &o)) {
+    usage();
+    return 2;
+  }
+  const int nranks = o.procs ? o.procs : o.threads;
+  const size_t es = o.dtype == attnFloat32 ? 4 : 2;
+  const int64_t blocks = (o.length + o.blockTokens - 1) / o.blockTokens;
+  RankBody body = [&](attnComm_t comm) -> int {
+    int me, n;
+    attnCommUserRank(comm, &me);
+    attnCommCount(comm, &n);
+    attnKvPoolConfig_t pc{};
+    pc.block_tokens = o.blockTokens;
+    pc.num_kv_heads = o.hkv;
+    pc.head_dim = o.d;
+    pc.dtype = o.dtype;
+    pc.capacity_blocks = me == 0 ? blocks : blocks / (n - 1) + 1;
+    attnKvPool_t pool = nullptr;
+    if (!ok(attnKvPoolCreate(comm, &pc, &pool), comm, "attnKvPoolCreate")) return 1;
+    const int64_t req = 1;
+    if (me == 0) {
+      // Appended in pieces, as decoding would (positions 0 .. L-1).
+      const int64_t piece = 4096;
+      const size_t row = size_t(o.hkv) * size_t(o.d);
+      for (int64_t at = 0; at < o.length; at += piece) {
+        const int64_t m = std::min(piece, o.length - at);
+        std::vector<char> k = values(o.dtype, size_t(m) * row, uint64_t(at) * row * 2);
+        std::vector<char> v = values(o.dtype, size_t(m) * row, uint64_t(at) * row * 2 + 7777777);
+        std::vector<int32_t> pos(static_cast<size_t>(m));
+        for (int64_t i = 0; i < m; ++i) pos[size_t(i)] = int32_t(at + i);
+        if (!ok(attnKvAppend(pool, req, k.data(), v.data(), pos.data(), int(m)), comm, "attnKvAppend")) return 1;
+      }
+    }
+    attnAttnConfig_t cfg{};
+    cfg.num_q_heads = o.hq;
+    cfg.num_kv_heads = o.hkv;
+    cfg.head_dim = o.d;
+    cfg.dtype = o.dtype;
+    cfg.causal = 1;
+    const std::vector<char> q = values(o.dtype, size_t(o.hq) * o.d, 12345);
+    std::vector<char> out(q.size()), home(q.size());
+    std::vector<float> lse(size_t(o.hq));
+    const int32_t offs[2] = {0, 1};
+    const int32_t qpos = int32_t(o.length);
+    auto step = [&]() {
+      return me == 0 ? attnKvAttention(pool, 1, &req, offs, q.data(), &qpos, out.data(), lse.data(), &cfg)
+                     : attnKvAttention(pool, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &cfg);
+    };
+    // The blocks held by each creditor (rank 0 knows; the others learn by
+    // being told nothing: they return what they hold of request 1).
+    auto returnAll = [&]() -> bool {
+      std::vector<attnKvMove_t> moves;
+      attnKvPoolStats_t st{};
+      attnKvPoolGetStats(pool, &st);
+      if (me != 0 && st.lent_in_blocks > 0) moves.push_back({me, 0, 0, req, st.lent_in_blocks});
+      return ok(attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr), comm, "attnKvMigrate (return)");
+    };
+    std::vector<Row> rows;
+    for (double f : o.fractions) {
+      Row r;
+      r.f = f;
+      const int64_t movable = blocks - 1;
+      const int64_t lend = std::min<int64_t>(movable, int64_t(std::floor(f * double(movable))));
+      std::vector<double> mig, steps;
+      for (int it = 0; it < o.warmup + o.iters; ++it) {
+        if (!returnAll()) return 1;
+        std::vector<attnKvMove_t> moves;
+        if (me == 0)
+          for (int c = 1; c < n; ++c) {
+            const int64_t share = lend * c / (n - 1) - lend * (c - 1) / (n - 1);
+            if (share > 0) moves.push_back({0, c, 0, req, share});
+          }
+        std::vector<int64_t> granted(moves.size());
+        if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
+        const double t0 = nowUs();
+        if (!ok(attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()), comm, "attnKvMigrate"))
+          return 1;
+        const double t1 = nowUs();
+        for (size_t i = 0; i < moves.size(); ++i)
+          if (granted[i] != moves[i].num_blocks) {
+            fprintf(stderr, "rank %d: move %zu refused\n", me, i);
+            return 1;
+          }
+        if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
+        const double t2 = nowUs();
+        if (!ok(step(), comm, "attnKvAttention")) return 1;
+        const double t3 = nowUs();
+        if (it >= o.warmup) {
+          mig.push_back(t1 - t0);
+          steps.push_back(t3 - t2);
+        }
+      }
+      r.lent = lend;
+      r.migrateUs = summarize(mig).medianUs;
+      r.stepUs = summarize(steps).medianUs;
+      if (me == 0) {
+        if (rows.empty()) home = out;
+        std::vector<float> a(q.size() / es), b(q.size() / es);
+        if (attn::cpu::convertToFloat(a.data(), out.data(), o.dtype, a.size()) != attnSuccess ||
+            attn::cpu::convertToFloat(b.data(), home.data(), o.dtype, b.size()) != attnSuccess)
+          return 1;
+        for (size_t i = 0; i < a.size(); ++i) r.maxDiff = std::max(r.maxDiff, double(std::fabs(a[i] - b[i])));
+      }
+      rows.push_back(r);
+    }
+    int rc = 0;
+    if (me == 0) {
+      const double kvBlockBytes = 2.0 * o.blockTokens * o.hkv * o.d * double(es);
+      const double bound = o.dtype == attnFloat32 ? 1e-5 : 1e-2;
+      printf("# kv_attn_perf: %d ranks, one request of %lld tokens on rank 0, blocks of %d, heads %d/%d x %d, %s\n",
+             n, (long long)o.length, o.blockTokens, o.hq, o.hkv, o.d,
+             o.dtype == attnFloat32 ? "fp32" : o.dtype == attnBfloat16 ? "bf16" : "fp16");
+      printf("# medians of %d iterations (rank 0's time); baseline: f = %g, the owner attends alone\n", o.iters,
+             rows.front().f);
+      printf("%6s %8s %12s %8s %12s %12s %12s %10s %10s\n", "lent", "blocks", "step_us", "speedup",
+             "shipped_B", "kv_lent_B", "migrate_us", "mig_GB/s", "max|diff|");
+      for (const Row& r : rows) {
+        const int holders = r.lent > 0 ? std::min<int64_t>(n - 1, r.lent) : 0;
+        const double shipped = holders * (double(q.size()) + double(o.hq) * (o.d + 1) * 4.0);
+        const double lentBytes = double(r.lent) * kvBlockBytes;
+        printf("%6.2f %8lld %12.1f %7.2fx %12.0f %12.0f %12.1f %10.2f %10.2e%s\n", r.f, (long long)r.lent,
+               r.stepUs, rows.front().stepUs / r.stepUs, shipped, lentBytes, r.migrateUs,
+               r.migrateUs > 0 ? lentBytes / r.migrateUs / 1e3 : 0.0, r.maxDiff, r.maxDiff > bound ? "  FAIL" : "");
+        if (r.maxDiff > bound) rc = 1;
+      }
+      fflush(stdout);
+    }
+    attnKvPoolDestroy(pool);
+    return rc;
+  };
+  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+}
