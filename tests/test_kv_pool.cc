@@ -344,7 +344,7 @@ TEST(KvMigrate, DestinationGrantsFirstComeFirstServedWhileSpaceLasts) {
 }
 
 // Releasing a request frees its blocks at home at once and on its holders
-// at the next collective call.
+// at the next collective call that goes through (a failed one keeps it owed).
 TEST(KvRelease, HoldersFreeTheBlocksAtTheNextCall) {
   RunThreads(2, [&](int rank, int n, attnComm_t& comm) {
     const attnKvPoolConfig_t cfg = PoolCfg(4, 16);
@@ -362,7 +362,10 @@ TEST(KvRelease, HoldersFreeTheBlocksAtTheNextCall) {
       ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
       EXPECT_EQ(st.used_blocks, 0);
     }
-    // Any collective call on the pool delivers the release.
+    // A call that fails (rank 1's move is bad) must not lose the release...
+    attnKvMove_t bad = {rank, rank, rank, 9, 1};
+    EXPECT_NE(attnKvMigrate(pool, rank == 1 ? &bad : nullptr, rank == 1 ? 1 : 0, nullptr), attnSuccess);
+    // ...and the next collective call on the pool delivers it.
     ExpectExact(CheckAttention(pool, comm, rank, {}, attnFloat32, true), attnFloat32, "no queries");
     ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
     EXPECT_EQ(st.used_blocks, 0) << "rank " << rank;

@@ -180,6 +180,7 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   }
   PeerExchange got;
   ATTN_CHECK(exchangeWithPeers(e, me, n, "attnKvAttention", localStatus, out, &got));
+  pool.releasesDelivered();
 
   // Replies to our queries may land from now on.
   std::vector<std::vector<float>> replies(static_cast<size_t>(n));

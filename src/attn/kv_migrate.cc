@@ -162,6 +162,7 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
   }
   PeerExchange got;
   ATTN_CHECK(exchangeWithPeers(e, me, n, "attnKvMigrate", localStatus, out, &got));
+  pool.releasesDelivered();
 
   std::vector<std::vector<TryMove>> asks(static_cast<size_t>(n));
   for (int p = 0; p < n; ++p) {

@@ -120,11 +120,14 @@ attnKvPoolStats_t KvPool::stats() const {
   return s;
 }
 
-void KvPool::writeReleases(int peer, WireOut& out) {
-  std::vector<int64_t>& r = releasedAt[size_t(peer)];
+void KvPool::writeReleases(int peer, WireOut& out) const {
+  const std::vector<int64_t>& r = releasedAt[size_t(peer)];
   out.put(uint32_t(r.size()));
   for (int64_t id : r) out.put(id);
-  r.clear();
+}
+
+void KvPool::releasesDelivered() {
+  for (auto& r : releasedAt) r.clear();
 }
 
 attnResult_t KvPool::readReleases(int peer, WireIn& in) {

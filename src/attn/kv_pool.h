@@ -73,9 +73,12 @@ class KvPool {
 
   attnKvPoolStats_t stats() const;
 
-  // The releases owed to `peer`, written to (and cleared into) a payload;
-  // and those a peer sent, applied (its blocks here are freed).
-  void writeReleases(int peer, class WireOut& out);
+  // The releases owed to `peer`, written to a payload; forgotten only once
+  // every peer has them (a call that fails before its exchange completes
+  // sends them again next time). And those a peer sent, applied (its blocks
+  // here are freed).
+  void writeReleases(int peer, class WireOut& out) const;
+  void releasesDelivered();
   attnResult_t readReleases(int peer, class WireIn& in);
 
   std::map<int64_t, KvOwnRequest> own;

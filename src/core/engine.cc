@@ -225,15 +225,17 @@ attnResult_t Engine::waitAll(Request* reqs, size_t n) {
       ++first;
     }
     if (first == n) return attnSuccess;
-    bool progressed = false;
-    ATTN_CHECK(progress(&progressed));
-    if (progressed) {
-      spins = 0;
-      lastProgress = std::chrono::steady_clock::now();
-    } else {
-      ATTN_CHECK(idleWait(&spins, &lastProgress));
-    }
+    ATTN_CHECK(driveOnce(&spins, &lastProgress));
   }
+}
+
+attnResult_t Engine::driveOnce(int* spins, std::chrono::steady_clock::time_point* lastProgress) {
+  bool progressed = false;
+  ATTN_CHECK(progress(&progressed));
+  if (!progressed) return idleWait(spins, lastProgress);
+  *spins = 0;
+  *lastProgress = std::chrono::steady_clock::now();
+  return attnSuccess;
 }
 
 attnResult_t Engine::waitAny(Request* const* reqs, size_t n, size_t* done) {
@@ -246,14 +248,7 @@ attnResult_t Engine::waitAny(Request* const* reqs, size_t n, size_t* done) {
         *done = i;
         return checkRequest(reqs[i]);
       }
-    bool progressed = false;
-    ATTN_CHECK(progress(&progressed));
-    if (progressed) {
-      spins = 0;
-      lastProgress = std::chrono::steady_clock::now();
-    } else {
-      ATTN_CHECK(idleWait(&spins, &lastProgress));
-    }
+    ATTN_CHECK(driveOnce(&spins, &lastProgress));
   }
 }
 

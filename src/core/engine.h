@@ -85,6 +85,8 @@ class Engine {
 
  private:
   attnResult_t checkRequest(Request* req);
+  // One progress pass; when nothing moved, a spin or a sleep (idleWait).
+  attnResult_t driveOnce(int* spins, std::chrono::steady_clock::time_point* lastProgress);
   attnResult_t timeoutError();
   // The transports with unfinished work on some connection (locks mu_).
   std::vector<Transport*> busyTransports();
