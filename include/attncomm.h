@@ -398,8 +398,16 @@ typedef enum {
   attnModePassKV = 1, /* ring: KV rotates, Q stays (CP paper Alg. 2) */
   attnModePassQ = 2,  /* ring: Q rotates, partial outputs return by
                          all-to-all and merge on receive (Alg. 3) */
-  attnModeShipQ = 3   /* one hop: Q goes to every KV holder, partials come
+  attnModeShipQ = 3,  /* one hop: Q goes to every KV holder, partials come
                          back and merge on receive (decode, small N) */
+  attnModeHeadParallel = 4 /* all-to-all over heads (CSPS SP-NTP,
+                         DeepSpeed-Ulysses): each rank gets the whole
+                         sequence for a share of the heads, attends, and a
+                         second all-to-all brings the outputs home. Sends
+                         (N-1)/N of Q, K, V and O per rank instead of N-1 KV
+                         blocks; balanced whatever the placement. KV heads
+                         are replicated when num_kv_heads < N. Host
+                         communicators only; AUTO never picks it */
 } attnAttnMode_t;
 
 /* Exact attention of this rank's queries over the keys of all ranks.

@@ -455,6 +455,30 @@ TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
   }, OnGpu0(&cfg));
 }
 
+// Head-parallel attention runs on host communicators only: a device one
+// refuses it at once, with a reason, and stays usable.
+TEST(DeviceComm, HeadParallelModeIsRefusedWithAReason) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(2, [](int, int, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    const attnAttnConfig_t acfg{4, 2, 64, attnBfloat16, 0.f, 1};
+    const attnSeqLayout_t lay{0, nullptr, nullptr, nullptr, nullptr};
+    EXPECT_EQ(attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg,
+                                attnModeHeadParallel, comm, (attnStream_t)s),
+              attnInvalidUsage);
+    EXPECT_NE(std::string(attnGetLastError(comm)).find("host communicators"), std::string::npos)
+        << attnGetLastError(comm);
+    EXPECT_EQ(attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg,
+                                attnModePassKV, comm, (attnStream_t)s),
+              attnSuccess)
+        << attnGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
+}
+
 // Self pairs that do not match fail at attnGroupEnd, before anything is
 // enqueued.
 TEST(DeviceComm, UnmatchedSelfSendInAGroupIsRefused) {

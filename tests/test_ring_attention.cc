@@ -210,7 +210,7 @@ TEST_P(RingAttentionThreads, SweepEqualsReference) {
   std::vector<Job> jobs;
   uint64_t seed = 1000 + n;
   for (const attnAttnConfig_t& cfg : AllSweepConfigs()) {
-    AddScenarios(&jobs, cfg, n, seed++, {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto});
+    AddScenarios(&jobs, cfg, n, seed++, {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto, attnModeHeadParallel});
     if (HasFatalFailure()) return;
   }
   RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "threads"); },
@@ -236,7 +236,7 @@ TEST_P(RingAttentionProcesses, SweepEqualsReference) {
     if (static_cast<int>(i % ns.size()) != slot && static_cast<int>((i + 3) % ns.size()) != slot)
       continue;
     AddScenarios(&jobs, cfgs[i], n, 5000 + 31 * n + i,
-                 {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto});
+                 {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto, attnModeHeadParallel});
     if (HasFatalFailure()) return;
   }
   RunProcesses(n, [&](int rank, int, attnComm_t& comm) { RunJobsOnRank(jobs, rank, comm, "processes"); },

@@ -187,6 +187,7 @@ const char* modeName(int mode) {
     case attnModePassKV: return "pass-kv";
     case attnModePassQ: return "pass-q";
     case attnModeShipQ: return "ship-q";
+    case attnModeHeadParallel: return "heads";
     default: return "sequential";
   }
 }

@@ -18,7 +18,8 @@ void usage(const char* prog, bool decode) {
           "          [-L tokens] %s [-H q_heads] [-K kv_heads] [-D head_dim]\n"
           "          [-d float|half|bfloat16] [-C 0|1 causal] [-M modes] [-G device]\n"
           "  modes: comma list of kv, q, ship, auto, seq (all-gather KV then compute,\n"
-          "         on the host or, with -G, on the device)\n"
+          "         on the host or, with -G, on the device), heads (all-to-all over\n"
+          "         heads, CSPS SP-NTP / Ulysses; host only)\n"
           "  -G DEV: tensors on CUDA device DEV, every rank on it, one stream per rank\n"
           "  -k KEEPS (level_attn_perf): comma list of host:rack:cluster keep fractions\n",
           prog, decode ? "[-b batch sizes, e.g. 1,4,16]" : "[-m miss rates, e.g. 1,0.1,0.01] [-B seqs]");
@@ -69,6 +70,7 @@ bool parseModes(const char* s, std::vector<int>* out) {
     if (tok == "kv") out->push_back(attnModePassKV);
     else if (tok == "q") out->push_back(attnModePassQ);
     else if (tok == "ship") out->push_back(attnModeShipQ);
+    else if (tok == "heads") out->push_back(attnModeHeadParallel);
     else if (tok == "auto") out->push_back(attnModeAuto);
     else if (tok == "seq") out->push_back(-1);
     else return false;

@@ -29,6 +29,7 @@ attnResult_t (*hostAlgorithm(attnAttnMode_t mode))(AttnCall&) {
     case attnModePassKV: return runPassKv;
     case attnModePassQ: return runPassQ;
     case attnModeShipQ: return runShipQ;
+    case attnModeHeadParallel: return runHeadParallel;
     default: return nullptr;
   }
 }
@@ -105,8 +106,12 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (stream != nullptr && !deviceRoute(comm))
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
-  if (mode < attnModeAuto || mode > attnModeShipQ)
+  if (mode < attnModeAuto || mode > attnModeHeadParallel)
     return call.finish(setError(attnInvalidArgument, "unknown attention mode %d", (int)mode));
+  if (mode == attnModeHeadParallel && deviceRoute(comm))
+    return call.finish(setError(attnInvalidUsage,
+                                "attnModeHeadParallel runs on host communicators; this one is on "
+                                "device %d (use a ring mode there)", comm->config.device));
   int64_t qRows, kvRows;
   ATTN_CHECK(call.finish(checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows)));
   attnSeqLayout_t lay = *layout;

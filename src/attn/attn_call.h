@@ -78,5 +78,6 @@ cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& 
 attnResult_t runPassKv(AttnCall& c);
 attnResult_t runPassQ(AttnCall& c);
 attnResult_t runShipQ(AttnCall& c);
+attnResult_t runHeadParallel(AttnCall& c);
 
 }  // namespace attn

@@ -132,7 +132,7 @@ class RingAttention(unittest.TestCase):
         ref_o, ref_lse = exact_attention(q, k, v, new_lens, cached_lens)
         shards = ac.plan_prefill(new_lens, n, cached_lens)
         comms = ac.Comm.init_all(n)
-        modes = (ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_AUTO)
+        modes = (ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_AUTO, ac.MODE_HEAD_PARALLEL)
 
         def body(r, c):
             s = shards[r]

@@ -67,6 +67,7 @@ const char* ModeName(attnAttnMode_t m) {
     case attnModePassKV: return "pass-KV";
     case attnModePassQ: return "pass-Q";
     case attnModeShipQ: return "ship-Q";
+    case attnModeHeadParallel: return "head-parallel";
   }
   return "?";
 }

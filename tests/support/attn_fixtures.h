@@ -152,7 +152,7 @@ void ExpectRingAttentionExact(const AttnCase& c, const Placement& pl, int rank, 
 
 const char* ModeName(attnAttnMode_t m);
 constexpr attnAttnMode_t kAllModes[] = {attnModePassKV, attnModePassQ, attnModeShipQ,
-                                        attnModeAuto};
+                                        attnModeAuto, attnModeHeadParallel};
 
 // A plain loop attention kernel for attnCommSetAttnKernel, fp32 math,
 // any dtype. user_data: an AttnKernelCounter (may be NULL).

@@ -1,0 +1,394 @@
+// Head-parallel attention (CSPS §3.2.1 SP-NTP; DeepSpeed-Ulysses). Ranks
+// hold a share of the sequence for every head; one all-to-all turns that into
+// the whole sequence for a share of the heads (head_groups.h), each rank
+// computes exact attention for its heads, and a second all-to-all brings
+// every rank the outputs of its own rows for all heads. No partial crosses
+// the network: a head is computed in full at one rank, so the returns are
+// plain outputs in the model's dtype (and the lse in fp32).
+//
+// Causal work is balanced by construction (every rank sees the whole
+// sequence), so no 2N-chunk sharding is needed. Traffic per rank is
+// (N-1)/N of its Q, K, V and O, against pass-KV's (N-1) KV blocks; the
+// price is that KV heads are replicated when Hkv < N.
+//
+// Overlap: a rank does not wait for the whole sequence. Its share is a grid
+// of (queries from rank a, keys from rank b) pairs; when rank a's message
+// arrives every pair it completes is folded in (online softmax), and the
+// outputs for a rank go home as soon as its row of the grid is complete.
+//
+// Between two ranks the order is: the sender's rows for the receiver's
+// heads, then the receiver's outputs for the sender's rows.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "src/attn/attn_call.h"
+#include "src/attn/break_on_early_exit.h"
+#include "src/attn/head_groups.h"
+#include "src/attn/progress_thread.h"
+#include "src/core/datatype.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace attn {
+namespace {
+
+size_t roundUp64(size_t x) { return (x + 63) & ~size_t(63); }
+
+// Sizes of one rank's rows for one head group: a Q block, then (64-byte
+// aligned) a KV block, both self-describing (wire.h).
+struct HeadsMessage {
+  BlockLayout q, kv;
+  size_t kvAt, total;
+  HeadsMessage(int numSeqs, int64_t qRows, int64_t kvRows, size_t qRowBytes, size_t kvRowBytes)
+      : q(BlockLayout::of(numSeqs, qRows, qRowBytes, 1)),
+        kv(BlockLayout::of(numSeqs, kvRows, kvRowBytes, 2)),
+        kvAt(roundUp64(q.total)),
+        total(kvAt + kv.total) {}
+};
+
+// Outputs of `rows` rows for a group of `heads` heads: O in the call's
+// dtype, then (64-byte aligned) the lse in fp32.
+struct ReturnMessage {
+  size_t oBytes, lseAt, total;
+  ReturnMessage(int64_t rows, int heads, int headDim, size_t elem)
+      : oBytes(static_cast<size_t>(rows) * heads * headDim * elem),
+        lseAt(roundUp64(oBytes)),
+        total(lseAt + static_cast<size_t>(rows) * heads * sizeof(float)) {}
+};
+
+// Copies heads [first, first + count) of each row: from rows of `rowHeads`
+// heads to rows of `count`.
+void copyHeads(char* dst, const void* src, int64_t rows, int rowHeads, int first, int count,
+               size_t headBytes) {
+  const char* s = static_cast<const char*>(src) + first * headBytes;
+  const size_t srcRow = rowHeads * headBytes, dstRow = count * headBytes;
+  if (count == rowHeads) {
+    if (rows) std::memcpy(dst, src, rows * srcRow);
+    return;
+  }
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * dstRow, s + i * srcRow, dstRow);
+}
+
+// Our rows for group `g` into `out` (room for the message's total).
+void packForGroup(const AttnCall& c, const HeadGroup& g, const HeadsMessage& m, char* out) {
+  const size_t headBytes = dataTypeSize(c.cfg.dtype) * c.cfg.head_dim;
+  packBlockMeta(c.comm->rank, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, g.q() * headBytes, 1,
+                out);
+  copyHeads(out + m.q.tensorAt, c.q.t0, c.q.rows, c.cfg.num_q_heads, g.qBegin, g.q(), headBytes);
+  char* kv = out + m.kvAt;
+  packBlockMeta(c.comm->rank, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows,
+                g.kv() * headBytes, 2, kv);
+  copyHeads(kv + m.kv.tensorAt, c.kv.t0, c.kv.rows, c.cfg.num_kv_heads, g.kvBegin, g.kv(), headBytes);
+  copyHeads(kv + m.kv.tensorAt + m.kv.tensorBytes, c.kv.t1, c.kv.rows, c.cfg.num_kv_heads,
+            g.kvBegin, g.kv(), headBytes);
+}
+
+// The rows of one rank for our heads, as received.
+struct Arrival {
+  RowsRef q, kv;
+};
+
+attnResult_t viewArrival(const AttnCall& c, int from, const char* data, size_t bytes,
+                         const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, Arrival* a) {
+  if (bytes != m.total)
+    return setError(attnInvalidUsage, "head-parallel: rank %d sent %zu bytes, %zu expected", from,
+                    bytes, m.total);
+  BlockView qv, kvv;
+  ATTN_CHECK(viewBlock(data, m.q.total, qRowBytes, 1, &qv));
+  ATTN_CHECK(viewBlock(data + m.kvAt, m.kv.total, kvRowBytes, 2, &kvv));
+  if (qv.origin != from || kvv.origin != from || qv.numSeqs != c.numSeqs || kvv.numSeqs != c.numSeqs ||
+      qv.rows != c.qRowsOf[from] || kvv.rows != c.kvRowsOf[from])
+    return setError(attnInternalError, "head-parallel: the rows of rank %d do not match its card", from);
+  a->q = RowsRef::of(qv);
+  a->kv = RowsRef::of(kvv);
+  return attnSuccess;
+}
+
+// Our share: the call for our heads only, with one accumulator per rank
+// whose queries we attend for, filled pair by pair as ranks' rows arrive.
+struct HeadShare {
+  AttnCall sub;  // cfg narrowed to our heads; computes and times
+  std::vector<Arrival> rows;
+  std::vector<bool> arrived;
+  std::vector<int> folded;  // key blocks folded into each rank's accumulator
+  std::vector<std::vector<float>> o, lse;
+
+  HeadShare(const AttnCall& c, const HeadGroup& g) {
+    const int n = c.comm->nranks;
+    sub.comm = c.comm;
+    sub.state = c.state;
+    sub.cfg = c.cfg;
+    sub.cfg.num_q_heads = g.q();
+    sub.cfg.num_kv_heads = g.kv();
+    sub.numSeqs = c.numSeqs;
+    rows.resize(n);
+    arrived.assign(n, false);
+    folded.assign(n, 0);
+    o.resize(n);
+    lse.resize(n);
+    for (int r = 0; r < n; ++r) {
+      o[r].resize(static_cast<size_t>(c.qRowsOf[r]) * g.q() * c.cfg.head_dim);
+      lse[r].resize(static_cast<size_t>(c.qRowsOf[r]) * g.q());
+      cpu::initAccumulator(o[r].data(), lse[r].data(), c.qRowsOf[r], g.q(), c.cfg.head_dim);
+    }
+  }
+  attnResult_t fold(int queriesOf, int keysOf) {
+    ++folded[queriesOf];
+    return sub.accumulate(rows[queriesOf].q, rows[keysOf].kv, o[queriesOf].data(), lse[queriesOf].data());
+  }
+};
+
+// The pairwise all-to-all schedule: every rank queues its rows for rank+1
+// first, then rank+2, ..., and sends its k-th message of a phase (rows out,
+// outputs home; k from 0) only once k-1 messages of that phase have reached
+// it. The ranks then send to about a permutation of each other, and a link
+// carries two flows at a time, not N-1. A completed send is no proof that
+// the bytes left (TCP completes it into the socket buffer); an arrival is.
+// Without the gate, incast over four emulated hosts at 200 Mbit/s starved
+// flows into TCP's retransmission timeouts; one flow at a time left the
+// link idle between steps (perf/RESULTS.md §10).
+//
+// The gate cannot deadlock when every rank sends and receives the same
+// number of messages per phase (every group non-empty): a rank stuck at
+// its k-th message has received fewer than it sent, so some other rank has
+// received more than it sent, which only a rank with nothing left to send
+// can. With empty groups (Hq < N) the traffic is lopsided and the gate is
+// off.
+// Messages of each phase that have reached a rank.
+struct Arrived {
+  int of[2] = {0, 0};
+};
+
+class Outbox {
+ public:
+  enum Phase { kRows = 0, kOutputs = 1 };
+  Outbox(Engine& e, int n, bool gated) : e_(e), gated_(gated), req_(new Request[2 * n]) {}
+  void queue(Phase phase, int peer, const char* data, size_t bytes) {
+    items_.push_back({phase, queued_[phase]++, peer, data, bytes});
+  }
+  // Posts the next message when the one in flight has completed and the
+  // gate is open.
+  attnResult_t pump(ProgressThread& driver, Arrived arrived) {
+    if (inflight_ >= 0) {
+      if (req_[inflight_].pending()) return attnSuccess;
+      ATTN_CHECK(driver.wait(&req_[inflight_]));
+      inflight_ = -1;
+    }
+    if (!open(arrived)) return attnSuccess;
+    const Item& m = items_[next_];
+    ATTN_CHECK(e_.isend(m.peer, m.data, m.bytes, &req_[next_]));
+    inflight_ = static_cast<int>(next_++);
+    driver.kick();
+    return attnSuccess;
+  }
+  // pump() has work: the message in flight completed, or the next may go.
+  bool movable(Arrived arrived) const {
+    return inflight_ >= 0 ? !req_[inflight_].pending() : open(arrived);
+  }
+  bool drained() const { return inflight_ < 0 && next_ == items_.size(); }
+  uint64_t bytes() const {
+    uint64_t b = 0;
+    for (const Item& m : items_) b += m.bytes;
+    return b;
+  }
+
+ private:
+  struct Item {
+    Phase phase;
+    int index;  // within its phase
+    int peer;
+    const char* data;
+    size_t bytes;
+  };
+  bool open(Arrived arrived) const {
+    if (next_ == items_.size()) return false;
+    const Item& m = items_[next_];
+    return !gated_ || arrived.of[m.phase] >= m.index - 1;
+  }
+  Engine& e_;
+  const bool gated_;
+  std::unique_ptr<Request[]> req_;  // by queue position: at most 2 per peer
+  std::vector<Item> items_;
+  int queued_[2] = {0, 0};
+  size_t next_ = 0;
+  int inflight_ = -1;
+};
+
+}  // namespace
+
+attnResult_t runHeadParallel(AttnCall& c) {
+  const int n = c.comm->nranks, me = c.comm->rank;
+  if (n == 1) return c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data());
+  Engine& e = *c.comm->engine;
+  const std::vector<HeadGroup> groups = headGroups(c.cfg.num_q_heads, c.cfg.num_kv_heads, n);
+  const HeadGroup& mine = groups[me];
+  const size_t elem = dataTypeSize(c.cfg.dtype);
+  const int D = c.cfg.head_dim;
+  const size_t headBytes = elem * D;
+  auto messageTo = [&](int from, int to) {
+    return HeadsMessage(c.numSeqs, c.qRowsOf[from], c.kvRowsOf[from], groups[to].q() * headBytes,
+                        groups[to].kv() * headBytes);
+  };
+
+  // Our rows for every group, and the outputs we send home, in shareable
+  // memory (same-host peer processes read them through a mapping).
+  PeerSlots outSlot(n), retSlot(n);
+  for (int p = 0; p < n; ++p)
+    if (!groups[p].empty()) outSlot.add(p, messageTo(me, p).total);
+  if (!mine.empty())
+    for (int p = 0; p < n; ++p)
+      if (p != me) retSlot.add(p, ReturnMessage(c.qRowsOf[p], mine.q(), D, elem).total);
+  ATTN_CHECK(c.state->outgoing.reserve(outSlot.total));
+  ATTN_CHECK(c.state->rotation[0].reserve(retSlot.total));
+  char* const out = c.state->outgoing.data();
+  char* const ret = c.state->rotation[0].data();
+
+  std::vector<std::vector<char>> in(n), home(n);
+  std::unique_ptr<Request[]> inReq(new Request[n]), homeReq(new Request[n]);
+  bool symmetric = true;
+  for (const HeadGroup& g : groups) symmetric = symmetric && !g.empty();
+  Outbox outbox(e, n, symmetric);
+  BreakOnEarlyExit guard(e);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    if (!mine.empty()) {
+      in[p].resize(messageTo(p, me).total);
+      ATTN_CHECK(e.irecv(p, in[p].data(), in[p].size(), &inReq[p]));
+    }
+    if (!groups[p].empty()) {
+      home[p].resize(ReturnMessage(c.q.rows, groups[p].q(), D, elem).total);
+      ATTN_CHECK(e.irecv(p, home[p].data(), home[p].size(), &homeReq[p]));
+    }
+  }
+  auto driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
+  // What has reached us so far (not necessarily handled yet).
+  auto look = [&] {
+    Arrived a;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      if (!mine.empty() && !inReq[p].pending()) ++a.of[Outbox::kRows];
+      if (!groups[p].empty() && !homeReq[p].pending()) ++a.of[Outbox::kOutputs];
+    }
+    return a;
+  };
+  for (int s = 1; s < n; ++s) {
+    const int p = (me + s) % n;
+    if (groups[p].empty()) continue;
+    const HeadsMessage m = messageTo(me, p);
+    auto t0 = Clock::now();
+    packForGroup(c, groups[p], m, out + outSlot.offset[p]);
+    c.stats.computeUs += usSince(t0);  // packing is local work, not waiting
+    outbox.queue(Outbox::kRows, p, out + outSlot.offset[p], m.total);
+    if (s == 1) ATTN_CHECK(outbox.pump(*driver, look()));  // it leaves while we pack the rest
+  }
+  ATTN_CHECK(outbox.pump(*driver, look()));
+
+  double waitUs = 0;
+  if (!mine.empty()) {
+    HeadShare share(c, mine);
+    const size_t qRowBytes = mine.q() * headBytes, kvRowBytes = mine.kv() * headBytes;
+    // A rank's outputs for our heads, home when its row of the grid is full.
+    auto finish = [&](int r) -> attnResult_t {
+      if (r == me) {
+        for (int64_t i = 0; i < c.q.rows; ++i) {
+          std::memcpy(&c.accO[(i * c.cfg.num_q_heads + mine.qBegin) * D],
+                      &share.o[me][i * mine.q() * D], sizeof(float) * mine.q() * D);
+          std::memcpy(&c.accLse[i * c.cfg.num_q_heads + mine.qBegin], &share.lse[me][i * mine.q()],
+                      sizeof(float) * mine.q());
+        }
+        return attnSuccess;
+      }
+      const ReturnMessage m(c.qRowsOf[r], mine.q(), D, elem);
+      char* slot = ret + retSlot.offset[r];
+      ATTN_CHECK(cpu::convertFromFloat(slot, c.cfg.dtype, share.o[r].data(), share.o[r].size()));
+      std::memcpy(slot + m.lseAt, share.lse[r].data(), share.lse[r].size() * sizeof(float));
+      outbox.queue(Outbox::kOutputs, r, slot, m.total);
+      return outbox.pump(*driver, look());
+    };
+    auto take = [&](int a) -> attnResult_t {
+      share.arrived[a] = true;
+      for (int b = 0; b < n; ++b) {  // a's keys for the queries already here
+        if (b == a || !share.arrived[b]) continue;
+        ATTN_CHECK(share.fold(b, a));
+        ATTN_CHECK(outbox.pump(*driver, look()));
+        if (share.folded[b] == n) ATTN_CHECK(finish(b));
+      }
+      for (int b = 0; b < n; ++b)  // a's queries over every key here
+        if (share.arrived[b]) ATTN_CHECK(share.fold(a, b));
+      if (share.folded[a] == n) ATTN_CHECK(finish(a));
+      return outbox.pump(*driver, look());
+    };
+    auto nextArrival = [&] {
+      for (int p = 0; p < n; ++p)
+        if (p != me && !share.arrived[p] && !inReq[p].pending()) return p;
+      return -1;
+    };
+
+    // Our own rows for our heads need no message: pack them in place.
+    const HeadsMessage self = messageTo(me, me);
+    std::vector<char> own(self.total);
+    packForGroup(c, mine, self, own.data());
+    ATTN_CHECK(viewArrival(c, me, own.data(), own.size(), self, qRowBytes, kvRowBytes, &share.rows[me]));
+    const double before = share.sub.stats.computeUs;
+    ATTN_CHECK(take(me));
+    ATTN_TRACE(kLogAttn, "heads [%d, %d): own rows %.0f us", mine.qBegin, mine.qEnd,
+               share.sub.stats.computeUs - before);
+    for (int left = n - 1; left > 0;) {
+      auto t0 = Clock::now();
+      ATTN_CHECK(driver->waitFor([&] { return nextArrival() >= 0 || outbox.movable(look()); }));
+      waitUs += usSince(t0);
+      ATTN_CHECK(outbox.pump(*driver, look()));
+      const int a = nextArrival();
+      if (a < 0) continue;
+      ATTN_CHECK(driver->wait(&inReq[a]));
+      ATTN_CHECK(viewArrival(c, a, in[a].data(), inReq[a].bytes, messageTo(a, me), qRowBytes,
+                             kvRowBytes, &share.rows[a]));
+      const double computeBefore = share.sub.stats.computeUs;
+      ATTN_CHECK(take(a));
+      --left;
+      ATTN_TRACE(kLogAttn, "heads: rows of rank %d folded in %.0f us", a,
+                 share.sub.stats.computeUs - computeBefore);
+    }
+    c.stats.computeUs += share.sub.stats.computeUs;
+  }
+  // What is still queued leaves now, one message at a time.
+  {
+    auto t0 = Clock::now();
+    while (!outbox.drained()) {
+      ATTN_CHECK(outbox.pump(*driver, look()));
+      if (!outbox.drained()) ATTN_CHECK(driver->waitFor([&] { return outbox.movable(look()); }));
+    }
+    waitUs += usSince(t0);
+  }
+  c.stats.bytesSent += outbox.bytes();
+
+  // Our rows' outputs for the other groups' heads.
+  for (int p = 0; p < n; ++p) {
+    if (p == me || groups[p].empty()) continue;
+    auto t0 = Clock::now();
+    ATTN_CHECK(driver->wait(&homeReq[p]));
+    waitUs += usSince(t0);
+    const HeadGroup& g = groups[p];
+    const ReturnMessage m(c.q.rows, g.q(), D, elem);
+    if (homeReq[p].bytes != m.total)
+      return setError(attnInvalidUsage, "head-parallel: outputs from rank %d have %zu bytes, %zu expected",
+                      p, homeReq[p].bytes, m.total);
+    t0 = Clock::now();
+    const char* src = home[p].data();
+    const float* lse = reinterpret_cast<const float*>(src + m.lseAt);
+    for (int64_t i = 0; i < c.q.rows; ++i) {
+      ATTN_CHECK(cpu::convertToFloat(&c.accO[(i * c.cfg.num_q_heads + g.qBegin) * D],
+                                     src + i * g.q() * headBytes, c.cfg.dtype,
+                                     static_cast<size_t>(g.q()) * D));
+      std::memcpy(&c.accLse[i * c.cfg.num_q_heads + g.qBegin], lse + i * g.q(), sizeof(float) * g.q());
+    }
+    c.stats.computeUs += usSince(t0);
+  }
+  c.stats.waitUs += waitUs;
+  guard.done();
+  return attnSuccess;
+}
+
+}  // namespace attn
