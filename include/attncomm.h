@@ -407,7 +407,7 @@ typedef enum {
                          (N-1)/N of Q, K, V and O per rank instead of N-1 KV
                          blocks; balanced whatever the placement. KV heads
                          are replicated when num_kv_heads < N. Host
-                         communicators only; AUTO never picks it */
+                         communicators only (AUTO considers it there) */
 } attnAttnMode_t;
 
 /* Exact attention of this rank's queries over the keys of all ranks.
@@ -696,6 +696,7 @@ typedef struct {
   double ship_q_us;
   double alg1_threshold_tokens; /* Eq. 2's T threshold with these rates */
   attnAttnMode_t alg1_choice;   /* Alg. 5 (App. C) with these rates */
+  double head_parallel_us;      /* attnModeHeadParallel's predicted time */
 } attnModeEstimate_t;
 
 /* What attnModeAuto would run for this layout on this communicator, with
@@ -706,7 +707,8 @@ ATTN_API attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAt
 
 /* The same model on given totals, without a communicator: new_tokens (T) and
  * cached_tokens (P) summed over the batch, nranks ranks. For what-if
- * studies (e.g. the CP paper's Table 4). */
+ * studies (e.g. the CP paper's Table 4). `chosen` is a host communicator's
+ * choice: a device communicator leaves attnModeHeadParallel out. */
 ATTN_API attnResult_t attnEstimateModes(const attnCostModel_t* model, const attnAttnConfig_t* cfg,
                                         int nranks, int64_t new_tokens, int64_t cached_tokens,
                                         attnModeEstimate_t* estimate);

@@ -460,7 +460,7 @@ TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
 TEST(DeviceComm, HeadParallelModeIsRefusedWithAReason) {
   REQUIRE_GPU();
   attnConfig_t cfg;
-  RunThreads(2, [](int, int, attnComm_t& comm) {
+  RunThreads(4, [](int, int, attnComm_t& comm) {
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
     const attnAttnConfig_t acfg{4, 2, 64, attnBfloat16, 0.f, 1};
@@ -476,6 +476,18 @@ TEST(DeviceComm, HeadParallelModeIsRefusedWithAReason) {
         << attnGetLastError(comm);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     cudaStreamDestroy(s);
+    // Where a host communicator's AUTO would take it (no GQA, slow links,
+    // fast compute), a device one chooses among the modes it runs.
+    const attnAttnConfig_t mha{8, 8, 64, attnBfloat16, 0.f, 1};
+    const attnCostModel_t slow{0.01, 1.0, 1000.0, 0.0};
+    ASSERT_EQ(attnCommSetCostModel(comm, &slow), attnSuccess);
+    std::vector<int32_t> off{0, 512}, pos(512);
+    for (int i = 0; i < 512; ++i) pos[i] = i;
+    const attnSeqLayout_t big{1, off.data(), pos.data(), off.data(), pos.data()};
+    attnModeEstimate_t est;
+    ASSERT_EQ(attnSelectMode(&big, &mha, comm, &est), attnSuccess) << attnGetLastError(comm);
+    EXPECT_LT(est.head_parallel_us, std::min(est.pass_kv_us, est.pass_q_us));
+    EXPECT_NE(est.chosen, attnModeHeadParallel);
   }, OnGpu0(&cfg));
 }
 

@@ -19,7 +19,13 @@
 
 namespace {
 const char* name(attnAttnMode_t m) {
-  return m == attnModePassKV ? "pass-KV" : m == attnModePassQ ? "pass-Q" : m == attnModeShipQ ? "ship-Q" : "auto";
+  switch (m) {
+    case attnModePassKV: return "pass-KV";
+    case attnModePassQ: return "pass-Q";
+    case attnModeShipQ: return "ship-Q";
+    case attnModeHeadParallel: return "heads";
+    default: return "auto";
+  }
 }
 }  // namespace
 
@@ -57,8 +63,8 @@ int main(int argc, char** argv) {
          "interference %.2f\n",
          N, L, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, m.link_bandwidth_GBps, m.link_latency_us,
          m.attn_tflops, m.comm_interference);
-  printf("# %7s %8s %8s %12s %12s %10s %12s\n", "miss%", "T", "P", "pass-KV(ms)", "pass-Q(ms)", "choice",
-         "Alg.5");
+  printf("# %7s %8s %8s %12s %12s %12s %10s %12s\n", "miss%", "T", "P", "pass-KV(ms)", "pass-Q(ms)",
+         "heads(ms)", "choice", "Alg.5");
   for (double r : miss) {
     long long T = std::llround(r * L), P = L - T;
     attnModeEstimate_t e;
@@ -66,8 +72,8 @@ int main(int argc, char** argv) {
       fprintf(stderr, "%s\n", attnGetLastError(NULL));
       return 1;
     }
-    printf("  %7.2f %8lld %8lld %12.2f %12.2f %10s %12s\n", 100 * r, T, P, e.pass_kv_us / 1e3,
-           e.pass_q_us / 1e3, name(e.chosen), name(e.alg1_choice));
+    printf("  %7.2f %8lld %8lld %12.2f %12.2f %12.2f %10s %12s\n", 100 * r, T, P, e.pass_kv_us / 1e3,
+           e.pass_q_us / 1e3, e.head_parallel_us / 1e3, name(e.chosen), name(e.alg1_choice));
   }
   attnModeEstimate_t e;
   attnEstimateModes(&m, &cfg, N, L / 2, L / 2, &e);

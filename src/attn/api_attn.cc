@@ -138,7 +138,9 @@ attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_
   ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));
   attnCostModel_t model;
   ATTN_CHECK(call.finish(agreedModel(comm, *cfg, cards, &model)));
-  estimateModes(model, *cfg, modelInputOf(cards, layout->num_seqs), estimate);
+  ModelInput in = modelInputOf(cards, layout->num_seqs);
+  in.headsAllowed = !deviceRoute(comm);
+  estimateModes(model, *cfg, in, estimate);
   return attnSuccess;
 }
 

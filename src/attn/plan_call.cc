@@ -12,6 +12,7 @@
 #include "src/core/datatype.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "src/device/device_route.h"
 
 namespace attn {
 
@@ -182,10 +183,12 @@ attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* 
     attnCostModel_t model;
     ATTN_CHECK(agreedModel(comm, cfg, cards, &model));
     attnModeEstimate_t est;
-    estimateModes(model, cfg, modelInputOf(cards, layout.num_seqs), &est);
+    ModelInput in = modelInputOf(cards, layout.num_seqs);
+    in.headsAllowed = !deviceRoute(comm);
+    estimateModes(model, cfg, in, &est);
     *mode = est.chosen;
-    ATTN_TRACE(kLogAttn, "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us -> mode %d",
-               est.pass_kv_us, est.pass_q_us, est.ship_q_us, (int)*mode);
+    ATTN_TRACE(kLogAttn, "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us, heads %.0f us -> mode %d",
+               est.pass_kv_us, est.pass_q_us, est.ship_q_us, est.head_parallel_us, (int)*mode);
   }
   return attnSuccess;
 }

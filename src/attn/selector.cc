@@ -11,6 +11,11 @@
 //   ship-Q:  step(t_attn, Q to all) + step((N-1) t_attn, returns leaving) + t_ret
 //            (all queries go out at once, one latency; the N-1 partials
 //            leave as they are computed and share the link)
+//   head-parallel: step(N t_attn' - t_last, t_rows) + t_last + t_out
+//            (rows out on the pairwise schedule while the grid of arrived
+//            pairs is computed; t_attn' = t_attn scaled by the largest head
+//            group's share, t_last the pairs the last arrival brings,
+//            t_out the outputs going home in the model's dtype)
 // with t_attn one step's attention (the largest shard against one rank's
 // keys), t_kv / t_q a KV / Q block on the link, t_ret one partial (fp32 O
 // and lse) coming home. Ship-Q is a candidate only for decode-like shapes
@@ -22,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/attn/head_groups.h"
 #include "src/core/datatype.h"
 
 namespace attn {
@@ -50,11 +56,30 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   out->pass_q_us = 1e6 * (tAttn + steps * step(tAttn, tQ + tRet) + (N > 1 ? tRet : 0));
   out->ship_q_us = 1e6 * (step(tAttn, steps * (tQ - lat) + lat) +
                           step(steps * tAttn, steps * (tRet - lat)) + (N > 1 ? tRet : 0));
-  if (N == 1) out->pass_q_us = out->ship_q_us = out->pass_kv_us;
+  // Head-parallel: each rank sends (N-1)/N of its Q, K and V (a KV head
+  // goes to every group that reads it) and of the outputs coming home, and
+  // computes the whole sequence for its heads.
+  int maxGroup = 0, kvSent = 0;
+  for (const HeadGroup& g : headGroups(cfg.num_q_heads, cfg.num_kv_heads, in.nranks)) {
+    maxGroup = std::max(maxGroup, g.q());
+    kvSent += g.kv();
+  }
+  const double share = (N - 1) / N;
+  const double tRows = steps * lat + share * (qRows * Hq + 2.0 * kvRows * kvSent) * D * e / bw;
+  const double tOut = steps * lat + share * qRows * Hq * (D * e + 4.0) / bw;
+  const double tAll = N * N * tAttn * maxGroup / Hq;
+  const double tLast = (2.0 * N - 1.0) / (N * N) * tAll;
+  out->head_parallel_us = 1e6 * (step(tAll - tLast, tRows) + tLast + tOut);
+  if (N == 1) out->pass_q_us = out->ship_q_us = out->head_parallel_us = out->pass_kv_us;
 
   const bool decodeLike = in.newTokens <= static_cast<int64_t>(in.numSeqs) * in.nranks;
   out->chosen = out->pass_kv_us <= out->pass_q_us ? attnModePassKV : attnModePassQ;
-  if (decodeLike && out->ship_q_us < std::min(out->pass_kv_us, out->pass_q_us)) out->chosen = attnModeShipQ;
+  double best = std::min(out->pass_kv_us, out->pass_q_us);
+  if (in.headsAllowed && N > 1 && out->head_parallel_us < best) {
+    out->chosen = attnModeHeadParallel;
+    best = out->head_parallel_us;
+  }
+  if (decodeLike && out->ship_q_us < best) out->chosen = attnModeShipQ;
 
   // Alg. 1 / Alg. 5 with the same rates (per-head normalised, as the paper).
   out->alg1_threshold_tokens = N * C * Hkv * e / (2.0 * Hq * bw);

@@ -1,5 +1,6 @@
-// Choosing pass-KV, pass-Q or ship-Q (CP paper Alg. 1 and App. C) with a
-// cost model of the ring on this communicator's measured rates.
+// Choosing pass-KV, pass-Q, ship-Q or head-parallel (CP paper Alg. 1 and
+// App. C; CSPS §3.2.2) with a cost model on this communicator's measured
+// rates.
 #pragma once
 
 #include "attncomm.h"
@@ -14,6 +15,7 @@ struct ModelInput {
   int64_t cachedTokens = 0;  // P: key rows minus query rows, all ranks
   int64_t maxQRows = 0;      // the largest shard, which sets the pace
   int64_t maxKvRows = 0;
+  bool headsAllowed = true;  // head-parallel is a candidate (host communicators)
 };
 
 void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const ModelInput& in,
