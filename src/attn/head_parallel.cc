@@ -245,7 +245,8 @@ attnResult_t runHeadParallel(AttnCall& c) {
   char* const out = c.state->outgoing.data();
   char* const ret = c.state->rotation[0].data();
 
-  std::vector<std::vector<char>> in(n), home(n);
+  // Receive buffers: filled by the transport, so never zeroed first.
+  std::vector<std::unique_ptr<char[]>> in(n), home(n);
   std::unique_ptr<Request[]> inReq(new Request[n]), homeReq(new Request[n]);
   bool symmetric = true;
   for (const HeadGroup& g : groups) symmetric = symmetric && !g.empty();
@@ -254,12 +255,14 @@ attnResult_t runHeadParallel(AttnCall& c) {
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     if (!mine.empty()) {
-      in[p].resize(messageTo(p, me).total);
-      ATTN_CHECK(e.irecv(p, in[p].data(), in[p].size(), &inReq[p]));
+      const size_t bytes = messageTo(p, me).total;
+      in[p].reset(new char[bytes]);
+      ATTN_CHECK(e.irecv(p, in[p].get(), bytes, &inReq[p]));
     }
     if (!groups[p].empty()) {
-      home[p].resize(ReturnMessage(c.q.rows, groups[p].q(), D, elem).total);
-      ATTN_CHECK(e.irecv(p, home[p].data(), home[p].size(), &homeReq[p]));
+      const size_t bytes = ReturnMessage(c.q.rows, groups[p].q(), D, elem).total;
+      home[p].reset(new char[bytes]);
+      ATTN_CHECK(e.irecv(p, home[p].get(), bytes, &homeReq[p]));
     }
   }
   auto driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
@@ -281,9 +284,8 @@ attnResult_t runHeadParallel(AttnCall& c) {
     packForGroup(c, groups[p], m, out + outSlot.offset[p]);
     c.stats.computeUs += usSince(t0);  // packing is local work, not waiting
     outbox.queue(Outbox::kRows, p, out + outSlot.offset[p], m.total);
-    if (s == 1) ATTN_CHECK(outbox.pump(*driver, look()));  // it leaves while we pack the rest
+    ATTN_CHECK(outbox.pump(*driver, look()));  // the first leaves while we pack the rest
   }
-  ATTN_CHECK(outbox.pump(*driver, look()));
 
   double waitUs = 0;
   if (!mine.empty()) {
@@ -326,11 +328,11 @@ attnResult_t runHeadParallel(AttnCall& c) {
       return -1;
     };
 
-    // Our own rows for our heads need no message: pack them in place.
+    // Our own rows for our heads need no message, only their slot.
     const HeadsMessage self = messageTo(me, me);
-    std::vector<char> own(self.total);
-    packForGroup(c, mine, self, own.data());
-    ATTN_CHECK(viewArrival(c, me, own.data(), own.size(), self, qRowBytes, kvRowBytes, &share.rows[me]));
+    char* own = out + outSlot.offset[me];
+    packForGroup(c, mine, self, own);
+    ATTN_CHECK(viewArrival(c, me, own, self.total, self, qRowBytes, kvRowBytes, &share.rows[me]));
     const double before = share.sub.stats.computeUs;
     ATTN_CHECK(take(me));
     ATTN_TRACE(kLogAttn, "heads [%d, %d): own rows %.0f us", mine.qBegin, mine.qEnd,
@@ -343,7 +345,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
       const int a = nextArrival();
       if (a < 0) continue;
       ATTN_CHECK(driver->wait(&inReq[a]));
-      ATTN_CHECK(viewArrival(c, a, in[a].data(), inReq[a].bytes, messageTo(a, me), qRowBytes,
+      ATTN_CHECK(viewArrival(c, a, in[a].get(), inReq[a].bytes, messageTo(a, me), qRowBytes,
                              kvRowBytes, &share.rows[a]));
       const double computeBefore = share.sub.stats.computeUs;
       ATTN_CHECK(take(a));
@@ -376,7 +378,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
       return setError(attnInvalidUsage, "head-parallel: outputs from rank %d have %zu bytes, %zu expected",
                       p, homeReq[p].bytes, m.total);
     t0 = Clock::now();
-    const char* src = home[p].data();
+    const char* src = home[p].get();
     const float* lse = reinterpret_cast<const float*>(src + m.lseAt);
     for (int64_t i = 0; i < c.q.rows; ++i) {
       ATTN_CHECK(cpu::convertToFloat(&c.accO[(i * c.cfg.num_q_heads + g.qBegin) * D],
