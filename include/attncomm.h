@@ -608,9 +608,10 @@ typedef struct {
  * needs nonattn_us_base + nonattn_us_per_req > 0. Pure and deterministic:
  * every rank computes the same plan from the same heartbeats. Writes at
  * most *num_moves moves (src = debtor = owner, dst = creditor) and sets
- * *num_moves to the count; when more were needed, writes none, sets
- * *num_moves to the count needed and returns attnInvalidArgument (moves ==
- * NULL with *num_moves == 0 asks for the count). */
+ * *num_moves to the count. moves == NULL with *num_moves == 0 asks for the
+ * count: it is set and the call succeeds. When a buffer is given but more
+ * moves were needed, none are written, *num_moves is set to the count
+ * needed and the call returns attnInvalidArgument. */
 ATTN_API attnResult_t attnKvPlan(const attnKvInstance_t* instances, int num_instances,
                                  const attnKvModel_t* model, attnKvMove_t* moves,
                                  int* num_moves);

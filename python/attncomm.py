@@ -816,11 +816,7 @@ def kv_plan(instances, model):
     arr = (_KvInstance * max(1, len(insts)))(*insts)
     m = _struct_from(_KvModel, model, {}, "model")
     count = ctypes.c_int(0)
-    code = _KvPlan(arr, len(insts), ctypes.byref(m), None, ctypes.byref(count))
-    # Asking for the count: a plan with moves answers attnInvalidArgument
-    # with the count set; any other failure leaves it at 0.
-    if code != SUCCESS and not (code == INVALID_ARGUMENT and count.value > 0):
-        _check(code, None, "attnKvPlan")
+    _check(_KvPlan(arr, len(insts), ctypes.byref(m), None, ctypes.byref(count)), None, "attnKvPlan")
     if count.value == 0:
         return []
     moves = (_KvMove * count.value)()

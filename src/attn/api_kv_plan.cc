@@ -22,6 +22,10 @@ static attnResult_t kvPlan(const attnKvInstance_t* instances, int num_instances,
   std::vector<attnKvMove_t> plan;
   ATTN_CHECK(planKvMoves(instances, num_instances, *model, &plan));
   const int needed = static_cast<int>(plan.size());
+  if (moves == nullptr) {  // the count query
+    *num_moves = needed;
+    return attnSuccess;
+  }
   if (needed > *num_moves) {
     const int capacity = *num_moves;
     *num_moves = needed;
