@@ -1,8 +1,14 @@
 // kernel_perf: the CPU partial-attention kernel against OpenBLAS doing the
 // same two matrix products (S = Q K^T and O = S V per query head), in one run.
 //
-//   kernel_perf [-T 2048,4096] [-H 8,32] [-K 8,1] [-D 128] [-d fp32,bf16]
+//   kernel_perf [-T 2048,4096] [-Q 0,1] [-H 8,32] [-K 8,1] [-D 128] [-d fp32,bf16]
 //               [-c 0,1] [-t threads] [-r reps] [-w warmup] [-C 0|1] [-J out.json]
+//
+// T is the key count; -Q lists query row counts (0 = T, a square prefill;
+// 1 = a decode step: the last position attends to all T keys). kv_GB/s is
+// the K and V bytes in the kernel's dtype over its time: for decode, which
+// reads every key once, the figure to hold against read_GB/s, a plain
+// vectorised pass over the same K and V buffers timed in the same run.
 //
 // -K lists kv-head counts; a value > Hq is skipped, so "-H 8,32 -K 32,8,1"
 // covers MHA and GQA. Attention FLOPs are 4*nq*nk*D*Hq, times the visible
@@ -40,7 +46,7 @@ using attn::cpu::AttnProblem;
 bool g_cpu_time = false;  // -C 1: process CPU time instead of wall time
 
 struct Options {
-  std::vector<int> T{2048, 4096}, H{8, 32}, K{8, 1}, D{128}, causal{0, 1};
+  std::vector<int> T{2048, 4096}, Q{0}, H{8, 32}, K{8, 1}, D{128}, causal{0, 1};
   std::vector<std::string> dtypes{"fp32", "bf16"};
   int threads = 1, reps = 5, warmup = 1;
   std::string json;
@@ -78,6 +84,7 @@ bool parse(int argc, char** argv, Options& o) {
     if (i + 1 >= argc) return false;
     const char* v = argv[++i];
     if (a == "-T") o.T = intList(v);
+    else if (a == "-Q") o.Q = intList(v);
     else if (a == "-H") o.H = intList(v);
     else if (a == "-K") o.K = intList(v);
     else if (a == "-D") o.D = intList(v);
@@ -133,17 +140,29 @@ std::pair<double, double> medianPair(int reps, int warmup, const std::function<v
 }
 
 struct Row {
-  int T, H, K, D, causal;
+  int T, Q, H, K, D, causal;
   std::string dtype;
-  double ours_s, blas_s, ours_gflops, blas_gflops;
+  double ours_s, blas_s, ours_gflops, blas_gflops, kv_gbps, read_gbps;
 };
 
-Row measure(const Options& o, int T, int H, int K, int D, int causal, const std::string& dt,
-            attn::cpu::WorkerPool* pool) {
+// Reads every byte of the buffers once (the memory-bandwidth yardstick for
+// a decode step); the sum keeps the compiler from dropping the loads.
+uint64_t readAll(const std::vector<char>& a, const std::vector<char>& b) {
+  uint64_t sum = 0;
+  for (const auto* buf : {&a, &b}) {
+    const size_t words = buf->size() / sizeof(uint64_t);
+    const auto* w = reinterpret_cast<const uint64_t*>(buf->data());
+    for (size_t i = 0; i < words; ++i) sum += w[i];
+  }
+  return sum;
+}
+
+Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal,
+            const std::string& dt, attn::cpu::WorkerPool* pool) {
   const attnDataType_t dtype = dtypeOf(dt);
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const size_t nq = size_t(T) * H * D, nk = size_t(T) * K * D;
+  const size_t nq = size_t(Q) * H * D, nk = size_t(T) * K * D;
   std::vector<float> q(nq), k(nk), v(nk);
   for (auto* t : {&q, &k, &v})
     for (auto& x : *t) x = nd(rng);
@@ -157,41 +176,53 @@ Row measure(const Options& o, int T, int H, int K, int D, int causal, const std:
   (void)attn::cpu::convertToFloat(k.data(), kd.data(), dtype, nk);
   (void)attn::cpu::convertToFloat(v.data(), vd.data(), dtype, nk);
 
+  // Keys at 0..T-1, queries at the last Q of those positions.
   std::vector<int32_t> pos(static_cast<size_t>(T));
   for (int i = 0; i < T; ++i) pos[size_t(i)] = i;
+  const int32_t* qpos = pos.data() + (T - Q);
   AttnProblem p;
   p.q = qd.data();
   p.k = kd.data();
   p.v = vd.data();
   p.dtype = dtype;
-  p.nq = p.nk = T;
+  p.nq = Q;
+  p.nk = T;
   p.num_q_heads = H;
   p.num_kv_heads = K;
   p.head_dim = D;
   p.causal = causal != 0;
-  p.q_pos = p.k_pos = pos.data();
-  std::vector<float> out(nq), lse(size_t(T) * H);
+  p.q_pos = qpos;
+  p.k_pos = pos.data();
+  std::vector<float> out(nq), lse(size_t(Q) * H);
   const attn::cpu::AttnExec ex{o.threads, pool, nullptr};
   auto kernel = [&] {
     if (attn::cpu::attentionPartial(p, out.data(), lse.data(), ex) != attnSuccess) std::abort();
   };
 
-  // OpenBLAS: per query head, S = Q_h K_g^T (T x T), then O_h = S V_g.
-  std::vector<float> s(size_t(T) * T), o_blas(nq);
+  // OpenBLAS: per query head, S = Q_h K_g^T (Q x T), then O_h = S V_g.
+  std::vector<float> s(size_t(Q) * T), o_blas(nq);
   const int group = H / K;
   auto blas_products = [&] {
     for (int h = 0; h < H; ++h) {
       const int g = h / group;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, q.data() + h * D,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Q, T, D, 1.0f, q.data() + h * D,
                   H * D, k.data() + g * D, K * D, 0.0f, s.data(), T);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, s.data(), T,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Q, D, T, 1.0f, s.data(), T,
                   v.data() + g * D, K * D, 0.0f, o_blas.data() + h * D, H * D);
     }
   };
   const auto [ours, blas] = medianPair(o.reps, o.warmup, kernel, blas_products);
-  const double full = 4.0 * T * double(T) * D * H;
-  const double visible = causal ? full * (T + 1.0) / (2.0 * T) : full;
-  return {T, H, K, D, causal, dt, ours, blas, visible / ours * 1e-9, full / blas * 1e-9};
+  volatile uint64_t sink = 0;
+  const auto [read, unused] = medianPair(o.reps, o.warmup, [&] { sink = sink + readAll(kd, vd); },
+                                         [] {});
+  const double full = 4.0 * Q * double(T) * D * H;
+  // Query i (of Q, at position T-Q+i) sees T-Q+i+1 keys.
+  const double seen = causal ? (double(T) - Q) * Q + Q * (Q + 1.0) / 2.0 : double(Q) * T;
+  const double visible = full * seen / (double(Q) * T);
+  const double kv_bytes = 2.0 * double(nk) * double(es);
+  (void)unused;
+  return {T,    Q,    H,   K, D, causal, dt, ours, blas, visible / ours * 1e-9,
+          full / blas * 1e-9, kv_bytes / ours * 1e-9, kv_bytes / read * 1e-9};
 }
 
 void writeJson(const std::string& path, const Options& o, const std::vector<Row>& rows) {
@@ -207,12 +238,13 @@ void writeJson(const std::string& path, const Options& o, const std::vector<Row>
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::fprintf(f,
-                 "  {\"T\":%d,\"Hq\":%d,\"Hkv\":%d,\"D\":%d,\"dtype\":\"%s\",\"causal\":%d,"
+                 "  {\"T\":%d,\"Q\":%d,\"Hq\":%d,\"Hkv\":%d,\"D\":%d,\"dtype\":\"%s\",\"causal\":%d,"
                  "\"kernel_ms\":%.3f,\"blas_ms\":%.3f,\"kernel_gflops\":%.2f,"
-                 "\"blas_gflops\":%.2f,\"rate_ratio\":%.3f,\"time_ratio\":%.3f}%s\n",
-                 r.T, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3, r.blas_s * 1e3,
-                 r.ours_gflops, r.blas_gflops, r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s,
-                 i + 1 < rows.size() ? "," : "");
+                 "\"blas_gflops\":%.2f,\"rate_ratio\":%.3f,\"time_ratio\":%.3f,"
+                 "\"kv_gbps\":%.3f,\"read_gbps\":%.3f}%s\n",
+                 r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3, r.blas_s * 1e3,
+                 r.ours_gflops, r.blas_gflops, r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s, r.kv_gbps,
+                 r.read_gbps, i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);
@@ -224,7 +256,7 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,
-                 "usage: %s [-T list] [-H list] [-K list] [-D list] [-d fp32,bf16,fp16] "
+                 "usage: %s [-T list] [-Q list] [-H list] [-K list] [-D list] [-d fp32,bf16,fp16] "
                  "[-c 0,1] [-t threads] [-r reps] [-w warmup] [-C 0|1] [-J out.json]\n",
                  argv[0]);
     return 2;
@@ -234,22 +266,25 @@ int main(int argc, char** argv) {
   std::printf("# kernel_perf: isa %s, %d thread(s), median of %d (%s time), OpenBLAS %s\n",
               attn::cpu::isaName(attn::cpu::activeIsa()), o.threads, o.reps,
               g_cpu_time ? "cpu" : "wall", openblas_get_config());
-  std::printf("# %5s %4s %4s %4s %5s %6s %11s %11s %10s %10s %7s %7s\n", "T", "Hq", "Hkv", "D",
-              "dtype", "causal", "kernel_ms", "blas_ms", "kern_GF/s", "blas_GF/s", "rate_x",
-              "time_x");
+  std::printf("# %5s %5s %4s %4s %4s %5s %6s %11s %11s %10s %10s %7s %7s %8s %9s\n", "T", "Q",
+              "Hq", "Hkv", "D", "dtype", "causal", "kernel_ms", "blas_ms", "kern_GF/s",
+              "blas_GF/s", "rate_x", "time_x", "kv_GB/s", "read_GB/s");
   std::vector<Row> rows;
   for (int T : o.T)
+    for (int Q0 : o.Q)
     for (int H : o.H)
       for (int K : o.K) {
         if (K > H || H % K) continue;
         for (int D : o.D)
           for (const auto& dt : o.dtypes)
             for (int c : o.causal) {
-              const Row r = measure(o, T, H, K, D, c, dt, &pool);
-              std::printf("  %5d %4d %4d %4d %5s %6d %11.2f %11.2f %10.1f %10.1f %7.2f %7.2f\n",
-                          r.T, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3,
+              const int Q = Q0 <= 0 || Q0 > T ? T : Q0;
+              const Row r = measure(o, T, Q, H, K, D, c, dt, &pool);
+              std::printf("  %5d %5d %4d %4d %4d %5s %6d %11.2f %11.2f %10.1f %10.1f %7.2f %7.2f "
+                          "%8.2f %9.2f\n",
+                          r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3,
                           r.blas_s * 1e3, r.ours_gflops, r.blas_gflops,
-                          r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s);
+                          r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s, r.kv_gbps, r.read_gbps);
               std::fflush(stdout);
               rows.push_back(r);
             }

@@ -296,6 +296,60 @@ std::vector<std::vector<AttnSegment>> keyPartition(const Case& c, int parts, std
   return out;
 }
 
+// A batch of decode steps: each sequence has a few query rows at its end
+// and all its keys. Few rows per kv head put several kv heads in one task
+// and (head_dim a multiple of the vector) score by dot products; fp32 keys
+// are read in place. Covers group sizes around the dot-product cut-off,
+// kv head counts that do not divide into the tasks, and thread counts.
+Case decodeBatch(int rows, int hq, int hkv, int d, attnDataType_t dt) {
+  Case c;
+  c.hq = hq;
+  c.hkv = hkv;
+  c.d = d;
+  c.dtype = dt;
+  c.causal = true;
+  for (int len : {300, 1, 129, 64}) {
+    const int q = std::min(rows, len);
+    AttnSegment s{c.nq, c.nq + q, c.nk, c.nk + len};
+    for (int i = len - q; i < len; ++i) c.qpos.push_back(i), ++c.nq;
+    for (int i = 0; i < len; ++i) c.kpos.push_back(i), ++c.nk;
+    c.segs.push_back(s);
+  }
+  return c;
+}
+
+TEST(CpuAttention, DecodeBatchesMatchReference) {
+  struct Shape { int rows, hq, hkv, d; };
+  const Shape shapes[] = {{1, 32, 8, 128}, {1, 8, 1, 64},  {2, 12, 3, 64}, {3, 10, 2, 128},
+                          {1, 16, 1, 128}, {1, 24, 3, 80}, {4, 7, 7, 64},  {1, 64, 8, 32}};
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const auto& s : shapes)
+      for (attnDataType_t dt : {attnFloat32, attnBfloat16}) {
+        const Case c = decodeBatch(s.rows, s.hq, s.hkv, s.d, dt);
+        Inputs in(c, uint32_t(s.hq * 7 + s.d));
+        const Reference ref(in.p);
+        for (int threads : {1, 2, 3}) {
+          Result r(in.p);
+          ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {threads}), attnSuccess);
+          expectClose(in.p, r, ref, 1e-5, describe(c, isa) + " threads " + std::to_string(threads));
+        }
+        // The same keys folded in two calls (ring attention's accumulate).
+        std::mt19937 rng(5);
+        const auto split = keyPartition(c, 2, rng);
+        Result acc(in.p);
+        initAccumulator(acc.o.data(), acc.lse.data(), c.nq, c.hq, c.d);
+        AttnProblem p = in.p;
+        for (const auto& segs : split) {
+          p.segments = segs.data();
+          p.num_segments = int32_t(segs.size());
+          ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data(), {2}), attnSuccess);
+        }
+        expectClose(in.p, acc, ref, 1e-5, describe(c, isa) + " accumulate");
+      }
+  }
+}
+
 TEST(CpuAttention, PartialsOverAKeyPartitionMergeToTheFullResult) {
   std::mt19937 rng(17);
   for (Isa isa : supportedIsas()) {

@@ -56,6 +56,21 @@ int64_t nonEmptySegments(const std::vector<AttnSegment>& segs) {
   return n;
 }
 
+// kv heads per task for a segment of `stacked` (row, head-in-group) pairs:
+// one, unless a tile holds the rows of several heads (each block rounded up
+// to a vector of `align` rows); then as many as fit, but no more than leave
+// each thread a task when the call has fewer busy segments than threads.
+int headsPerTask(int32_t stacked, int kv_heads, int tile, int align, int threads, int64_t busy) {
+  const int block = (stacked + align - 1) / align * align;
+  int heads = std::min(kv_heads, tile / std::max(block, 1));
+  if (heads <= 1) return 1;
+  if (busy < threads) {
+    const int64_t per_segment = (threads + busy - 1) / std::max<int64_t>(busy, 1);
+    heads = std::min<int64_t>(heads, std::max<int64_t>(1, kv_heads / per_segment));
+  }
+  return heads;
+}
+
 void fillEmptyRows(float* o, float* lse, int32_t begin, int32_t end, int heads, int d) {
   const size_t n = size_t(end - begin) * heads;
   std::fill_n(o + size_t(begin) * heads * d, n * d, 0.0f);
@@ -65,11 +80,11 @@ void fillEmptyRows(float* o, float* lse, int32_t begin, int32_t end, int heads, 
 // Scratch for one thread, kept across calls (grows, never shrinks).
 class ScratchArena {
  public:
-  AttnScratch& get(int head_dim, int dpad) {
-    const size_t R = kAttnMaxTileRows, K = kAttnKeyTile, D = size_t(head_dim);
-    const size_t floats = D * R + K * R + R * dpad + 3 * R + K * D + K * dpad + dpad;
+  AttnScratch& get(int head_dim, int dpad, int heads) {
+    const size_t R = kAttnMaxTileRows, K = kAttnKeyTile, D = size_t(head_dim), H = size_t(heads);
+    const size_t floats = D * R + K * R + 2 * R * dpad + 3 * R + H * K * (D + dpad) + dpad;
     const size_t bytes = floats * sizeof(float) + R * sizeof(int32_t) +
-                         2 * K * sizeof(const float*) + 16 * 64;  // + alignment slack
+                         2 * H * K * sizeof(const float*) + 16 * 64;  // + alignment slack
     if (bytes > cap_) {
       mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
       cap_ = bytes;
@@ -81,17 +96,18 @@ class ScratchArena {
       return p;
     };
     sc_.qt = reinterpret_cast<float*>(take(D * R * sizeof(float)));
+    sc_.qr = reinterpret_cast<float*>(take(R * dpad * sizeof(float)));
     sc_.s = reinterpret_cast<float*>(take(K * R * sizeof(float)));
     sc_.acc = reinterpret_cast<float*>(take(R * dpad * sizeof(float)));
     sc_.m = reinterpret_cast<float*>(take(R * sizeof(float)));
     sc_.l = reinterpret_cast<float*>(take(R * sizeof(float)));
     sc_.alpha = reinterpret_cast<float*>(take(R * sizeof(float)));
-    sc_.kbuf = reinterpret_cast<float*>(take(K * D * sizeof(float)));
-    sc_.vbuf = reinterpret_cast<float*>(take(K * dpad * sizeof(float)));
+    sc_.kbuf = reinterpret_cast<float*>(take(H * K * D * sizeof(float)));
+    sc_.vbuf = reinterpret_cast<float*>(take(H * K * dpad * sizeof(float)));
     sc_.row = reinterpret_cast<float*>(take(dpad * sizeof(float)));
     sc_.qpos = reinterpret_cast<int32_t*>(take(R * sizeof(int32_t)));
-    sc_.krow = reinterpret_cast<const float**>(take(K * sizeof(const float*)));
-    sc_.vrow = reinterpret_cast<const float**>(take(K * sizeof(const float*)));
+    sc_.krow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
+    sc_.vrow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
     return sc_;
   }
 
@@ -114,6 +130,8 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
   const KernelTable& kt = activeKernels();
   const int group = p.num_q_heads / p.num_kv_heads;
   const int tile = kt.attn_tile_rows;
+  const int threads = std::max(1, ex.threads);
+  const int64_t busy = nonEmptySegments(segs);
   std::vector<AttnTask> tasks;
   std::vector<char> covered(accumulate ? 0 : size_t(p.nq), 0);
   for (int32_t si = 0; si < int32_t(segs.size()); ++si) {
@@ -125,30 +143,31 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
       continue;
     }
     const int32_t stacked = (s.q_end - s.q_begin) * group;
-    for (int32_t g = 0; g < p.num_kv_heads; ++g)
+    const int heads = headsPerTask(stacked, p.num_kv_heads, tile, kt.attn_row_align, threads, busy);
+    for (int32_t g = 0; g < p.num_kv_heads; g += heads)
       for (int32_t m = 0; m < stacked; m += tile)
-        tasks.push_back({si, g, m, std::min(stacked, m + tile)});
+        tasks.push_back({si, g, std::min(heads, p.num_kv_heads - g), m, std::min(stacked, m + tile)});
   }
   for (int32_t r = 0; r < int32_t(covered.size()); ++r)  // rows outside every segment
     if (!covered[r]) fillEmptyRows(o, lse, r, r + 1, p.num_q_heads, p.head_dim);
 
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim));
   const int dpad = (p.head_dim + 15) / 16 * 16;
-  const int threads = std::max(1, ex.threads);
   // Pack K/V head-major when tiles would read each key row at least twice
   // (several query tiles per segment and kv head); decode-like calls read
   // every key once and go straight to the input.
   std::unique_ptr<PackedKV> packed;
-  if (!tasks.empty() &&
-      tasks.size() >= 2 * size_t(nonEmptySegments(segs)) * size_t(p.num_kv_heads))
+  if (!tasks.empty() && tasks.size() >= 2 * size_t(busy) * size_t(p.num_kv_heads))
     packed = std::make_unique<PackedKV>(p, dpad, threads, ex.pool);
+  int max_heads = 1;
+  for (const auto& t : tasks) max_heads = std::max(max_heads, int(t.kv_heads));
   const AttnCall call{&p,     segs.data(), o,    lse,
                       accumulate, scale * 1.4426950408889634f, group, dpad,
                       packed ? packed->k() : nullptr, packed ? packed->v() : nullptr};
   std::vector<AttnTileStats> stats(static_cast<size_t>(threads));
   parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
     thread_local ScratchArena arena;
-    kt.attention(call, tasks[size_t(t)], arena.get(p.head_dim, call.dpad), stats[worker]);
+    kt.attention(call, tasks[size_t(t)], arena.get(p.head_dim, call.dpad, max_heads), stats[worker]);
   });
   if (ex.stats != nullptr) {
     for (const auto& s : stats) {

@@ -115,6 +115,43 @@ void scoreTile(const float* const* krow, int nkeys, const float* qt, int c0, int
   });
 }
 
+// S^T[j][r] for keys [0, nkeys) (a multiple of kSJ) and rows [r0, r1) (a
+// multiple of 4 apart) as dot products along head_dim (a multiple of W):
+// K rows and Q rows (qr, stride dpad) are both read in order and every lane
+// works. For a head's few decode rows the broadcast kernel above would fill
+// only those rows' lanes of each vector.
+template <class I>
+void scoreDot(const float* const* krow, int nkeys, const float* qr, int dpad, int r0, int r1,
+              int dvec, float* s) {
+  using V = typename I::V;
+  constexpr int R = I::kRows;
+  constexpr int KJ = sizeof(V) >= 64 ? 4 : 2;  // 16 or 8 accumulators: fit the register file
+  static_assert(I::kSJ % KJ == 0);
+  for (int j = 0; j < nkeys; j += KJ)
+    for (int r = r0; r < r1; r += 4) {
+      V acc[KJ][4];
+#pragma GCC unroll 4
+      for (int a = 0; a < KJ; ++a)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) acc[a][i] = I::zero();
+      const float* q = qr + size_t(r) * dpad;
+      for (int c = 0; c < dvec; ++c) {
+        V qv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) qv[i] = I::load(q + size_t(i) * dpad + c * I::W);
+#pragma GCC unroll 4
+        for (int a = 0; a < KJ; ++a) {
+          const V kv = I::load(krow[j + a] + c * I::W);
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) acc[a][i] = I::fma(kv, qv[i], acc[a][i]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int a = 0; a < KJ; ++a)
+        I::hsum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3], s + (j + a) * R + r);
+    }
+}
+
 // Online softmax step over keys [0, nkeys) for row vectors [c0, nvec): masks,
 // updates the running max m and denominator l, turns S^T into P^T and leaves
 // the factor that rescales the rows' previous output in alpha.
@@ -187,47 +224,69 @@ inline void pvBlock(const float* p, const float* const* vrow, int nkeys, const f
 // Head-dim chunks outside: the chunk of V (keys x kPC vectors) stays in L1
 // while the rows go by.
 template <class I>
-void pvTile(AttnScratch& sc, int nkeys, int r0, int nrows, int dvec, int dpad) {
+void pvTile(AttnScratch& sc, const float* const* vrow, int nkeys, int r0, int nrows, int dvec,
+            int dpad) {
   int c = 0;
   for (; c + I::kPC <= dvec; c += I::kPC)
     for (int r = r0; r < nrows; r += I::kPR)
-      pvBlock<I, I::kPR, I::kPC>(sc.s + r, sc.vrow, nkeys, sc.alpha + r,
-                                 sc.acc + size_t(r) * dpad, dpad, c * I::W);
+      pvBlock<I, I::kPR, I::kPC>(sc.s + r, vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
+                                 dpad, c * I::W);
   withCount<I::kPC>(dvec - c, [&]<int N>() {
     for (int r = r0; r < nrows; r += I::kPR)
-      pvBlock<I, I::kPR, N>(sc.s + r, sc.vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
+      pvBlock<I, I::kPR, N>(sc.s + r, vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
                             dpad, c * I::W);
   });
 }
 
-// Q rows of the task -> sc.qt (scaled, transposed), positions -> sc.qpos.
+// A task's rows: `heads` blocks of `block` rows (a multiple of the vector
+// width), block b for kv head t.kv_head + b; row i < per_head of a block is
+// flat index t.m_begin + i, the rest pad it.
+struct RowLayout {
+  int per_head, block, heads;
+  int cols() const { return block * heads; }
+};
+
+// (query row, query head) flat index into O and LSE rows of task row m.
+inline size_t outRow(const AttnCall& c, const AttnTask& t, const RowLayout& L, int m) {
+  const int flat = t.m_begin + m % L.block;
+  const int row = c.segs[t.seg].q_begin + flat / c.group;
+  return size_t(row) * c.p->num_q_heads + size_t(t.kv_head + m / L.block) * c.group +
+         flat % c.group;
+}
+
+// Q rows of the task -> sc.qt (scaled, transposed), or sc.qr (scaled) for
+// the dot-product path, positions -> sc.qpos.
 // Returns the task's query position range in qmin/qmax, and the largest
 // position of each vector of rows in vqmax.
 template <class I>
-void loadQueries(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows, int ncols,
-                 int32_t& qmin, int32_t& qmax, int32_t* vqmax) {
+void loadQueries(const AttnCall& c, const AttnTask& t, const RowLayout& L, bool dot,
+                 AttnScratch& sc, int32_t& qmin, int32_t& qmax, int32_t* vqmax) {
   const auto& p = *c.p;
-  const auto& seg = c.segs[t.seg];
   const int D = p.head_dim, R = I::kRows;
   qmin = std::numeric_limits<int32_t>::max();
   qmax = std::numeric_limits<int32_t>::min();
-  for (int m = 0; m < nrows; ++m) {
-    const int flat = t.m_begin + m;
-    const int row = seg.q_begin + flat / c.group;
-    const int head = t.kv_head * c.group + flat % c.group;
-    const float* q = rowAsFloat(p.q, p.dtype, (size_t(row) * p.num_q_heads + head) * D, D,
-                                sc.row);
-    for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = q[d] * c.scale_log2;
-    const int32_t pos = p.causal ? p.q_pos[row] : 0;
+  for (int m = 0; m < L.cols(); ++m) {
+    float* qr = sc.qr + size_t(m) * c.dpad;
+    if (m % L.block >= L.per_head) {  // padding columns: computed, never stored
+      if (dot)
+        for (int d = 0; d < c.dpad; ++d) qr[d] = 0.0f;
+      else
+        for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = 0.0f;
+      sc.qpos[m] = std::numeric_limits<int32_t>::min();
+      continue;
+    }
+    const size_t oh = outRow(c, t, L, m);
+    const float* q = rowAsFloat(p.q, p.dtype, oh * D, D, sc.row);
+    if (dot)  // rows as they are (dot products); D is a multiple of the vector here
+      for (int d = 0; d < D; ++d) qr[d] = q[d] * c.scale_log2;
+    else  // transposed (broadcast kernel)
+      for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = q[d] * c.scale_log2;
+    const int32_t pos = p.causal ? p.q_pos[oh / size_t(p.num_q_heads)] : 0;
     sc.qpos[m] = pos;
     qmin = pos < qmin ? pos : qmin;
     qmax = pos > qmax ? pos : qmax;
   }
-  for (int m = nrows; m < ncols; ++m) {  // padding columns: computed, never stored
-    for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = 0.0f;
-    sc.qpos[m] = std::numeric_limits<int32_t>::min();
-  }
-  for (int v = 0; v < ncols / I::W; ++v) {
+  for (int v = 0; v < L.cols() / I::W; ++v) {
     vqmax[v] = std::numeric_limits<int32_t>::min();
     for (int i = 0; i < I::W; ++i) vqmax[v] = std::max(vqmax[v], sc.qpos[v * I::W + i]);
   }
@@ -235,19 +294,15 @@ void loadQueries(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrow
 
 // Running state: empty, or the accumulator's (O, LSE) as (acc, m = lse*log2e, l = 1).
 template <class I>
-void initState(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows, int ncols) {
-  const auto& p = *c.p;
-  const auto& seg = c.segs[t.seg];
-  const int D = p.head_dim;
-  for (int m = 0; m < ncols; ++m) {
+void initState(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScratch& sc) {
+  const int D = c.p->head_dim;
+  for (int m = 0; m < L.cols(); ++m) {
     float* acc = sc.acc + size_t(m) * c.dpad;
     sc.m[m] = kNegInf;
     sc.l[m] = 0.0f;
     for (int d = 0; d < c.dpad; ++d) acc[d] = 0.0f;
-    if (!c.accumulate || m >= nrows) continue;
-    const int flat = t.m_begin + m;
-    const size_t oh = size_t(seg.q_begin + flat / c.group) * p.num_q_heads +
-                      size_t(t.kv_head) * c.group + flat % c.group;
+    if (!c.accumulate || m % L.block >= L.per_head) continue;
+    const size_t oh = outRow(c, t, L, m);
     const float lse = c.lse[oh];
     if (lse == kNegInf) continue;  // an empty accumulator; its O is ignored
     sc.m[m] = lse * (1.0f / kLn2);
@@ -256,47 +311,75 @@ void initState(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows,
   }
 }
 
-// Points sc.krow / sc.vrow at fp32 rows of keys [k0, k0 + n) of the task's
-// kv head: into the call's packed copy when there is one, else copied (and
-// converted from fp16/bf16) into the tile buffers, V zero-padded to dpad.
-// krow is extended to `nkeys_pad` by repeating the last key (masked later).
+// Asks for K and V rows [k0, k0 + n) of one kv head (fp32 input read in
+// place) while this tile computes: the next tile's rows, one head's at a
+// time, so the requests spread over the tile's compute.
+inline void prefetchRows(const attn::cpu::AttnProblem& p, int head, int k0, int n) {
+  const size_t stride = size_t(p.num_kv_heads) * p.head_dim * sizeof(float);
+  const size_t bytes = size_t(p.head_dim) * sizeof(float);
+  const char* kr = static_cast<const char*>(p.k) + size_t(k0) * stride + head * bytes;
+  const char* vr = static_cast<const char*>(p.v) + size_t(k0) * stride + head * bytes;
+  for (int j = 0; j < n; ++j, kr += stride, vr += stride)
+    for (size_t at = 0; at < bytes; at += 64) {
+      __builtin_prefetch(kr + at, 0, 3);
+      __builtin_prefetch(vr + at, 0, 3);
+    }
+}
+
+// Points sc.krow / sc.vrow ([head][key]) at fp32 rows of keys [k0, k0 + n)
+// of the task's kv heads: into the call's packed copy when there is one, else
+// copied (and converted from fp16/bf16) into the tile buffers in memory order,
+// V zero-padded to dpad. Each head's krow is extended to `nkeys_pad` by
+// repeating its last key (masked later).
 template <class I>
 void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int n,
               int nkeys_pad) {
   const auto& p = *c.p;
-  const int D = p.head_dim;
+  const int D = p.head_dim, K = kAttnKeyTile;
   if (c.kpack != nullptr) {
-    const size_t first = size_t(t.kv_head) * p.nk + k0;
-    for (int j = 0; j < n; ++j) {
-      sc.krow[j] = c.kpack + (first + j) * D;
-      sc.vrow[j] = c.vpack + (first + j) * c.dpad;
+    for (int b = 0; b < t.kv_heads; ++b) {
+      const size_t first = size_t(t.kv_head + b) * p.nk + k0;
+      for (int j = 0; j < n; ++j) {
+        sc.krow[b * K + j] = c.kpack + (first + j) * D;
+        sc.vrow[b * K + j] = c.vpack + (first + j) * c.dpad;
+      }
     }
+  } else if (p.dtype == attnFloat32 && D % I::W == 0) {
+    // fp32 rows are used in place (whole vectors, no padding needed).
+    const size_t stride = size_t(p.num_kv_heads) * D;
+    const float* kb = static_cast<const float*>(p.k) + size_t(t.kv_head) * D;
+    const float* vb = static_cast<const float*>(p.v) + size_t(t.kv_head) * D;
+    for (int j = 0; j < n; ++j)
+      for (int b = 0; b < t.kv_heads; ++b) {
+        sc.krow[b * K + j] = kb + size_t(k0 + j) * stride + size_t(b) * D;
+        sc.vrow[b * K + j] = vb + size_t(k0 + j) * stride + size_t(b) * D;
+      }
   } else {
     const size_t stride = size_t(p.num_kv_heads) * D;
     const size_t first = size_t(k0) * stride + size_t(t.kv_head) * D;
     for (int j = 0; j < n; ++j) {
-      const size_t at = first + j * stride;
-      float* kb = sc.kbuf + size_t(j) * D;
-      float* vb = sc.vbuf + size_t(j) * c.dpad;
-      copyRowAsFloat(kb, p.k, p.dtype, at, D);
-      copyRowAsFloat(vb, p.v, p.dtype, at, D);
-      for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
-      sc.krow[j] = kb;
-      sc.vrow[j] = vb;
+      for (int b = 0; b < t.kv_heads; ++b) {  // one key's heads lie side by side
+        const size_t at = first + j * stride + size_t(b) * D;
+        float* kb = sc.kbuf + (size_t(b) * K + j) * D;
+        float* vb = sc.vbuf + (size_t(b) * K + j) * c.dpad;
+        copyRowAsFloat(kb, p.k, p.dtype, at, D);
+        copyRowAsFloat(vb, p.v, p.dtype, at, D);
+        for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
+        sc.krow[b * K + j] = kb;
+        sc.vrow[b * K + j] = vb;
+      }
     }
   }
-  for (int j = n; j < nkeys_pad; ++j) sc.krow[j] = sc.krow[n - 1];
+  for (int b = 0; b < t.kv_heads; ++b)
+    for (int j = n; j < nkeys_pad; ++j) sc.krow[b * K + j] = sc.krow[b * K + n - 1];
 }
 
 template <class I>
-void storeRows(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows) {
-  const auto& p = *c.p;
-  const auto& seg = c.segs[t.seg];
-  const int D = p.head_dim;
-  for (int m = 0; m < nrows; ++m) {
-    const int flat = t.m_begin + m;
-    const size_t oh = size_t(seg.q_begin + flat / c.group) * p.num_q_heads +
-                      size_t(t.kv_head) * c.group + flat % c.group;
+void storeRows(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScratch& sc) {
+  const int D = c.p->head_dim;
+  for (int m = 0; m < L.cols(); ++m) {
+    if (m % L.block >= L.per_head) continue;
+    const size_t oh = outRow(c, t, L, m);
     float* o = c.o + oh * D;
     const float l = sc.l[m];
     // Nothing new reached this row: keep the accumulator bit-exact.
@@ -313,6 +396,10 @@ void storeRows(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int nrows)
   }
 }
 
+// Rows per head up to which scoreDot beats the broadcast score kernel.
+template <class I>
+constexpr int kDotRows = I::W / 2;
+
 template <class I>
 void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTileStats& st) {
   static_assert(I::kRows <= attn::cpu::kAttnMaxTileRows && I::kRows % I::W == 0);
@@ -320,42 +407,64 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
   const auto& p = *c.p;
   const auto& seg = c.segs[t.seg];
   const int nrows = t.m_end - t.m_begin;
-  const int nvec = (nrows + I::W - 1) / I::W;
-  const int ncols = nvec * I::W;
+  const RowLayout L{nrows, roundUp(nrows, I::W), t.kv_heads};
+  const int bvec = L.block / I::W;  // vectors per head block
+  // Few rows per head (decode): scores as dot products; the rows past the
+  // last group of 4 are never scored, so their S^T lanes start at 0.
+  const bool dot = L.per_head <= kDotRows<I> && p.head_dim % I::W == 0;
+  const int dot_rows = roundUp(L.per_head, 4);
   int32_t qmin, qmax, vqmax[attn::cpu::kAttnMaxTileRows / I::W];
-  loadQueries<I>(c, t, sc, nrows, ncols, qmin, qmax, vqmax);
-  initState<I>(c, t, sc, nrows, ncols);
+  loadQueries<I>(c, t, L, dot, sc, qmin, qmax, vqmax);
+  initState<I>(c, t, L, sc);
   const int dvec = (p.head_dim + I::W - 1) / I::W;
+  const bool in_place = c.kpack == nullptr && p.dtype == attnFloat32 && p.head_dim % I::W == 0;
+  if (dot)
+    for (int b = 0; b < t.kv_heads; ++b)
+      for (int j = 0; j < kAttnKeyTile; ++j)
+        for (int r = b * L.block + dot_rows; r < (b + 1) * L.block; ++r) sc.s[j * I::kRows + r] = 0;
   bool computed = false;
   for (int k0 = seg.k_begin; k0 < seg.k_end; k0 += kAttnKeyTile) {
     const int n = seg.k_end - k0 < kAttnKeyTile ? seg.k_end - k0 : kAttnKeyTile;
     bool masked = false;
-    int c0 = 0;  // leading row vectors this key tile cannot reach
+    int32_t kmin = std::numeric_limits<int32_t>::min();
     if (p.causal) {
-      int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
+      int32_t kmax = std::numeric_limits<int32_t>::min();
+      kmin = std::numeric_limits<int32_t>::max();
       for (int j = 0; j < n; ++j) {
         const int32_t kp = p.k_pos[k0 + j];
         kmin = kp < kmin ? kp : kmin;
         kmax = kp > kmax ? kp : kmax;
       }
       if (kmin > qmax) {  // every key is in every query's future
-        ++st.skipped;
+        st.skipped += t.kv_heads;
         continue;
       }
       masked = kmax > qmin;
-      if (masked)  // rows are usually in position order: skip the early ones
-        while (vqmax[c0] < kmin) ++c0;
     }
-    ++(masked ? st.masked : st.full);
+    (masked ? st.masked : st.full) += t.kv_heads;
     computed = true;
     const int nkeys_pad = roundUp(n, I::kSJ);
     loadKeys<I>(c, t, sc, k0, n, nkeys_pad);
-    scoreTile<I>(sc.krow, nkeys_pad, sc.qt, c0, nvec, p.head_dim, sc.s);
-    softmaxTile<I>(sc, n, c0, nvec, masked, masked ? p.k_pos + k0 : nullptr);
-    pvTile<I>(sc, n, c0 * I::W, roundUp(nrows, I::kPR), dvec, c.dpad);
+    const int next = std::min(seg.k_end - (k0 + n), kAttnKeyTile);
+    for (int b = 0; b < t.kv_heads; ++b) {
+      int c0 = b * bvec;  // leading row vectors this key tile cannot reach
+      const int c1 = c0 + bvec;
+      if (masked)  // rows are usually in position order: skip the early ones
+        while (c0 < c1 && vqmax[c0] < kmin) ++c0;
+      if (in_place) prefetchRows(p, t.kv_head + b, k0 + n, next);
+      if (c0 == c1) continue;
+      if (dot)
+        scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W,
+                    b * L.block + dot_rows, dvec, sc.s);
+      else
+        scoreTile<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qt, c0, c1, p.head_dim, sc.s);
+      softmaxTile<I>(sc, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
+      pvTile<I>(sc, sc.vrow + b * kAttnKeyTile, n, c0 * I::W,
+                roundUp(b * L.block + nrows, I::kPR), dvec, c.dpad);
+    }
   }
   if (c.accumulate && !computed) return;  // leave the accumulator bit-exact
-  storeRows<I>(c, t, sc, nrows);
+  storeRows<I>(c, t, L, sc);
 }
 
 }  // namespace

@@ -28,25 +28,32 @@ struct AttnCall {
 };
 
 // Tile rows [m_begin, m_end) of the flattened (row, head-in-group) index
-// m = (q_row - q_begin) * group + h % group, for kv head kv_head of segment seg.
+// m = (q_row - q_begin) * group + h % group, for kv heads
+// [kv_head, kv_head + kv_heads) of segment seg. Several kv heads share a task
+// only when their rows are few (decode): the tile then holds one block of
+// rows per head, each rounded up to a vector, and walks the keys of all its
+// heads in memory order (THD rows of one head alone are Hkv*D elements apart,
+// which the hardware prefetchers follow badly).
 struct AttnTask {
-  int32_t seg, kv_head, m_begin, m_end;
+  int32_t seg, kv_head, kv_heads, m_begin, m_end;
 };
 
-// Per-thread working set, sized for kAttnMaxTileRows x kAttnKeyTile x dpad.
+// Per-thread working set, sized for kAttnMaxTileRows x kAttnKeyTile x dpad,
+// with K/V tile buffers and row pointers for `heads` kv heads.
 struct AttnScratch {
   float* qt;     // [head_dim][rows]   scaled Q tile, transposed
+  float* qr;     // [rows][dpad]       scaled Q rows (the dot-product score path)
   float* s;      // [key tile][rows]   scores, then probabilities (S^T)
   float* acc;    // [rows][dpad]       unnormalised output
   float* m;      // [rows]             running max (base 2)
   float* l;      // [rows]             running denominator
   float* alpha;  // [rows]             rescale of acc for the current key tile
-  float* kbuf;   // [key tile][head_dim]  K converted to fp32
-  float* vbuf;   // [key tile][dpad]      V converted / padded
+  float* kbuf;   // [head][key tile][head_dim]  K converted to fp32
+  float* vbuf;   // [head][key tile][dpad]      V converted / padded
   float* row;    // [dpad]             one converted Q row
   int32_t* qpos;        // [rows]
-  const float** krow;   // [key tile]
-  const float** vrow;   // [key tile]
+  const float** krow;   // [head][key tile]
+  const float** vrow;   // [head][key tile]
 };
 
 struct AttnTileStats {

@@ -67,6 +67,7 @@ KernelTable makeTable(attn::cpu::Isa isa) {
   k.narrow_bf16 = narrowAll<Bf16Tag>;
   k.attention = attentionTask<Simd>;
   k.attn_tile_rows = Simd::kRows;
+  k.attn_row_align = Simd::W;
   return k;
 }
 

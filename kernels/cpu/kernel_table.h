@@ -33,6 +33,7 @@ struct KernelTable {
   NarrowFn narrow_fp16, narrow_bf16;
   AttnTaskFn attention;
   int attn_tile_rows;  // stacked query rows per attention tile (<= kAttnMaxTileRows)
+  int attn_row_align;  // rows per vector: a head's block in a multi-head tile rounds to it
 };
 
 const KernelTable& genericKernels();

@@ -23,6 +23,15 @@ constexpr float kExp2C1 = 0.6931472056005104f, kExp2C2 = 0.240226466087139f,
                 kExp2C3 = 0.055503289975177984f, kExp2C4 = 0.00961851953435526f,
                 kExp2C5 = 0.0013399860363060092f, kExp2C6 = 0.00015337576831145398f;
 
+#if defined(ATTN_KERNEL_AVX2) || defined(ATTN_KERNEL_AVX512)
+// out[0..3] = the lane sums of four 8-lane vectors: two rounds of pairwise
+// adds leave each 128-bit half holding the four partial sums.
+inline void hsum4of8(__m256 a, __m256 b, __m256 c, __m256 d, float* out) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+#endif
+
 #if defined(ATTN_KERNEL_AVX512)
 struct SimdAvx512 {
   static constexpr int W = 16;
@@ -62,6 +71,14 @@ struct SimdAvx512 {
     p = fma(p, f, set1(kExp2C1));
     p = fma(p, f, set1(1.0f));
     return _mm512_scalef_ps(p, n);
+  }
+  // out[0..3] = the lane sums of a, b, c, d.
+  static __m256 foldHalves(V x) {
+    return _mm256_add_ps(_mm512_castps512_ps256(x),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  }
+  static void hsum4(V a, V b, V c, V d, float* out) {
+    hsum4of8(foldHalves(a), foldHalves(b), foldHalves(c), foldHalves(d), out);
   }
 };
 #endif
@@ -107,6 +124,7 @@ struct SimdAvx2 {
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return mul(p, _mm256_castsi256_ps(e));
   }
+  static void hsum4(V a, V b, V c, V d, float* out) { hsum4of8(a, b, c, d, out); }
 };
 #endif
 
@@ -152,6 +170,12 @@ struct SimdGeneric {
     V scale;
     std::memcpy(&scale, &e, sizeof scale);
     return p * scale;
+  }
+  static void hsum4(V a, V b, V c, V d, float* out) {
+    out[0] = (a[0] + a[1]) + (a[2] + a[3]);
+    out[1] = (b[0] + b[1]) + (b[2] + b[3]);
+    out[2] = (c[0] + c[1]) + (c[2] + c[3]);
+    out[3] = (d[0] + d[1]) + (d[2] + d[3]);
   }
 };
 
