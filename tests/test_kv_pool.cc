@@ -302,6 +302,65 @@ TEST(KvMigrate, LendAndReturnKeepAttentionExactProcesses) {
   }, AttnRunOptions());
 }
 
+// Several moves in one call between the same ranks and in both directions:
+// per peer, each move's header and blocks go as separate messages, so their
+// order on the wire must line up on both sides. Blocks lent in are sent on
+// (returned) in the same call as the holder's own blocks are lent.
+void CrossingMoves(const Scenario& s, int rank, int n, attnComm_t& comm) {
+  const attnKvPoolConfig_t cfg = PoolCfg(s.blockTokens, 64, s.dtype);
+  attnKvPool_t pool = nullptr;
+  ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+  const std::vector<Req> reqs = {{100 + rank, 6 * s.blockTokens + 5, 1},
+                                 {200 + rank, 2 * s.blockTokens + 3, 4}};
+  for (const Req& r : reqs) AppendRequest(pool, comm, s.dtype, rank, r);
+  const std::string tag = "rank " + std::to_string(rank);
+
+  // Rank 0 sends two moves to rank 1, rank 1 sends to rank 0 at the same
+  // time, and rank 2 sends to rank 1 too.
+  std::vector<attnKvMove_t> moves;
+  if (rank == 0) moves = {{0, 1, 0, 100, 2}, {0, 1, 0, 200, 1}};
+  if (rank == 1) moves = {{1, 0, 1, 101, 3}};
+  if (rank == 2) moves = {{2, 1, 2, 102, 2}};
+  std::vector<int64_t> granted(moves.size(), -1);
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  for (size_t i = 0; i < moves.size(); ++i) EXPECT_EQ(granted[i], moves[i].num_blocks) << tag;
+  attnKvPoolStats_t st{};
+  ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+  EXPECT_EQ(st.lent_in_blocks, rank == 0 ? 3 : rank == 1 ? 5 : 0) << tag;
+  EXPECT_EQ(st.lent_out_blocks, rank == 0 ? 3 : rank == 1 ? 3 : 2) << tag;
+  ExpectExact(CheckAttention(pool, comm, rank, reqs, s.dtype, s.causal), s.dtype, "crossed, " + tag);
+
+  // Rank 0 returns two of rank 1's blocks and lends one more of its own to
+  // rank 1 in the same call; rank 1 returns one of rank 0's blocks.
+  moves.clear();
+  if (rank == 0) moves = {{0, 1, 1, 101, 2}, {0, 1, 0, 100, 1}};
+  if (rank == 1) moves = {{1, 0, 0, 100, 1}};
+  granted.assign(moves.size(), -1);
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  for (size_t i = 0; i < moves.size(); ++i) EXPECT_EQ(granted[i], moves[i].num_blocks) << tag;
+  ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
+  EXPECT_EQ(st.lent_in_blocks, rank == 0 ? 1 : rank == 1 ? 5 : 0) << tag;
+  EXPECT_EQ(st.lent_out_blocks, rank == 0 ? 3 : rank == 1 ? 1 : 2) << tag;
+  if (rank == 0) {
+    const std::vector<int64_t> h = Holders(pool, n, 100);
+    EXPECT_EQ(h[1], 2);
+  }
+  ExpectExact(CheckAttention(pool, comm, rank, reqs, s.dtype, s.causal), s.dtype, "back and forth, " + tag);
+  ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+}
+
+TEST(KvMigrate, CrossingAndRepeatedMovesInOneCallThreads) {
+  for (Scenario s : {Scenario{attnFloat32, true, 4}, Scenario{attnBfloat16, false, 16}})
+    RunThreads(3, [&](int rank, int n, attnComm_t& comm) { CrossingMoves(s, rank, n, comm); },
+               AttnRunOptions());
+}
+
+TEST(KvMigrate, CrossingAndRepeatedMovesInOneCallProcesses) {
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    CrossingMoves(Scenario{attnFloat16, true, 8}, rank, n, comm);
+  }, AttnRunOptions());
+}
+
 // Ranks 0 and 1 both ask rank 2, which has room for one of them: exactly one
 // move is granted whole, the other refused, and attention stays exact.
 TEST(KvMigrate, DestinationGrantsFirstComeFirstServedWhileSpaceLasts) {

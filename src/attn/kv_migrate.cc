@@ -4,15 +4,19 @@
 //     then grants whole moves in the order their messages arrived (first
 //     come, first served) while its free blocks last, reserving the slots.
 //  2. replies: per move, the blocks granted (all or none).
-//  3. move: the granted blocks, each as {index, K, V, positions}; the source
-//     frees them, the destination files them in the reserved slots, and the
-//     owner (one of the two) records where they are now.
+//  3. move: per granted move, a header {indices, positions} and then each
+//     block's K and V as messages of their own, sent from the source's
+//     slots and received straight into the slots reserved for them: no
+//     packing, no unpacking, and the transport overlaps the blocks. The
+//     source frees its slots once the sends complete, the destination files
+//     the blocks, and the owner (one of the two) records where they are now.
 // Only full blocks move (the last block of a request stays with its owner),
 // so every block on the wire has the same size.
 #include "src/attn/kv_migrate.h"
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 
@@ -33,9 +37,10 @@ struct TryMove {
   int64_t blocks;
 };
 
-// One block's bytes on the wire.
-size_t wireBlockBytes(const KvPool& pool) {
-  return sizeof(int64_t) + 2 * pool.blockBytes() + size_t(pool.config().block_tokens) * sizeof(int32_t);
+// A move's header: the blocks' indices in the owner's request, then their
+// token positions.
+size_t headerBytes(const KvPool& pool, int64_t blocks) {
+  return size_t(blocks) * (sizeof(int64_t) + size_t(pool.config().block_tokens) * sizeof(int32_t));
 }
 
 // The blocks a granted move sends, by index in the owner's request.
@@ -51,13 +56,17 @@ std::vector<int64_t> blocksToSend(KvPool& pool, const attnKvMove_t& m) {
   return idx;
 }
 
-// Packs the blocks and takes them out of this pool's books.
-void packAndFree(KvPool& pool, const attnKvMove_t& m, std::vector<char>* out) {
+// Takes a move's blocks out of this pool's books: writes the header and
+// returns the slots to send from (given back to the pool only after the
+// sends complete).
+std::vector<int64_t> detachBlocks(KvPool& pool, const attnKvMove_t& m, std::vector<char>* header) {
   const std::vector<int64_t> idx = blocksToSend(pool, m);
-  const size_t bb = pool.blockBytes(), pb = size_t(pool.config().block_tokens) * sizeof(int32_t);
-  out->resize(idx.size() * wireBlockBytes(pool));
-  char* p = out->data();
+  const size_t pb = size_t(pool.config().block_tokens) * sizeof(int32_t);
+  header->resize(headerBytes(pool, int64_t(idx.size())));
+  char* ip = header->data();
+  char* pp = ip + idx.size() * sizeof(int64_t);
   std::vector<KvLentBlock>* lent = m.owner == pool.rank() ? nullptr : &pool.lentIn.at({m.owner, m.req});
+  std::vector<int64_t> slots;
   for (int64_t i : idx) {
     int64_t slot;
     if (!lent) {
@@ -70,29 +79,29 @@ void packAndFree(KvPool& pool, const attnKvMove_t& m, std::vector<char>* out) {
       slot = it->slot;
       lent->erase(it);
     }
-    std::memcpy(p, &i, sizeof(i));
-    std::memcpy(p + sizeof(i), pool.k(slot), bb);
-    std::memcpy(p + sizeof(i) + bb, pool.v(slot), bb);
-    std::memcpy(p + sizeof(i) + 2 * bb, pool.pos(slot), pb);
-    p += wireBlockBytes(pool);
-    pool.giveSlot(slot);
+    std::memcpy(ip, &i, sizeof(i));
+    std::memcpy(pp, pool.pos(slot), pb);
+    ip += sizeof(i);
+    pp += pb;
+    slots.push_back(slot);
   }
   if (lent && lent->empty()) pool.lentIn.erase({m.owner, m.req});
+  return slots;
 }
 
-// Files received blocks into the slots reserved for them.
-attnResult_t unpack(KvPool& pool, int from, const TryMove& t, const std::vector<int64_t>& slots,
-                    const std::vector<char>& in) {
-  const size_t bb = pool.blockBytes(), pb = size_t(pool.config().block_tokens) * sizeof(int32_t);
-  const char* p = in.data();
+// Files received blocks (K and V already in their reserved slots).
+attnResult_t fileBlocks(KvPool& pool, int from, const TryMove& t, const std::vector<int64_t>& slots,
+                        const std::vector<char>& header) {
+  const size_t pb = size_t(pool.config().block_tokens) * sizeof(int32_t);
+  const char* ip = header.data();
+  const char* pp = ip + slots.size() * sizeof(int64_t);
   const int me = pool.rank();
   for (int64_t slot : slots) {
     int64_t i;
-    std::memcpy(&i, p, sizeof(i));
-    std::memcpy(pool.k(slot), p + sizeof(i), bb);
-    std::memcpy(pool.v(slot), p + sizeof(i) + bb, bb);
-    std::memcpy(pool.pos(slot), p + sizeof(i) + 2 * bb, pb);
-    p += wireBlockBytes(pool);
+    std::memcpy(&i, ip, sizeof(i));
+    std::memcpy(pool.pos(slot), pp, pb);
+    ip += sizeof(i);
+    pp += pb;
     if (t.owner == me) {
       KvOwnRequest& r = pool.own.at(t.req);
       if (i < 0 || size_t(i) >= r.blocks.size() || r.blocks[size_t(i)].holder != from)
@@ -105,6 +114,17 @@ attnResult_t unpack(KvPool& pool, int from, const TryMove& t, const std::vector<
   }
   return attnSuccess;
 }
+
+// Slots whose blocks were sent: back to the pool when the call leaves,
+// after (declared before) the guard that breaks the engine on an early
+// exit, so no transfer still reads them.
+struct SlotsToFree {
+  KvPool& pool;
+  std::vector<int64_t> slots;
+  ~SlotsToFree() {
+    for (int64_t s : slots) pool.giveSlot(s);
+  }
+};
 
 }  // namespace
 
@@ -213,22 +233,37 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
     guard.done();
   }
 
-  // 3. move.
-  std::unique_ptr<Request[]> dreq(new Request[moves.size() + 1]);
-  std::vector<std::vector<char>> sendBufs(moves.size());
-  std::vector<std::vector<std::vector<char>>> recvBufs(static_cast<size_t>(n));
-  std::vector<std::unique_ptr<Request[]>> recvReqs(static_cast<size_t>(n));
-  BreakOnEarlyExit guard(e);
+  // 3. move. Per peer, messages match in posting order: for each granted
+  // move in the order of the try_move message, its header, then K and V of
+  // each block.
+  const size_t bb = pool.blockBytes();
+  SlotsToFree sentSlots{pool, {}};
+  std::vector<std::vector<char>> headersOut(moves.size());
+  std::vector<std::vector<std::vector<char>>> headersIn(static_cast<size_t>(n));
+  std::deque<Request> reqs;  // stable addresses
   std::vector<Request*> all;
+  auto postRecv = [&](int peer, void* buf, size_t bytes) {
+    reqs.emplace_back();
+    all.push_back(&reqs.back());
+    return e.irecv(peer, buf, bytes, &reqs.back());
+  };
+  auto postSend = [&](int peer, const void* buf, size_t bytes) {
+    reqs.emplace_back();
+    all.push_back(&reqs.back());
+    return e.isend(peer, buf, bytes, &reqs.back());
+  };
+  BreakOnEarlyExit guard(e);
   for (int p = 0; p < n; ++p) {
     if (p == me || asks[p].empty()) continue;
-    recvBufs[p].resize(asks[p].size());
-    recvReqs[p].reset(new Request[asks[p].size()]);
+    headersIn[p].resize(asks[p].size());
     for (size_t j = 0; j < asks[p].size(); ++j) {
       if (grants[p][j] == 0) continue;
-      recvBufs[p][j].resize(size_t(grants[p][j]) * wireBlockBytes(pool));
-      ATTN_CHECK(e.irecv(p, recvBufs[p][j].data(), recvBufs[p][j].size(), &recvReqs[p][j]));
-      all.push_back(&recvReqs[p][j]);
+      headersIn[p][j].resize(headerBytes(pool, grants[p][j]));
+      ATTN_CHECK(postRecv(p, headersIn[p][j].data(), headersIn[p][j].size()));
+      for (int64_t slot : reservedSlots[p][j]) {
+        ATTN_CHECK(postRecv(p, pool.k(slot), bb));
+        ATTN_CHECK(postRecv(p, pool.v(slot), bb));
+      }
     }
   }
   for (int p = 0; p < n; ++p) {
@@ -239,9 +274,13 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
         return setError(attnRemoteError, "attnKvMigrate: rank %d granted %lld of %lld blocks", p,
                         (long long)g, (long long)moves[i].num_blocks);
       if (g == 0) continue;
-      packAndFree(pool, moves[i], &sendBufs[i]);
-      ATTN_CHECK(e.isend(p, sendBufs[i].data(), sendBufs[i].size(), &dreq[i]));
-      all.push_back(&dreq[i]);
+      const std::vector<int64_t> slots = detachBlocks(pool, moves[i], &headersOut[i]);
+      sentSlots.slots.insert(sentSlots.slots.end(), slots.begin(), slots.end());
+      ATTN_CHECK(postSend(p, headersOut[i].data(), headersOut[i].size()));
+      for (int64_t slot : slots) {
+        ATTN_CHECK(postSend(p, pool.k(slot), bb));
+        ATTN_CHECK(postSend(p, pool.v(slot), bb));
+      }
       (*granted)[i] = g;
     }
   }
@@ -249,7 +288,7 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
   guard.done();
   for (int p = 0; p < n; ++p)
     for (size_t j = 0; j < asks[p].size(); ++j)
-      if (grants[p][j] != 0) ATTN_CHECK(unpack(pool, p, asks[p][j], reservedSlots[p][j], recvBufs[p][j]));
+      if (grants[p][j] != 0) ATTN_CHECK(fileBlocks(pool, p, asks[p][j], reservedSlots[p][j], headersIn[p][j]));
   int64_t sent = 0, refused = 0;
   for (size_t i = 0; i < moves.size(); ++i) {
     sent += (*granted)[i];
