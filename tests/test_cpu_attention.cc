@@ -185,16 +185,22 @@ TEST(CpuAttention, HalfInputsAndHalfOutput) {
   }
 }
 
-// Two sequences sharded like CP rank 1 of 3 (chunks 1 and 4 of 6), a third
-// with no query rows and a fourth with no keys; rows of chunk 1 against keys
-// of later chunks see nothing.
-Case variableLength(int hq, int hkv, int d, attnDataType_t dt) {
+// A causal case with these heads and no rows yet.
+Case emptyCausal(int hq, int hkv, int d, attnDataType_t dt) {
   Case c;
   c.hq = hq;
   c.hkv = hkv;
   c.d = d;
   c.dtype = dt;
   c.causal = true;
+  return c;
+}
+
+// Two sequences sharded like CP rank 1 of 3 (chunks 1 and 4 of 6), a third
+// with no query rows and a fourth with no keys; rows of chunk 1 against keys
+// of later chunks see nothing.
+Case variableLength(int hq, int hkv, int d, attnDataType_t dt) {
+  Case c = emptyCausal(hq, hkv, d, dt);
   auto addSeq = [&](int len, bool with_q, bool with_k, int key_chunk_lo) {
     const int chunk = len / 6;
     AttnSegment s{c.nq, c.nq, c.nk, c.nk};
@@ -302,12 +308,7 @@ std::vector<std::vector<AttnSegment>> keyPartition(const Case& c, int parts, std
 // are read in place. Covers group sizes around the dot-product cut-off,
 // kv head counts that do not divide into the tasks, and thread counts.
 Case decodeBatch(int rows, int hq, int hkv, int d, attnDataType_t dt) {
-  Case c;
-  c.hq = hq;
-  c.hkv = hkv;
-  c.d = d;
-  c.dtype = dt;
-  c.causal = true;
+  Case c = emptyCausal(hq, hkv, d, dt);
   for (int len : {300, 1, 129, 64}) {
     const int q = std::min(rows, len);
     AttnSegment s{c.nq, c.nq + q, c.nk, c.nk + len};
