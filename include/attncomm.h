@@ -406,8 +406,8 @@ typedef enum {
                          second all-to-all brings the outputs home. Sends
                          (N-1)/N of Q, K, V and O per rank instead of N-1 KV
                          blocks; balanced whatever the placement. KV heads
-                         are replicated when num_kv_heads < N. Host
-                         communicators only (AUTO considers it there) */
+                         are replicated when num_kv_heads < N. AUTO
+                         weighs it with the rings */
 } attnAttnMode_t;
 
 /* Exact attention of this rank's queries over the keys of all ranks.
@@ -708,8 +708,7 @@ ATTN_API attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAt
 
 /* The same model on given totals, without a communicator: new_tokens (T) and
  * cached_tokens (P) summed over the batch, nranks ranks. For what-if
- * studies (e.g. the CP paper's Table 4). `chosen` is a host communicator's
- * choice: a device communicator leaves attnModeHeadParallel out. */
+ * studies (e.g. the CP paper's Table 4). */
 ATTN_API attnResult_t attnEstimateModes(const attnCostModel_t* model, const attnAttnConfig_t* cfg,
                                         int nranks, int64_t new_tokens, int64_t cached_tokens,
                                         attnModeEstimate_t* estimate);

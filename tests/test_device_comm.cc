@@ -194,7 +194,7 @@ TEST(DeviceComm, RingBlocksMoveDeviceToDeviceBetweenProcesses) {
 
 // Every mode runs the CUDA kernels on the device while its blocks move
 // (src/device: ring_pass_kv_device.cc, ring_pass_q_device.cc,
-// ship_q_device.cc): 2, 3, 4 ranks sharing GPU 0, every dtype, GQA, head
+// ship_q_device.cc, head_parallel_device.cc): 2, 3, 4 ranks sharing GPU 0, every dtype, GQA, head
 // dims of both kernels (64: tensor cores for fp16/bf16; 80: SIMT), causal
 // and not, uneven random placement with one empty rank, with and without
 // lse. Calls follow each other on one communicator, so its device buffers
@@ -218,7 +218,7 @@ void EveryModeOnRank(const std::vector<attn_test::AttnCase>& cases, int rank, in
     // The last rank holds no rows at all.
     const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 100 + i, nranks - 1);
     const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
-    for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ}) {
+    for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeHeadParallel}) {
       const std::string what = "n=" + std::to_string(nranks) + " " + attn_test::CfgName(c.cfg) + " " +
                                attn_test::ModeName(mode);
       const DeviceRun r = RunOnDevice(c, sh, comm, mode, (i + static_cast<size_t>(mode)) % 2 == 0);
@@ -317,7 +317,7 @@ TEST(DeviceComm, EveryModeOnDeviceWithAUserKernel) {
   const attn_test::AttnCase c =
       attn_test::MakeCase("device-user", attn_test::PrefillSpec(acfg, newLens, cachedLens), 5);
   // AUTO too: its calibration must time the kernel on the device as well.
-  for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto}) {
+  for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeHeadParallel, attnModeAuto}) {
     gUserKernelCalls = 0;
     attnConfig_t cfg;
     RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
@@ -455,39 +455,43 @@ TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
   }, OnGpu0(&cfg));
 }
 
-// Head-parallel attention runs on host communicators only: a device one
-// refuses it at once, with a reason, and stays usable.
-TEST(DeviceComm, HeadParallelModeIsRefusedWithAReason) {
+// Head-parallel on device communicators at its edges: ranks without heads
+// (2 query heads over 3 ranks) only send their rows and take their outputs
+// back, and one rank alone computes every head; then, where the cost model
+// favours it (no GQA, slow links, fast compute), AUTO takes it on a device
+// communicator as on a host one.
+TEST(DeviceComm, HeadParallelWithIdleRanksAndChosenByAuto) {
   REQUIRE_GPU();
+  const attnAttnConfig_t few{2, 1, 64, attnBfloat16, 0.f, 1};
+  const attn_test::AttnCase small =
+      attn_test::MakeCase("device-heads", attn_test::PrefillSpec(few, {70, 5, 0}, {30, 0, 9}), 8);
+  for (int n : {1, 3}) {
+    attnConfig_t cfg;
+    RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) {
+      const attn_test::Placement pl = attn_test::RandomPlacement(small, nranks, 4, -1);
+      const attn_test::RankShard sh = attn_test::GatherShard(small, pl, rank);
+      for (bool withLse : {true, false}) {
+        const DeviceRun r = RunOnDevice(small, sh, comm, attnModeHeadParallel, withLse);
+        ExpectExact(r, few.dtype, "n=" + std::to_string(nranks));
+        EXPECT_EQ(r.stats.empty_mismatch, 0);
+        EXPECT_EQ(attn::attnStateOf(comm).last.mode, attnModeHeadParallel);
+      }
+    }, OnGpu0(&cfg));
+  }
+  const attnAttnConfig_t mha{8, 8, 64, attnBfloat16, 0.f, 1};
+  const attn_test::AttnCase big = attn_test::MakeCase("device-auto-heads", attn_test::PrefillSpec(mha, {384}, {0}), 9);
+  const attnCostModel_t slow{0.01, 1.0, 1000.0, 0.0};
   attnConfig_t cfg;
-  RunThreads(4, [](int, int, attnComm_t& comm) {
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    const attnAttnConfig_t acfg{4, 2, 64, attnBfloat16, 0.f, 1};
-    const attnSeqLayout_t lay{0, nullptr, nullptr, nullptr, nullptr};
-    EXPECT_EQ(attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg,
-                                attnModeHeadParallel, comm, (attnStream_t)s),
-              attnInvalidUsage);
-    EXPECT_NE(std::string(attnGetLastError(comm)).find("host communicators"), std::string::npos)
-        << attnGetLastError(comm);
-    EXPECT_EQ(attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg,
-                                attnModePassKV, comm, (attnStream_t)s),
-              attnSuccess)
-        << attnGetLastError(comm);
-    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    cudaStreamDestroy(s);
-    // Where a host communicator's AUTO would take it (no GQA, slow links,
-    // fast compute), a device one chooses among the modes it runs.
-    const attnAttnConfig_t mha{8, 8, 64, attnBfloat16, 0.f, 1};
-    const attnCostModel_t slow{0.01, 1.0, 1000.0, 0.0};
+  RunThreads(4, [&](int rank, int nranks, attnComm_t& comm) {
     ASSERT_EQ(attnCommSetCostModel(comm, &slow), attnSuccess);
-    std::vector<int32_t> off{0, 512}, pos(512);
-    for (int i = 0; i < 512; ++i) pos[i] = i;
-    const attnSeqLayout_t big{1, off.data(), pos.data(), off.data(), pos.data()};
+    const attn_test::Placement pl = attn_test::RandomPlacement(big, nranks, 5, -1);
+    const attn_test::RankShard sh = attn_test::GatherShard(big, pl, rank);
     attnModeEstimate_t est;
-    ASSERT_EQ(attnSelectMode(&big, &mha, comm, &est), attnSuccess) << attnGetLastError(comm);
-    EXPECT_LT(est.head_parallel_us, std::min(est.pass_kv_us, est.pass_q_us));
-    EXPECT_NE(est.chosen, attnModeHeadParallel);
+    ASSERT_EQ(attnSelectMode(&sh.layout, &mha, comm, &est), attnSuccess) << attnGetLastError(comm);
+    EXPECT_EQ(est.chosen, attnModeHeadParallel);
+    const DeviceRun r = RunOnDevice(big, sh, comm, attnModeAuto, true);
+    ExpectExact(r, mha.dtype, "AUTO");
+    EXPECT_EQ(attn::attnStateOf(comm).last.mode, attnModeHeadParallel);
   }, OnGpu0(&cfg));
 }
 

@@ -19,7 +19,7 @@ void usage(const char* prog, bool decode) {
           "          [-d float|half|bfloat16] [-C 0|1 causal] [-M modes] [-G device]\n"
           "  modes: comma list of kv, q, ship, auto, seq (all-gather KV then compute,\n"
           "         on the host or, with -G, on the device), heads (all-to-all over\n"
-          "         heads, CSPS SP-NTP / Ulysses; host only)\n"
+          "         heads, CSPS SP-NTP / Ulysses)\n"
           "  -G DEV: tensors on CUDA device DEV, every rank on it, one stream per rank\n"
           "  -k KEEPS (level_attn_perf): comma list of host:rack:cluster keep fractions\n",
           prog, decode ? "[-b batch sizes, e.g. 1,4,16]" : "[-m miss rates, e.g. 1,0.1,0.01] [-B seqs]");

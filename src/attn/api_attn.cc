@@ -51,7 +51,7 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
 // runs on the communicator's proxy thread when its turn comes on the
 // stream. Every mode runs the CUDA kernels on the device while its blocks
 // move (src/device: ring_pass_kv_device.cc, ring_pass_q_device.cc,
-// ship_q_device.cc).
+// ship_q_device.cc, head_parallel_device.cc).
 attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* out, float* lse,
                              const attnSeqLayout_t& lay, const attnAttnConfig_t& cfg, attnAttnMode_t mode,
                              attnComm* comm, attnStream_t stream, int64_t qRows, int64_t kvRows) {
@@ -83,6 +83,7 @@ attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* 
       case attnModePassKV: ATTN_CHECK(runPassKvDevice(c, io)); break;
       case attnModePassQ: ATTN_CHECK(runPassQDevice(c, io)); break;
       case attnModeShipQ: ATTN_CHECK(runShipQDevice(c, io)); break;
+      case attnModeHeadParallel: ATTN_CHECK(runHeadParallelDevice(c, io)); break;
       default: return setError(attnInternalError, "no device algorithm for mode %d", (int)m);
     }
     recordStats(c, m, t0);
@@ -108,10 +109,6 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
   if (mode < attnModeAuto || mode > attnModeHeadParallel)
     return call.finish(setError(attnInvalidArgument, "unknown attention mode %d", (int)mode));
-  if (mode == attnModeHeadParallel && deviceRoute(comm))
-    return call.finish(setError(attnInvalidUsage,
-                                "attnModeHeadParallel runs on host communicators; this one is on "
-                                "device %d (use a ring mode there)", comm->config.device));
   int64_t qRows, kvRows;
   ATTN_CHECK(call.finish(checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows)));
   attnSeqLayout_t lay = *layout;
@@ -138,8 +135,7 @@ attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_
   ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));
   attnCostModel_t model;
   ATTN_CHECK(call.finish(agreedModel(comm, *cfg, cards, &model)));
-  ModelInput in = modelInputOf(cards, layout->num_seqs);
-  in.headsAllowed = !deviceRoute(comm);
+  const ModelInput in = modelInputOf(cards, layout->num_seqs);
   estimateModes(model, *cfg, in, estimate);
   return attnSuccess;
 }

@@ -16,8 +16,7 @@
 // arrives every pair it completes is folded in (online softmax), and the
 // outputs for a rank go home as soon as its row of the grid is complete.
 //
-// Between two ranks the order is: the sender's rows for the receiver's
-// heads, then the receiver's outputs for the sender's rows.
+// Messages and schedule: head_parallel.h.
 #include <algorithm>
 #include <cstring>
 
@@ -26,6 +25,7 @@
 #include "src/attn/attn_call.h"
 #include "src/attn/break_on_early_exit.h"
 #include "src/attn/head_groups.h"
+#include "src/attn/head_parallel.h"
 #include "src/attn/progress_thread.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
@@ -33,30 +33,6 @@
 
 namespace attn {
 namespace {
-
-size_t roundUp64(size_t x) { return (x + 63) & ~size_t(63); }
-
-// Sizes of one rank's rows for one head group: a Q block, then (64-byte
-// aligned) a KV block, both self-describing (wire.h).
-struct HeadsMessage {
-  BlockLayout q, kv;
-  size_t kvAt, total;
-  HeadsMessage(int numSeqs, int64_t qRows, int64_t kvRows, size_t qRowBytes, size_t kvRowBytes)
-      : q(BlockLayout::of(numSeqs, qRows, qRowBytes, 1)),
-        kv(BlockLayout::of(numSeqs, kvRows, kvRowBytes, 2)),
-        kvAt(roundUp64(q.total)),
-        total(kvAt + kv.total) {}
-};
-
-// Outputs of `rows` rows for a group of `heads` heads: O in the call's
-// dtype, then (64-byte aligned) the lse in fp32.
-struct ReturnMessage {
-  size_t oBytes, lseAt, total;
-  ReturnMessage(int64_t rows, int heads, int headDim, size_t elem)
-      : oBytes(static_cast<size_t>(rows) * heads * headDim * elem),
-        lseAt(roundUp64(oBytes)),
-        total(lseAt + static_cast<size_t>(rows) * heads * sizeof(float)) {}
-};
 
 // Copies heads [first, first + count) of each row: from rows of `rowHeads`
 // heads to rows of `count`.
@@ -92,15 +68,8 @@ struct Arrival {
 
 attnResult_t viewArrival(const AttnCall& c, int from, const char* data, size_t bytes,
                          const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, Arrival* a) {
-  if (bytes != m.total)
-    return setError(attnInvalidUsage, "head-parallel: rank %d sent %zu bytes, %zu expected", from,
-                    bytes, m.total);
   BlockView qv, kvv;
-  ATTN_CHECK(viewBlock(data, m.q.total, qRowBytes, 1, &qv));
-  ATTN_CHECK(viewBlock(data + m.kvAt, m.kv.total, kvRowBytes, 2, &kvv));
-  if (qv.origin != from || kvv.origin != from || qv.numSeqs != c.numSeqs || kvv.numSeqs != c.numSeqs ||
-      qv.rows != c.qRowsOf[from] || kvv.rows != c.kvRowsOf[from])
-    return setError(attnInternalError, "head-parallel: the rows of rank %d do not match its card", from);
+  ATTN_CHECK(viewHeadsMessage(c, from, data, bytes, m, qRowBytes, kvRowBytes, &qv, &kvv));
   a->q = RowsRef::of(qv);
   a->kv = RowsRef::of(kvv);
   return attnSuccess;
@@ -140,83 +109,41 @@ struct HeadShare {
   }
 };
 
-// The pairwise all-to-all schedule: every rank queues its rows for rank+1
-// first, then rank+2, ..., and sends its k-th message of a phase (rows out,
-// outputs home; k from 0) only once k-1 messages of that phase have reached
-// it. The ranks then send to about a permutation of each other, and a link
-// carries two flows at a time, not N-1. A completed send is no proof that
-// the bytes left (TCP completes it into the socket buffer); an arrival is.
-// Without the gate, incast over four emulated hosts at 200 Mbit/s starved
-// flows into TCP's retransmission timeouts; one flow at a time left the
-// link idle between steps (perf/RESULTS.md §10).
-//
-// The gate cannot deadlock when every rank sends and receives the same
-// number of messages per phase (every group non-empty): a rank stuck at
-// its k-th message has received fewer than it sent, so some other rank has
-// received more than it sent, which only a rank with nothing left to send
-// can. With empty groups (Hq < N) the traffic is lopsided and the gate is
-// off.
-// Messages of each phase that have reached a rank.
-struct Arrived {
-  int of[2] = {0, 0};
-};
-
-class Outbox {
- public:
-  enum Phase { kRows = 0, kOutputs = 1 };
-  Outbox(Engine& e, int n, bool gated) : e_(e), gated_(gated), req_(new Request[2 * n]) {}
-  void queue(Phase phase, int peer, const char* data, size_t bytes) {
-    items_.push_back({phase, queued_[phase]++, peer, data, bytes});
-  }
-  // Posts the next message when the one in flight has completed and the
-  // gate is open.
-  attnResult_t pump(ProgressThread& driver, Arrived arrived) {
-    if (inflight_ >= 0) {
-      if (req_[inflight_].pending()) return attnSuccess;
-      ATTN_CHECK(driver.wait(&req_[inflight_]));
-      inflight_ = -1;
-    }
-    if (!open(arrived)) return attnSuccess;
-    const Item& m = items_[next_];
-    ATTN_CHECK(e_.isend(m.peer, m.data, m.bytes, &req_[next_]));
-    inflight_ = static_cast<int>(next_++);
-    driver.kick();
-    return attnSuccess;
-  }
-  // pump() has work: the message in flight completed, or the next may go.
-  bool movable(Arrived arrived) const {
-    return inflight_ >= 0 ? !req_[inflight_].pending() : open(arrived);
-  }
-  bool drained() const { return inflight_ < 0 && next_ == items_.size(); }
-  uint64_t bytes() const {
-    uint64_t b = 0;
-    for (const Item& m : items_) b += m.bytes;
-    return b;
-  }
-
- private:
-  struct Item {
-    Phase phase;
-    int index;  // within its phase
-    int peer;
-    const char* data;
-    size_t bytes;
-  };
-  bool open(Arrived arrived) const {
-    if (next_ == items_.size()) return false;
-    const Item& m = items_[next_];
-    return !gated_ || arrived.of[m.phase] >= m.index - 1;
-  }
-  Engine& e_;
-  const bool gated_;
-  std::unique_ptr<Request[]> req_;  // by queue position: at most 2 per peer
-  std::vector<Item> items_;
-  int queued_[2] = {0, 0};
-  size_t next_ = 0;
-  int inflight_ = -1;
-};
-
 }  // namespace
+
+attnResult_t viewHeadsMessage(const AttnCall& c, int from, const char* data, size_t bytes,
+                              const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, BlockView* q,
+                              BlockView* kv) {
+  if (bytes != m.total)
+    return setError(attnInvalidUsage, "head-parallel: rank %d sent %zu bytes, %zu expected", from,
+                    bytes, m.total);
+  ATTN_CHECK(viewBlock(data, m.q.total, qRowBytes, 1, q));
+  ATTN_CHECK(viewBlock(data + m.kvAt, m.kv.total, kvRowBytes, 2, kv));
+  if (q->origin != from || kv->origin != from || q->numSeqs != c.numSeqs || kv->numSeqs != c.numSeqs ||
+      q->rows != c.qRowsOf[from] || kv->rows != c.kvRowsOf[from])
+    return setError(attnInternalError, "head-parallel: the rows of rank %d do not match its card", from);
+  return attnSuccess;
+}
+
+attnResult_t Outbox::pump(ProgressThread& driver, Arrived arrived) {
+  if (inflight_ >= 0) {
+    if (req_[inflight_].pending()) return attnSuccess;
+    ATTN_CHECK(driver.wait(&req_[inflight_]));
+    inflight_ = -1;
+  }
+  if (!open(arrived)) return attnSuccess;
+  const Item& m = items_[next_];
+  ATTN_CHECK(e_.isend(m.peer, m.data, m.bytes, &req_[next_]));
+  inflight_ = static_cast<int>(next_++);
+  driver.kick();
+  return attnSuccess;
+}
+
+uint64_t Outbox::bytes() const {
+  uint64_t b = 0;
+  for (const Item& m : items_) b += m.bytes;
+  return b;
+}
 
 attnResult_t runHeadParallel(AttnCall& c) {
   const int n = c.comm->nranks, me = c.comm->rank;
@@ -227,10 +154,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
   const size_t elem = dataTypeSize(c.cfg.dtype);
   const int D = c.cfg.head_dim;
   const size_t headBytes = elem * D;
-  auto messageTo = [&](int from, int to) {
-    return HeadsMessage(c.numSeqs, c.qRowsOf[from], c.kvRowsOf[from], groups[to].q() * headBytes,
-                        groups[to].kv() * headBytes);
-  };
+  auto messageTo = [&](int from, int to) { return headsMessage(c, groups, from, to, headBytes); };
 
   // Our rows for every group, and the outputs we send home, in shareable
   // memory (same-host peer processes read them through a mapping).
@@ -248,9 +172,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
   // Receive buffers: filled by the transport, so never zeroed first.
   std::vector<std::unique_ptr<char[]>> in(n), home(n);
   std::unique_ptr<Request[]> inReq(new Request[n]), homeReq(new Request[n]);
-  bool symmetric = true;
-  for (const HeadGroup& g : groups) symmetric = symmetric && !g.empty();
-  Outbox outbox(e, n, symmetric);
+  Outbox outbox(e, n, everyGroupHasHeads(groups));
   BreakOnEarlyExit guard(e);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;

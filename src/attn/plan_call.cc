@@ -183,8 +183,7 @@ attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* 
     attnCostModel_t model;
     ATTN_CHECK(agreedModel(comm, cfg, cards, &model));
     attnModeEstimate_t est;
-    ModelInput in = modelInputOf(cards, layout.num_seqs);
-    in.headsAllowed = !deviceRoute(comm);
+    const ModelInput in = modelInputOf(cards, layout.num_seqs);
     estimateModes(model, cfg, in, &est);
     *mode = est.chosen;
     ATTN_TRACE(kLogAttn, "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us, heads %.0f us -> mode %d",

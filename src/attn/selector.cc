@@ -75,7 +75,7 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   const bool decodeLike = in.newTokens <= static_cast<int64_t>(in.numSeqs) * in.nranks;
   out->chosen = out->pass_kv_us <= out->pass_q_us ? attnModePassKV : attnModePassQ;
   double best = std::min(out->pass_kv_us, out->pass_q_us);
-  if (in.headsAllowed && N > 1 && out->head_parallel_us < best) {
+  if (N > 1 && out->head_parallel_us < best) {
     out->chosen = attnModeHeadParallel;
     best = out->head_parallel_us;
   }

@@ -15,7 +15,6 @@ struct ModelInput {
   int64_t cachedTokens = 0;  // P: key rows minus query rows, all ranks
   int64_t maxQRows = 0;      // the largest shard, which sets the pace
   int64_t maxKvRows = 0;
-  bool headsAllowed = true;  // head-parallel is a candidate (host communicators)
 };
 
 void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const ModelInput& in,

@@ -180,8 +180,9 @@ attnResult_t DeviceKernels::builtIn(int slot, const DeviceRows& qs, const Device
 
 attnResult_t DeviceKernels::userKernel(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse,
                                        bool fold) {
-  if (fold && (!partO_ || qs.rows != c_.q.rows))
-    return setError(attnInternalError, "device attention: a user kernel folds only the call's own queries");
+  if (fold && (!partO_ || qs.rows > c_.q.rows))
+    return setError(attnInternalError, "device attention: %d query rows to fold, room for %d", qs.rows,
+                    c_.q.rows);
   attnAttnKernelArgs_t a;
   a.q = qs.t0;
   a.k = kvs.t0;

@@ -1,4 +1,4 @@
-// Ring attention on the GPU for device communicators: the algorithms of
+// Attention collectives on the GPU for device communicators: the algorithms of
 // src/attn with the CUDA kernels, run on the communicator's proxy thread
 // (one stream-bridge work item per call). Plain C++ (no CUDA headers), so
 // src/attn can call it; defined only in CUDA builds.
@@ -30,6 +30,11 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io);
 // is computed on the device and sent back; ours fold on the device. Same
 // contract as runPassKvDevice.
 attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io);
+// Head-parallel: every rank's rows for this rank's heads come to the
+// device, each (queries, keys) pair folds there as soon as both are here,
+// and the outputs go home as each rank's are complete. Same contract as
+// runPassKvDevice.
+attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io);
 #endif
 
 }  // namespace attn
