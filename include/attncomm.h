@@ -457,7 +457,8 @@ typedef struct {
                               (e.g. the attention mass the previous layer
                               gave it): the highest scores are kept, ties by
                               the earlier row, NaN lowest. NULL only when
-                              every keep is 1. */
+                              every keep is 1. Device memory on a device
+                              communicator, as the tensors. */
 } attnLevelDrop_t;
 
 /* Attention of this rank's queries over its own keys and the keys each peer
@@ -469,10 +470,11 @@ typedef struct {
  * nearest peers first. drop == NULL keeps every key:
  * exact attention, the result of attnRingAttention. q, k, v, out, lse,
  * layout and cfg as attnRingAttention; place near tokens on near ranks
- * (attnCommTopoRank) so the keys dropped are the distant ones. Host
- * communicators only (stream NULL): a device communicator gets
- * attnInvalidUsage. Collective: every rank calls it with the same cfg,
- * num_seqs and keep. */
+ * (attnCommTopoRank) so the keys dropped are the distant ones. On a device
+ * communicator it is enqueued on `stream` as attnRingAttention is (kept
+ * keys gathered and every block folded on the GPU); a host one takes a
+ * NULL stream. Collective: every rank calls it with the same cfg, num_seqs
+ * and keep. */
 ATTN_API attnResult_t attnLevelAttention(const void* q, const void* k, const void* v, void* out,
                                          float* lse, const attnSeqLayout_t* layout,
                                          const attnAttnConfig_t* cfg,

@@ -17,6 +17,7 @@
 #include "support/device_attn.h"
 #include "support/device_checks.h"
 #include "support/gpu.h"
+#include "support/level_fixtures.h"
 #include "support/multirank.h"
 #include "transports/cuda_ipc/ipc_stats.h"
 
@@ -493,6 +494,63 @@ TEST(DeviceComm, HeadParallelWithIdleRanksAndChosenByAuto) {
     ExpectExact(r, mha.dtype, "AUTO");
     EXPECT_EQ(attn::attnStateOf(comm).last.mode, attnModeHeadParallel);
   }, OnGpu0(&cfg));
+}
+
+// attnLevelAttention on device communicators
+// (src/device/level_alltoall_device.cc), importance scores in device
+// memory: keeping every key equals exact attention, and dropping keeps
+// exactly the documented keys (the reference over them, level_fixtures.h).
+// Ranks sharing GPU 0 are one host, so both near tiers get the same keep.
+// GQA and MHA, causal and not, a rank with no rows, uneven chunks.
+DeviceRun RunLevelOnDevice(const attn_test::AttnCase& c, const attn_test::AttnCase& ref,
+                           const attn_test::Placement& pl, int rank, attnComm_t comm,
+                           const attnLevelDrop_t* drop, const std::vector<float>* imp) {
+  const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+  std::vector<float> localImp;
+  if (imp)
+    for (int64_t g : pl.kv_rows[rank]) localImp.push_back((*imp)[g]);
+  return attn_test::RunShardOnDevice(ref, sh, comm, true, localImp, [&](const attn_test::DeviceShard& d) {
+    attnLevelDrop_t onDevice{};
+    if (drop) {
+      onDevice = *drop;
+      onDevice.importance = imp ? d.extra : nullptr;
+    }
+    return attnLevelAttention(d.q, d.k, d.v, d.out, d.lse, &sh.layout, &c.cfg, drop ? &onDevice : nullptr, comm,
+                              (attnStream_t)d.stream);
+  });
+}
+
+TEST(DeviceComm, LevelAttentionOnDeviceKeepsTheDocumentedKeys) {
+  REQUIRE_GPU();
+  auto nearTiers = [](int, int) { return int(attnTierDevice); };
+  for (int n : {2, 3}) {
+    const std::vector<std::shared_ptr<const attn_test::AttnCase>> cases = {
+        attn_test::PrefillCase("gqa causal", attnAttnConfig_t{8, 2, 64, attnBfloat16, 0.f, 1}, {9 * n + 3, 2 * n}, 31),
+        attn_test::PrefillCase("mha", attnAttnConfig_t{4, 4, 32, attnFloat32, 0.f, 0}, {5 * n + 1}, 32)};
+    for (const auto& c : cases) {
+      const std::vector<float> imp = attn_test::RandomImportance(*c, 33);
+      for (int empty : {-1, n - 1}) {
+        const attn_test::Placement pl = attn_test::ContiguousPlacement(*c, n, empty);
+        for (float keep : {1.0f, 0.5f, 0.0f}) {
+          const attnLevelDrop_t drop{{keep, keep, 1, 1}, nullptr};
+          std::vector<attn_test::AttnCase> refs;
+          for (int r = 0; r < n; ++r)
+            refs.push_back(attn_test::ReferenceOverKeptKeys(*c, pl, r, drop.keep, imp, nearTiers));
+          attnConfig_t cfg;
+          RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+            const std::string what = c->name + ", n=" + std::to_string(n) + ", keep " + std::to_string(keep) +
+                                     ", empty rank " + std::to_string(empty);
+            // keep 1 without scores (drop NULL) too: the exact result.
+            const DeviceRun r = keep == 1.0f ? RunLevelOnDevice(*c, refs[rank], pl, rank, comm, nullptr, nullptr)
+                                             : RunLevelOnDevice(*c, refs[rank], pl, rank, comm, &drop, &imp);
+            ExpectExact(r, c->cfg.dtype, what);
+            EXPECT_EQ(r.stats.nan_rows, 0) << what;
+            EXPECT_EQ(r.stats.empty_mismatch, 0) << what;
+          }, OnGpu0(&cfg));
+        }
+      }
+    }
+  }
 }
 
 // Self pairs that do not match fail at attnGroupEnd, before anything is

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   int code;
   if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
   if (o.device != ATTN_DEVICE_HOST) {
-    fprintf(stderr, "level_attn_perf: attnLevelAttention runs on host communicators (no -G)\n");
+    fprintf(stderr, "level_attn_perf: host communicators only (no -G): the device path is measured by the GPU tests\n");
     return 2;
   }
   const int nranks = o.procs ? o.procs : o.threads;

@@ -56,19 +56,7 @@ attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* 
                              const attnSeqLayout_t& lay, const attnAttnConfig_t& cfg, attnAttnMode_t mode,
                              attnComm* comm, attnStream_t stream, int64_t qRows, int64_t kvRows) {
 #if ATTN_HAVE_CUDA
-  struct LayoutCopy {
-    std::vector<int32_t> qOff, qPos, kvOff, kvPos;
-    attnSeqLayout_t layout{};
-  };
-  auto lc = std::make_shared<LayoutCopy>();
-  const int S = lay.num_seqs;
-  // With no sequence the offsets may be NULL (checkOffsets allows it).
-  lc->qOff = S > 0 ? std::vector<int32_t>(lay.q_offsets, lay.q_offsets + S + 1) : std::vector<int32_t>{0};
-  lc->kvOff = S > 0 ? std::vector<int32_t>(lay.kv_offsets, lay.kv_offsets + S + 1) : std::vector<int32_t>{0};
-  if (lay.q_pos) lc->qPos.assign(lay.q_pos, lay.q_pos + qRows);
-  if (lay.kv_pos) lc->kvPos.assign(lay.kv_pos, lay.kv_pos + kvRows);
-  lc->layout = {S, lc->qOff.data(), lay.q_pos ? lc->qPos.data() : nullptr, lc->kvOff.data(),
-                lay.kv_pos ? lc->kvPos.data() : nullptr};
+  const std::shared_ptr<const LayoutCopy> lc = copyLayout(lay, qRows, kvRows);
   return deviceEnqueueWork(comm, stream, [=]() -> attnResult_t {
     // Not an ApiCall: attnCommAbort must not wait for the proxy's work (it
     // breaks the engine that work may be blocked on).

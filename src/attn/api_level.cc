@@ -1,13 +1,16 @@
 // C API of level-aware sparse attention: attnLevelAttention (CSPS §3.2.4).
 // Checks its arguments, plans the call like attnRingAttention (the keep
 // fractions ride on the card every rank all-gathers, so ranks that disagree
-// fail together) and runs the level all-to-all on host memory.
+// fail together) and runs the level all-to-all on host memory, or on a
+// device communicator's proxy with the CUDA kernels
+// (src/device/level_alltoall_device.cc).
 #include <cmath>
 
 #include "src/attn/level_alltoall.h"
 #include "src/attn/plan_call.h"
 #include "src/core/api_call.h"
 #include "src/device/device_route.h"
+#include "src/device/ring_attn_device.h"
 
 using namespace attn;
 
@@ -38,6 +41,32 @@ attnResult_t levelAttention(attnComm* comm, const void* q, const void* k, const 
   return attnSuccess;
 }
 
+// Device communicator: the layout is copied now, the call runs on the
+// proxy when its turn comes on the stream.
+attnResult_t enqueueLevelOnDevice(attnComm* comm, attnStream_t stream, const void* q, const void* k,
+                                  const void* v, void* out, float* lse, const attnSeqLayout_t& lay,
+                                  const attnAttnConfig_t& cfg, const LevelDrop& drop, int64_t qRows,
+                                  int64_t kvRows) {
+#if ATTN_HAVE_CUDA
+  const std::shared_ptr<const LayoutCopy> lc = copyLayout(lay, qRows, kvRows);
+  return deviceEnqueueWork(comm, stream, [=]() -> attnResult_t {
+    ErrorContext ctx(comm->prefix);  // not an ApiCall: see attnRingAttention's
+    ATTN_CHECK(checkCommUsable(comm));
+    auto t0 = Clock::now();
+    AttnCall c;
+    attnAttnMode_t mode = attnModeAuto;  // not a ring mode: the stats say so
+    ATTN_CHECK(planCall(comm, q, k, v, lc->layout, cfg, &mode, &c, drop.keep));
+    ATTN_CHECK(runLevelAllToAllDevice(c, drop, DeviceAttnBuffers{out, lse}));
+    recordStats(c, mode, t0);
+    return attnSuccess;
+  });
+#else
+  (void)stream, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)lay, (void)cfg, (void)drop;
+  (void)qRows, (void)kvRows;
+  return setError(attnInternalError, "rank %d: a device communicator in a build without CUDA", comm->rank);
+#endif
+}
+
 }  // namespace
 
 extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const void* v, void* out,
@@ -46,11 +75,7 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
                                            attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (deviceRoute(comm))
-    return call.finish(setError(attnInvalidUsage,
-                                "attnLevelAttention runs on host communicators; this one is on "
-                                "device %d (use attnRingAttention there)", comm->config.device));
-  if (stream != nullptr)
+  if (stream != nullptr && !deviceRoute(comm))
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
   int64_t qRows, kvRows;
   ATTN_CHECK(call.finish(checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows)));
@@ -62,6 +87,8 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
   }
   const attnSeqLayout_t lay = *layout;
   const attnAttnConfig_t c = *cfg;
+  if (deviceRoute(comm))
+    return call.finish(enqueueLevelOnDevice(comm, stream, q, k, v, out, lse, lay, c, d, qRows, kvRows));
   return call.finish(dispatch(comm, "LevelAttention", [=] {
     return levelAttention(comm, q, k, v, out, lse, lay, c, d);
   }));

@@ -93,15 +93,6 @@ KeptRows visibleTo(const AttnCall& c, const KeptRows& kept, const int32_t* upTo)
   return out;
 }
 
-// A block this rank receives from one peer (its origin or a relay); which
-// origin it carries is read from its header.
-struct Incoming {
-  int from;
-  size_t capacity;  // bytes to post for it
-  std::unique_ptr<char[]> buf;  // not zeroed: a receive overwrites what it uses
-  bool done = false;
-};
-
 LevelRoutes routesOf(const attnComm& comm) {
   std::vector<std::string> host(comm.nranks), rack(comm.nranks);
   for (int r = 0; r < comm.nranks; ++r) {
@@ -132,11 +123,13 @@ size_t packKept(const AttnCall& c, const KeptRows& kept, char* out) {
 
 }  // namespace
 
-attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
-  Engine& e = *c.comm->engine;
+attnResult_t planLevelExchange(AttnCall& c, const LevelDrop& drop, LevelPlan* plan) {
   const int n = c.comm->nranks, me = c.comm->rank, S = c.numSeqs;
-  const LevelRoutes routes = routesOf(*c.comm);
-  std::vector<int> tierOf(n, int(Tier::kDevice));
+  LevelPlan& L = *plan;
+  L.routes = routesOf(*c.comm);
+  const LevelRoutes& routes = L.routes;
+  L.tierOf.assign(n, int(Tier::kDevice));
+  std::vector<int>& tierOf = L.tierOf;
   for (int p = 0; p < n; ++p)
     if (p != me && c.comm->fabric) tierOf[p] = int(c.comm->fabric->tierBetween(me, p));
   std::vector<int32_t> upTo;
@@ -160,49 +153,52 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
     seenBy[hop].resize(S, INT32_MIN);
     for (int s = 0; s < S; ++s) seenBy[hop][s] = std::max(seenBy[hop][s], upTo[static_cast<size_t>(r) * S + s]);
   }
-  std::vector<int> sendTo;  // first hops, nearest first
-  std::vector<KeptRows> toPeer(n);
+  L.sendTo.clear();
+  L.toPeer.assign(n, KeptRows());
   for (int p : nearest)
     if (firstHop[p]) {
-      toPeer[p] = visibleTo(c, kept[tierOf[p]], seenBy[p].data());
-      sendTo.push_back(p);
+      L.toPeer[p] = visibleTo(c, kept[tierOf[p]], seenBy[p].data());
+      L.sendTo.push_back(p);
     }
-  PeerSlots slot(n);
-  for (int p : sendTo) slot.add(p, BlockLayout::of(S, toPeer[p].rows.size(), c.kvRowBytes, 2).total);
-  ATTN_CHECK(c.state->outgoing.reserve(std::max<size_t>(slot.total, 1)));
-  std::vector<size_t> blockBytes(n, 0);
-  for (int p : sendTo) blockBytes[p] = packKept(c, toPeer[p], c.state->outgoing.data() + slot.offset[p]);
 
   // What we receive: every other rank's block, each from its parent in that
   // rank's tree, in the order the parent sends them (arrival order; a block
   // names its origin). Blocks we relay go on to our children in that tree.
   std::vector<int> count(n, 0);
   std::vector<int64_t> rowsCap(n, 0);
-  size_t forwards = 0;
+  L.forwards = 0;
   for (int s = 0; s < n; ++s) {
     if (s == me) continue;
     const int p = routes.parent(s, me);
     ++count[p];
     rowsCap[p] = std::max(rowsCap[p], keptBound(c.kvRowsOf[s], S, drop.keep[tierOf[s]]));
-    forwards += routes.children(s, me).size();
+    L.forwards += routes.children(s, me).size();
   }
-  std::vector<Incoming> in;
+  L.in.clear();
   for (int p : nearest)
     for (int i = 0; i < count[p]; ++i)
-      in.push_back(Incoming{p, BlockLayout::of(S, rowsCap[p], c.kvRowBytes, 2).total, nullptr, false});
+      L.in.push_back(LevelPlan::Incoming{p, BlockLayout::of(S, rowsCap[p], c.kvRowBytes, 2).total});
+  return attnSuccess;
+}
 
+attnResult_t exchangeLevelBlocks(AttnCall& c, const LevelPlan& L, const std::vector<const char*>& blocks,
+                                 const LevelBackend& be) {
+  Engine& e = *c.comm->engine;
+  const int n = c.comm->nranks, me = c.comm->rank, S = c.numSeqs;
+  const std::vector<LevelPlan::Incoming>& in = L.in;
+  std::vector<char*> buf(in.size());
+  for (size_t i = 0; i < in.size(); ++i) buf[i] = be.landing(i);
+  std::vector<bool> done(in.size(), false);
   std::unique_ptr<Request[]> recvReq(new Request[in.size()]);
-  std::unique_ptr<Request[]> sendReq(new Request[sendTo.size() + forwards]);
+  std::unique_ptr<Request[]> sendReq(new Request[L.sendTo.size() + L.forwards]);
   size_t sends = 0;
   BreakOnEarlyExit guard(e);
-  for (size_t i = 0; i < in.size(); ++i) {
-    in[i].buf.reset(new char[std::max<size_t>(in[i].capacity, 1)]);
-    ATTN_CHECK(e.irecv(in[i].from, in[i].buf.get(), in[i].capacity, &recvReq[i]));
-  }
-  for (int p : sendTo) {
-    ATTN_CHECK(e.isend(p, c.state->outgoing.data() + slot.offset[p], blockBytes[p], &sendReq[sends++]));
-    c.stats.bytesSent += blockBytes[p];
-    c.stats.rowsSent += static_cast<int64_t>(toPeer[p].rows.size());
+  for (size_t i = 0; i < in.size(); ++i) ATTN_CHECK(e.irecv(in[i].from, buf[i], in[i].capacity, &recvReq[i]));
+  for (int p : L.sendTo) {
+    const size_t bytes = BlockLayout::of(S, L.toPeer[p].rows.size(), c.kvRowBytes, 2).total;
+    ATTN_CHECK(e.isend(p, blocks[p], bytes, &sendReq[sends++]));
+    c.stats.bytesSent += bytes;
+    c.stats.rowsSent += static_cast<int64_t>(L.toPeer[p].rows.size());
   }
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) {
@@ -210,41 +206,39 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
     driver->kick();
   }
   // Our own keys, all of them, while the first blocks are on the way.
-  ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
+  const double computeBefore = c.stats.computeUs;
+  ATTN_CHECK(be.foldOwn());
 
   std::vector<bool> seen(n, false);
   seen[me] = true;
   size_t remaining = in.size();
   int spins = 0;
   const auto waitStart = Clock::now();
-  const double computeBefore = c.stats.computeUs;
   while (remaining > 0) {
     bool did = false;
     for (size_t i = 0; i < in.size(); ++i) {
-      Incoming& x = in[i];
-      if (x.done || recvReq[i].pending()) continue;
+      if (done[i] || recvReq[i].pending()) continue;
       ATTN_CHECK(driver->wait(&recvReq[i]));
       BlockView block;
-      ATTN_CHECK(viewBlock(x.buf.get(), recvReq[i].bytes, c.kvRowBytes, 2, &block));
+      ATTN_CHECK(viewBlock(buf[i], recvReq[i].bytes, c.kvRowBytes, 2, &block));
       const int o = block.origin;
-      if (o < 0 || o >= n || o == me || seen[o] || routes.parent(o, me) != x.from || block.numSeqs != S ||
+      if (o < 0 || o >= n || o == me || seen[o] || L.routes.parent(o, me) != in[i].from || block.numSeqs != S ||
           block.rows > c.kvRowsOf[o])
         return setError(attnInternalError,
                         "level attention: unexpected block from rank %d (origin %d, %d sequences, %d rows)",
-                        x.from, o, block.numSeqs, block.rows);
+                        in[i].from, o, block.numSeqs, block.rows);
       seen[o] = true;
-      const std::vector<int> next = routes.children(o, me);
+      const std::vector<int> next = L.routes.children(o, me);
       for (int r : next) {  // pass it on first: the ranks behind us wait for it
-        ATTN_CHECK(e.isend(r, x.buf.get(), recvReq[i].bytes, &sendReq[sends++]));
+        ATTN_CHECK(e.isend(r, buf[i], recvReq[i].bytes, &sendReq[sends++]));
         c.stats.bytesSent += recvReq[i].bytes;
       }
       if (!next.empty()) driver->kick();
-      ATTN_CHECK(c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data()));
+      ATTN_CHECK(be.fold(i, block, buf[i], recvReq[i].bytes, !next.empty()));
       ATTN_TRACE(kLogAttn, "level attention: folded %d of %lld keys of rank %d (tier %s%s)", block.rows,
-                 static_cast<long long>(c.kvRowsOf[o]), o, tierName(Tier(tierOf[o])),
-                 x.from != o ? ", relayed" : "");
-      if (next.empty()) x.buf.reset();  // a folded block's memory goes back at once
-      x.done = did = true;
+                 static_cast<long long>(c.kvRowsOf[o]), o, tierName(Tier(L.tierOf[o])),
+                 in[i].from != o ? ", relayed" : "");
+      done[i] = did = true;
       --remaining;
     }
     if (did) {
@@ -257,7 +251,7 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
     if (++spins > 50) {
       ATTN_CHECK(driver->waitFor([&] {
         for (size_t i = 0; i < in.size(); ++i)
-          if (!in[i].done && !recvReq[i].pending()) return true;
+          if (!done[i] && !recvReq[i].pending()) return true;
         return false;
       }));
     } else {
@@ -270,6 +264,36 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
   c.stats.waitUs += usSince(waitStart) - (c.stats.computeUs - computeBefore);
   guard.done();
   return attnSuccess;
+}
+
+attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
+  LevelPlan L;
+  ATTN_CHECK(planLevelExchange(c, drop, &L));
+  const int n = c.comm->nranks;
+  PeerSlots slot(n);
+  for (int p : L.sendTo) slot.add(p, BlockLayout::of(c.numSeqs, L.toPeer[p].rows.size(), c.kvRowBytes, 2).total);
+  ATTN_CHECK(c.state->outgoing.reserve(std::max<size_t>(slot.total, 1)));
+  std::vector<const char*> blocks(n, nullptr);
+  for (int p : L.sendTo) {
+    char* out = c.state->outgoing.data() + slot.offset[p];
+    packKept(c, L.toPeer[p], out);
+    blocks[p] = out;
+  }
+  // Receive buffers: filled by the transport, so never zeroed; a folded
+  // block's memory goes back at once unless it still goes on to others.
+  std::vector<std::unique_ptr<char[]>> bufs(L.in.size());
+  LevelBackend be;
+  be.landing = [&](size_t i) {
+    bufs[i].reset(new char[std::max<size_t>(L.in[i].capacity, 1)]);
+    return bufs[i].get();
+  };
+  be.foldOwn = [&] { return c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()); };
+  be.fold = [&](size_t i, const BlockView& block, const char*, size_t, bool relayed) -> attnResult_t {
+    ATTN_CHECK(c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data()));
+    if (!relayed) bufs[i].reset();
+    return attnSuccess;
+  };
+  return exchangeLevelBlocks(c, L, blocks, be);
 }
 
 }  // namespace attn

@@ -15,6 +15,7 @@ namespace attn {
 
 class LevelRoutes {
  public:
+  LevelRoutes() = default;
   // hostOf / rackOf: ids per rank ("" rack: the host is its own rack).
   LevelRoutes(const std::vector<std::string>& hostOf, const std::vector<std::string>& rackOf);
 

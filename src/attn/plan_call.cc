@@ -227,4 +227,17 @@ void recordStats(AttnCall& c, attnAttnMode_t mode, Clock::time_point t0) {
 }
 
 
+std::shared_ptr<const LayoutCopy> copyLayout(const attnSeqLayout_t& lay, int64_t qRows, int64_t kvRows) {
+  auto lc = std::make_shared<LayoutCopy>();
+  const int S = lay.num_seqs;
+  // With no sequence the offsets may be NULL (checkOffsets allows it).
+  lc->qOff = S > 0 ? std::vector<int32_t>(lay.q_offsets, lay.q_offsets + S + 1) : std::vector<int32_t>{0};
+  lc->kvOff = S > 0 ? std::vector<int32_t>(lay.kv_offsets, lay.kv_offsets + S + 1) : std::vector<int32_t>{0};
+  if (lay.q_pos) lc->qPos.assign(lay.q_pos, lay.q_pos + qRows);
+  if (lay.kv_pos) lc->kvPos.assign(lay.kv_pos, lay.kv_pos + kvRows);
+  lc->layout = {S, lc->qOff.data(), lay.q_pos ? lc->qPos.data() : nullptr, lc->kvOff.data(),
+                lay.kv_pos ? lc->kvPos.data() : nullptr};
+  return lc;
+}
+
 }  // namespace attn

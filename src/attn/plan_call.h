@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "attncomm.h"
@@ -62,6 +63,14 @@ attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&
 attnResult_t checkCallArgs(const void* q, const void* k, const void* v, const void* out,
                            const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
                            int64_t* qRows, int64_t* kvRows);
+
+// A copy of a call's layout (host memory the caller may reuse once the call
+// returns) for a device communicator's work, which runs later on its proxy.
+struct LayoutCopy {
+  std::vector<int32_t> qOff, qPos, kvOff, kvPos;
+  attnSeqLayout_t layout{};
+};
+std::shared_ptr<const LayoutCopy> copyLayout(const attnSeqLayout_t& lay, int64_t qRows, int64_t kvRows);
 
 // Keeps the call's figures as the communicator's last (read by perf/).
 void recordStats(AttnCall& c, attnAttnMode_t mode, Clock::time_point t0);

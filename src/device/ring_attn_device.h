@@ -5,6 +5,7 @@
 #pragma once
 
 #include "src/attn/attn_call.h"
+#include "src/attn/level_alltoall.h"
 
 namespace attn {
 
@@ -35,6 +36,10 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io);
 // and the outputs go home as each rank's are complete. Same contract as
 // runPassKvDevice.
 attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io);
+// attnLevelAttention: the level all-to-all of src/attn/level_alltoall.h
+// with the kept rows gathered and every block folded on the device.
+// drop.importance is a device pointer here ([c.kv.rows] fp32).
+attnResult_t runLevelAllToAllDevice(AttnCall& c, const LevelDrop& drop, const DeviceAttnBuffers& io);
 #endif
 
 }  // namespace attn
