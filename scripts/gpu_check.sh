@@ -135,6 +135,10 @@ stage_perf() {
   done
   run "$BUILD/perf/ring_attn_perf" -G 0 -p 2 -L 16384 -m 1,0.05 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
   run "$BUILD/perf/decode_attn_perf" -G 0 -t 4 -L 131072 -b 1,8,32 -H 32 -K 8 -D 128 -d bf16 -n 10 -w 2 -c 1
+  # Head-parallel against the rings without GQA, and level attention
+  # against pass-KV, on the device.
+  run "$BUILD/perf/ring_attn_perf" -G 0 -t 4 -L 16384 -m 1 -M kv,q,heads -H 32 -K 32 -D 128 -d bf16 -n 5 -w 2 -c 1
+  run "$BUILD/perf/level_attn_perf" -G 0 -t 4 -L 16384 -k 1,1:0.5:0.25,0.5:0.25:0.125 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
   for coll in all_gather reduce_scatter alltoall sendrecv; do
     run "$BUILD/perf/${coll}_perf" -G 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
   done
@@ -147,7 +151,7 @@ stage_perf() {
     run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
       "$BUILD/perf/sendrecv_perf" -G 0 -p 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
   done
-  grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap" "$log" | head -100
+  grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap| heads | level |pass-kv " "$log" | head -140
 }
 
 stages=("$@")

@@ -45,13 +45,6 @@ bool ok(attnResult_t r, attnComm_t comm, const char* what) {
 
 double median(std::vector<double> v) { return summarize(std::move(v)).medianUs; }
 
-// Max over ranks, element-wise (host vectors, on a device communicator too).
-bool maxOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v) {
-  return ok(attnAllReduce(v->data(), v->data(), v->size(), attnFloat64, attnMax, comm, dev.stream()),
-            comm, "attnAllReduce") &&
-         dev.finish(comm, "attnAllReduce");
-}
-
 // The Llama3-training baseline: all-gather every rank's KV (padded to the
 // largest shard), then attend to all of it locally.
 bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void* q, const void* k,
@@ -104,6 +97,12 @@ bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void*
 }
 
 }  // namespace
+
+bool maxOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v) {
+  return ok(attnAllReduce(v->data(), v->data(), v->size(), attnFloat64, attnMax, comm, dev.stream()),
+            comm, "attnAllReduce") &&
+         dev.finish(comm, "attnAllReduce");
+}
 
 void Shard::finish() {
   layout.num_seqs = static_cast<int>(qOffsets.size()) - 1;

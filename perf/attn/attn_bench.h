@@ -64,6 +64,10 @@ class RankDevice;
 bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, const Shard& s, const void* q,
                            const void* out, const float* lse, double* oErr, double* lseErr);
 
+// Max over ranks, element-wise (host vectors, on a device communicator
+// too, ordered on dev's stream). Collective.
+bool maxOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v);
+
 const char* modeName(int mode);
 // Fixed-width table row and header; JSON object.
 void printHeader();

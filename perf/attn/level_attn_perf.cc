@@ -8,6 +8,9 @@
 // attention (zero drop must be exact; with drops it is the approximation,
 // not a failure). Key importance is a fixed random score per token.
 //
+// With -G DEV every rank's tensors and scores are on CUDA device DEV and
+// both calls run on its stream (timed to the stream's completion).
+//
 //   level_attn_perf -p 4 -L 8192 -k 1,1:0.5:0.25,0.5:0.25:0.125
 #include <cinttypes>
 #include <cmath>
@@ -77,10 +80,7 @@ int main(int argc, char** argv) {
   AttnOptions o;
   int code;
   if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
-  if (o.device != ATTN_DEVICE_HOST) {
-    fprintf(stderr, "level_attn_perf: host communicators only (no -G): the device path is measured by the GPU tests\n");
-    return 2;
-  }
+  if (int rc = checkDeviceFlag(o.device, "level_attn_perf")) return rc;
   const int nranks = o.procs ? o.procs : o.threads;
   RankBody body = [&](attnComm_t comm) -> int {
     int me, n, slot;
@@ -102,6 +102,19 @@ int main(int argc, char** argv) {
     b.fillQ(s.qGlobal, q.data());
     b.fillKV(s.kvGlobal, k.data(), v.data());
     for (size_t i = 0; i < nq; ++i) imp[i] = importanceOf(s.kvGlobal[i]);
+    // With -G every buffer, the scores included, has a device twin.
+    RankDevice dev;
+    if (!dev.open(o.device, /*exportable=*/false)) return 1;
+    void* dq = dev.place(q.data(), q.size());
+    void* dk = dev.place(k.data(), k.size());
+    void* dv = dev.place(v.data(), v.size());
+    void* dout = dev.place(out.data(), out.size());
+    auto* dlse = static_cast<float*>(dev.place(lse.data(), sizeof(float) * lse.size()));
+    auto* dimp = static_cast<float*>(dev.place(imp.data(), sizeof(float) * imp.size()));
+    if (!dq || !dk || !dv || !dout || !dlse || !dimp || !dev.upload(dq, q.data(), q.size()) ||
+        !dev.upload(dk, k.data(), k.size()) || !dev.upload(dv, v.data(), v.size()) ||
+        !dev.upload(dimp, imp.data(), sizeof(float) * imp.size()))
+      return 1;
 
     std::vector<Variant> vars(1);
     vars[0].name = "pass-kv";
@@ -111,23 +124,23 @@ int main(int argc, char** argv) {
       char name[64];
       snprintf(name, sizeof(name), "level %g:%g:%g", kp[0], kp[1], kp[2]);
       x.name = name;
-      x.drop = {{kp[0], kp[0], kp[1], kp[2]}, imp.data()};
+      x.drop = {{kp[0], kp[0], kp[1], kp[2]}, dimp};
       vars.push_back(x);
     }
     attn::AttnState& st = attn::attnStateOf(comm);
     auto once = [&](Variant& x) -> bool {
       if (x.ring)
-        return ok(attnRingAttention(q.data(), k.data(), v.data(), out.data(), lse.data(), &s.layout, &b.cfg,
-                                    attnModePassKV, comm, nullptr),
-                  comm, "attnRingAttention");
-      return ok(attnLevelAttention(q.data(), k.data(), v.data(), out.data(), lse.data(), &s.layout, &b.cfg,
-                                   &x.drop, comm, nullptr),
-                comm, "attnLevelAttention");
+        return ok(attnRingAttention(dq, dk, dv, dout, dlse, &s.layout, &b.cfg, attnModePassKV, comm, dev.stream()),
+                  comm, "attnRingAttention") &&
+               dev.finish(comm, "attnRingAttention");
+      return ok(attnLevelAttention(dq, dk, dv, dout, dlse, &s.layout, &b.cfg, &x.drop, comm, dev.stream()),
+                comm, "attnLevelAttention") &&
+             dev.finish(comm, "attnLevelAttention");
     };
     // Iterations outer, variants inner: background load hits all alike.
     for (int i = 0; i < o.warmup + o.iters; ++i)
       for (Variant& x : vars) {
-        if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
+        if (!ok(attnBarrier(comm, dev.stream()), comm, "attnBarrier") || !dev.finish(comm, "attnBarrier")) return 1;
         const double t0 = nowUs();
         if (!once(x)) return 1;
         const double t = nowUs() - t0;
@@ -137,20 +150,17 @@ int main(int argc, char** argv) {
         x.wait.push_back(st.last.waitUs);
         x.sentMax = static_cast<double>(st.last.bytesSent);
       }
-    RankDevice host;
-    if (!host.open(ATTN_DEVICE_HOST, false)) return 1;
     for (Variant& x : vars) {
       for (auto* series : {&x.t, &x.compute, &x.wait})
-        if (!ok(attnAllReduce(series->data(), series->data(), series->size(), attnFloat64, attnMax, comm,
-                              nullptr),
-                comm, "attnAllReduce"))
-          return 1;
-      if (!ok(attnAllReduce(&x.sentMax, &x.sentMax, 1, attnFloat64, attnMax, comm, nullptr), comm,
-              "attnAllReduce"))
-        return 1;
+        if (!maxOverRanks(comm, dev, series)) return 1;
+      std::vector<double> sent{x.sentMax};
+      if (!maxOverRanks(comm, dev, &sent)) return 1;
+      x.sentMax = sent[0];
       if (o.check) {
         double lseErr;
-        if (!once(x) || !checkAgainstReference(comm, host, b, s, q.data(), out.data(), lse.data(), &x.err, &lseErr))
+        if (!once(x) || !dev.download(out.data(), dout, out.size()) ||
+            !dev.download(lse.data(), dlse, sizeof(float) * lse.size()) ||
+            !checkAgainstReference(comm, dev, b, s, q.data(), out.data(), lse.data(), &x.err, &lseErr))
           return 1;
       }
     }
@@ -196,6 +206,6 @@ int main(int argc, char** argv) {
     }
     return status;
   };
-  if (launchedExternally()) return launchExternal(body);
-  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+  if (launchedExternally()) return launchExternal(body, o.device);
+  return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);
 }
