@@ -351,6 +351,51 @@ TEST(CpuAttention, DecodeBatchesMatchReference) {
   }
 }
 
+// Split-K: a decode step with fewer tasks than threads (one kv head) cuts
+// every segment's keys into chunks computed apart and merged. Query rows at
+// the end, in the middle and near the start of a long sequence (later
+// chunks are fully masked for them), a second sequence shorter than a chunk
+// (its later chunks are empty), partial and accumulate (over a first call's
+// keys), fp32 and bf16, 2 to 4 threads, every ISA, against the reference.
+TEST(CpuAttention, SplitKeysDecodeMatchesReference) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16})
+      for (int seqs : {1, 2}) {
+        Case c = emptyCausal(8, 1, 64, dt);
+        const std::vector<std::vector<int32_t>> rows = {{2999, 1200, 3}, {99}};
+        const int32_t lens[] = {3000, 100};
+        for (int i = 0; i < seqs; ++i) {
+          c.segs.push_back({c.nq, c.nq + int32_t(rows[size_t(i)].size()), c.nk, c.nk + lens[i]});
+          for (int32_t q : rows[size_t(i)]) c.qpos.push_back(q), ++c.nq;
+          for (int32_t k = 0; k < lens[i]; ++k) c.kpos.push_back(k), ++c.nk;
+        }
+        Inputs in(c, uint32_t(31 + seqs));
+        const Reference ref(in.p);
+        for (int threads : {2, 3, 4}) {
+          const std::string what = describe(c, isa) + " threads " + std::to_string(threads);
+          Result r(in.p);
+          ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {threads}), attnSuccess);
+          expectClose(in.p, r, ref, 1e-5, what);
+          // The first 700 keys of the first sequence in one call, the rest
+          // folded in by a second.
+          std::vector<AttnSegment> first = c.segs, rest = c.segs;
+          first[0].k_end = first[0].k_begin + 700;
+          rest[0].k_begin = first[0].k_end;
+          for (size_t i = 1; i < first.size(); ++i) first[i].k_end = first[i].k_begin;
+          AttnProblem p = in.p;
+          Result acc(in.p);
+          p.segments = first.data();
+          p.num_segments = int32_t(first.size());
+          ASSERT_EQ(attentionPartial(p, acc.o.data(), acc.lse.data(), {threads}), attnSuccess);
+          p.segments = rest.data();
+          ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data(), {threads}), attnSuccess);
+          expectClose(in.p, acc, ref, 1e-5, what + " accumulate");
+        }
+      }
+  }
+}
+
 TEST(CpuAttention, PartialsOverAKeyPartitionMergeToTheFullResult) {
   std::mt19937 rng(17);
   for (Isa isa : supportedIsas()) {

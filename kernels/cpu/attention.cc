@@ -12,6 +12,7 @@
 #include "kernels/cpu/attention_task.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/kv_pack.h"
+#include "kernels/cpu/merge.h"
 #include "kernels/cpu/worker_pool.h"
 #include "src/core/error.h"
 
@@ -50,6 +51,15 @@ attnResult_t validate(const AttnProblem& p, const float* o, const float* lse,
   return attnSuccess;
 }
 
+// The segments that have tasks, ascending.
+std::vector<int32_t> busySegmentsOf(const std::vector<AttnTask>& tasks) {
+  std::vector<int32_t> out;
+  for (const AttnTask& t : tasks) out.push_back(t.seg);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 int64_t nonEmptySegments(const std::vector<AttnSegment>& segs) {
   int64_t n = 0;
   for (const auto& s : segs) n += s.q_begin < s.q_end && s.k_begin < s.k_end;
@@ -69,6 +79,36 @@ int headsPerTask(int32_t stacked, int kv_heads, int tile, int align, int threads
     heads = std::min<int64_t>(heads, std::max<int64_t>(1, kv_heads / per_segment));
   }
   return heads;
+}
+
+// Split-K (flash-decoding): a call with fewer tasks than threads (a decode
+// step of one sequence over few kv heads, as tensor parallelism leaves each
+// rank) cuts every segment's keys into this many chunks, computed as
+// partials of their own and merged, so every thread has work. A chunk keeps
+// at least kMinSplitKeys keys: below that the merge costs more than the
+// thread saves.
+constexpr int32_t kMinSplitKeys = 8 * kAttnKeyTile;
+
+int keySplits(size_t ntasks, const std::vector<AttnTask>& tasks, const std::vector<AttnSegment>& segs,
+              int threads) {
+  if (ntasks == 0 || ntasks >= size_t(threads)) return 1;
+  int32_t longest = 0;
+  for (const AttnTask& t : tasks) longest = std::max(longest, segs[size_t(t.seg)].k_end - segs[size_t(t.seg)].k_begin);
+  const int want = int((size_t(threads) + ntasks - 1) / ntasks);
+  return std::max(1, std::min(want, int(longest / kMinSplitKeys)));
+}
+
+// Chunk j of `splits` of every segment's keys, cut on key tiles.
+std::vector<AttnSegment> keyChunk(const std::vector<AttnSegment>& segs, int j, int splits) {
+  std::vector<AttnSegment> out = segs;
+  for (AttnSegment& s : out) {
+    const int32_t n = s.k_end - s.k_begin;
+    const int32_t step = (n / splits + kAttnKeyTile - 1) / kAttnKeyTile * kAttnKeyTile;
+    const int32_t lo = std::min(n, j * step), hi = j + 1 == splits ? n : std::min(n, (j + 1) * step);
+    s.k_end = s.k_begin + hi;
+    s.k_begin += lo;
+  }
+  return out;
 }
 
 void fillEmptyRows(float* o, float* lse, int32_t begin, int32_t end, int heads, int d) {
@@ -161,14 +201,53 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
     packed = std::make_unique<PackedKV>(p, dpad, threads, ex.pool);
   int max_heads = 1;
   for (const auto& t : tasks) max_heads = std::max(max_heads, int(t.kv_heads));
-  const AttnCall call{&p,     segs.data(), o,    lse,
-                      accumulate, scale * 1.4426950408889634f, group, dpad,
-                      packed ? packed->k() : nullptr, packed ? packed->v() : nullptr};
+  const float scale_log2 = scale * 1.4426950408889634f;
+  const int splits = packed ? 1 : keySplits(tasks.size(), tasks, segs, threads);
   std::vector<AttnTileStats> stats(static_cast<size_t>(threads));
-  parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
-    thread_local ScratchArena arena;
-    kt.attention(call, tasks[size_t(t)], arena.get(p.head_dim, call.dpad, max_heads), stats[worker]);
-  });
+  if (splits == 1) {
+    const AttnCall call{&p, segs.data(), o, lse, accumulate, scale_log2, group, dpad,
+                        packed ? packed->k() : nullptr, packed ? packed->v() : nullptr};
+    parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
+      thread_local ScratchArena arena;
+      kt.attention(call, tasks[size_t(t)], arena.get(p.head_dim, call.dpad, max_heads), stats[worker]);
+    });
+  } else {
+    // Every task once per key chunk, each chunk into a partial of its own
+    // (rows no chunk reaches stay O = 0, LSE = -inf there), then merged.
+    const size_t rows = size_t(p.nq) * p.num_q_heads;
+    std::vector<std::vector<AttnSegment>> chunk(static_cast<size_t>(splits));
+    std::vector<std::vector<float>> po(static_cast<size_t>(splits)), plse(static_cast<size_t>(splits));
+    std::vector<AttnCall> calls;
+    for (int j = 0; j < splits; ++j) {
+      chunk[size_t(j)] = keyChunk(segs, j, splits);
+      po[size_t(j)].assign(rows * size_t(p.head_dim), 0.0f);
+      plse[size_t(j)].assign(rows, kNegInf);
+      calls.push_back({&p, chunk[size_t(j)].data(), po[size_t(j)].data(), plse[size_t(j)].data(), false,
+                       scale_log2, group, dpad, nullptr, nullptr});
+    }
+    const int64_t n = int64_t(tasks.size());
+    parallelFor(threads, ex.pool, n * splits, [&](int worker, int64_t i) {
+      const AttnCall& call = calls[size_t(i / n)];
+      const AttnTask& t = tasks[size_t(i % n)];
+      const AttnSegment& s = call.segs[t.seg];
+      if (s.k_begin == s.k_end) return;
+      thread_local ScratchArena arena;
+      kt.attention(call, t, arena.get(p.head_dim, call.dpad, max_heads), stats[worker]);
+    });
+    std::vector<AttnPartialRef> parts(static_cast<size_t>(splits));
+    for (int32_t si : busySegmentsOf(tasks)) {
+      const AttnSegment& s = segs[size_t(si)];
+      const size_t r0 = size_t(s.q_begin) * p.num_q_heads, r1 = size_t(s.q_end) * p.num_q_heads;
+      if (!accumulate) initAccumulator(o + r0 * p.head_dim, lse + r0, s.q_end - s.q_begin, p.num_q_heads, p.head_dim);
+      for (size_t r = r0; r < r1; ++r) {
+        int np = 0;  // a row no chunk reached is left as it is (accumulate: untouched)
+        for (int j = 0; j < splits; ++j)
+          if (plse[size_t(j)][r] != kNegInf)
+            parts[size_t(np++)] = {po[size_t(j)].data() + r * p.head_dim, attnFloat32, plse[size_t(j)].data() + r};
+        if (np) ATTN_CHECK(mergePartials(o + r * p.head_dim, lse + r, parts.data(), np, 1, p.head_dim));
+      }
+    }
+  }
   if (ex.stats != nullptr) {
     for (const auto& s : stats) {
       ex.stats->tiles_full += s.full;
