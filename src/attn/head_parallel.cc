@@ -84,14 +84,8 @@ struct HeadShare {
   std::vector<int> folded;  // key blocks folded into each rank's accumulator
   std::vector<std::vector<float>> o, lse;
 
-  HeadShare(const AttnCall& c, const HeadGroup& g) {
+  HeadShare(const AttnCall& c, const HeadGroup& g) : sub(narrowedTo(c, g)) {
     const int n = c.comm->nranks;
-    sub.comm = c.comm;
-    sub.state = c.state;
-    sub.cfg = c.cfg;
-    sub.cfg.num_q_heads = g.q();
-    sub.cfg.num_kv_heads = g.kv();
-    sub.numSeqs = c.numSeqs;
     rows.resize(n);
     arrived.assign(n, false);
     folded.assign(n, 0);
@@ -110,6 +104,18 @@ struct HeadShare {
 };
 
 }  // namespace
+
+AttnCall narrowedTo(const AttnCall& c, const HeadGroup& g) {
+  AttnCall sub;
+  sub.comm = c.comm;
+  sub.state = c.state;
+  sub.cfg = c.cfg;
+  sub.cfg.num_q_heads = g.q();
+  sub.cfg.num_kv_heads = g.kv();
+  sub.numSeqs = c.numSeqs;
+  sub.q.rows = static_cast<int32_t>(*std::max_element(c.qRowsOf.begin(), c.qRowsOf.end()));
+  return sub;
+}
 
 attnResult_t viewHeadsMessage(const AttnCall& c, int from, const char* data, size_t bytes,
                               const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, BlockView* q,
@@ -188,16 +194,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
     }
   }
   auto driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-  // What has reached us so far (not necessarily handled yet).
-  auto look = [&] {
-    Arrived a;
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      if (!mine.empty() && !inReq[p].pending()) ++a.of[Outbox::kRows];
-      if (!groups[p].empty() && !homeReq[p].pending()) ++a.of[Outbox::kOutputs];
-    }
-    return a;
-  };
+  auto look = [&] { return arrivedSoFar(groups, me, inReq.get(), homeReq.get()); };
   for (int s = 1; s < n; ++s) {
     const int p = (me + s) % n;
     if (groups[p].empty()) continue;

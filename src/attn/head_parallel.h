@@ -50,6 +50,11 @@ struct ReturnMessage {
         total(lseAt + static_cast<size_t>(rows) * heads * sizeof(float)) {}
 };
 
+// The call narrowed to group g's heads, for the kernels. Its q.rows is the
+// most rows of any rank (the room a device user kernel's partial needs: a
+// group folds for every rank's queries).
+AttnCall narrowedTo(const AttnCall& c, const HeadGroup& g);
+
 // The rows of rank `from` for our heads as they arrived (data, bytes),
 // checked against its card; qRowBytes / kvRowBytes are our group's.
 attnResult_t viewHeadsMessage(const AttnCall& c, int from, const char* data, size_t bytes,
@@ -115,6 +120,21 @@ class Outbox {
   size_t next_ = 0;
   int inflight_ = -1;
 };
+
+// What has reached this rank so far (not necessarily handled yet): rows
+// for our heads (inRows[p], posted only when our group has heads) and our
+// outputs from each group (outputsIn[p], posted for non-empty groups).
+inline Arrived arrivedSoFar(const std::vector<HeadGroup>& groups, int me, const Request* inRows,
+                            const Request* outputsIn) {
+  Arrived a;
+  const int n = static_cast<int>(groups.size());
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    if (!groups[me].empty() && !inRows[p].pending()) ++a.of[Outbox::kRows];
+    if (!groups[p].empty() && !outputsIn[p].pending()) ++a.of[Outbox::kOutputs];
+  }
+  return a;
+}
 
 // Every group non-empty: the gate of Outbox may be on.
 inline bool everyGroupHasHeads(const std::vector<HeadGroup>& groups) {

@@ -79,6 +79,15 @@ attnResult_t DeviceAccumulator::writeOut(const AttnCall& c, DeviceAttnState& R, 
   return attnSuccess;
 }
 
+attnResult_t prepareKernels(AttnCall& c, DeviceAttnState& R, const std::vector<RowsRef>& resident, int launches,
+                            DeviceKernels* kernels, DeviceAccumulator* acc) {
+  ATTN_CHECK(kernels->reserve(resident, launches));
+  ATTN_CHECK(acc->reserve(c, R));
+  ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
+  ATTN_CHECK(kernels->upload());
+  return acc->init(c, R);
+}
+
 attnResult_t DeviceKernels::reserve(const std::vector<RowsRef>& resident, int launches) {
   resident_ = resident;
   offsetsAt_.clear();

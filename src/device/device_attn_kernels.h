@@ -138,4 +138,12 @@ class DeviceKernels {
   float* partLse_ = nullptr;
 };
 
+// The first thing a device algorithm does with its kernels, after growing
+// its other buffers on the compute stream: room for `resident` rows and
+// `launches` launches (DeviceKernels::reserve) and for the call's
+// accumulator, the compute stream synchronised (the buffers may have
+// grown), the resident rows' metadata uploaded and the accumulator zeroed.
+attnResult_t prepareKernels(AttnCall& c, DeviceAttnState& R, const std::vector<RowsRef>& resident, int launches,
+                            DeviceKernels* kernels, DeviceAccumulator* acc);
+
 }  // namespace attn

@@ -86,21 +86,6 @@ attnResult_t packHeads(const AttnCall& c, const HeadGroup& g, const HeadsMessage
   return takeHeads(kv + m.kv.tensorBytes, c.kv.t1, c.kv.rows, hkv, g.kvBegin, g.kv(), headBytes, stream);
 }
 
-// The call narrowed to our heads, for the kernels. Its q.rows is the most
-// rows of any rank (the room a user kernel's partial needs: we fold for
-// every rank's queries).
-AttnCall narrowedTo(const AttnCall& c, const HeadGroup& g) {
-  AttnCall sub;
-  sub.comm = c.comm;
-  sub.state = c.state;
-  sub.cfg = c.cfg;
-  sub.cfg.num_q_heads = g.q();
-  sub.cfg.num_kv_heads = g.kv();
-  sub.numSeqs = c.numSeqs;
-  sub.q.rows = static_cast<int32_t>(*std::max_element(c.qRowsOf.begin(), c.qRowsOf.end()));
-  return sub;
-}
-
 }  // namespace
 
 attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
@@ -188,15 +173,7 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
                          &homeReq[p]));
   }
   ProgressThread driver(e, c.comm->prefix);
-  auto look = [&] {
-    Arrived a;
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      if (!mine.empty() && !inReq[p].pending()) ++a.of[Outbox::kRows];
-      if (!groups[p].empty() && !homeReq[p].pending()) ++a.of[Outbox::kOutputs];
-    }
-    return a;
-  };
+  auto look = [&] { return arrivedSoFar(groups, me, inReq.get(), homeReq.get()); };
   ATTN_CUDA_CHECK(cudaEventSynchronize(R.ownOnHost));
   for (int s = 1; s < n; ++s) {
     const int p = (me + s) % n;

@@ -72,12 +72,8 @@ attnResult_t runLevelAllToAllDevice(AttnCall& c, const LevelDrop& drop, const De
   ATTN_CHECK(R.visit.reserve(gathered.total + 64, R.compute));
   ATTN_CHECK(R.block[0].reserve(devAt.back() + 64, R.compute));
   DeviceKernels kernels(c, R);
-  ATTN_CHECK(kernels.reserve({c.q, c.kv}, static_cast<int>(L.in.size()) + 1));
   DeviceAccumulator acc;
-  ATTN_CHECK(acc.reserve(c, R));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
-  ATTN_CHECK(kernels.upload());
-  ATTN_CHECK(acc.init(c, R));
+  ATTN_CHECK(prepareKernels(c, R, {c.q, c.kv}, static_cast<int>(L.in.size()) + 1, &kernels, &acc));
   const DeviceRows myQ = kernels.resident(0);
   const DeviceRows myKv = kernels.resident(1);
   char* const hostOut = R.hostOut.base();

@@ -62,12 +62,8 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(DeviceRing::reserve(R, capacity, env.ring));
   // The queries stay on the device.
   DeviceKernels kernels(c, R);
-  ATTN_CHECK(kernels.reserve({c.q}, n));
   DeviceAccumulator acc;
-  ATTN_CHECK(acc.reserve(c, R));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
-  ATTN_CHECK(kernels.upload());
-  ATTN_CHECK(acc.init(c, R));
+  ATTN_CHECK(prepareKernels(c, R, {c.q}, n, &kernels, &acc));
   const DeviceRows myQ = kernels.resident(0);
   // Block 0 is this rank's KV.
   DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.ring);

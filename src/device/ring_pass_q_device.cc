@@ -100,12 +100,8 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(R.visit.reserve(maxPartial + 64, R.compute));
   // The keys stay on the device.
   DeviceKernels kernels(c, R);
-  ATTN_CHECK(kernels.reserve({c.kv}, n));
   DeviceAccumulator acc;
-  ATTN_CHECK(acc.reserve(c, R));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
-  ATTN_CHECK(kernels.upload());
-  ATTN_CHECK(acc.init(c, R));
+  ATTN_CHECK(prepareKernels(c, R, {c.kv}, n, &kernels, &acc));
   const DeviceRows myKv = kernels.resident(0);
   float* visitO = reinterpret_cast<float*>(R.visit.get());
   // Block 0 is this rank's queries.

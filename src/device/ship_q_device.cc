@@ -75,12 +75,8 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(R.visit.reserve(maxPartial + 64, R.compute));
   // Our queries and the local keys stay on the device.
   DeviceKernels kernels(c, R);
-  ATTN_CHECK(kernels.reserve({c.q, c.kv}, n));
   DeviceAccumulator acc;
-  ATTN_CHECK(acc.reserve(c, R));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(R.compute));
-  ATTN_CHECK(kernels.upload());
-  ATTN_CHECK(acc.init(c, R));
+  ATTN_CHECK(prepareKernels(c, R, {c.q, c.kv}, n, &kernels, &acc));
   const DeviceRows myQ = kernels.resident(0);
   const DeviceRows myKv = kernels.resident(1);
   char* const hostOut = R.hostOut.base();
