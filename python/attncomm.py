@@ -12,6 +12,10 @@ call raises AttnError with the code and the communicator's last-error text
     # ... one Python thread per rank (ctypes releases the GIL in every call):
     comms[r].all_reduce(x, x, op=ac.SUM)
 
+Mode selection: comm.select_mode(layout, ...), comm.cost_model (get and
+set), estimate_modes(model, ...); topology: comm.topo_rank,
+comm.topo_dump(fmt), comm.split_type(SPLIT_HOST, ...); decode_placement.
+
 The distributed KV cache: pool = comm.kv_pool(...) (a KvPool: append,
 migrate, attention over lent blocks, rebalance) and kv_plan(instances,
 model); it needs numpy.
@@ -55,6 +59,8 @@ INT8, UINT8, INT32, INT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(8)
 SUM, PROD, MAX, MIN, AVG = range(5)
 MODE_AUTO, MODE_PASS_KV, MODE_PASS_Q, MODE_SHIP_Q, MODE_HEAD_PARALLEL = range(5)
 TIER_DEVICE, TIER_HOST, TIER_RACK, TIER_CLUSTER = range(4)  # attnTier_t: indices of level_attention keep
+SPLIT_HOST, SPLIT_HOST_LEADERS, SPLIT_RACK, SPLIT_PROXIMITY = range(4)  # attnSplitType_t
+_TOPO_FORMAT = {"text": 0, "dot": 1, "json": 2}  # attnTopoFormat_t
 DEVICE_HOST = -1
 _CONFIG_MAGIC = 0xA7C0F16
 _HEADER_VERSION = 100  # ATTN_VERSION_CODE of the header these declarations follow (0.1.0)
@@ -149,6 +155,30 @@ _LevelAttention = _declare("attnLevelAttention", _p, _p, _p, _p, _p, ctypes.POIN
                            ctypes.POINTER(_AttnConfig), ctypes.POINTER(_LevelDrop), _comm, _p)
 _MergeAttnStates = _declare("attnMergeAttnStates", ctypes.c_int, ctypes.POINTER(_p), ctypes.POINTER(_p), _p,
                             _p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, _p)
+
+
+class _CostModel(ctypes.Structure):
+    _fields_ = [("link_bandwidth_GBps", ctypes.c_double), ("link_latency_us", ctypes.c_double),
+                ("attn_tflops", ctypes.c_double), ("comm_interference", ctypes.c_double)]
+
+
+class _ModeEstimate(ctypes.Structure):
+    _fields_ = [("chosen", ctypes.c_int), ("pass_kv_us", ctypes.c_double), ("pass_q_us", ctypes.c_double),
+                ("ship_q_us", ctypes.c_double), ("alg1_threshold_tokens", ctypes.c_double),
+                ("alg1_choice", ctypes.c_int), ("head_parallel_us", ctypes.c_double)]
+
+
+_SelectMode = _declare("attnSelectMode", ctypes.POINTER(_SeqLayout), ctypes.POINTER(_AttnConfig), _comm,
+                       ctypes.POINTER(_ModeEstimate))
+_EstimateModes = _declare("attnEstimateModes", ctypes.POINTER(_CostModel), ctypes.POINTER(_AttnConfig),
+                          ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(_ModeEstimate))
+_GetCostModel = _declare("attnCommGetCostModel", _comm, ctypes.POINTER(_CostModel))
+_SetCostModel = _declare("attnCommSetCostModel", _comm, ctypes.POINTER(_CostModel))
+_TopoRank = _declare("attnCommTopoRank", _comm, ctypes.POINTER(ctypes.c_int))
+_TopoDump = _declare("attnCommTopoDump", _comm, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t))
+_SplitType = _declare("attnCommSplitType", _comm, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_comm),
+                      ctypes.POINTER(_Config))
+_DecodePlacement = _declare("attnDecodePlacement", ctypes.c_int, ctypes.c_int64, ctypes.c_int, _i32p, _i32p)
 _PlanPrefill = _declare("attnPlanPrefill", ctypes.POINTER(_BatchSpec), ctypes.c_int, ctypes.POINTER(_p))
 _PlanGetShard = _declare("attnPlanGetShard", _p, ctypes.c_int, ctypes.POINTER(_Shard))
 _PlanDestroy = _declare("attnPlanDestroy", _p)
@@ -350,6 +380,15 @@ class Comm:
                "attnCommSplit")
         return Comm(h.value) if h.value else None
 
+    def split_type(self, type, key=0, **config):
+        """attnCommSplitType (SPLIT_HOST, SPLIT_HOST_LEADERS, SPLIT_RACK,
+        SPLIT_PROXIMITY); None where the type leaves this rank out."""
+        h = _p()
+        cfg = _config(**config) if config else None
+        _check(_SplitType(self._h, type, key, ctypes.byref(h), ctypes.byref(cfg) if cfg else None), self._h,
+               "attnCommSplitType")
+        return Comm(h.value) if h.value else None
+
     def destroy(self):
         if self._h:
             h, self._h = self._h, _p()
@@ -386,6 +425,48 @@ class Comm:
 
     def last_error(self):
         return _lib.attnGetLastError(self._h).decode(errors="replace")
+
+    @property
+    def topo_rank(self):
+        """attnCommTopoRank: this rank's place in the proximity order."""
+        r = ctypes.c_int()
+        _check(_TopoRank(self._h, ctypes.byref(r)), self._h, "attnCommTopoRank")
+        return r.value
+
+    def topo_dump(self, fmt="text"):
+        """attnCommTopoDump: the fabric model as "text", "dot" or "json"."""
+        if fmt not in _TOPO_FORMAT:
+            raise AttnError(INVALID_ARGUMENT, f"topology format {fmt!r}: one of {', '.join(_TOPO_FORMAT)}")
+        size = ctypes.c_size_t(0)
+        _check(_TopoDump(self._h, _TOPO_FORMAT[fmt], None, ctypes.byref(size)), self._h, "attnCommTopoDump")
+        buf = ctypes.create_string_buffer(size.value)
+        _check(_TopoDump(self._h, _TOPO_FORMAT[fmt], buf, ctypes.byref(size)), self._h, "attnCommTopoDump")
+        return buf.value.decode(errors="replace")
+
+    # -- the selector's cost model --
+    @property
+    def cost_model(self):
+        """attnCommGetCostModel (collective the first time: it calibrates)."""
+        m = _CostModel()
+        _check(_GetCostModel(self._h, ctypes.byref(m)), self._h, "attnCommGetCostModel")
+        return _cost_model_of(m)
+
+    @cost_model.setter
+    def cost_model(self, model):
+        """attnCommSetCostModel from a CostModel, a 4-tuple in its order or a
+        dict with its fields."""
+        m = _struct_from(_CostModel, _as_fields(model, CostModel), {"comm_interference": 0.0}, "cost model")
+        _check(_SetCostModel(self._h, ctypes.byref(m)), self._h, "attnCommSetCostModel")
+
+    def select_mode(self, layout, num_q_heads, num_kv_heads, head_dim, dtype=FLOAT32, causal=True,
+                    softmax_scale=0.0):
+        """attnSelectMode (collective): what MODE_AUTO would run for this
+        layout here, and each mode's predicted time."""
+        cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, dtype, softmax_scale, int(causal))
+        e = _ModeEstimate()
+        _check(_SelectMode(ctypes.byref(layout._c), ctypes.byref(cfg), self._h, ctypes.byref(e)), self._h,
+               "attnSelectMode")
+        return _estimate_of(e)
 
     # -- collectives: count is per rank as in NCCL (the send buffer's size) --
     def _two(self, send, recv):
@@ -561,6 +642,54 @@ class Shard:
                                 [s.layout.q_pos[i] for i in range(s.q_rows)],
                                 [s.layout.kv_offsets[i] for i in range(S + 1)],
                                 [s.layout.kv_pos[i] for i in range(s.kv_rows)])
+
+
+CostModel = collections.namedtuple("CostModel", "link_bandwidth_GBps link_latency_us attn_tflops comm_interference")
+CostModel.__doc__ = "attnCostModel_t: the rates the mode selector uses (attncomm.h)."
+ModeEstimate = collections.namedtuple(
+    "ModeEstimate", "chosen pass_kv_us pass_q_us ship_q_us head_parallel_us alg1_threshold_tokens alg1_choice")
+ModeEstimate.__doc__ = "attnModeEstimate_t: the chosen mode (MODE_*) and each mode's predicted time."
+
+
+def _as_fields(obj, tuple_type):
+    """A namedtuple or plain tuple in tuple_type's order as a dict; other
+    objects (dicts, objects with attributes) as they are."""
+    if isinstance(obj, tuple):
+        if len(obj) != len(tuple_type._fields):
+            raise AttnError(INVALID_ARGUMENT, f"{len(obj)} values for {tuple_type.__name__}'s "
+                                              f"{len(tuple_type._fields)} fields")
+        return dict(zip(tuple_type._fields, obj))
+    return obj
+
+
+def _cost_model_of(m):
+    return CostModel(m.link_bandwidth_GBps, m.link_latency_us, m.attn_tflops, m.comm_interference)
+
+
+def _estimate_of(e):
+    return ModeEstimate(e.chosen, e.pass_kv_us, e.pass_q_us, e.ship_q_us, e.head_parallel_us,
+                        e.alg1_threshold_tokens, e.alg1_choice)
+
+
+def estimate_modes(model, nranks, new_tokens, cached_tokens, num_q_heads, num_kv_heads, head_dim,
+                   dtype=FLOAT32, causal=True, softmax_scale=0.0):
+    """attnEstimateModes: the selector's model on given totals, without a
+    communicator (what-if studies, e.g. the CP paper's Table 4)."""
+    m = _struct_from(_CostModel, _as_fields(model, CostModel), {"comm_interference": 0.0}, "cost model")
+    cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, dtype, softmax_scale, int(causal))
+    e = _ModeEstimate()
+    _check(_EstimateModes(ctypes.byref(m), ctypes.byref(cfg), nranks, new_tokens, cached_tokens,
+                          ctypes.byref(e)), None, "attnEstimateModes")
+    return _estimate_of(e)
+
+
+def decode_placement(num_seqs, step, nranks):
+    """attnDecodePlacement: per sequence, the rank that stores this decode
+    step's new KV and the rank that holds its query (two lists)."""
+    kv = (ctypes.c_int32 * max(num_seqs, 1))()
+    q = (ctypes.c_int32 * max(num_seqs, 1))()
+    _check(_DecodePlacement(num_seqs, step, nranks, kv, q), None, "attnDecodePlacement")
+    return list(kv[:num_seqs]), list(q[:num_seqs])
 
 
 def plan_prefill(new_lens, nranks, cached_lens=None):

@@ -14,17 +14,26 @@ missing=()
 for p in "${REQUIRED[@]}" "${OPTIONAL[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
-if ! command -v apt-get >/dev/null; then
-  echo "install_deps: no apt-get; install by hand: ${missing[*]}" >&2
-  exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null; then
+    echo "install_deps: no apt-get; install by hand: ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "install_deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${REQUIRED[@]}" >/dev/null
+  # Optional packages one by one: a missing one must not stop the build.
+  for p in "${OPTIONAL[@]}"; do
+    $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 ||
+      echo "install_deps: optional package $p unavailable, continuing" >&2
+  done
 fi
-echo "install_deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${REQUIRED[@]}" >/dev/null
-# Optional packages one by one: a missing one must not stop the build.
-for p in "${OPTIONAL[@]}"; do
-  $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 ||
-    echo "install_deps: optional package $p unavailable, continuing" >&2
-done
+# The Python tests run on the python3 first on PATH (the one CMake finds),
+# which need not be Debian's (pyenv, a venv): give it numpy through pip
+# when python3-numpy does not reach it. Optional: the tests skip without it.
+if ! python3 -c "import numpy" >/dev/null 2>&1; then
+  echo "install_deps: numpy for $(command -v python3) through pip"
+  python3 -m pip install --quiet numpy >/dev/null 2>&1 ||
+    echo "install_deps: pip could not install numpy; the Python tests will skip" >&2
+fi

@@ -404,6 +404,52 @@ class KvCache(unittest.TestCase):
             ac.kv_plan([debtor], dict(model, typo=1))
 
 
+class SelectorAndTopology(unittest.TestCase):
+    def test_cost_model_mode_choice_and_placement(self):
+        # The CP paper's Table 4 (Llama3-405B per CP rank, CP4, T+P = 128000)
+        # with H100 rates: pass-Q wins at 1% miss, pass-KV at 50% and 100%.
+        h100 = ac.CostModel(50.0, 10.0, 989.0, 0.0)
+        for miss, want in ((0.01, ac.MODE_PASS_Q), (0.5, ac.MODE_PASS_KV), (1.0, ac.MODE_PASS_KV)):
+            t = round(128000 * miss)
+            e = ac.estimate_modes(h100, 4, t, 128000 - t, 128, 8, 128, dtype=ac.BFLOAT16)
+            self.assertEqual(e.chosen, want, f"miss {miss}: {e}")
+            self.assertGreater(min(e.pass_kv_us, e.pass_q_us), 0)
+        # Decode placement: new KV at (s + step) % n, the query at s % n.
+        self.assertEqual(ac.decode_placement(5, 3, 4), ([3, 0, 1, 2, 3], [0, 1, 2, 3, 0]))
+
+        n = 3
+        comms = ac.Comm.init_all(n)
+        shards = ac.plan_prefill([50, 17], n)
+        slow = {"link_bandwidth_GBps": 0.01, "link_latency_us": 1.0, "attn_tflops": 1000.0}
+        seen = [None] * n
+
+        def body(r, c):
+            c.cost_model = slow  # comm_interference defaults to 0
+            self.assertEqual(c.cost_model, ac.CostModel(0.01, 1.0, 1000.0, 0.0))
+            seen[r] = c.select_mode(shards[r].layout, 8, 8, 16)
+            # Every rank is somewhere in the proximity order, and a split by
+            # host keeps the three threads (one host) together.
+            self.assertIn(c.topo_rank, range(n))
+            self.assertIn("rank", c.topo_dump("text"))
+            self.assertTrue(c.topo_dump("json").lstrip().startswith("{"))
+            host = c.split_type(ac.SPLIT_HOST)
+            try:
+                self.assertEqual(host.size, n)
+            finally:
+                host.destroy()
+            with self.assertRaises(ac.AttnError):
+                c.topo_dump("svg")
+            c.destroy()
+
+        on_ranks(comms, body)
+        # Collective and deterministic: one answer for all. Without GQA, on
+        # slow links and fast compute, head-parallel moves the fewest bytes.
+        self.assertTrue(all(e == seen[0] for e in seen), seen)
+        self.assertEqual(seen[0].chosen, ac.MODE_HEAD_PARALLEL, seen[0])
+        with self.assertRaises(ac.AttnError):
+            ac.estimate_modes((1.0, 2.0), 2, 10, 0, 8, 8, 16)
+
+
 class Merge(unittest.TestCase):
     def test_merging_partials_over_disjoint_keys_equals_attention_over_all(self):
         rng = np.random.default_rng(7)
