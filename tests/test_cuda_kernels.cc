@@ -94,12 +94,14 @@ struct Case {
   attnDataType_t dtype = attnBfloat16;
   bool causal = false;
   bool force_generic = false;
+  int key_splits = 0;                  // AttnCudaExec::key_splits
   std::vector<cpu::AttnSegment> segs;  // empty: one segment
   std::vector<int32_t> qpos, kpos;
   std::string name() const {
     return std::string(dtName(dtype)) + " nq " + std::to_string(nq) + " nk " + std::to_string(nk) +
            " hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " d " + std::to_string(d) +
            (causal ? " causal" : "") + (force_generic ? " simt" : "") +
+           (key_splits ? " splits " + std::to_string(key_splits) : "") +
            (segs.empty() ? "" : " segs " + std::to_string(segs.size()));
   }
 };
@@ -210,6 +212,7 @@ void checkCase(const Case& c, uint32_t seed = 1) {
   AttnCudaExec ex;
   ex.stats = stats.as<AttnCudaStats>();
   ex.force_generic = c.force_generic;
+  ex.key_splits = c.key_splits;
   AttnCudaPlan plan;
   ASSERT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
   ASSERT_EQ(attentionPartial(dp.p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
@@ -310,6 +313,76 @@ TEST(CudaAttention, VariableLengthSegments) {
     checkCase(c);
     c.causal = false;
     checkCase(c);
+  }
+}
+
+// Split-K (flash-decoding): decode steps of a few sequences, every CTA's
+// keys cut into 2, 3 or 5 chunks run apart and merged, and the launcher's
+// own choice. Each row equals the reference and the tile counts are those
+// of one launch (chunks are cut on key tiles): query rows at the end and
+// in the middle of a sequence (later chunks fully masked for them), a
+// sequence shorter than a chunk, rows outside every segment, both kernels.
+TEST(CudaAttention, SplitKeysMatchTheReference) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32})
+    for (bool generic : {false, true})
+      for (int splits : {0, 2, 3, 5}) {
+        Case c;
+        c.hq = 8, c.hkv = 1, c.d = 128, c.causal = true, c.dtype = dt;
+        c.force_generic = generic;
+        c.key_splits = splits;
+        // (query positions, keys): decode rows over their sequence's keys.
+        const std::vector<std::pair<std::vector<int>, int>> seqs = {{{1299, 700}, 1300}, {{40}, 41}, {{999}, 1000}};
+        for (const auto& [rows, keys] : seqs) {
+          c.segs.push_back({c.nq, c.nq + int(rows.size()), c.nk, c.nk + keys});
+          for (int q : rows) c.qpos.push_back(q);
+          for (int j = 0; j < keys; ++j) c.kpos.push_back(j);
+          c.nq += int(rows.size());
+          c.nk += keys;
+          c.qpos.push_back(0);  // a row outside every segment
+          ++c.nq;
+        }
+        checkCase(c);
+      }
+}
+
+// The same chunks folded into an accumulator that already holds the first
+// keys of each sequence (ring attention's second block).
+TEST(CudaAttention, SplitKeysAccumulate) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    Case c = selfAttn(1, 8, 2, 128, true, dt);
+    c.nk = 1500;
+    c.kpos.clear();
+    for (int j = 0; j < c.nk; ++j) c.kpos.push_back(j);
+    c.qpos = {1499};
+    HostProblem h(c, 9);
+    DevProblem dp(h, c);
+    const size_t rows = size_t(c.nq) * c.hq;
+    Dev o(rows * c.d * 4), lse(rows * 4);
+    ASSERT_EQ(initAccumulator(o.as<float>(), lse.as<float>(), c.nq, c.hq, c.d, nullptr), attnSuccess);
+    const size_t krow = size_t(c.hkv) * c.d * dataTypeSize(dt);
+    const int cut = 200;
+    for (int b = 0; b < 2; ++b) {
+      cpu::AttnProblem p = dp.p;
+      const int k0 = b ? cut : 0;
+      p.nk = b ? c.nk - cut : cut;
+      p.k = static_cast<const char*>(dp.p.k) + k0 * krow;
+      p.v = static_cast<const char*>(dp.p.v) + k0 * krow;
+      p.k_pos = dp.p.k_pos + k0;
+      AttnCudaExec ex;
+      ex.key_splits = b ? 3 : 1;
+      ASSERT_EQ(attentionAccumulate(p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
+    }
+    sync();
+    std::vector<double> ro(rows * c.d), rl(rows);
+    ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
+    const auto go = o.down<float>(rows * c.d);
+    const auto gl = lse.down<float>(rows);
+    const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
+    EXPECT_EQ(e.nan_values, 0) << c.name();
+    EXPECT_LE(e.max_o_rel, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
+    EXPECT_LE(e.max_lse_abs, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
   }
 }
 

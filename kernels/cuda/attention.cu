@@ -1,9 +1,11 @@
 // Host side of the device attention: checks the problem, picks the kernel
 // (WMMA tensor cores or SIMT), and launches it on the caller's stream.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/attention_simt.cuh"
 #include "kernels/cuda/attention_wmma.cuh"
@@ -51,6 +53,7 @@ attnResult_t checkProblem(const cpu::AttnProblem& p, const float* o, const float
 struct DeviceLimits {
   int cc = 0;                // compute capability, e.g. 90
   size_t smemOptin = 0;      // largest dynamic shared memory a block may opt in to
+  int sms = 1;               // multiprocessors
 };
 
 attnResult_t deviceLimits(DeviceLimits* lim) {
@@ -61,8 +64,11 @@ attnResult_t deviceLimits(DeviceLimits* lim) {
   (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   ATTN_CHECK(cudaResult(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                         "cudaDeviceGetAttribute(shared memory per block, opt-in)"));
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 1;
   lim->cc = major * 10 + minor;
   lim->smemOptin = static_cast<size_t>(optin);
+  lim->sms = sms > 0 ? sms : 1;
   return attnSuccess;
 }
 
@@ -105,13 +111,15 @@ attnResult_t allowSharedMemory(const void* kern, size_t bytes) {
   return attnSuccess;
 }
 
+// The grid: heads x query tiles in x, key chunks (split-K) in y.
+dim3 gridOf(const AttnArgs& a) { return dim3(unsigned(a.tiles) * unsigned(a.hq), unsigned(a.splits)); }
+
 template <class T, int D>
 attnResult_t launchWmma(const AttnArgs& a, cudaStream_t s) {
   auto* kern = attnWmmaKernel<T, D>;
   constexpr size_t bytes = WmmaSmem<D>::kBytes;
   ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
-  return launchKernel("attention (wmma) launch", kern, unsigned(a.tiles) * unsigned(a.hq), kWmmaThreads,
-                      bytes, s, a);
+  return launchKernel("attention (wmma) launch", kern, gridOf(a), kWmmaThreads, bytes, s, a);
 }
 
 template <class T>
@@ -128,17 +136,80 @@ attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
   auto* kern = attnSimtKernel<T>;
   const size_t bytes = simtSmemBytes(a.d);
   ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
-  return launchKernel("attention (simt) launch", kern, unsigned(a.tiles) * unsigned(a.hq), kSimtThreads,
-                      bytes, s, a);
+  return launchKernel("attention (simt) launch", kern, gridOf(a), kSimtThreads, bytes, s, a);
 }
 
 attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const float* o,
-                      AttnCudaPlan* plan) {
+                      AttnCudaPlan* plan, DeviceLimits* limits = nullptr) {
   DeviceLimits lim;
   ATTN_CHECK(deviceLimits(&lim));
   const bool tc = wmmaEligible(p, ex, lim, o);
   *plan = tc ? AttnCudaPlan{true, kWmmaBQ, kWmmaBK} : AttnCudaPlan{false, kSimtBQ, kSimtBK};
+  if (limits) *limits = lim;
   return attnSuccess;
+}
+
+// Split-K (flash-decoding): a decode step has a query tile per sequence, so
+// a grid of tiles x heads CTAs can leave most multiprocessors idle while
+// each CTA walks every key of its sequence. Then each CTA's keys are cut
+// into chunks run by CTAs of their own (enough for two waves), whose
+// partials are merged afterwards. A chunk keeps at least kMinSplitKeys
+// keys of an average segment: below that the merge costs more than the
+// parallelism gains. ex.key_splits overrides the choice.
+constexpr int kMinSplitKeys = 512;
+constexpr int kMaxSplits = 32;
+
+int keySplits(const AttnArgs& a, const AttnCudaExec& ex, const DeviceLimits& lim) {
+  if (ex.key_splits > 0) return std::min(ex.key_splits, kMaxSplits);
+  const long long ctas = (long long)a.tiles * a.hq;
+  if (ctas >= lim.sms || a.nk == 0) return 1;
+  const long long keysPerSeg = a.nk / std::max(1, a.segs ? a.nseg : 1);
+  const long long byKeys = keysPerSeg / kMinSplitKeys;
+  const long long byGrid = (2ll * lim.sms + ctas - 1) / ctas;
+  return int(std::max(1ll, std::min({byKeys, byGrid, (long long)kMaxSplits})));
+}
+
+// The launch for the chosen kernel.
+attnResult_t launch(const AttnArgs& a, const AttnCudaPlan& plan, attnDataType_t dtype, cudaStream_t s) {
+  if (plan.tensor_cores) {
+    if (dtype == attnFloat16) return launchWmmaD<__half>(a, s);
+    return launchWmmaD<__nv_bfloat16>(a, s);
+  }
+  switch (dtype) {
+    case attnFloat16: return launchSimt<__half>(a, s);
+    case attnBfloat16: return launchSimt<__nv_bfloat16>(a, s);
+    default: return launchSimt<float>(a, s);
+  }
+}
+
+// Split-K: every chunk's partial into a slice of a scratch buffer (rows no
+// chunk reaches stay O = 0, LSE = -inf there), then merged into (o, lse):
+// a fresh result, or folded into the accumulator.
+attnResult_t launchSplit(AttnArgs a, const AttnCudaPlan& plan, attnDataType_t dtype, cudaStream_t s) {
+  const size_t rows = size_t(a.nq) * size_t(a.hq), slices = size_t(a.splits);
+  float* o = a.o;
+  float* lse = a.lse;
+  void* scratch = nullptr;
+  ATTN_CHECK(cudaResult(cudaMallocAsync(&scratch, slices * rows * (size_t(a.d) + 1) * sizeof(float), s),
+                        "cudaMallocAsync(split-K partials)"));
+  float* po = static_cast<float*>(scratch);
+  float* pl = po + slices * rows * size_t(a.d);
+  attnResult_t r = initAccumulator(po, pl, int64_t(slices) * a.nq, a.hq, a.d, s);
+  if (r == attnSuccess && !a.accumulate) r = initAccumulator(o, lse, a.nq, a.hq, a.d, s);
+  if (r == attnSuccess) {
+    a.o = po;
+    a.lse = pl;
+    a.accumulate = false;
+    r = launch(a, plan, dtype, s);
+  }
+  if (r == attnSuccess) {
+    std::vector<cpu::AttnPartialRef> parts(slices);
+    for (size_t j = 0; j < slices; ++j) parts[j] = {po + j * rows * size_t(a.d), attnFloat32, pl + j * rows};
+    r = mergePartials(o, lse, parts.data(), int(slices), rows, a.d, s);
+  }
+  // Freed in stream order after the merge, or at once after a failed enqueue.
+  const attnResult_t f = cudaResult(cudaFreeAsync(scratch, s), "cudaFreeAsync(split-K partials)");
+  return r != attnSuccess ? r : f;
 }
 
 attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCudaExec& ex,
@@ -146,7 +217,8 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   ATTN_CHECK(checkProblem(p, o, lse));
   if (p.nq == 0) return attnSuccess;
   AttnCudaPlan plan;
-  ATTN_CHECK(makePlan(p, ex, o, &plan));
+  DeviceLimits lim;
+  ATTN_CHECK(makePlan(p, ex, o, &plan, &lim));
   const bool segs = p.segments != nullptr;
   // Rows outside every segment are never visited by a CTA: clear them first.
   if (!accumulate && segs)
@@ -175,16 +247,9 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   a.stats = ex.stats;
   // With segments each one starts a new tile: sum ceil(len / bq) <= nq / bq + nseg.
   a.tiles = (p.nq + plan.block_q - 1) / plan.block_q + (segs ? p.num_segments : 0);
-
-  if (plan.tensor_cores) {
-    if (p.dtype == attnFloat16) return launchWmmaD<__half>(a, ex.stream);
-    return launchWmmaD<__nv_bfloat16>(a, ex.stream);
-  }
-  switch (p.dtype) {
-    case attnFloat16: return launchSimt<__half>(a, ex.stream);
-    case attnBfloat16: return launchSimt<__nv_bfloat16>(a, ex.stream);
-    default: return launchSimt<float>(a, ex.stream);
-  }
+  a.splits = keySplits(a, ex, lim);
+  if (a.splits > 1) return launchSplit(a, plan, p.dtype, ex.stream);
+  return launch(a, plan, p.dtype, ex.stream);
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ attnSimtKernel(AttnArgs a) {
   const int tile = a.tiles - 1 - int(blockIdx.x / unsigned(a.hq));
   TileWork w;
   if (!findTile<kSimtThreads>(a, tile, kSimtBQ, w)) return;
+  takeKeyChunk(a, kSimtBK, w);
   const int kvh = head / (a.hq / a.hkv);
   const size_t qstride = size_t(a.hq) * D, kstride = size_t(a.hkv) * D;
   const T* gq = static_cast<const T*>(a.q) + size_t(w.q0) * qstride + size_t(head) * D;
@@ -139,8 +140,8 @@ attnSimtKernel(AttnArgs a) {
   if (!row_ok) return;
 
   const float ln = rowLse(m2, l);
-  float* go = a.o + (size_t(row) * a.hq + head) * D;
-  float* gl = a.lse + size_t(row) * a.hq + head;
+  float* go = outO(a, row, head, D);
+  float* gl = outLse(a, row, head);
   if (!a.accumulate) {
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll

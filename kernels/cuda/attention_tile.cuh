@@ -31,7 +31,8 @@ struct AttnArgs {
   float* o;
   float* lse;
   AttnCudaStats* stats;
-  int tiles;  // query tiles in the grid (an upper bound with segments)
+  int tiles;   // query tiles in the grid (an upper bound with segments)
+  int splits;  // key chunks per segment (split-K): the grid's y dimension
 };
 
 __device__ inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -110,6 +111,26 @@ __device__ bool findTile(const AttnArgs& a, int tile, int block_q, TileWork& w) 
   w.kb = found[3];
   w.ke = found[4];
   return true;
+}
+
+// Split-K (flash-decoding): grid column blockIdx.y of a.splits takes chunk
+// blockIdx.y of its segment's keys, cut on block_k so a key tile never
+// straddles two chunks (the tile counts stay those of one launch), and
+// writes its partial into slice blockIdx.y of (o, lse): outO / outLse.
+__device__ inline void takeKeyChunk(const AttnArgs& a, int block_k, TileWork& w) {
+  if (a.splits <= 1) return;
+  const int n = w.ke - w.kb;
+  const int step = ((n + a.splits - 1) / a.splits + block_k - 1) / block_k * block_k;
+  const int j = int(blockIdx.y);
+  const int lo = min(n, j * step), hi = min(n, (j + 1) * step);
+  w.ke = w.kb + hi;
+  w.kb += lo;
+}
+__device__ inline float* outO(const AttnArgs& a, int row, int head, int d) {
+  return a.o + ((size_t(blockIdx.y) * size_t(a.nq) + size_t(row)) * size_t(a.hq) + size_t(head)) * size_t(d);
+}
+__device__ inline float* outLse(const AttnArgs& a, int row, int head) {
+  return a.lse + (size_t(blockIdx.y) * size_t(a.nq) + size_t(row)) * size_t(a.hq) + size_t(head);
 }
 
 // Min and max of q_pos over rows [r0, r1) (r1 - r0 <= 32), reduced over the

@@ -75,6 +75,7 @@ attnWmmaKernel(AttnArgs a) {
   const int tile = a.tiles - 1 - int(blockIdx.x / unsigned(a.hq));
   TileWork w;
   if (!findTile<kWmmaThreads>(a, tile, kWmmaBQ, w)) return;
+  takeKeyChunk(a, kWmmaBK, w);
   const int kvh = head / (a.hq / a.hkv);
   const size_t qstride = size_t(a.hq) * D, kstride = size_t(a.hkv) * D;
   const T* gq = static_cast<const T*>(a.q) + size_t(w.q0) * qstride + size_t(head) * D;
@@ -229,8 +230,8 @@ attnWmmaKernel(AttnArgs a) {
     const int row = wr0 + r;
     const float lr = sRow[r];
     const float ln = rowLse(rowM[warp * 16 + r], lr);
-    float* go = a.o + (size_t(row) * a.hq + head) * D;
-    float* gl = a.lse + size_t(row) * a.hq + head;
+    float* go = outO(a, row, head, D);
+    float* gl = outLse(a, row, head);
     const float* so = sO + r * L::kLdO;
     if (!a.accumulate) {
       const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;

@@ -52,6 +52,11 @@ struct AttnCudaExec {
   cudaStream_t stream = nullptr;
   AttnCudaStats* stats = nullptr;  // optional, device pointer
   bool force_generic = false;      // tests: use the SIMT path even where tensor cores apply
+  // Key chunks per segment (split-K, flash-decoding: chunks run by CTAs of
+  // their own, partials merged). 0: chosen by the launcher, which splits
+  // only a grid under one wave of the device's multiprocessors with long
+  // segments (decode); n >= 1: exactly n (at most 32).
+  int key_splits = 0;
 };
 
 // Which kernel a problem runs on and its tile shape (tests use it to predict
