@@ -151,7 +151,7 @@ stage_perf() {
     run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
       "$BUILD/perf/sendrecv_perf" -G 0 -p 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
   done
-  grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap| heads | level |pass-kv " "$log" | head -140
+  grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap| heads | level |pass-kv |[0-9]x$" "$log" | head -160
 }
 
 stages=("$@")

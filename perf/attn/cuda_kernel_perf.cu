@@ -7,8 +7,13 @@
 // Times are medians of -n iterations (CUDA events). Without a device it
 // says so and exits 77 (the suite's "skipped").
 //
+//  - a decode step (one query per sequence over T keys each), split-K as the
+//    launcher chooses it next to one launch without it (key_splits = 1),
+//    with K/V read rates in GB/s.
+//
 //   cuda_kernel_perf [-n iters] [-w warmup] [-t tokens,...] [-q heads] [-k kv_heads]
-//                    [-m merge_MiB] [-g (use the SIMT kernel)]
+//                    [-m merge_MiB] [-T decode keys,...] [-b decode batch,...]
+//                    [-g (use the SIMT kernel)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -45,6 +50,8 @@ struct Opts {
   size_t merge_mib = 512;
   bool generic = false;
   std::vector<int> tokens{8192, 16384, 32768};
+  std::vector<int> decode_keys{32768, 131072};  // -T: keys per sequence of a decode step
+  std::vector<int> decode_batch{1, 8};          // -b: sequences of a decode step
 };
 
 __global__ void fillKernel(uint16_t* p, size_t n, bool bf16, uint32_t seed) {
@@ -187,6 +194,70 @@ void benchAttention(const Opts& o, cudaStream_t s) {
   }
 }
 
+// One decode step: B sequences, each one query at position T-1 over its T
+// keys (causal). "one launch" is the kernel with key_splits = 1; "split-K"
+// is the launcher's own choice.
+void benchDecode(const Opts& o, cudaStream_t s) {
+  const int d = 128;
+  std::printf("\n# decode step: bf16, head_dim %d, Hq %d, Hkv %d, one query per sequence over T keys%s\n", d,
+              o.hq, o.hkv, o.generic ? " (SIMT kernel)" : "");
+  std::printf("# GB/s = K and V bytes read over the time\n");
+  std::printf("%8s %4s %14s %10s %14s %10s %9s\n", "T", "B", "one launch(us)", "GB/s", "split-K(us)", "GB/s",
+              "speed-up");
+  for (int B : o.decode_batch)
+    for (int T : o.decode_keys) {
+      const size_t nk = size_t(B) * T, qn = size_t(B) * o.hq * d, kn = nk * o.hkv * d;
+      uint16_t *q, *k, *v;
+      float *out, *lse;
+      int32_t *qpos, *kpos;
+      attn::cpu::AttnSegment* segs;
+      CK(cudaMalloc(&q, qn * 2));
+      CK(cudaMalloc(&k, kn * 2));
+      CK(cudaMalloc(&v, kn * 2));
+      CK(cudaMalloc(&out, qn * 4));
+      CK(cudaMalloc(&lse, size_t(B) * o.hq * 4));
+      CK(cudaMalloc(&qpos, size_t(B) * 4));
+      CK(cudaMalloc(&kpos, nk * 4));
+      CK(cudaMalloc(&segs, sizeof(attn::cpu::AttnSegment) * B));
+      fillKernel<<<1024, 256, 0, s>>>(q, qn, true, 1);
+      fillKernel<<<1024, 256, 0, s>>>(k, kn, true, 2);
+      fillKernel<<<1024, 256, 0, s>>>(v, kn, true, 3);
+      std::vector<int32_t> hq(B, T - 1), hk(nk);
+      std::vector<attn::cpu::AttnSegment> hs(B);
+      for (int b = 0; b < B; ++b) {
+        for (int j = 0; j < T; ++j) hk[size_t(b) * T + j] = j;
+        hs[b] = {b, b + 1, b * T, (b + 1) * T};
+      }
+      CK(cudaMemcpy(qpos, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(kpos, hk.data(), hk.size() * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(segs, hs.data(), hs.size() * sizeof(hs[0]), cudaMemcpyHostToDevice));
+      attn::cpu::AttnProblem p;
+      p.q = q, p.k = k, p.v = v;
+      p.dtype = attnBfloat16;
+      p.nq = B, p.nk = int(nk);
+      p.num_q_heads = o.hq, p.num_kv_heads = o.hkv, p.head_dim = d;
+      p.causal = true;
+      p.q_pos = qpos, p.k_pos = kpos;
+      p.segments = segs, p.num_segments = B;
+      attn::cuda::AttnCudaExec one, split;
+      one.stream = split.stream = s;
+      one.force_generic = split.force_generic = o.generic;
+      one.key_splits = 1;
+      // Interleaved, so drift hits both alike.
+      std::vector<double> t1, t2;
+      for (int r = 0; r < 3; ++r) {
+        t1.push_back(medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, one)); }));
+        t2.push_back(medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, split)); }));
+      }
+      const double a = attnperf::summarize(t1).medianUs, b = attnperf::summarize(t2).medianUs;
+      const double bytes = 2.0 * double(kn) * 2;
+      std::printf("%8d %4d %14.1f %10.1f %14.1f %10.1f %8.2fx\n", T, B, a, bytes / a / 1e3, b, bytes / b / 1e3,
+                  a / b);
+      cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(qpos), cudaFree(kpos);
+      cudaFree(segs);
+    }
+}
+
 std::vector<int> parseList(const char* s) {
   std::vector<int> v;
   for (const char* p = s; *p;) {
@@ -208,7 +279,7 @@ int main(int argc, char** argv) {
     if (a == "-g") { o.generic = true; continue; }
     if (a == "-h" || !val) {
       std::printf("usage: %s [-n iters] [-w warmup] [-t tokens,...] [-q heads] [-k kv_heads] "
-                  "[-m merge_MiB] [-g]\n", argv[0]);
+                  "[-m merge_MiB] [-T decode keys,...] [-b decode batch,...] [-g]\n", argv[0]);
       return a == "-h" ? 0 : 2;
     }
     ++i;
@@ -218,6 +289,8 @@ int main(int argc, char** argv) {
     else if (a == "-q") o.hq = std::atoi(val);
     else if (a == "-k") o.hkv = std::atoi(val);
     else if (a == "-m") o.merge_mib = size_t(std::max(1, std::atoi(val)));
+    else if (a == "-T") o.decode_keys = parseList(val);
+    else if (a == "-b") o.decode_batch = parseList(val);
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -237,6 +310,7 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreate(&s));
   benchMerge(o, s);
   benchAttention(o, s);
+  benchDecode(o, s);
   CK(cudaStreamDestroy(s));
   return 0;
 }
