@@ -346,8 +346,43 @@ TEST(CudaAttention, SplitKeysMatchTheReference) {
       }
 }
 
-// The same chunks folded into an accumulator that already holds the first
-// keys of each sequence (ring attention's second block).
+// Folds the case's keys into an accumulator block by block (keys
+// [cuts[i], cuts[i+1]) with key_splits splits[i]), then checks it against
+// the reference over all of them.
+void checkAccumulateInBlocks(const Case& c, uint32_t seed, const std::vector<int>& cuts,
+                             const std::vector<int>& splits) {
+  SCOPED_TRACE(c.name());
+  HostProblem h(c, seed);
+  DevProblem dp(h, c);
+  const size_t rows = size_t(c.nq) * c.hq;
+  Dev o(rows * c.d * 4), lse(rows * 4);
+  ASSERT_EQ(initAccumulator(o.as<float>(), lse.as<float>(), c.nq, c.hq, c.d, nullptr), attnSuccess);
+  const size_t krow = size_t(c.hkv) * c.d * dataTypeSize(c.dtype);
+  for (size_t b = 0; b + 1 < cuts.size(); ++b) {
+    cpu::AttnProblem p = dp.p;
+    p.nk = cuts[b + 1] - cuts[b];
+    p.k = static_cast<const char*>(dp.p.k) + cuts[b] * krow;
+    p.v = static_cast<const char*>(dp.p.v) + cuts[b] * krow;
+    p.k_pos = dp.p.k_pos + cuts[b];
+    AttnCudaExec ex;
+    ex.key_splits = splits[b];
+    ASSERT_EQ(attentionAccumulate(p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
+  }
+  sync();
+  std::vector<double> ro(rows * c.d), rl(rows);
+  ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
+  const auto go = o.down<float>(rows * c.d);
+  const auto gl = lse.down<float>(rows);
+  const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
+  const double tol = c.dtype == attnFloat32 ? 2e-5 : 1e-2;
+  EXPECT_EQ(e.nan_values, 0);
+  EXPECT_EQ(e.empty_mismatch, 0);
+  EXPECT_LE(e.max_o_rel, tol);
+  EXPECT_LE(e.max_lse_abs, tol);
+}
+
+// Split-K folding into an accumulator that already holds the first keys
+// (ring attention's second block): one query over 1500 keys.
 TEST(CudaAttention, SplitKeysAccumulate) {
   REQUIRE_GPU();
   for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
@@ -356,33 +391,7 @@ TEST(CudaAttention, SplitKeysAccumulate) {
     c.kpos.clear();
     for (int j = 0; j < c.nk; ++j) c.kpos.push_back(j);
     c.qpos = {1499};
-    HostProblem h(c, 9);
-    DevProblem dp(h, c);
-    const size_t rows = size_t(c.nq) * c.hq;
-    Dev o(rows * c.d * 4), lse(rows * 4);
-    ASSERT_EQ(initAccumulator(o.as<float>(), lse.as<float>(), c.nq, c.hq, c.d, nullptr), attnSuccess);
-    const size_t krow = size_t(c.hkv) * c.d * dataTypeSize(dt);
-    const int cut = 200;
-    for (int b = 0; b < 2; ++b) {
-      cpu::AttnProblem p = dp.p;
-      const int k0 = b ? cut : 0;
-      p.nk = b ? c.nk - cut : cut;
-      p.k = static_cast<const char*>(dp.p.k) + k0 * krow;
-      p.v = static_cast<const char*>(dp.p.v) + k0 * krow;
-      p.k_pos = dp.p.k_pos + k0;
-      AttnCudaExec ex;
-      ex.key_splits = b ? 3 : 1;
-      ASSERT_EQ(attentionAccumulate(p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
-    }
-    sync();
-    std::vector<double> ro(rows * c.d), rl(rows);
-    ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
-    const auto go = o.down<float>(rows * c.d);
-    const auto gl = lse.down<float>(rows);
-    const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
-    EXPECT_EQ(e.nan_values, 0) << c.name();
-    EXPECT_LE(e.max_o_rel, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
-    EXPECT_LE(e.max_lse_abs, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
+    checkAccumulateInBlocks(c, 9, {0, 200, 1500}, {1, 3});
   }
 }
 
@@ -391,33 +400,8 @@ TEST(CudaAttention, AccumulateMatchesOneCall) {
   for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
     Case c = selfAttn(150, 8, 2, 128, true, dt);
     std::shuffle(c.kpos.begin(), c.kpos.end(), std::mt19937(3));  // blocks out of order
-    HostProblem h(c, 5);
-    DevProblem dp(h, c);
-    const size_t rows = size_t(c.nq) * c.hq;
-    Dev o(rows * c.d * 4), lse(rows * 4);
-    ASSERT_EQ(initAccumulator(o.as<float>(), lse.as<float>(), c.nq, c.hq, c.d, nullptr), attnSuccess);
     // Three key blocks: [0,64) [64,64) (empty) [64,150).
-    const int cuts[] = {0, 64, 64, 150};
-    const size_t esz = dataTypeSize(dt), krow = size_t(c.hkv) * c.d * esz;
-    for (int b = 0; b < 3; ++b) {
-      cpu::AttnProblem p = dp.p;
-      p.nk = cuts[b + 1] - cuts[b];
-      p.k = static_cast<const char*>(dp.p.k) + cuts[b] * krow;
-      p.v = static_cast<const char*>(dp.p.v) + cuts[b] * krow;
-      p.k_pos = dp.p.k_pos + cuts[b];
-      AttnCudaExec ex;
-      ASSERT_EQ(attentionAccumulate(p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
-    }
-    sync();
-    std::vector<double> ro(rows * c.d), rl(rows);
-    ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
-    const auto go = o.down<float>(rows * c.d);
-    const auto gl = lse.down<float>(rows);
-    const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
-    EXPECT_EQ(e.nan_values, 0) << c.name();
-    EXPECT_EQ(e.empty_mismatch, 0) << c.name();
-    EXPECT_LE(e.max_o_rel, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
-    EXPECT_LE(e.max_lse_abs, dt == attnFloat32 ? 2e-5 : 1e-2) << c.name();
+    checkAccumulateInBlocks(c, 5, {0, 64, 64, 150}, {0, 0, 0});
   }
 }
 
