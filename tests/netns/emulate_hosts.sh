@@ -34,6 +34,8 @@ Options:
   --racks N            racks (K/N consecutive hosts each), each
                        with its own switch and one uplink        [1]
   --rack-rate RATE     per-rack uplink rate                     [unlimited]
+  --queue-ms MS        a shaped link's queue, in ms at its rate:
+                       packets beyond it are dropped             [20]
   --hosts-per-rack N   same as --racks K/N
   --interleave         number ranks round robin over hosts
   --subnet X           use 10.77.X.0/24                         [from pid]
@@ -48,7 +50,7 @@ EOF
 skip() { echo "emulate_hosts: SKIP: $*" >&2; exit 77; }
 die() { echo "emulate_hosts: $*" >&2; exit 2; }
 
-HOSTS=2 RPH=1 RATE="" RACKS=0 RACK_RATE="" INTERLEAVE=0 HPR=0 SUBNET="" PORT=29500 MTU=1500 TIMEOUT=0 GRACE=30 LOGDIR=""
+HOSTS=2 RPH=1 RATE="" RACKS=0 RACK_RATE="" QUEUE_MS=20 INTERLEAVE=0 HPR=0 SUBNET="" PORT=29500 MTU=1500 TIMEOUT=0 GRACE=30 LOGDIR=""
 while (($#)); do
   case "$1" in
     --hosts) HOSTS="$2"; shift 2 ;;
@@ -57,6 +59,7 @@ while (($#)); do
     --hosts-per-rack) HPR="$2"; shift 2 ;;
     --racks) RACKS="$2"; shift 2 ;;
     --rack-rate) RACK_RATE="$2"; shift 2 ;;
+    --queue-ms) QUEUE_MS="$2"; shift 2 ;;
     --interleave) INTERLEAVE=1; shift ;;
     --subnet) SUBNET="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
@@ -83,6 +86,7 @@ HPR=$((HOSTS / RACKS))
 [[ -z $RACK_RATE || $RACKS -gt 1 ]] || die "--rack-rate needs --racks > 1"
 # The subnet only has to be unique among our own namespaces; deriving it
 # from the pid keeps concurrent runs apart in logs as well.
+[[ $QUEUE_MS =~ ^[0-9]+$ ]] && ((QUEUE_MS >= 1)) || die "--queue-ms must be a whole number of ms >= 1"
 [[ -n $SUBNET ]] || SUBNET=$(( $$ % 200 + 20 ))
 [[ $SUBNET =~ ^[0-9]+$ ]] && ((SUBNET <= 255)) || die "--subnet must be 0..255"
 
@@ -144,7 +148,7 @@ mkns() {
 shape() {  # shape NS DEV [BITS BURST]: host link rate unless given
   local bits=${3:-${RATE_BITS:-}} burst=${4:-${BURST:-}}
   [[ -z $bits ]] && return 0
-  tc -n "$1" qdisc add dev "$2" root tbf rate "${bits}bit" burst "$burst" latency 20ms \
+  tc -n "$1" qdisc add dev "$2" root tbf rate "${bits}bit" burst "$burst" latency "${QUEUE_MS}ms" \
     || die "tc tbf failed on $1/$2"
 }
 
