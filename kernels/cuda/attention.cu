@@ -195,7 +195,8 @@ attnResult_t launchSplit(AttnArgs a, const AttnCudaPlan& plan, attnDataType_t dt
   float* po = static_cast<float*>(scratch);
   float* pl = po + slices * rows * size_t(a.d);
   attnResult_t r = initAccumulator(po, pl, int64_t(slices) * a.nq, a.hq, a.d, s);
-  if (r == attnSuccess && !a.accumulate) r = initAccumulator(o, lse, a.nq, a.hq, a.d, s);
+  // A fresh result starts empty (with segments run() has cleared it).
+  if (r == attnSuccess && !a.accumulate && !a.segs) r = initAccumulator(o, lse, a.nq, a.hq, a.d, s);
   if (r == attnSuccess) {
     a.o = po;
     a.lse = pl;

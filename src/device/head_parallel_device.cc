@@ -112,7 +112,10 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   PeerSlots rowsDev(n), outputsDev(n);
   std::vector<int64_t> accRow(n + 1, 0);
   for (int p = 0; p < n; ++p) {
-    if (!groups[p].empty()) rowsOut.add(p, messageTo(me, p).total);
+    if (!groups[p].empty()) {
+      const HeadsMessage m = messageTo(me, p);
+      rowsOut.add(p, p == me ? m.kvAt + m.kv.tensorAt : m.total);  // ours: metadata only
+    }
     if (p != me && !groups[p].empty()) outputsIn.add(p, returnOf(c.q.rows, groups[p]).total);
     accRow[p + 1] = accRow[p] + (mine.empty() ? 0 : c.qRowsOf[p]);
     if (mine.empty()) continue;
