@@ -160,6 +160,12 @@ class ScratchArena {
   AttnScratch sc_{};
 };
 
+// This thread's scratch, one arena for every call and path.
+AttnScratch& threadScratch(int head_dim, int dpad, int heads) {
+  thread_local ScratchArena arena;
+  return arena.get(head_dim, dpad, heads);
+}
+
 attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
                  bool accumulate) {
   std::vector<AttnSegment> segs;
@@ -208,8 +214,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
     const AttnCall call{&p, segs.data(), o, lse, accumulate, scale_log2, group, dpad,
                         packed ? packed->k() : nullptr, packed ? packed->v() : nullptr};
     parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
-      thread_local ScratchArena arena;
-      kt.attention(call, tasks[size_t(t)], arena.get(p.head_dim, call.dpad, max_heads), stats[worker]);
+      kt.attention(call, tasks[size_t(t)], threadScratch(p.head_dim, call.dpad, max_heads), stats[worker]);
     });
   } else {
     // Every task once per key chunk, each chunk into a partial of its own
@@ -231,8 +236,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
       const AttnTask& t = tasks[size_t(i % n)];
       const AttnSegment& s = call.segs[t.seg];
       if (s.k_begin == s.k_end) return;
-      thread_local ScratchArena arena;
-      kt.attention(call, t, arena.get(p.head_dim, call.dpad, max_heads), stats[worker]);
+      kt.attention(call, t, threadScratch(p.head_dim, call.dpad, max_heads), stats[worker]);
     });
     std::vector<AttnPartialRef> parts(static_cast<size_t>(splits));
     for (int32_t si : busySegmentsOf(tasks)) {
