@@ -488,8 +488,25 @@ ATTN_API attnResult_t attnLevelAttention(const void* q, const void* k, const voi
  * move, in a peer's (the peer lends memory: a creditor; the owner borrows: a
  * debtor). attnKvAttention ships each request's queries to the ranks that
  * hold its blocks, which compute attention over those blocks there and
- * return (O, LSE) partials that the owner merges as they arrive. Host memory
- * (host communicators); the pool's K and V use the built-in CPU kernel. */
+ * return (O, LSE) partials that the owner merges as they arrive.
+ *
+ * Host communicators: the pool is host memory, the built-in CPU kernel
+ * computes, and every call takes a NULL stream.
+ * Device communicators: the pool's K and V live on the communicator's GPU
+ * and the built-in CUDA kernels compute. k, v, q, out and lse are device
+ * pointers; pos, reqs, q_offsets and q_pos host arrays, read during the
+ * call. Every call but create, destroy, stats and placement takes a stream
+ * and is enqueued on it: an append's copies, a release's bookkeeping and
+ * each collective run in stream order and never block the host. Errors of
+ * the arguments and of the pool's books (unknown request, pool full,
+ * positions) still return at once; granted and moved are written when the
+ * call runs (synchronise the stream before reading them), and a failure
+ * there is reported by attnCommGetAsyncError, as for other collectives.
+ * On both, a local call made while collectives on the pool are still
+ * queued (a device stream, a non-blocking communicator) does not change
+ * what those collectives see: they run on the pool as it was when they were
+ * enqueued. Blocks freed by such a release become free for appends once
+ * the collectives queued before it have run. */
 typedef struct attnKvPool* attnKvPool_t;
 
 typedef struct {
@@ -513,14 +530,16 @@ ATTN_API attnResult_t attnKvPoolDestroy(attnKvPool_t pool);
  * blocks of this rank's pool; attnInvalidUsage when the pool has too few
  * free blocks (nothing is appended then). */
 ATTN_API attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k, const void* v,
-                                   const int32_t* pos, int n);
+                                   const int32_t* pos, int n, attnStream_t stream);
 
-/* Local: ends request req of this rank. Its blocks here are freed at once;
- * its blocks on peers are freed by them during the next collective call on
- * the pool (attnKvMigrate, attnKvAttention, attnKvRebalance). */
-ATTN_API attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req);
+/* Local: ends request req of this rank. Its blocks here are freed at once
+ * (after the collectives queued before it, see above); its blocks on peers
+ * are freed by them during the next collective call on the pool
+ * (attnKvMigrate, attnKvAttention, attnKvRebalance). */
+ATTN_API attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req, attnStream_t stream);
 
-/* This rank's pool and requests, for the planner's heartbeat. */
+/* This rank's pool and requests, for the planner's heartbeat: every local
+ * call made so far counted, collectives still queued not. */
 typedef struct {
   int64_t capacity_blocks;
   int64_t used_blocks;      /* own blocks here plus blocks lent in */
@@ -555,7 +574,7 @@ typedef struct {
  * the blocks moved for moves[i]: num_blocks or 0. A move of more blocks
  * than src holds of the request is an error on the source (nothing moves). */
 ATTN_API attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* moves, int num_moves,
-                                    int64_t* granted);
+                                    int64_t* granted, attnStream_t stream);
 
 /* Collective: attention of this rank's queries over all the tokens of its
  * requests, wherever their blocks are. num_reqs requests reqs[i] (own,
@@ -570,7 +589,7 @@ ATTN_API attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* moves
 ATTN_API attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const int64_t* reqs,
                                       const int32_t* q_offsets, const void* q,
                                       const int32_t* q_pos, void* out, float* lse,
-                                      const attnAttnConfig_t* cfg);
+                                      const attnAttnConfig_t* cfg, attnStream_t stream);
 
 /* The planner's view of one instance (a rank), as its heartbeat reports it. */
 typedef struct {
@@ -626,7 +645,7 @@ ATTN_API attnResult_t attnKvPlan(const attnKvInstance_t* instances, int num_inst
  * receives the blocks this rank sent. */
 ATTN_API attnResult_t attnKvRebalance(attnKvPool_t pool, const attnKvModel_t* model,
                                       int pending_requests, int64_t pending_blocks,
-                                      int64_t* moved);
+                                      int64_t* moved, attnStream_t stream);
 
 /* --- Sharding planner (CP paper §3.5.1) --- */
 

@@ -216,17 +216,17 @@ class _KvModel(ctypes.Structure):
 _kvpool = _p  # attnKvPool_t
 _KvPoolCreate = _declare("attnKvPoolCreate", _comm, ctypes.POINTER(_KvPoolConfig), ctypes.POINTER(_kvpool))
 _KvPoolDestroy = _declare("attnKvPoolDestroy", _kvpool)
-_KvAppend = _declare("attnKvAppend", _kvpool, ctypes.c_int64, _p, _p, _i32p, ctypes.c_int)
-_KvRelease = _declare("attnKvRelease", _kvpool, ctypes.c_int64)
+_KvAppend = _declare("attnKvAppend", _kvpool, ctypes.c_int64, _p, _p, _i32p, ctypes.c_int, _p)
+_KvRelease = _declare("attnKvRelease", _kvpool, ctypes.c_int64, _p)
 _KvPoolGetStats = _declare("attnKvPoolGetStats", _kvpool, ctypes.POINTER(_KvPoolStats))
 _KvGetPlacement = _declare("attnKvGetPlacement", _kvpool, ctypes.c_int64, _i64p, _i64p)
-_KvMigrate = _declare("attnKvMigrate", _kvpool, ctypes.POINTER(_KvMove), ctypes.c_int, _i64p)
+_KvMigrate = _declare("attnKvMigrate", _kvpool, ctypes.POINTER(_KvMove), ctypes.c_int, _i64p, _p)
 _KvAttention = _declare("attnKvAttention", _kvpool, ctypes.c_int, _i64p, _i32p, _p, _i32p, _p,
-                        ctypes.POINTER(ctypes.c_float), ctypes.POINTER(_AttnConfig))
+                        ctypes.POINTER(ctypes.c_float), ctypes.POINTER(_AttnConfig), _p)
 _KvPlan = _declare("attnKvPlan", ctypes.POINTER(_KvInstance), ctypes.c_int, ctypes.POINTER(_KvModel),
                    ctypes.POINTER(_KvMove), ctypes.POINTER(ctypes.c_int))
 _KvRebalance = _declare("attnKvRebalance", _kvpool, ctypes.POINTER(_KvModel), ctypes.c_int, ctypes.c_int64,
-                        _i64p)
+                        _i64p, _p)
 
 # ---- errors -----------------------------------------------------------------
 
@@ -779,7 +779,8 @@ def _kv_dtype(dtype):
 
 class KvPool:
     """A distributed KV cache (attnKvPool_t, Infinite-LLM DistAttention):
-    fixed-size blocks of K/V in host memory on every rank. A rank owns the
+    fixed-size blocks of K/V on every rank (host memory, or the GPU of a
+    device communicator). A rank owns the
     requests it appends to; migrate() lends their blocks to peers, and
     attention() computes over all of a request's tokens wherever they are.
 
@@ -788,7 +789,12 @@ class KvPool:
     (append, release, stats, placement) fail on their rank only; collective
     calls (migrate, attention, rebalance) fail on every rank when one rank's
     input is bad, including input refused here before reaching the library.
-    Close the pool (close() or a with block) before destroying its Comm."""
+    Close the pool (close() or a with block) before destroying its Comm.
+
+    On a device communicator k, v, q, out and lse are CUDA tensors (torch),
+    each call takes stream= and is enqueued on it (synchronise before
+    reading out, lse or migrate's granted); ids, offsets and positions stay
+    host arrays."""
 
     def __init__(self, comm, block_tokens, num_kv_heads, head_dim, dtype, capacity_blocks):
         self.comm = comm
@@ -825,7 +831,7 @@ class KvPool:
         return ptr, shape[0]
 
     # -- local --
-    def append(self, req, k, v, pos):
+    def append(self, req, k, v, pos, stream=None):
         """attnKvAppend: n tokens to request req of this rank (created on
         first use). k, v: [n, num_kv_heads, head_dim]; pos: their n global
         positions (ints, increasing). Raises (nothing appended) when the pool
@@ -835,12 +841,13 @@ class KvPool:
         if nv != n:
             raise AttnError(INVALID_ARGUMENT, f"k has {n} rows but v {nv}")
         p = _ints(pos, _numpy().int32, "pos", n)
-        _check(_KvAppend(self._h, int(req), kp, vp, p.ctypes.data_as(_i32p), n), None, "attnKvAppend")
+        _check(_KvAppend(self._h, int(req), kp, vp, p.ctypes.data_as(_i32p), n, _stream(stream)), None,
+               "attnKvAppend")
 
-    def release(self, req):
+    def release(self, req, stream=None):
         """attnKvRelease: ends request req of this rank (peers free their
         blocks of it at the next collective call)."""
-        _check(_KvRelease(self._h, int(req)), None, "attnKvRelease")
+        _check(_KvRelease(self._h, int(req), _stream(stream)), None, "attnKvRelease")
 
     def stats(self):
         """attnKvPoolGetStats as a dict: capacity_blocks, used_blocks (own
@@ -870,7 +877,7 @@ class KvPool:
             raise error
         raise AttnError(INVALID_ARGUMENT, f"{what}: {type(error).__name__}: {error}") from error
 
-    def migrate(self, moves):
+    def migrate(self, moves, stream=None):
         """attnKvMigrate: this rank's moves (it is their src; any number, none
         included) as KvMove, 5-tuples (src, dst, owner, req, num_blocks) or
         dicts. Returns granted, int64 [len(moves)]: the blocks moved for each
@@ -880,12 +887,14 @@ class KvPool:
             moves = list(moves)
             cm = (_KvMove * max(1, len(moves)))(*[_kv_move(m, f"moves[{i}]") for i, m in enumerate(moves)])
         except Exception as e:  # noqa: BLE001 - any failure here must reach the peers
-            self._refuse(lambda: _KvMigrate(self._h, None, -1, None), e, "moves")
+            self._refuse(lambda: _KvMigrate(self._h, None, -1, None, _stream(stream)), e, "moves")
         granted = np.zeros(len(moves), np.int64)
-        _check(_KvMigrate(self._h, cm, len(moves), granted.ctypes.data_as(_i64p)), self.comm._h, "attnKvMigrate")
+        _check(_KvMigrate(self._h, cm, len(moves), granted.ctypes.data_as(_i64p), _stream(stream)), self.comm._h,
+               "attnKvMigrate")
         return granted
 
-    def attention(self, reqs, q_offsets, q, q_pos=None, num_q_heads=None, causal=True, scale=0.0, want_lse=True):
+    def attention(self, reqs, q_offsets, q, q_pos=None, num_q_heads=None, causal=True, scale=0.0, want_lse=True,
+                  out=None, lse=None, stream=None):
         """attnKvAttention: attention of this rank's queries over all the
         tokens of its requests, wherever their blocks are. reqs: own request
         ids (distinct); q_offsets: len(reqs) + 1 row offsets into q, from 0 to
@@ -893,7 +902,9 @@ class KvPool:
         the pool's dtype; q_pos: the queries' global positions (needed with
         causal: a key is seen when its pos <= the query's); scale 0 means
         1/sqrt(head_dim). Returns (out like q, lse float32 [rows, num_q_heads]
-        or None without want_lse)."""
+        or None without want_lse). out and lse may be given (device
+        communicators: CUDA tensors, which they must be); else numpy arrays
+        are made."""
         np = _numpy()
         try:
             r = _ints(reqs, np.int64, "reqs")
@@ -904,31 +915,35 @@ class KvPool:
             if int(offs[-1]) != rows:
                 raise AttnError(INVALID_ARGUMENT, f"q_offsets ends at {int(offs[-1])} but q has {rows} rows")
             pos = None if q_pos is None else _ints(q_pos, np.int32, "q_pos", rows)
-            out = np.empty_like(q)
-            lse = np.empty((rows, hq), np.float32) if want_lse else None
+            if out is None:
+                out = np.empty_like(q)
+            if lse is None and want_lse:
+                lse = np.empty((rows, hq), np.float32)
         except Exception as e:  # noqa: BLE001 - any failure here must reach the peers
-            self._refuse(lambda: _KvAttention(self._h, -1, None, None, None, None, None, None, None), e,
+            self._refuse(lambda: _KvAttention(self._h, -1, None, None, None, None, None, None, None, _stream(stream)), e,
                          "attention")
         cfg = _AttnConfig(hq, self.num_kv_heads, self.head_dim, self.dtype, scale, int(causal))
         _check(_KvAttention(self._h, len(r), r.ctypes.data_as(_i64p), offs.ctypes.data_as(_i32p), qp,
                             pos.ctypes.data_as(_i32p) if pos is not None else None, _buffer(out)[0],
-                            lse.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if lse is not None else None,
-                            ctypes.byref(cfg)), self.comm._h, "attnKvAttention")
+                            ctypes.cast(_buffer(lse)[0], ctypes.POINTER(ctypes.c_float)) if lse is not None else None,
+                            ctypes.byref(cfg), _stream(stream)), self.comm._h, "attnKvAttention")
         return out, lse
 
-    def rebalance(self, model, pending_requests=0, pending_blocks=0):
+    def rebalance(self, model, pending_requests=0, pending_blocks=0, stream=None):
         """attnKvRebalance: every rank's heartbeat, kv_plan with model (a dict
         as in kv_plan, the same on every rank) and the moves it plans.
         pending_requests / pending_blocks: this rank's waiting requests and the
-        blocks each needs. Returns the blocks this rank sent."""
+        blocks each needs. Returns the blocks this rank sent (with a stream:
+        a one-element int64 array, written when the stream runs the call)."""
         try:
             m = _struct_from(_KvModel, model, {}, "model")
         except Exception as e:  # noqa: BLE001 - any failure here must reach the peers
-            self._refuse(lambda: _KvRebalance(self._h, None, 0, 0, None), e, "model")
-        moved = ctypes.c_int64()
+            self._refuse(lambda: _KvRebalance(self._h, None, 0, 0, None, _stream(stream)), e, "model")
+        moved = _numpy().zeros(1, _numpy().int64)
         _check(_KvRebalance(self._h, ctypes.byref(m), int(pending_requests), int(pending_blocks),
-                            ctypes.byref(moved)), self.comm._h, "attnKvRebalance")
-        return moved.value
+                            moved.ctypes.data_as(_i64p), _stream(stream)), self.comm._h, "attnKvRebalance")
+        # With a stream the count is written when the stream runs the call.
+        return int(moved[0]) if stream is None else moved
 
 
 def kv_plan(instances, model):

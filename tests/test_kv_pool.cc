@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -26,132 +27,33 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/reference_attention.h"
 #include "tests/support/attn_fixtures.h"
+#include "tests/support/kv_fixtures.h"
 #include "tests/support/multirank.h"
 
 namespace attn_test {
 namespace {
 
-constexpr int kHkv = 2, kD = 16;
+constexpr int kHkv = kKvHeads, kD = kKvDim;
+using Tokens = KvTokens;
 
-float Hash(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return float(double(x >> 11) / double(1ULL << 53) * 2.0 - 1.0);
-}
-
-size_t ElemSize(attnDataType_t t) { return t == attnFloat32 ? 4 : 2; }
-
-// Values in the dtype, from a seed per element.
-std::vector<uint8_t> Values(attnDataType_t t, size_t count, uint64_t seed) {
-  std::vector<float> f(count);
-  for (size_t i = 0; i < count; ++i) f[i] = Hash(seed * 1000003ULL + i);
-  std::vector<uint8_t> out(count * ElemSize(t));
-  EXPECT_EQ(attn::cpu::convertFromFloat(out.data(), t, f.data(), count), attnSuccess);
-  return out;
-}
-
-// Request `req` of rank `owner`: tokens [0, len) at positions base + i.
-struct Tokens {
-  std::vector<uint8_t> k, v;
-  std::vector<int32_t> pos;
-};
-Tokens RequestTokens(attnDataType_t t, int owner, int64_t req, int len, int base = 0) {
-  Tokens x;
-  const uint64_t seed = uint64_t(owner) * 7919 + uint64_t(req) * 104729;
-  x.k = Values(t, size_t(len) * kHkv * kD, seed * 2 + 1);
-  x.v = Values(t, size_t(len) * kHkv * kD, seed * 2 + 2);
-  for (int i = 0; i < len; ++i) x.pos.push_back(base + i);
-  return x;
-}
-
-attnKvPoolConfig_t PoolCfg(int blockTokens, int64_t capacity, attnDataType_t t = attnFloat32) {
-  attnKvPoolConfig_t c{};
-  c.block_tokens = blockTokens;
-  c.num_kv_heads = kHkv;
-  c.head_dim = kD;
-  c.dtype = t;
-  c.capacity_blocks = capacity;
-  return c;
-}
-
-// A request this rank owns and what the test asks of it.
-struct Req {
-  int64_t id;
-  int len;       // tokens in the pool
-  int qRows;     // queries: the last qRows positions (causal), or decode at len
-};
-
-struct AttnCheck {
-  attnResult_t rc = attnSuccess;
-  std::string error;
-  double maxORel = 0, maxLse = 0;
-  int64_t nans = 0, emptyMismatch = 0;
-};
+std::vector<uint8_t> Values(attnDataType_t t, size_t count, uint64_t seed) { return KvValues(t, count, seed); }
+size_t ElemSize(attnDataType_t t) { return KvElemSize(t); }
 
 // Runs attnKvAttention for this rank's requests and compares each with the
 // exact reference over all of its tokens.
 AttnCheck CheckAttention(attnKvPool_t pool, attnComm_t comm, int rank, const std::vector<Req>& reqs,
                          attnDataType_t t, bool causal, int hq = 4) {
-  attnAttnConfig_t cfg = AttnCfg(hq, kHkv, kD, t, causal);
-  std::vector<int64_t> ids;
-  std::vector<int32_t> offs{0}, qpos;
-  for (const Req& r : reqs) {
-    ids.push_back(r.id);
-    offs.push_back(offs.back() + r.qRows);
-    for (int i = 0; i < r.qRows; ++i) qpos.push_back(r.len - r.qRows + i + (causal ? 0 : 0));
-  }
-  const int rows = offs.back();
-  const size_t rowElems = size_t(hq) * kD;
-  std::vector<uint8_t> q = Values(t, size_t(rows) * rowElems, 99 + uint64_t(rank) * 31);
-  std::vector<uint8_t> out(size_t(rows) * rowElems * ElemSize(t));
-  std::vector<float> lse(size_t(rows) * hq);
+  const KvQueries qs = MakeKvQueries(rank, reqs, t, causal, hq);
+  std::vector<uint8_t> out(qs.q.size());
+  std::vector<float> lse(size_t(qs.rows) * hq);
   AttnCheck c;
-  c.rc = attnKvAttention(pool, int(ids.size()), ids.data(), offs.data(), q.data(), qpos.data(), out.data(),
-                         lse.data(), &cfg);
+  c.rc = attnKvAttention(pool, int(qs.ids.size()), qs.ids.data(), qs.offs.data(), qs.q.data(), qs.qpos.data(),
+                         out.data(), lse.data(), &qs.cfg, nullptr);
   if (c.rc != attnSuccess) {
     c.error = attnGetLastError(comm);
     return c;
   }
-  std::vector<float> of(size_t(rows) * rowElems);
-  EXPECT_EQ(attn::cpu::convertToFloat(of.data(), out.data(), t, of.size()), attnSuccess);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const Req& r = reqs[i];
-    Tokens x = RequestTokens(t, rank, r.id, r.len);
-    attn::cpu::AttnProblem p;
-    p.q = q.data() + size_t(offs[i]) * rowElems * ElemSize(t);
-    p.k = x.k.data();
-    p.v = x.v.data();
-    p.dtype = t;
-    p.nq = r.qRows;
-    p.nk = r.len;
-    p.num_q_heads = hq;
-    p.num_kv_heads = kHkv;
-    p.head_dim = kD;
-    p.causal = causal;
-    p.q_pos = qpos.data() + offs[i];
-    p.k_pos = x.pos.data();
-    std::vector<double> ro(size_t(r.qRows) * rowElems), rl(size_t(r.qRows) * hq);
-    EXPECT_EQ(attn::cpu::referenceAttention(p, ro.data(), rl.data()), attnSuccess);
-    attn::cpu::AttnErrors e = attn::cpu::compareAttention(
-        of.data() + size_t(offs[i]) * rowElems, lse.data() + size_t(offs[i]) * hq, ro.data(), rl.data(),
-        size_t(r.qRows) * hq, kD);
-    c.maxORel = std::max(c.maxORel, e.max_o_rel);
-    c.maxLse = std::max(c.maxLse, e.max_lse_abs);
-    c.nans += e.nan_values;
-    c.emptyMismatch += e.empty_mismatch;
-  }
-  return c;
-}
-
-void ExpectExact(const AttnCheck& c, attnDataType_t t, const std::string& what) {
-  ASSERT_EQ(c.rc, attnSuccess) << what << ": " << c.error;
-  EXPECT_LE(c.maxORel, OutBound(t)) << what;
-  EXPECT_LE(c.maxLse, LseBound(t)) << what;
-  EXPECT_EQ(c.nans, 0) << what;
-  EXPECT_EQ(c.emptyMismatch, 0) << what;
+  return CompareKvAttention(qs, rank, reqs, t, causal, out.data(), lse.data());
 }
 
 void AppendRequest(attnKvPool_t pool, attnComm_t comm, attnDataType_t t, int rank, const Req& r) {
@@ -159,9 +61,9 @@ void AppendRequest(attnKvPool_t pool, attnComm_t comm, attnDataType_t t, int ran
   // In two pieces, so the second fills the first's last block.
   const int first = r.len / 3;
   const size_t row = size_t(kHkv) * kD * ElemSize(t);
-  ATTN_ASSERT_OK(comm, attnKvAppend(pool, r.id, x.k.data(), x.v.data(), x.pos.data(), first));
+  ATTN_ASSERT_OK(comm, attnKvAppend(pool, r.id, x.k.data(), x.v.data(), x.pos.data(), first, nullptr));
   ATTN_ASSERT_OK(comm, attnKvAppend(pool, r.id, x.k.data() + first * row, x.v.data() + first * row,
-                                    x.pos.data() + first, r.len - first));
+                                    x.pos.data() + first, r.len - first, nullptr));
 }
 
 std::vector<int64_t> Holders(attnKvPool_t pool, int n, int64_t req) {
@@ -180,32 +82,32 @@ TEST(KvPool, AppendFillsBlocksAndRefusesWhatDoesNotFit) {
     ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
     Tokens x = RequestTokens(attnFloat32, 0, 7, 17);
     const size_t row = size_t(kHkv) * kD * 4;
-    ATTN_ASSERT_OK(comm, attnKvAppend(pool, 7, x.k.data(), x.v.data(), x.pos.data(), 10));
+    ATTN_ASSERT_OK(comm, attnKvAppend(pool, 7, x.k.data(), x.v.data(), x.pos.data(), 10, nullptr));
     int64_t holder = 0, tokens = 0;
     ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, 7, &holder, &tokens));
     EXPECT_EQ(holder, 3);  // 10 tokens in blocks of 4
     EXPECT_EQ(tokens, 10);
     // 7 more need 2 new blocks (2 fit in the last one); only 1 is free.
-    EXPECT_EQ(attnKvAppend(pool, 7, x.k.data() + 10 * row, x.v.data() + 10 * row, x.pos.data() + 10, 7),
+    EXPECT_EQ(attnKvAppend(pool, 7, x.k.data() + 10 * row, x.v.data() + 10 * row, x.pos.data() + 10, 7, nullptr),
               attnInvalidUsage);
     EXPECT_NE(std::string(attnGetLastError(nullptr)).find("free"), std::string::npos)
         << attnGetLastError(nullptr);
     ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, 7, &holder, &tokens));
     EXPECT_EQ(tokens, 10) << "a refused append must append nothing";
     // Positions must go on increasing.
-    EXPECT_EQ(attnKvAppend(pool, 7, x.k.data(), x.v.data(), x.pos.data() + 9, 1), attnInvalidArgument);
+    EXPECT_EQ(attnKvAppend(pool, 7, x.k.data(), x.v.data(), x.pos.data() + 9, 1, nullptr), attnInvalidArgument);
     ATTN_ASSERT_OK(comm, attnKvAppend(pool, 7, x.k.data() + 10 * row, x.v.data() + 10 * row,
-                                      x.pos.data() + 10, 6));
+                                      x.pos.data() + 10, 6, nullptr));
     attnKvPoolStats_t st{};
     ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
     EXPECT_EQ(st.used_blocks, 4);
     EXPECT_EQ(st.num_requests, 1);
     ExpectExact(CheckAttention(pool, comm, 0, {{7, 16, 3}}, attnFloat32, true), attnFloat32, "one rank");
-    ATTN_ASSERT_OK(comm, attnKvRelease(pool, 7));
+    ATTN_ASSERT_OK(comm, attnKvRelease(pool, 7, nullptr));
     ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
     EXPECT_EQ(st.used_blocks, 0);
     EXPECT_EQ(st.num_requests, 0);
-    EXPECT_EQ(attnKvRelease(pool, 7), attnInvalidArgument);
+    EXPECT_EQ(attnKvRelease(pool, 7, nullptr), attnInvalidArgument);
     EXPECT_EQ(attnKvGetPlacement(pool, 7, nullptr, nullptr), attnInvalidArgument);
     ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
   }, AttnRunOptions());
@@ -259,7 +161,7 @@ void LendAndReturn(const Scenario& s, int rank, int n, attnComm_t& comm) {
   std::vector<attnKvMove_t> moves;
   if (rank == 0) moves = {{0, 1, 0, 100, 3}, {0, 2, 0, 100, 2}};
   std::vector<int64_t> granted(moves.size(), -1);
-  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr));
   if (rank == 0) {
     EXPECT_EQ(granted, (std::vector<int64_t>{3, 2}));
     std::vector<int64_t> h = Holders(pool, n, 100);
@@ -278,7 +180,7 @@ void LendAndReturn(const Scenario& s, int rank, int n, attnComm_t& comm) {
   if (rank == 2) moves = {{2, 0, 0, 100, 2}};
   if (rank == 1) moves = {{1, 0, 0, 100, 1}};
   granted.assign(moves.size(), -1);
-  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr));
   for (int64_t g : granted) EXPECT_EQ(g, rank == 2 ? 2 : 1);
   if (rank == 0) {
     std::vector<int64_t> h = Holders(pool, n, 100);
@@ -322,7 +224,7 @@ void CrossingMoves(const Scenario& s, int rank, int n, attnComm_t& comm) {
   if (rank == 1) moves = {{1, 0, 1, 101, 3}};
   if (rank == 2) moves = {{2, 1, 2, 102, 2}};
   std::vector<int64_t> granted(moves.size(), -1);
-  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr));
   for (size_t i = 0; i < moves.size(); ++i) EXPECT_EQ(granted[i], moves[i].num_blocks) << tag;
   attnKvPoolStats_t st{};
   ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
@@ -336,7 +238,7 @@ void CrossingMoves(const Scenario& s, int rank, int n, attnComm_t& comm) {
   if (rank == 0) moves = {{0, 1, 1, 101, 2}, {0, 1, 0, 100, 1}};
   if (rank == 1) moves = {{1, 0, 0, 100, 1}};
   granted.assign(moves.size(), -1);
-  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr));
   for (size_t i = 0; i < moves.size(); ++i) EXPECT_EQ(granted[i], moves[i].num_blocks) << tag;
   ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
   EXPECT_EQ(st.lent_in_blocks, rank == 0 ? 1 : rank == 1 ? 5 : 0) << tag;
@@ -377,7 +279,7 @@ TEST(KvMigrate, DestinationGrantsFirstComeFirstServedWhileSpaceLasts) {
     std::vector<attnKvMove_t> moves;
     if (rank < 2) moves = {{rank, 2, rank, 5, 3}};
     std::vector<int64_t> granted(moves.size(), -1);
-    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()));
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr));
     for (int64_t g : granted) {
       EXPECT_TRUE(g == 0 || g == 3) << "a move is granted whole or not at all, got " << g;
       grantedTotal += g;
@@ -412,18 +314,18 @@ TEST(KvRelease, HoldersFreeTheBlocksAtTheNextCall) {
     if (rank == 0) AppendRequest(pool, comm, attnFloat32, 0, {9, 21, 1});
     std::vector<attnKvMove_t> moves;
     if (rank == 0) moves = {{0, 1, 0, 9, 4}};
-    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr));
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, nullptr));
     attnKvPoolStats_t st{};
     ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
     EXPECT_EQ(st.used_blocks, rank == 0 ? 2 : 4);
     if (rank == 0) {
-      ATTN_ASSERT_OK(comm, attnKvRelease(pool, 9));
+      ATTN_ASSERT_OK(comm, attnKvRelease(pool, 9, nullptr));
       ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
       EXPECT_EQ(st.used_blocks, 0);
     }
     // A call that fails (rank 1's move is bad) must not lose the release...
     attnKvMove_t bad = {rank, rank, rank, 9, 1};
-    EXPECT_NE(attnKvMigrate(pool, rank == 1 ? &bad : nullptr, rank == 1 ? 1 : 0, nullptr), attnSuccess);
+    EXPECT_NE(attnKvMigrate(pool, rank == 1 ? &bad : nullptr, rank == 1 ? 1 : 0, nullptr, nullptr), attnSuccess);
     // ...and the next collective call on the pool delivers it.
     ExpectExact(CheckAttention(pool, comm, rank, {}, attnFloat32, true), attnFloat32, "no queries");
     ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
@@ -443,7 +345,7 @@ TEST(KvMigrate, BadMoveFailsEveryRankAndMovesNothing) {
     ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
     AppendRequest(pool, comm, attnFloat32, rank, {1, 13, 1});  // 4 blocks, 3 movable
     std::vector<attnKvMove_t> moves = {{rank, (rank + 1) % n, rank, 1, rank == 1 ? 4 : 1}};
-    attnResult_t r = attnKvMigrate(pool, moves.data(), 1, nullptr);
+    attnResult_t r = attnKvMigrate(pool, moves.data(), 1, nullptr, nullptr);
     EXPECT_NE(r, attnSuccess);
     const std::string err = attnGetLastError(comm);
     if (rank == 1) {
@@ -456,13 +358,13 @@ TEST(KvMigrate, BadMoveFailsEveryRankAndMovesNothing) {
     EXPECT_EQ(h[size_t(rank)], 4) << "nothing may move when a rank's moves are bad";
     // Other shapes of bad input.
     attnKvMove_t other = {rank, rank, rank, 1, 1};  // to itself
-    EXPECT_NE(attnKvMigrate(pool, rank == 0 ? &other : nullptr, rank == 0 ? 1 : 0, nullptr), attnSuccess);
+    EXPECT_NE(attnKvMigrate(pool, rank == 0 ? &other : nullptr, rank == 0 ? 1 : 0, nullptr, nullptr), attnSuccess);
     attnKvMove_t third = {rank, (rank + 1) % n, (rank + 2) % n, 1, 1};  // owner neither end
-    EXPECT_NE(attnKvMigrate(pool, rank == 2 ? &third : nullptr, rank == 2 ? 1 : 0, nullptr), attnSuccess);
+    EXPECT_NE(attnKvMigrate(pool, rank == 2 ? &third : nullptr, rank == 2 ? 1 : 0, nullptr, nullptr), attnSuccess);
     // Good moves now.
     moves[0].num_blocks = 1;
     int64_t g = -1;
-    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), 1, &g));
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), 1, &g, nullptr));
     EXPECT_EQ(g, 1);
     ExpectExact(CheckAttention(pool, comm, rank, {{1, 13, 1}}, attnFloat32, true), attnFloat32, "after");
     ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
@@ -479,16 +381,16 @@ TEST(KvAttention, BadQueriesFailEveryRank) {
     std::vector<float> q(4 * kD), out(4 * kD), lse(4);
     int32_t offs[2] = {0, 1}, qpos[1] = {8};
     int64_t id = rank == 1 ? 4 : 3;  // rank 1 names a request it does not have
-    attnResult_t r = attnKvAttention(pool, 1, &id, offs, q.data(), qpos, out.data(), lse.data(), &acfg);
+    attnResult_t r = attnKvAttention(pool, 1, &id, offs, q.data(), qpos, out.data(), lse.data(), &acfg, nullptr);
     EXPECT_NE(r, attnSuccess);
     const std::string err = attnGetLastError(comm);
     EXPECT_NE(err.find(rank == 1 ? "not a request of this rank" : "rank 1"), std::string::npos) << err;
     id = 3;
     acfg.head_dim = rank == 0 ? 8 : kD;  // not the pool's
-    EXPECT_NE(attnKvAttention(pool, 1, &id, offs, q.data(), qpos, out.data(), lse.data(), &acfg), attnSuccess);
+    EXPECT_NE(attnKvAttention(pool, 1, &id, offs, q.data(), qpos, out.data(), lse.data(), &acfg, nullptr), attnSuccess);
     acfg.head_dim = kD;
     EXPECT_NE(attnKvAttention(pool, 1, &id, offs, q.data(), rank == 0 ? nullptr : qpos, out.data(), lse.data(),
-                              &acfg), attnSuccess);
+                              &acfg, nullptr), attnSuccess);
     ExpectExact(CheckAttention(pool, comm, rank, {{3, 9, 1}}, attnFloat32, true), attnFloat32, "after");
     ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
   }, AttnRunOptions());
@@ -549,7 +451,7 @@ TEST(KvRebalance, MovesWhatThePlanSaysAndStaysExact) {
     if (rank == 0) EXPECT_GT(expected, 0) << "the model should make rank 0 lend";
 
     int64_t moved = -1;
-    ATTN_ASSERT_OK(comm, attnKvRebalance(pool, &model, pending, pendingBlocks, &moved));
+    ATTN_ASSERT_OK(comm, attnKvRebalance(pool, &model, pending, pendingBlocks, &moved, nullptr));
     EXPECT_EQ(moved, expected) << "rank " << rank;
     attnKvPoolStats_t st{};
     ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &st));
@@ -560,8 +462,26 @@ TEST(KvRebalance, MovesWhatThePlanSaysAndStaysExact) {
     // Models that disagree fail on every rank.
     attnKvModel_t other = model;
     if (rank == 1) other.attn_us_per_block = 11;
-    EXPECT_EQ(attnKvRebalance(pool, &other, 0, 8, nullptr), attnInvalidUsage);
+    EXPECT_EQ(attnKvRebalance(pool, &other, 0, 8, nullptr, nullptr), attnInvalidUsage);
     EXPECT_NE(std::string(attnGetLastError(comm)).find("different models"), std::string::npos);
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+}
+
+TEST(KvPool, HostCommunicatorRefusesAStream) {
+  RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+    const attnKvPoolConfig_t pc = PoolCfg(4, 4);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+    const KvTokens x = RequestTokens(attnFloat32, rank, 1, 4);
+    attnStream_t bogus = reinterpret_cast<attnStream_t>(uintptr_t(0x10));
+    EXPECT_EQ(attnKvAppend(pool, 1, x.k.data(), x.v.data(), x.pos.data(), 4, bogus), attnInvalidArgument);
+    EXPECT_NE(std::string(attnGetLastError(nullptr)).find("NULL stream"), std::string::npos);
+    ATTN_ASSERT_OK(comm, attnKvAppend(pool, 1, x.k.data(), x.v.data(), x.pos.data(), 4, nullptr));
+    EXPECT_EQ(attnKvRelease(pool, 1, bogus), attnInvalidArgument);
+    int64_t tokens = 0;
+    ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, 1, nullptr, &tokens));
+    EXPECT_EQ(tokens, 4);
     ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
   }, AttnRunOptions());
 }

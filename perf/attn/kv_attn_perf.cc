@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
         std::vector<char> v = values(o.dtype, size_t(m) * row, uint64_t(at) * row * 2 + 7777777);
         std::vector<int32_t> pos(static_cast<size_t>(m));
         for (int64_t i = 0; i < m; ++i) pos[size_t(i)] = int32_t(at + i);
-        if (!ok(attnKvAppend(pool, req, k.data(), v.data(), pos.data(), int(m)), comm, "attnKvAppend")) return 1;
+        if (!ok(attnKvAppend(pool, req, k.data(), v.data(), pos.data(), int(m), nullptr), comm, "attnKvAppend")) return 1;
       }
     }
     attnAttnConfig_t cfg{};
@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
     const int32_t offs[2] = {0, 1};
     const int32_t qpos = int32_t(o.length);
     auto step = [&]() {
-      return me == 0 ? attnKvAttention(pool, 1, &req, offs, q.data(), &qpos, out.data(), lse.data(), &cfg)
-                     : attnKvAttention(pool, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &cfg);
+      return me == 0 ? attnKvAttention(pool, 1, &req, offs, q.data(), &qpos, out.data(), lse.data(), &cfg, nullptr)
+                     : attnKvAttention(pool, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &cfg, nullptr);
     };
     // The blocks held by each creditor (rank 0 knows; the others learn by
     // being told nothing: they return what they hold of request 1).
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
       attnKvPoolStats_t st{};
       attnKvPoolGetStats(pool, &st);
       if (me != 0 && st.lent_in_blocks > 0) moves.push_back({me, 0, 0, req, st.lent_in_blocks});
-      return ok(attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr), comm, "attnKvMigrate (return)");
+      return ok(attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, nullptr), comm, "attnKvMigrate (return)");
     };
     std::vector<Row> rows;
     for (double f : o.fractions) {
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
         std::vector<int64_t> granted(moves.size());
         if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
         const double t0 = nowUs();
-        if (!ok(attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data()), comm, "attnKvMigrate"))
+        if (!ok(attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr), comm, "attnKvMigrate"))
           return 1;
         const double t1 = nowUs();
         for (size_t i = 0; i < moves.size(); ++i)

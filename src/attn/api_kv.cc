@@ -4,6 +4,7 @@
 // peers in their first exchange, so bad input on one rank fails the call on
 // every rank instead of leaving the others waiting.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -69,19 +70,59 @@ attnResult_t firstBadReport(const std::vector<Report<T>>& all, int me, const cha
   return attnSuccess;
 }
 
-attnResult_t checkPoolUsable(attnKvPool_t pool) {
+attnResult_t checkPoolUsable(attnKvPool_t pool, attnStream_t stream) {
   ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
-  return checkCommUsable(pool->impl->comm());
+  ATTN_CHECK(checkCommUsable(pool->impl->comm()));
+  ATTN_REQUIRE(stream == nullptr || deviceRoute(pool->impl->comm()),
+               "a host-memory communicator takes a NULL stream (got %p)", (void*)stream);
+  return attnSuccess;
 }
 
+// A collective's place among the pool's local calls (kv_pool.h): taken at
+// the call, given back when the work has run (before its stream goes on) or
+// was dropped unrun.
+class CollectiveTicket {
+ public:
+  explicit CollectiveTicket(KvPool& p) : pool_(p), seq_(p.enqueueCollective()) {}
+  ~CollectiveTicket() { finish(); }
+  CollectiveTicket(const CollectiveTicket&) = delete;
+  CollectiveTicket& operator=(const CollectiveTicket&) = delete;
+  void start() { pool_.startCollective(seq_); }
+  void finish() {
+    if (!done_.exchange(true)) pool_.endCollective(seq_);
+  }
+
+ private:
+  KvPool& pool_;
+  uint64_t seq_;
+  std::atomic<bool> done_{false};
+};
+
+// Runs a collective on the pool in call order: now, on the executor of a
+// non-blocking communicator, or enqueued on `stream` (device communicator).
+attnResult_t dispatchCollective(KvPool& p, attnStream_t stream, const char* name, CommOp body) {
+  attnComm* comm = p.comm();
+  auto ticket = std::make_shared<CollectiveTicket>(p);
+  CommOp run = [ticket, body = std::move(body)] {
+    ticket->start();
+    const attnResult_t r = runGuarded(body);
+    ticket->finish();
+    return r;
+  };
+  ticket.reset();  // the closure holds it now
+  if (deviceRoute(comm)) return deviceEnqueueWork(comm, stream, std::move(run));
+  return dispatch(comm, name, std::move(run));
+}
+
+// From the books, where the collective runs: the pool as its place in call
+// order sees it.
 attnKvInstance_t instanceOf(const KvPool& pool, int pendingRequests, int64_t pendingBlocks) {
   attnKvInstance_t in{};
-  const attnKvPoolStats_t s = pool.stats();
-  in.batch_size = s.num_requests;
+  in.batch_size = int(pool.own.size());
   in.pending_requests = pendingRequests;
   in.pending_blocks = pendingBlocks;
-  in.capacity_blocks = s.capacity_blocks;
-  in.used_blocks = s.used_blocks;
+  in.capacity_blocks = pool.config().capacity_blocks;
+  in.used_blocks = in.capacity_blocks - pool.freeBlocks();
   in.longest_req = -1;
   int64_t longest = -1;
   for (const auto& [id, r] : pool.own)
@@ -99,9 +140,6 @@ extern "C" attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig
   ApiCall call(comm);
   if (pool) *pool = nullptr;
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (deviceRoute(comm))
-    return call.finish(setError(attnInvalidUsage, "the KV pool lives in host memory; this communicator is on "
-                                                  "device %d", comm->config.device));
   return call.finish(runGuarded([&]() -> attnResult_t {
     attnResult_t local = pool ? attnSuccess : setError(attnInvalidArgument, "pool is NULL");
     if (local == attnSuccess)
@@ -132,67 +170,64 @@ extern "C" attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig
 extern "C" attnResult_t attnKvPoolDestroy(attnKvPool_t pool) {
   ErrorContext ctx("-");
   clearThreadLastError();
-  delete pool;
+  delete pool;  // waits for the collectives queued on it
   return attnSuccess;
+}
+
+// Local calls: the pool's front is the caller's, so they run on its thread.
+template <typename F>
+attnResult_t localCall(attnKvPool_t pool, attnStream_t stream, F f) {
+  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
+  clearThreadLastError();
+  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
+  ATTN_REQUIRE(stream == nullptr || pool->impl->onDevice(),
+               "a host-memory communicator takes a NULL stream (got %p)", (void*)stream);
+  return runGuarded([&] { return f(*pool->impl); });
 }
 
 extern "C" attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k, const void* v,
-                                     const int32_t* pos, int n) {
-  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
-  clearThreadLastError();
-  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
-  return runGuarded([&] { return pool->impl->append(req, k, v, pos, n); });
+                                     const int32_t* pos, int n, attnStream_t stream) {
+  return localCall(pool, stream, [&](KvPool& p) { return p.append(req, k, v, pos, n, stream); });
 }
 
-extern "C" attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req) {
-  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
-  clearThreadLastError();
-  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
-  return runGuarded([&] { return pool->impl->release(req); });
+extern "C" attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req, attnStream_t stream) {
+  // The release needs nothing on the stream: the books keep it in its place
+  // among the collectives queued there.
+  return localCall(pool, stream, [&](KvPool& p) { return p.release(req); });
 }
 
 extern "C" attnResult_t attnKvPoolGetStats(attnKvPool_t pool, attnKvPoolStats_t* stats) {
-  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
-  clearThreadLastError();
-  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
-  ATTN_REQUIRE(stats != nullptr, "stats is NULL");
-  *stats = pool->impl->stats();
-  return attnSuccess;
+  return localCall(pool, nullptr, [&](KvPool& p) -> attnResult_t {
+    ATTN_REQUIRE(stats != nullptr, "stats is NULL");
+    *stats = p.stats();
+    return attnSuccess;
+  });
 }
 
 extern "C" attnResult_t attnKvGetPlacement(attnKvPool_t pool, int64_t req, int64_t* holders, int64_t* tokens) {
-  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
-  clearThreadLastError();
-  ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
-  const KvPool& p = *pool->impl;
-  auto it = p.own.find(req);
-  ATTN_REQUIRE(it != p.own.end(), "request %lld is not a request of this rank", (long long)req);
-  if (holders) {
-    std::fill(holders, holders + p.nranks(), int64_t(0));
-    for (const KvBlockLoc& b : it->second.blocks) ++holders[b.holder];
-  }
-  if (tokens) *tokens = it->second.tokens;
-  return attnSuccess;
+  return localCall(pool, nullptr, [&](KvPool& p) { return p.placement(req, holders, tokens); });
 }
 
 extern "C" attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* moves, int num_moves,
-                                      int64_t* granted) {
+                                      int64_t* granted, attnStream_t stream) {
   attnComm* comm = pool && pool->impl ? pool->impl->comm() : nullptr;
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkPoolUsable(pool)));
+  ATTN_CHECK(call.finish(checkPoolUsable(pool, stream)));
   KvPool& p = *pool->impl;
   // Bad moves are reported to the peers in the first exchange, not here.
+  // What needs no books is checked now; the rest where the call runs, on
+  // the books it moves.
   attnResult_t local = num_moves >= 0 && (num_moves == 0 || moves)
                            ? attnSuccess
                            : setError(attnInvalidArgument, "moves is NULL or num_moves = %d < 0", num_moves);
   std::vector<attnKvMove_t> ms;
   if (local == attnSuccess) {
     ms.assign(moves, moves + num_moves);
-    local = checkKvMoves(p, ms);
+    local = checkKvMovesShape(p, ms);
   }
-  return call.finish(dispatch(comm, "KvMigrate", [&p, ms, local, granted]() -> attnResult_t {
+  return call.finish(dispatchCollective(p, stream, "KvMigrate", [&p, ms, local, granted]() -> attnResult_t {
     std::vector<int64_t> g;
-    ATTN_CHECK(kvMigrate(p, ms, local, &g));
+    ATTN_CHECK(kvMigrate(p, ms, local == attnSuccess ? checkKvMoves(p, ms) : local, &g));
     if (granted) std::copy(g.begin(), g.end(), granted);
     return attnSuccess;
   }));
@@ -200,10 +235,11 @@ extern "C" attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* mov
 
 extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const int64_t* reqs,
                                         const int32_t* q_offsets, const void* q, const int32_t* q_pos,
-                                        void* out, float* lse, const attnAttnConfig_t* cfg) {
+                                        void* out, float* lse, const attnAttnConfig_t* cfg,
+                                        attnStream_t stream) {
   attnComm* comm = pool && pool->impl ? pool->impl->comm() : nullptr;
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkPoolUsable(pool)));
+  ATTN_CHECK(call.finish(checkPoolUsable(pool, stream)));
   KvPool& p = *pool->impl;
   KvAttnArgs a;
   attnResult_t local = attnSuccess;
@@ -214,27 +250,29 @@ extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const i
     a.reqs.assign(reqs, reqs + num_reqs);
     if (num_reqs > 0) a.qOffsets.assign(q_offsets, q_offsets + num_reqs + 1);
     a.q = q;
-    a.qPos = q_pos;
     a.out = out;
     a.lse = lse;
     a.cfg = *cfg;
+    a.hasQPos = q_pos != nullptr;
     local = checkKvAttnArgs(p, a);
   }
-  return call.finish(dispatch(comm, "KvAttention", [&p, a, local] { return kvAttention(p, a, local); }));
+  // The positions are read now: the call may run later (stream, executor).
+  if (local == attnSuccess && a.hasQPos) a.qPos.assign(q_pos, q_pos + a.rows());
+  return call.finish(dispatchCollective(p, stream, "KvAttention", [&p, a, local] { return kvAttention(p, a, local); }));
 }
 
 extern "C" attnResult_t attnKvRebalance(attnKvPool_t pool, const attnKvModel_t* model, int pending_requests,
-                                        int64_t pending_blocks, int64_t* moved) {
+                                        int64_t pending_blocks, int64_t* moved, attnStream_t stream) {
   attnComm* comm = pool && pool->impl ? pool->impl->comm() : nullptr;
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkPoolUsable(pool)));
+  ATTN_CHECK(call.finish(checkPoolUsable(pool, stream)));
   KvPool& p = *pool->impl;
   attnResult_t local = model ? attnSuccess : setError(attnInvalidArgument, "model is NULL");
   if (local == attnSuccess && (pending_requests < 0 || pending_blocks < 0))
     local = setError(attnInvalidArgument, "pending_requests = %d, pending_blocks = %lld: negative",
                      pending_requests, (long long)pending_blocks);
   const attnKvModel_t m = model ? *model : attnKvModel_t{};
-  return call.finish(dispatch(comm, "KvRebalance", [&p, comm, m, local, pending_requests, pending_blocks,
+  return call.finish(dispatchCollective(p, stream, "KvRebalance", [&p, comm, m, local, pending_requests, pending_blocks,
                                                     moved]() -> attnResult_t {
     struct Heartbeat {
       attnKvInstance_t inst;

@@ -25,17 +25,11 @@
 #include "src/core/comm.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
+#include "src/device/kv_device.h"
 
 namespace attn {
 
 namespace {
-
-struct QueryHeader {
-  int32_t numQHeads;
-  int32_t causal;
-  float scale;
-  uint32_t entries;
-};
 
 struct QueryEntry {
   int64_t req;
@@ -43,26 +37,23 @@ struct QueryEntry {
   int32_t reserved;
 };
 
-// Folds the keys of `slots` (one request's blocks in this pool) into the
-// accumulator of `rows` queries: one kernel call per run of consecutive
-// slots, whose keys are contiguous.
-attnResult_t accumulateSlots(KvPool& pool, std::vector<int64_t> slots,
-                             const std::vector<int32_t>& slotTokens, const QueryHeader& h,
-                             const void* q, const int32_t* qPos, int32_t rows, float* o, float* lse) {
-  if (rows == 0 || slots.empty()) return attnSuccess;
-  const attnKvPoolConfig_t& pc = pool.config();
-  const int bt = pc.block_tokens;
+cpu::AttnExec cpuExec(KvPool& pool) {
   AttnState& st = attnStateOf(pool.comm());
   cpu::AttnExec ex;
   ex.threads = st.kernelThreads;
   ex.pool = st.pool.get();
-  size_t i = 0;
-  while (i < slots.size()) {
-    size_t j = i + 1;
-    // A run: consecutive slots, all full but maybe the last.
-    while (j < slots.size() && slots[j] == slots[j - 1] + 1 && slotTokens[j - 1] == bt) ++j;
-    const int64_t first = slots[i];
-    const int32_t nk = int32_t(int64_t(j - i - 1) * bt + slotTokens[j - 1]);
+  return ex;
+}
+
+// Folds the keys of `slots` (one request's blocks in this pool) into the
+// accumulator of `rows` queries with the CPU kernel.
+attnResult_t accumulateSlots(KvPool& pool, const std::vector<int64_t>& slots,
+                             const std::vector<int32_t>& slotTokens, const KvQueryHeader& h,
+                             const void* q, const int32_t* qPos, int32_t rows, float* o, float* lse) {
+  if (rows == 0 || slots.empty()) return attnSuccess;
+  const attnKvPoolConfig_t& pc = pool.config();
+  const cpu::AttnExec ex = cpuExec(pool);
+  return forEachSlotRun(slots, slotTokens, pc.block_tokens, [&](int64_t first, int32_t nk) {
     cpu::AttnProblem p;
     p.q = q;
     p.k = pool.k(first);
@@ -77,11 +68,73 @@ attnResult_t accumulateSlots(KvPool& pool, std::vector<int64_t> slots,
     p.causal = h.causal != 0;
     p.q_pos = qPos;
     p.k_pos = pool.pos(first);
-    ATTN_CHECK(cpu::attentionAccumulate(p, o, lse, ex));
-    i = j;
-  }
-  return attnSuccess;
+    return cpu::attentionAccumulate(p, o, lse, ex);
+  });
 }
+
+class HostKvAttnCompute : public KvAttnCompute {
+ public:
+  HostKvAttnCompute(KvPool& pool, const KvAttnArgs& a)
+      : pool_(pool), a_(a), hq_(a.cfg.num_q_heads), d_(a.cfg.head_dim),
+        accO_(size_t(a.rows()) * hq_ * d_), accL_(size_t(a.rows()) * hq_) {
+    cpu::initAccumulator(accO_.data(), accL_.data(), a.rows(), hq_, d_);
+  }
+
+  attnResult_t serve(const KvQueryHeader& h, const std::vector<KvServedRequest>& reqs, int64_t rows,
+                     std::vector<float>* result) override {
+    const size_t od = size_t(pool_.config().head_dim);
+    result->resize(size_t(rows) * h.numQHeads * (od + 1));
+    float* o = result->data();
+    float* l = result->data() + size_t(rows) * h.numQHeads * od;
+    cpu::initAccumulator(o, l, rows, h.numQHeads, int(od));
+    for (const KvServedRequest& r : reqs) {
+      ATTN_CHECK(accumulateSlots(pool_, r.slots, r.tokens, h, r.q, r.pos, r.rows, o, l));
+      o += size_t(r.rows) * h.numQHeads * od;
+      l += size_t(r.rows) * h.numQHeads;
+    }
+    return attnSuccess;
+  }
+
+  attnResult_t own(const std::vector<KvOwnWork>& work) override {
+    const KvQueryHeader mine{hq_, a_.cfg.causal, a_.cfg.softmax_scale, 0};
+    const size_t qRowBytes = size_t(hq_) * size_t(d_) * dataTypeSize(a_.cfg.dtype);
+    for (const KvOwnWork& w : work)
+      ATTN_CHECK(accumulateSlots(pool_, w.slots, w.tokens, mine,
+                                 static_cast<const char*>(a_.q) + size_t(w.r0) * qRowBytes,
+                                 a_.hasQPos ? a_.qPos.data() + w.r0 : nullptr, w.rows,
+                                 accO_.data() + size_t(w.r0) * hq_ * d_, accL_.data() + size_t(w.r0) * hq_));
+    return attnSuccess;
+  }
+
+  attnResult_t fold(const std::vector<float>& reply,
+                    const std::vector<std::pair<int32_t, int32_t>>& ranges) override {
+    int64_t rows = 0;
+    for (const auto& [r0, r] : ranges) rows += r;
+    const float* o = reply.data();
+    const float* l = o + size_t(rows) * hq_ * d_;
+    for (const auto& [r0, r] : ranges) {
+      cpu::AttnPartialRef ref{o, attnFloat32, l};
+      ATTN_CHECK(cpu::foldPartial(accO_.data() + size_t(r0) * hq_ * d_, accL_.data() + size_t(r0) * hq_, ref,
+                                  size_t(r) * hq_, d_));
+      o += size_t(r) * hq_ * d_;
+      l += size_t(r) * hq_;
+    }
+    return attnSuccess;
+  }
+
+  attnResult_t finish() override {
+    if (a_.rows() == 0) return attnSuccess;
+    ATTN_CHECK(cpu::convertFromFloat(a_.out, a_.cfg.dtype, accO_.data(), accO_.size()));
+    if (a_.lse) std::memcpy(a_.lse, accL_.data(), accL_.size() * sizeof(float));
+    return attnSuccess;
+  }
+
+ private:
+  KvPool& pool_;
+  const KvAttnArgs& a_;
+  const int hq_, d_;
+  std::vector<float> accO_, accL_;
+};
 
 // The slots of a request here, ordered by slot, with their token counts.
 void ownSlots(KvPool& pool, const KvOwnRequest& r, std::vector<int64_t>* slots,
@@ -109,6 +162,14 @@ size_t rowBytesOf(const attnAttnConfig_t& c) {
 
 }  // namespace
 
+attnResult_t makeKvAttnCompute(KvPool& pool, const KvAttnArgs& a, std::unique_ptr<KvAttnCompute>* out) {
+#if ATTN_HAVE_CUDA
+  if (pool.onDevice()) return makeKvAttnComputeDevice(pool, a, out);
+#endif
+  *out = std::make_unique<HostKvAttnCompute>(pool, a);
+  return attnSuccess;
+}
+
 attnResult_t checkKvAttnArgs(KvPool& pool, const KvAttnArgs& a) {
   const attnKvPoolConfig_t& pc = pool.config();
   const attnAttnConfig_t& c = a.cfg;
@@ -122,7 +183,7 @@ attnResult_t checkKvAttnArgs(KvPool& pool, const KvAttnArgs& a) {
                c.softmax_scale);
   std::set<int64_t> seen;
   for (size_t i = 0; i < a.reqs.size(); ++i) {
-    ATTN_REQUIRE(pool.own.count(a.reqs[i]), "reqs[%zu] = %lld is not a request of this rank", i,
+    ATTN_REQUIRE(pool.owns(a.reqs[i]), "reqs[%zu] = %lld is not a request of this rank", i,
                  (long long)a.reqs[i]);
     ATTN_REQUIRE(seen.insert(a.reqs[i]).second, "reqs[%zu] = %lld appears twice", i, (long long)a.reqs[i]);
   }
@@ -130,9 +191,9 @@ attnResult_t checkKvAttnArgs(KvPool& pool, const KvAttnArgs& a) {
   for (size_t i = 0; i + 1 < a.qOffsets.size(); ++i)
     ATTN_REQUIRE(a.qOffsets[i + 1] >= a.qOffsets[i], "q_offsets decreases at %zu (%d -> %d)", i,
                  a.qOffsets[i], a.qOffsets[i + 1]);
-  const int32_t rows = a.qOffsets.empty() ? 0 : a.qOffsets.back();
+  const int32_t rows = a.rows();
   ATTN_REQUIRE(rows == 0 || (a.q && a.out), "q or out is NULL with %d query rows", rows);
-  ATTN_REQUIRE(rows == 0 || !c.causal || a.qPos, "causal attention needs q_pos");
+  ATTN_REQUIRE(rows == 0 || !c.causal || a.hasQPos, "causal attention needs q_pos");
   return attnSuccess;
 }
 
@@ -142,11 +203,12 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   const attnAttnConfig_t& cfg = a.cfg;
   const int hq = cfg.num_q_heads, d = cfg.head_dim;
   const size_t qRowBytes = rowBytesOf(cfg);
-  const int32_t rows = a.qOffsets.empty() ? 0 : a.qOffsets.back();
-  const QueryHeader mine{hq, cfg.causal, cfg.softmax_scale, 0};
-  const char* qb = static_cast<const char*>(a.q);
+  const KvQueryHeader mine{hq, cfg.causal, cfg.softmax_scale, 0};
+  std::unique_ptr<KvAttnCompute> compute;
+  if (localStatus == attnSuccess) localStatus = makeKvAttnCompute(pool, a, &compute);
 
-  // 1. Queries to the holders (with the releases owed).
+  // 1. Queries to the holders (with the releases owed). On a device pool
+  // the query rows come down first.
   std::vector<std::vector<char>> out(static_cast<size_t>(n));
   std::vector<std::vector<size_t>> sentTo(static_cast<size_t>(n));  // request indices shipped, per peer
   std::vector<int64_t> replyRows(size_t(n), 0);
@@ -157,11 +219,21 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
       for (int p = 0; p < n; ++p)
         if (p != me && at[p]) sentTo[p].push_back(i);
     }
-    for (int p = 0; p < n; ++p) {
+    std::vector<char> hostQ;
+    const char* qb = static_cast<const char*>(a.q);
+    bool shipped = false;
+    for (int p = 0; p < n; ++p) shipped = shipped || !sentTo[p].empty();
+    if (shipped && pool.onDevice()) {
+#if ATTN_HAVE_CUDA
+      localStatus = kvDeviceDownload(pool, a.q, size_t(a.rows()) * qRowBytes, &hostQ);
+#endif
+      qb = hostQ.data();
+    }
+    for (int p = 0; p < n && localStatus == attnSuccess; ++p) {
       if (p == me) continue;
       WireOut w;
       pool.writeReleases(p, w);
-      QueryHeader h = mine;
+      KvQueryHeader h = mine;
       h.entries = uint32_t(sentTo[p].size());
       w.put(h);
       for (size_t i : sentTo[p]) {
@@ -171,7 +243,7 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
       }
       for (size_t i : sentTo[p]) {
         const int32_t r0 = a.qOffsets[i], r = a.qOffsets[i + 1] - r0;
-        if (a.qPos) w.putBytes(a.qPos + r0, size_t(r) * sizeof(int32_t));
+        if (a.hasQPos) w.putBytes(a.qPos.data() + r0, size_t(r) * sizeof(int32_t));
         else for (int32_t k = 0; k < r; ++k) w.put(int32_t(0));
         w.putBytes(qb + size_t(r0) * qRowBytes, size_t(r) * qRowBytes);
       }
@@ -203,7 +275,7 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   for (int p : got.arrival) {
     WireIn in(got.in[p]);
     ATTN_CHECK(pool.readReleases(p, in));
-    QueryHeader h;
+    KvQueryHeader h;
     if (!in.get(&h)) return setError(attnRemoteError, "attnKvAttention: rank %d sent a truncated header", p);
     if (h.entries == 0) continue;
     if (h.numQHeads < 1 || h.numQHeads % pool.config().num_kv_heads != 0 || !std::isfinite(h.scale))
@@ -216,13 +288,10 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
       total += en.rows;
     }
     const size_t rb = size_t(h.numQHeads) * size_t(pool.config().head_dim) * dataTypeSize(pool.config().dtype);
-    const size_t od = size_t(pool.config().head_dim);
-    std::vector<float>& res = served[p];
-    res.resize(size_t(total) * h.numQHeads * (od + 1));
-    float* o = res.data();
-    float* l = res.data() + size_t(total) * h.numQHeads * od;
-    cpu::initAccumulator(o, l, total, h.numQHeads, int(od));
-    for (const QueryEntry& en : entries) {
+    std::vector<KvServedRequest> reqs(entries.size());
+    std::vector<std::vector<int32_t>> positions(entries.size());
+    for (size_t j = 0; j < entries.size(); ++j) {
+      const QueryEntry& en = entries[j];
       const char* posBytes = in.take(size_t(en.rows) * sizeof(int32_t));
       const char* qBytes = in.take(size_t(en.rows) * rb);
       if (!posBytes || !qBytes)
@@ -232,31 +301,28 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
         return setError(attnRemoteError,
                         "attnKvAttention: rank %d sent queries of its request %lld, of which this rank "
                         "holds no blocks", p, (long long)en.req);
-      std::vector<int32_t> pos(size_t(en.rows));
-      std::memcpy(pos.data(), posBytes, pos.size() * sizeof(int32_t));
-      std::vector<int64_t> slots;
-      std::vector<int32_t> tokens;
-      lentSlots(pool, it->second, &slots, &tokens);
-      ATTN_CHECK(accumulateSlots(pool, slots, tokens, h, qBytes, pos.data(), en.rows, o, l));
-      o += size_t(en.rows) * h.numQHeads * od;
-      l += size_t(en.rows) * h.numQHeads;
+      positions[j].resize(size_t(en.rows));
+      std::memcpy(positions[j].data(), posBytes, positions[j].size() * sizeof(int32_t));
+      reqs[j].rows = en.rows;
+      reqs[j].pos = positions[j].data();
+      reqs[j].q = qBytes;
+      lentSlots(pool, it->second, &reqs[j].slots, &reqs[j].tokens);
     }
-    ATTN_CHECK(e.isend(p, res.data(), res.size() * sizeof(float), &sreq[p]));
+    ATTN_CHECK(compute->serve(h, reqs, total, &served[p]));
+    ATTN_CHECK(e.isend(p, served[p].data(), served[p].size() * sizeof(float), &sreq[p]));
     servedTo.push_back(p);
   }
 
   // 3. Our own blocks, then the replies as they arrive.
-  std::vector<float> accO(size_t(rows) * hq * d), accL(size_t(rows) * hq);
-  cpu::initAccumulator(accO.data(), accL.data(), rows, hq, d);
+  std::vector<KvOwnWork> work;
   for (size_t i = 0; i < a.reqs.size(); ++i) {
-    const int32_t r0 = a.qOffsets[i], r = a.qOffsets[i + 1] - r0;
-    std::vector<int64_t> slots;
-    std::vector<int32_t> tokens;
-    ownSlots(pool, pool.own.at(a.reqs[i]), &slots, &tokens);
-    ATTN_CHECK(accumulateSlots(pool, slots, tokens, mine, qb + size_t(r0) * qRowBytes,
-                               a.qPos ? a.qPos + r0 : nullptr, r, accO.data() + size_t(r0) * hq * d,
-                               accL.data() + size_t(r0) * hq));
+    KvOwnWork w;
+    w.r0 = a.qOffsets[i];
+    w.rows = a.qOffsets[i + 1] - w.r0;
+    ownSlots(pool, pool.own.at(a.reqs[i]), &w.slots, &w.tokens);
+    if (w.rows > 0 && !w.slots.empty()) work.push_back(std::move(w));
   }
+  ATTN_CHECK(compute->own(work));
   while (!pendingReplies.empty()) {
     size_t k = 0;
     ATTN_CHECK(e.waitAny(pendingReplies.data(), pendingReplies.size(), &k));
@@ -264,24 +330,15 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
     if (pendingReplies[k]->bytes != replies[p].size() * sizeof(float))
       return setError(attnRemoteError, "attnKvAttention: rank %d replied %zu bytes, %zu expected", p,
                       pendingReplies[k]->bytes, replies[p].size() * sizeof(float));
-    const float* o = replies[p].data();
-    const float* l = o + size_t(replyRows[p]) * hq * d;
-    for (size_t i : sentTo[p]) {
-      const int32_t r0 = a.qOffsets[i], r = a.qOffsets[i + 1] - r0;
-      cpu::AttnPartialRef ref{o, attnFloat32, l};
-      ATTN_CHECK(cpu::foldPartial(accO.data() + size_t(r0) * hq * d, accL.data() + size_t(r0) * hq, ref,
-                                  size_t(r) * hq, d));
-      o += size_t(r) * hq * d;
-      l += size_t(r) * hq;
-    }
+    std::vector<std::pair<int32_t, int32_t>> ranges;
+    for (size_t i : sentTo[p]) ranges.push_back({a.qOffsets[i], a.qOffsets[i + 1] - a.qOffsets[i]});
+    ATTN_CHECK(compute->fold(replies[p], ranges));
     pendingReplies.erase(pendingReplies.begin() + long(k));
     replyFrom.erase(replyFrom.begin() + long(k));
   }
   for (int p : servedTo) ATTN_CHECK(e.wait(&sreq[p]));
   guard.done();
-  if (rows > 0) ATTN_CHECK(cpu::convertFromFloat(a.out, cfg.dtype, accO.data(), accO.size()));
-  if (a.lse && rows > 0) std::memcpy(a.lse, accL.data(), accL.size() * sizeof(float));
-  return attnSuccess;
+  return compute->finish();
 }
 
 }  // namespace attn

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attncomm.h"
@@ -14,15 +15,63 @@ namespace attn {
 struct KvAttnArgs {
   std::vector<int64_t> reqs;
   std::vector<int32_t> qOffsets;  // [reqs + 1], from 0
-  const void* q = nullptr;
-  const int32_t* qPos = nullptr;
+  const void* q = nullptr;        // the pool's memory kind (device pointers on a device pool)
+  std::vector<int32_t> qPos;      // [rows] copied at the call; empty when none were given
+  bool hasQPos = false;
   void* out = nullptr;
   float* lse = nullptr;
   attnAttnConfig_t cfg{};
+  int32_t rows() const { return qOffsets.empty() ? 0 : qOffsets.back(); }
 };
 
-// Checks the arguments against the pool (the text names what is wrong).
+// What a peer's queries ask of one of its requests here.
+struct KvQueryHeader {
+  int32_t numQHeads;
+  int32_t causal;
+  float scale;
+  uint32_t entries;
+};
+struct KvServedRequest {
+  int32_t rows = 0;
+  const int32_t* pos = nullptr;  // [rows] host (aligned copy)
+  const char* q = nullptr;       // [rows, Hq, D] host bytes in the pool's dtype
+  std::vector<int64_t> slots;    // its blocks here, by slot, with their tokens
+  std::vector<int32_t> tokens;
+};
+
+// This rank's rows [r0, r0 + rows) of one request, over its blocks here.
+struct KvOwnWork {
+  int32_t r0 = 0, rows = 0;
+  std::vector<int64_t> slots;
+  std::vector<int32_t> tokens;
+};
+
+// The arithmetic of one call, on the host or on the GPU (kv_device.h); the
+// protocol around it is kvAttention's.
+class KvAttnCompute {
+ public:
+  virtual ~KvAttnCompute() = default;
+  // One peer's queries over our blocks of its requests: fp32 O [rows, Hq, D]
+  // of every request in turn, then LSE [rows, Hq], into `result` (host).
+  virtual attnResult_t serve(const KvQueryHeader& h, const std::vector<KvServedRequest>& reqs,
+                             int64_t rows, std::vector<float>* result) = 0;
+  // This rank's query rows over its own blocks here, every request of the
+  // call at once (the GPU runs them while replies come in).
+  virtual attnResult_t own(const std::vector<KvOwnWork>& work) = 0;
+  // A peer's reply (host: O then LSE of its rows), covering our row ranges
+  // `ranges` ({r0, r}) in order.
+  virtual attnResult_t fold(const std::vector<float>& reply,
+                            const std::vector<std::pair<int32_t, int32_t>>& ranges) = 0;
+  // out and lse written.
+  virtual attnResult_t finish() = 0;
+};
+
+// Checks the arguments against the pool's front (the text names what is
+// wrong).
 attnResult_t checkKvAttnArgs(KvPool& pool, const KvAttnArgs& a);
+
+// The arithmetic on the host (host pools) or the GPU (device pools).
+attnResult_t makeKvAttnCompute(KvPool& pool, const KvAttnArgs& a, std::unique_ptr<KvAttnCompute>* out);
 
 // The collective; `localStatus` != success fails it on every rank.
 attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localStatus);

@@ -25,6 +25,7 @@
 #include "src/core/comm.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "src/device/kv_device.h"
 
 namespace attn {
 
@@ -115,6 +116,39 @@ attnResult_t fileBlocks(KvPool& pool, int from, const TryMove& t, const std::vec
   return attnSuccess;
 }
 
+// Host pools: the bytes move straight from and into the slots.
+class HostBlockIo : public KvBlockIo {
+ public:
+  explicit HostBlockIo(KvPool& pool) : pool_(pool) {}
+  attnResult_t sendFrom(const std::vector<int64_t>& slots, std::vector<const char*>* k,
+                        std::vector<const char*>* v) override {
+    for (int64_t s : slots) {
+      k->push_back(pool_.k(s));
+      v->push_back(pool_.v(s));
+    }
+    return attnSuccess;
+  }
+  attnResult_t receiveInto(const std::vector<int64_t>& slots, std::vector<char*>* k,
+                           std::vector<char*>* v) override {
+    for (int64_t s : slots) {
+      k->push_back(pool_.k(s));
+      v->push_back(pool_.v(s));
+    }
+    return attnSuccess;
+  }
+  attnResult_t received() override { return attnSuccess; }
+
+ private:
+  KvPool& pool_;
+};
+
+std::unique_ptr<KvBlockIo> makeBlockIo(KvPool& pool) {
+#if ATTN_HAVE_CUDA
+  if (pool.onDevice()) return makeKvBlockIoDevice(pool);
+#endif
+  return std::make_unique<HostBlockIo>(pool);
+}
+
 // Slots whose blocks were sent: back to the pool when the call leaves,
 // after (declared before) the guard that breaks the engine on an early
 // exit, so no transfer still reads them.
@@ -128,9 +162,8 @@ struct SlotsToFree {
 
 }  // namespace
 
-attnResult_t checkKvMoves(KvPool& pool, const std::vector<attnKvMove_t>& moves) {
+attnResult_t checkKvMovesShape(const KvPool& pool, const std::vector<attnKvMove_t>& moves) {
   const int me = pool.rank(), n = pool.nranks();
-  std::map<KvReqKey, int64_t> asked;
   for (size_t i = 0; i < moves.size(); ++i) {
     const attnKvMove_t& m = moves[i];
     ATTN_REQUIRE(m.src == me, "moves[%zu].src = %d: a rank passes only its own moves (this is rank %d)", i, m.src, me);
@@ -139,6 +172,16 @@ attnResult_t checkKvMoves(KvPool& pool, const std::vector<attnKvMove_t>& moves) 
                  "moves[%zu].owner = %d: blocks move between their owner and a peer (src %d, dst %d)", i,
                  m.owner, m.src, m.dst);
     ATTN_REQUIRE(m.num_blocks >= 0, "moves[%zu].num_blocks = %lld < 0", i, (long long)m.num_blocks);
+  }
+  return attnSuccess;
+}
+
+attnResult_t checkKvMoves(KvPool& pool, const std::vector<attnKvMove_t>& moves) {
+  ATTN_CHECK(checkKvMovesShape(pool, moves));
+  const int me = pool.rank();
+  std::map<KvReqKey, int64_t> asked;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const attnKvMove_t& m = moves[i];
     int64_t have = 0;
     if (m.owner == me) {
       auto it = pool.own.find(m.req);
@@ -205,9 +248,8 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
       const TryMove& t = asks[p][j];
       const bool returning = t.owner == me;
       const bool known = returning ? pool.own.count(t.req) > 0 : t.owner == p;
-      if (!known || t.blocks <= 0 || t.blocks > pool.freeBlocks()) continue;
+      if (!known || t.blocks <= 0 || !pool.takeSlots(t.blocks, &reservedSlots[p][j])) continue;
       grants[p][j] = t.blocks;
-      for (int64_t b = 0; b < t.blocks; ++b) reservedSlots[p][j].push_back(pool.takeSlot());
     }
   }
 
@@ -237,9 +279,49 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
   // move in the order of the try_move message, its header, then K and V of
   // each block.
   const size_t bb = pool.blockBytes();
+  std::unique_ptr<KvBlockIo> io = makeBlockIo(pool);
   SlotsToFree sentSlots{pool, {}};
   std::vector<std::vector<char>> headersOut(moves.size());
   std::vector<std::vector<std::vector<char>>> headersIn(static_cast<size_t>(n));
+  std::vector<int64_t> inSlots;  // every reserved slot, in posting order
+  for (int p = 0; p < n; ++p) {
+    if (p == me || asks[p].empty()) continue;
+    headersIn[p].resize(asks[p].size());
+    for (size_t j = 0; j < asks[p].size(); ++j) {
+      if (grants[p][j] == 0) continue;
+      headersIn[p][j].resize(headerBytes(pool, grants[p][j]));
+      inSlots.insert(inSlots.end(), reservedSlots[p][j].begin(), reservedSlots[p][j].end());
+    }
+  }
+  // The moves granted to us leave the books before any byte is sent.
+  std::vector<std::pair<int, size_t>> outMoves;  // (peer, move index), in posting order
+  std::vector<size_t> outFirst;                  // each one's first slot in outSlots
+  std::vector<int64_t> outSlots;
+  for (int p = 0; p < n; ++p) {
+    for (size_t j = 0; j < movesTo[p].size(); ++j) {
+      const size_t i = movesTo[p][j];
+      const int64_t g = replies[p][j];
+      if (g != 0 && g != moves[i].num_blocks)
+        return setError(attnRemoteError, "attnKvMigrate: rank %d granted %lld of %lld blocks", p,
+                        (long long)g, (long long)moves[i].num_blocks);
+      if (g == 0) continue;
+      std::vector<int64_t> slots;
+      {
+        std::lock_guard<std::mutex> books(pool.booksMu);
+        slots = detachBlocks(pool, moves[i], &headersOut[i]);
+      }
+      sentSlots.slots.insert(sentSlots.slots.end(), slots.begin(), slots.end());
+      outMoves.push_back({p, i});
+      outFirst.push_back(outSlots.size());
+      outSlots.insert(outSlots.end(), slots.begin(), slots.end());
+      (*granted)[i] = g;
+    }
+  }
+  std::vector<char*> inK, inV;
+  std::vector<const char*> outK, outV;
+  ATTN_CHECK(io->receiveInto(inSlots, &inK, &inV));
+  ATTN_CHECK(io->sendFrom(outSlots, &outK, &outV));
+
   std::deque<Request> reqs;  // stable addresses
   std::vector<Request*> all;
   auto postRecv = [&](int peer, void* buf, size_t bytes) {
@@ -253,42 +335,35 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
     return e.isend(peer, buf, bytes, &reqs.back());
   };
   BreakOnEarlyExit guard(e);
+  size_t at = 0;
   for (int p = 0; p < n; ++p) {
     if (p == me || asks[p].empty()) continue;
-    headersIn[p].resize(asks[p].size());
     for (size_t j = 0; j < asks[p].size(); ++j) {
       if (grants[p][j] == 0) continue;
-      headersIn[p][j].resize(headerBytes(pool, grants[p][j]));
       ATTN_CHECK(postRecv(p, headersIn[p][j].data(), headersIn[p][j].size()));
-      for (int64_t slot : reservedSlots[p][j]) {
-        ATTN_CHECK(postRecv(p, pool.k(slot), bb));
-        ATTN_CHECK(postRecv(p, pool.v(slot), bb));
+      for (size_t b = 0; b < reservedSlots[p][j].size(); ++b, ++at) {
+        ATTN_CHECK(postRecv(p, inK[at], bb));
+        ATTN_CHECK(postRecv(p, inV[at], bb));
       }
     }
   }
-  for (int p = 0; p < n; ++p) {
-    for (size_t j = 0; j < movesTo[p].size(); ++j) {
-      const size_t i = movesTo[p][j];
-      const int64_t g = replies[p][j];
-      if (g != 0 && g != moves[i].num_blocks)
-        return setError(attnRemoteError, "attnKvMigrate: rank %d granted %lld of %lld blocks", p,
-                        (long long)g, (long long)moves[i].num_blocks);
-      if (g == 0) continue;
-      const std::vector<int64_t> slots = detachBlocks(pool, moves[i], &headersOut[i]);
-      sentSlots.slots.insert(sentSlots.slots.end(), slots.begin(), slots.end());
-      ATTN_CHECK(postSend(p, headersOut[i].data(), headersOut[i].size()));
-      for (int64_t slot : slots) {
-        ATTN_CHECK(postSend(p, pool.k(slot), bb));
-        ATTN_CHECK(postSend(p, pool.v(slot), bb));
-      }
-      (*granted)[i] = g;
+  for (size_t m = 0; m < outMoves.size(); ++m) {
+    const auto [p, i] = outMoves[m];
+    ATTN_CHECK(postSend(p, headersOut[i].data(), headersOut[i].size()));
+    for (size_t b = outFirst[m]; b < outFirst[m] + size_t(moves[i].num_blocks); ++b) {
+      ATTN_CHECK(postSend(p, outK[b], bb));
+      ATTN_CHECK(postSend(p, outV[b], bb));
     }
   }
   for (Request* r : all) ATTN_CHECK(e.wait(r));
   guard.done();
-  for (int p = 0; p < n; ++p)
-    for (size_t j = 0; j < asks[p].size(); ++j)
-      if (grants[p][j] != 0) ATTN_CHECK(fileBlocks(pool, p, asks[p][j], reservedSlots[p][j], headersIn[p][j]));
+  ATTN_CHECK(io->received());
+  {
+    std::lock_guard<std::mutex> books(pool.booksMu);
+    for (int p = 0; p < n; ++p)
+      for (size_t j = 0; j < asks[p].size(); ++j)
+        if (grants[p][j] != 0) ATTN_CHECK(fileBlocks(pool, p, asks[p][j], reservedSlots[p][j], headersIn[p][j]));
+  }
   int64_t sent = 0, refused = 0;
   for (size_t i = 0; i < moves.size(); ++i) {
     sent += (*granted)[i];

@@ -8,6 +8,26 @@
 
 namespace attn {
 
+// Where a move's K and V bytes are sent from and received into: the slots
+// themselves (host pools), or pinned host copies of them (device pools,
+// kv_device.h).
+class KvBlockIo {
+ public:
+  virtual ~KvBlockIo() = default;
+  // Host addresses of the K and V of `slots`, to send from.
+  virtual attnResult_t sendFrom(const std::vector<int64_t>& slots, std::vector<const char*>* k,
+                                std::vector<const char*>* v) = 0;
+  // Host addresses to receive the K and V of `slots` into.
+  virtual attnResult_t receiveInto(const std::vector<int64_t>& slots, std::vector<char*>* k,
+                                   std::vector<char*>* v) = 0;
+  // Everything receiveInto handed out has arrived.
+  virtual attnResult_t received() = 0;
+};
+
+// Checks what needs no books: src is this rank, dst a peer, the owner src
+// or dst, num_blocks >= 0. The error text names the move.
+attnResult_t checkKvMovesShape(const KvPool& pool, const std::vector<attnKvMove_t>& moves);
+
 // Checks this rank's moves against its pool (src is this rank, the owner is
 // src or dst, enough blocks to move). The error text names the move.
 attnResult_t checkKvMoves(KvPool& pool, const std::vector<attnKvMove_t>& moves);

@@ -1,50 +1,119 @@
 #include "src/attn/kv_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #include "src/attn/kv_exchange.h"
 #include "src/core/comm.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
+#include "src/device/device_route.h"
+#include "src/device/kv_device.h"
 
 namespace attn {
+
+namespace {
+
+class HostKvMemory : public KvMemory {
+ public:
+  attnResult_t allocate(size_t bytes) {
+    // Not zero-filled: a slot is written before it is read.
+    k_.reset(new (std::nothrow) char[std::max<size_t>(1, bytes)]);
+    v_.reset(new (std::nothrow) char[std::max<size_t>(1, bytes)]);
+    return k_ && v_ ? attnSuccess : attnSystemError;
+  }
+  char* k() override { return k_.get(); }
+  char* v() override { return v_.get(); }
+  bool onDevice() const override { return false; }
+  attnResult_t copyIn(char* dst, const void* src, size_t bytes, attnStream_t) override {
+    std::memcpy(dst, src, bytes);
+    return attnSuccess;
+  }
+
+ private:
+  std::unique_ptr<char[]> k_, v_;
+};
+
+// An append's entry in the books: the last block filled, then the new ones.
+void appendToBooks(KvOwnRequest& o, const KvLocalCall& c, int me, int bt) {
+  int32_t left = c.tokens;
+  if (!o.blocks.empty() && o.blocks.back().holder == me && o.blocks.back().tokens < bt) {
+    const int32_t take = std::min(left, bt - o.blocks.back().tokens);
+    o.blocks.back().tokens += take;
+    left -= take;
+  }
+  for (int64_t s : c.newSlots) {
+    const int32_t take = std::min(left, bt);
+    o.blocks.push_back({me, s, take});
+    left -= take;
+  }
+  o.tokens += c.tokens;
+  o.lastPos = c.lastPos;
+}
+
+}  // namespace
 
 KvPool::KvPool(attnComm* comm, const attnKvPoolConfig_t& cfg) : comm_(comm), cfg_(cfg) {
   rowBytes_ = size_t(cfg.num_kv_heads) * size_t(cfg.head_dim) * dataTypeSize(cfg.dtype);
 }
+
+KvPool::~KvPool() { drain(); }
 
 int KvPool::rank() const { return comm_->rank; }
 int KvPool::nranks() const { return comm_->nranks; }
 
 attnResult_t KvPool::allocate() {
   const size_t blocks = size_t(cfg_.capacity_blocks);
-  // Not zero-filled: a slot is written before it is read.
-  k_.reset(new (std::nothrow) char[std::max<size_t>(1, blocks * blockBytes())]);
-  v_.reset(new (std::nothrow) char[std::max<size_t>(1, blocks * blockBytes())]);
+  const size_t bytes = blocks * blockBytes();
+  if (deviceRoute(comm_)) {
+    ATTN_CHECK(makeKvDeviceMemory(comm_, bytes, &mem_));
+  } else {
+    auto host = std::make_unique<HostKvMemory>();
+    if (host->allocate(bytes) != attnSuccess)
+      return setError(attnSystemError, "cannot allocate a KV pool of %lld blocks (%zu bytes each for K and V)",
+                      (long long)cfg_.capacity_blocks, blockBytes());
+    mem_ = std::move(host);
+  }
   pos_.reset(new (std::nothrow) int32_t[std::max<size_t>(1, blocks * size_t(cfg_.block_tokens))]);
-  if (!k_ || !v_ || !pos_)
-    return setError(attnSystemError, "cannot allocate a KV pool of %lld blocks (%zu bytes each for K and V)",
-                    (long long)cfg_.capacity_blocks, blockBytes());
+  if (!pos_)
+    return setError(attnSystemError, "cannot allocate the positions of a KV pool of %lld blocks",
+                    (long long)cfg_.capacity_blocks);
   free_.resize(blocks);
   for (size_t i = 0; i < blocks; ++i) free_[i] = int64_t(blocks - 1 - i);
   releasedAt.assign(size_t(nranks()), {});
   return attnSuccess;
 }
 
-int64_t KvPool::takeSlot() {
-  const int64_t s = free_.back();
-  free_.pop_back();
-  return s;
+int64_t KvPool::freeBlocks() const {
+  std::lock_guard<std::mutex> g(freeMu_);
+  return int64_t(free_.size());
 }
 
-attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int32_t* pos, int n) {
+bool KvPool::takeSlots(int64_t n, std::vector<int64_t>* slots) {
+  std::lock_guard<std::mutex> g(freeMu_);
+  if (n > int64_t(free_.size())) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    slots->push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+void KvPool::giveSlot(int64_t slot) {
+  std::lock_guard<std::mutex> g(freeMu_);
+  free_.push_back(slot);
+}
+
+attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int32_t* pos, int n,
+                            attnStream_t stream) {
   ATTN_REQUIRE(n >= 0, "n = %d < 0", n);
   if (n == 0) return attnSuccess;
   ATTN_REQUIRE(k && v && pos, "k, v or pos is NULL with %d tokens", n);
-  auto it = own.find(req);
-  const KvOwnRequest* r = it == own.end() ? nullptr : &it->second;
+  auto it = front_.find(req);
+  const FrontRequest* r = it == front_.end() ? nullptr : &it->second;
   int32_t last = r && r->tokens > 0 ? r->lastPos : INT32_MIN;
   for (int i = 0; i < n; ++i) {
     ATTN_REQUIRE(i == 0 && !(r && r->tokens > 0) ? true : pos[i] > last,
@@ -53,51 +122,147 @@ attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int
     last = pos[i];
   }
   const int bt = cfg_.block_tokens;
-  int64_t room = 0;
-  if (r && !r->blocks.empty() && r->blocks.back().holder == rank())
-    room = bt - r->blocks.back().tokens;
+  const int64_t room = r && r->lastSlot >= 0 ? bt - r->lastFill : 0;
   const int64_t needed = std::max<int64_t>(0, (int64_t(n) - room + bt - 1) / bt);
-  if (needed > freeBlocks())
+  KvLocalCall call;
+  call.req = req;
+  call.tokens = n;
+  call.lastPos = pos[n - 1];
+  // Checked and taken in one step: collectives running elsewhere take
+  // slots too.
+  if (!takeSlots(needed, &call.newSlots))
     return setError(attnInvalidUsage,
                     "request %lld: %d tokens need %lld new blocks but the pool has %lld free of %lld",
                     (long long)req, n, (long long)needed, (long long)freeBlocks(),
                     (long long)cfg_.capacity_blocks);
-  KvOwnRequest& o = own[req];
+  // The tokens go into rows no queued collective reads: the last block's
+  // unfilled rows, then the new blocks.
   const char* kb = static_cast<const char*>(k);
   const char* vb = static_cast<const char*>(v);
+  const bool existed = r != nullptr;
+  const FrontRequest before = existed ? *r : FrontRequest{};
+  FrontRequest& f = front_[req];
   int done = 0;
-  while (done < n) {
-    if (o.blocks.empty() || o.blocks.back().holder != rank() || o.blocks.back().tokens == bt)
-      o.blocks.push_back({rank(), takeSlot(), 0});
-    KvBlockLoc& b = o.blocks.back();
-    const int take = std::min(n - done, bt - b.tokens);
-    std::memcpy(this->k(b.slot) + size_t(b.tokens) * rowBytes_, kb + size_t(done) * rowBytes_,
-                size_t(take) * rowBytes_);
-    std::memcpy(this->v(b.slot) + size_t(b.tokens) * rowBytes_, vb + size_t(done) * rowBytes_,
-                size_t(take) * rowBytes_);
-    std::memcpy(this->pos(b.slot) + b.tokens, pos + done, size_t(take) * sizeof(int32_t));
-    b.tokens += take;
+  size_t next = 0;
+  attnResult_t copied = attnSuccess;
+  while (done < n && copied == attnSuccess) {
+    if (f.lastSlot < 0 || f.lastFill == bt) {
+      f.lastSlot = call.newSlots[next++];
+      f.lastFill = 0;
+    }
+    const int take = std::min(n - done, bt - f.lastFill);
+    const size_t at = size_t(f.lastFill) * rowBytes_, bytes = size_t(take) * rowBytes_;
+    copied = mem_->copyIn(this->k(f.lastSlot) + at, kb + size_t(done) * rowBytes_, bytes, stream);
+    if (copied == attnSuccess)
+      copied = mem_->copyIn(this->v(f.lastSlot) + at, vb + size_t(done) * rowBytes_, bytes, stream);
+    std::memcpy(this->pos(f.lastSlot) + f.lastFill, pos + done, size_t(take) * sizeof(int32_t));
+    f.lastFill += take;
     done += take;
   }
-  o.tokens += n;
-  o.lastPos = pos[n - 1];
+  if (copied == attnSuccess) copied = mem_->copiesDone(stream);
+  if (copied != attnSuccess) {
+    // A failed enqueue (device): the request stays as it was. Its last
+    // block may have been half written past its filled rows, which nothing
+    // reads.
+    for (int64_t s : call.newSlots) giveSlot(s);
+    if (existed) front_[req] = before;
+    else front_.erase(req);
+    return copied;
+  }
+  f.tokens += n;
+  f.lastPos = call.lastPos;
+  std::lock_guard<std::mutex> g(booksMu);
+  submitLocked(std::move(call));
   return attnSuccess;
 }
 
 attnResult_t KvPool::release(int64_t req) {
-  auto it = own.find(req);
-  ATTN_REQUIRE(it != own.end(), "request %lld is not a request of this rank", (long long)req);
-  std::vector<bool> told(size_t(nranks()), false);
-  for (const KvBlockLoc& b : it->second.blocks) {
-    if (b.holder == rank()) {
-      giveSlot(b.slot);
-    } else if (!told[size_t(b.holder)]) {
-      told[size_t(b.holder)] = true;
-      releasedAt[size_t(b.holder)].push_back(req);
-    }
-  }
-  own.erase(it);
+  ATTN_REQUIRE(front_.count(req), "request %lld is not a request of this rank", (long long)req);
+  front_.erase(req);
+  KvLocalCall call;
+  call.release = true;
+  call.req = req;
+  std::lock_guard<std::mutex> g(booksMu);
+  submitLocked(std::move(call));
   return attnSuccess;
+}
+
+void KvPool::submitLocked(KvLocalCall call) {
+  call.seq = nextSeq_++;
+  if (queued_.empty()) {
+    applyLocked(call);
+  } else {
+    pending_.push_back(std::move(call));
+  }
+}
+
+void KvPool::applyLocked(const KvLocalCall& c) {
+  const int me = rank(), bt = cfg_.block_tokens;
+  if (c.release) {
+    auto it = own.find(c.req);
+    if (it == own.end()) return;  // the front checked it: cannot happen
+    std::vector<bool> told(size_t(nranks()), false);
+    for (const KvBlockLoc& b : it->second.blocks) {
+      if (b.holder == me) {
+        giveSlot(b.slot);
+      } else if (!told[size_t(b.holder)]) {
+        told[size_t(b.holder)] = true;
+        releasedAt[size_t(b.holder)].push_back(c.req);
+      }
+    }
+    own.erase(it);
+    return;
+  }
+  appendToBooks(own[c.req], c, me, bt);
+}
+
+void KvPool::applyPendingLocked(uint64_t before) {
+  while (!pending_.empty() && pending_.front().seq < before) {
+    applyLocked(pending_.front());
+    pending_.pop_front();
+  }
+}
+
+uint64_t KvPool::enqueueCollective() {
+  std::lock_guard<std::mutex> g(booksMu);
+  const uint64_t seq = nextSeq_++;
+  queued_.push_back(seq);
+  return seq;
+}
+
+void KvPool::startCollective(uint64_t seq) {
+  std::lock_guard<std::mutex> g(booksMu);
+  applyPendingLocked(seq);
+}
+
+void KvPool::endCollective(uint64_t seq) {
+  std::lock_guard<std::mutex> g(booksMu);
+  auto it = std::find(queued_.begin(), queued_.end(), seq);
+  if (it != queued_.end()) queued_.erase(it);
+  applyPendingLocked(queued_.empty() ? UINT64_MAX : queued_.front());
+}
+
+void KvPool::drain() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(booksMu);
+      if (queued_.empty()) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+std::map<int64_t, KvOwnRequest> KvPool::frontBooksLocked() const {
+  std::map<int64_t, KvOwnRequest> view = own;
+  const int me = rank(), bt = cfg_.block_tokens;
+  for (const KvLocalCall& c : pending_) {
+    if (c.release) {
+      view.erase(c.req);
+      continue;
+    }
+    appendToBooks(view[c.req], c, me, bt);
+  }
+  return view;
 }
 
 std::vector<int64_t> KvPool::movableOwn(const KvOwnRequest& r) const {
@@ -108,16 +273,38 @@ std::vector<int64_t> KvPool::movableOwn(const KvOwnRequest& r) const {
   return out;
 }
 
-attnKvPoolStats_t KvPool::stats() const {
+attnKvPoolStats_t KvPool::stats() {
   attnKvPoolStats_t s{};
   s.capacity_blocks = cfg_.capacity_blocks;
   s.used_blocks = cfg_.capacity_blocks - freeBlocks();
+  std::lock_guard<std::mutex> g(booksMu);
   for (const auto& [key, blocks] : lentIn) s.lent_in_blocks += int64_t(blocks.size());
-  for (const auto& [id, r] : own)
-    for (const KvBlockLoc& b : r.blocks)
-      if (b.holder != rank()) ++s.lent_out_blocks;
-  s.num_requests = int(own.size());
+  const int me = rank();
+  auto count = [&](const std::map<int64_t, KvOwnRequest>& reqs) {
+    for (const auto& [id, r] : reqs)
+      for (const KvBlockLoc& b : r.blocks)
+        if (b.holder != me) ++s.lent_out_blocks;
+  };
+  if (pending_.empty()) count(own);
+  else count(frontBooksLocked());
+  s.num_requests = int(front_.size());
   return s;
+}
+
+attnResult_t KvPool::placement(int64_t req, int64_t* holders, int64_t* tokens) {
+  auto f = front_.find(req);
+  ATTN_REQUIRE(f != front_.end(), "request %lld is not a request of this rank", (long long)req);
+  std::lock_guard<std::mutex> g(booksMu);
+  auto fill = [&](const KvOwnRequest& r) {
+    if (holders) {
+      std::fill(holders, holders + nranks(), int64_t(0));
+      for (const KvBlockLoc& b : r.blocks) ++holders[b.holder];
+    }
+  };
+  if (pending_.empty()) fill(own.at(req));
+  else fill(frontBooksLocked().at(req));
+  if (tokens) *tokens = f->second.tokens;
+  return attnSuccess;
 }
 
 void KvPool::writeReleases(int peer, WireOut& out) const {
@@ -127,6 +314,7 @@ void KvPool::writeReleases(int peer, WireOut& out) const {
 }
 
 void KvPool::releasesDelivered() {
+  std::lock_guard<std::mutex> g(booksMu);
   for (auto& r : releasedAt) r.clear();
 }
 
@@ -136,6 +324,7 @@ attnResult_t KvPool::readReleases(int peer, WireIn& in) {
   for (uint32_t i = 0; i < count; ++i) {
     int64_t id = 0;
     if (!in.get(&id)) return setError(attnRemoteError, "rank %d sent a truncated release list", peer);
+    std::lock_guard<std::mutex> g(booksMu);
     auto it = lentIn.find({peer, id});
     if (it == lentIn.end()) continue;  // nothing of it here (any more)
     for (const KvLentBlock& b : it->second) giveSlot(b.slot);

@@ -6,11 +6,25 @@
 //
 // Memory is three arrays indexed by slot (K, V, positions), so the keys of
 // consecutive slots are contiguous and one kernel call covers a run of them.
+// K and V are host memory or, on a device communicator, GPU memory
+// (KvMemory); positions always stay on the host, where the books are.
+//
+// Two views of the requests, because collectives may be queued (a device
+// stream, a non-blocking communicator) while the caller goes on:
+//  - the front: every local call made so far (append, release). The caller's
+//    thread checks new calls against it, so their errors return at once;
+//  - the books (`own`, `lentIn`): what the collectives see. A collective
+//    runs on the books as they were when it was enqueued: local calls made
+//    after it wait in `pending_` until it has run.
+// An append takes its slots and copies its tokens at once (into slots and
+// rows no queued collective reads); only its entry in the books waits.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -41,9 +55,36 @@ struct KvLentBlock {
 
 using KvReqKey = std::pair<int, int64_t>;  // (owner rank, request id)
 
+// Where a pool's K and V live: host memory (kv_pool.cc) or the GPU of a
+// device communicator (src/device/kv_device_memory.cc).
+class KvMemory {
+ public:
+  virtual ~KvMemory() = default;
+  virtual char* k() = 0;
+  virtual char* v() = 0;
+  virtual bool onDevice() const = 0;
+  // Copies a caller's bytes into pool memory: at once (host), or enqueued on
+  // `stream` (device).
+  virtual attnResult_t copyIn(char* dst, const void* src, size_t bytes, attnStream_t stream) = 0;
+  // One call's copies are enqueued (device: remembered for destroy).
+  virtual attnResult_t copiesDone(attnStream_t) { return attnSuccess; }
+};
+
+// A local call waiting for queued collectives to run before it reaches the
+// books.
+struct KvLocalCall {
+  uint64_t seq = 0;
+  bool release = false;
+  int64_t req = 0;
+  int32_t tokens = 0;                 // append: tokens added
+  int32_t lastPos = 0;                // append: the last one's position
+  std::vector<int64_t> newSlots;      // append: blocks taken, in order
+};
+
 class KvPool {
  public:
   KvPool(attnComm* comm, const attnKvPoolConfig_t& cfg);
+  ~KvPool();
   attnResult_t allocate();
 
   attnComm* comm() const { return comm_; }
@@ -52,26 +93,39 @@ class KvPool {
   int nranks() const;
   size_t rowBytes() const { return rowBytes_; }  // one token's K (or V)
   size_t blockBytes() const { return rowBytes_ * size_t(cfg_.block_tokens); }
+  bool onDevice() const { return mem_->onDevice(); }
 
-  char* k(int64_t slot) { return k_.get() + size_t(slot) * blockBytes(); }
-  char* v(int64_t slot) { return v_.get() + size_t(slot) * blockBytes(); }
+  // K and V in the pool's memory (device pointers on a device pool).
+  char* k(int64_t slot) { return mem_->k() + size_t(slot) * blockBytes(); }
+  char* v(int64_t slot) { return mem_->v() + size_t(slot) * blockBytes(); }
   int32_t* pos(int64_t slot) { return pos_.get() + size_t(slot) * size_t(cfg_.block_tokens); }
-  const char* kBase() const { return k_.get(); }
-  const char* vBase() const { return v_.get(); }
-  const int32_t* posBase() const { return pos_.get(); }
 
-  int64_t freeBlocks() const { return int64_t(free_.size()); }
-  int64_t takeSlot();  // caller checked freeBlocks() > 0
-  void giveSlot(int64_t slot) { free_.push_back(slot); }
+  // The free list; safe from any thread.
+  int64_t freeBlocks() const;
+  // All n slots, or none (false) when fewer are free.
+  bool takeSlots(int64_t n, std::vector<int64_t>* slots);
+  void giveSlot(int64_t slot);
 
-  attnResult_t append(int64_t req, const void* k, const void* v, const int32_t* pos, int n);
+  // --- Local calls, on the caller's thread (front view).
+  attnResult_t append(int64_t req, const void* k, const void* v, const int32_t* pos, int n,
+                      attnStream_t stream);
   attnResult_t release(int64_t req);
+  bool owns(int64_t req) const { return front_.count(req) > 0; }
+  attnKvPoolStats_t stats();
+  attnResult_t placement(int64_t req, int64_t* holders, int64_t* tokens);
+
+  // --- Collectives. enqueueCollective() at the call gives its place among
+  // the local calls; startCollective() where it runs brings the books up to
+  // it; endCollective() (run, failed or dropped) lets the later calls in.
+  uint64_t enqueueCollective();
+  void startCollective(uint64_t seq);
+  void endCollective(uint64_t seq);
+  // Returns once no collective is queued or running.
+  void drain();
 
   // The blocks of `r` this rank may lend out: full, here, not the last one
   // (appends go there), lowest index first.
   std::vector<int64_t> movableOwn(const KvOwnRequest& r) const;
-
-  attnKvPoolStats_t stats() const;
 
   // The releases owed to `peer`, written to a payload; forgotten only once
   // every peer has them (a call that fails before its exchange completes
@@ -81,19 +135,61 @@ class KvPool {
   void releasesDelivered();
   attnResult_t readReleases(int peer, class WireIn& in);
 
+  // The books. Collectives change them on the thread they run on, holding
+  // booksMu (local readers may be on another thread); nothing else changes
+  // them while a collective is queued.
   std::map<int64_t, KvOwnRequest> own;
   std::map<KvReqKey, std::vector<KvLentBlock>> lentIn;
   // Per peer: own requests released while some of their blocks were there;
   // told to that peer in the next collective call on the pool.
   std::vector<std::vector<int64_t>> releasedAt;
+  mutable std::mutex booksMu;
 
  private:
+  struct FrontRequest {
+    int64_t tokens = 0;
+    int32_t lastPos = 0;
+    int64_t lastSlot = -1;  // the last block (always here), -1 before the first
+    int32_t lastFill = 0;
+  };
+  // Holding booksMu: a local call into the books now, or queued behind the
+  // collectives.
+  void submitLocked(KvLocalCall call);
+  void applyLocked(const KvLocalCall& call);
+  void applyPendingLocked(uint64_t before);
+  // The own requests with the pending local calls applied (a copy).
+  std::map<int64_t, KvOwnRequest> frontBooksLocked() const;
+
   attnComm* comm_;
   attnKvPoolConfig_t cfg_;
   size_t rowBytes_ = 0;
-  std::unique_ptr<char[]> k_, v_;
+  std::unique_ptr<KvMemory> mem_;
   std::unique_ptr<int32_t[]> pos_;
+  mutable std::mutex freeMu_;
   std::vector<int64_t> free_;  // a stack: the lowest slots are taken first
+
+  std::map<int64_t, FrontRequest> front_;  // the caller's thread only
+  // Under booksMu:
+  std::deque<KvLocalCall> pending_;
+  std::deque<uint64_t> queued_;  // collectives enqueued, not finished
+  uint64_t nextSeq_ = 1;
 };
+
+// Calls f(firstSlot, keys) for each run of consecutive slots (all full but
+// maybe the last), whose keys are contiguous: one kernel call each.
+template <typename F>
+attnResult_t forEachSlotRun(const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens,
+                            int blockTokens, F f) {
+  size_t i = 0;
+  while (i < slots.size()) {
+    size_t j = i + 1;
+    while (j < slots.size() && slots[j] == slots[j - 1] + 1 && tokens[j - 1] == blockTokens) ++j;
+    const int32_t nk = int32_t(int64_t(j - i - 1) * blockTokens + tokens[j - 1]);
+    const attnResult_t r = f(slots[i], nk);
+    if (r != attnSuccess) return r;
+    i = j;
+  }
+  return attnSuccess;
+}
 
 }  // namespace attn

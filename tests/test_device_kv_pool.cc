@@ -1,0 +1,255 @@
+// The distributed KV cache on device communicators: K and V in GPU memory,
+// appends copied on the caller's stream, migration and attention enqueued
+// on it. Checked against the double-precision reference over all of a
+// request's tokens:
+//   - lending blocks to peers and taking them back keeps attention exact
+//     (fp32 and bf16, causal and not), ranks as threads and as processes;
+//   - local calls made while collectives are queued on the stream do not
+//     change what those collectives see, and the books catch up once the
+//     stream has run them;
+// Without a GPU the tests skip (the emulated runtime provides one in CI).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attncomm.h"
+#include "support/attn_fixtures.h"
+#include "support/gpu.h"
+#include "support/kv_fixtures.h"
+#include "support/multirank.h"
+
+namespace {
+
+using namespace attn_test;
+
+attn_test::RunOptions OnGpu0(attnConfig_t* cfg) {
+  *cfg = ATTN_CONFIG_INITIALIZER;
+  cfg->device = 0;
+  attn_test::RunOptions o = AttnRunOptions();
+  o.config = cfg;
+  return o;
+}
+
+attnStream_t AsStream(cudaStream_t s) { return reinterpret_cast<attnStream_t>(s); }
+
+// Tokens [from, to) of a request, uploaded and appended on `s`; the device
+// copies are freed after the append in stream order.
+attnResult_t DeviceAppend(attnKvPool_t pool, cudaStream_t s, attnDataType_t t, int rank, int64_t req, int from,
+                          int to, int len) {
+  const KvTokens x = RequestTokens(t, rank, req, len);
+  const size_t row = size_t(kKvHeads) * kKvDim * KvElemSize(t), bytes = size_t(to - from) * row;
+  void *k = nullptr, *v = nullptr;
+  EXPECT_EQ(cudaMallocAsync(&k, bytes + 1, s), cudaSuccess);
+  EXPECT_EQ(cudaMallocAsync(&v, bytes + 1, s), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(k, x.k.data() + size_t(from) * row, bytes, cudaMemcpyHostToDevice, s), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(v, x.v.data() + size_t(from) * row, bytes, cudaMemcpyHostToDevice, s), cudaSuccess);
+  // Positions are a host array, read during the call.
+  const attnResult_t r = attnKvAppend(pool, req, k, v, x.pos.data() + from, to - from, AsStream(s));
+  EXPECT_EQ(cudaFreeAsync(k, s), cudaSuccess);
+  EXPECT_EQ(cudaFreeAsync(v, s), cudaSuccess);
+  return r;
+}
+
+// One attnKvAttention call enqueued on a stream; Check() waits for it and
+// compares with the reference.
+class DeviceAttentionCall {
+ public:
+  DeviceAttentionCall(attnKvPool_t pool, attnComm_t comm, cudaStream_t s, int rank, std::vector<Req> reqs,
+                      attnDataType_t t, bool causal)
+      : comm_(comm), s_(s), rank_(rank), reqs_(std::move(reqs)), t_(t), causal_(causal),
+        qs_(MakeKvQueries(rank, reqs_, t, causal)) {
+    const size_t lseBytes = size_t(qs_.rows) * qs_.cfg.num_q_heads * sizeof(float);
+    EXPECT_EQ(cudaMallocAsync(&q_, qs_.q.size() + 1, s), cudaSuccess);
+    EXPECT_EQ(cudaMallocAsync(&out_, qs_.q.size() + 1, s), cudaSuccess);
+    EXPECT_EQ(cudaMallocAsync(&lse_, lseBytes + 4, s), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(q_, qs_.q.data(), qs_.q.size(), cudaMemcpyHostToDevice, s), cudaSuccess);
+    rc_ = attnKvAttention(pool, int(qs_.ids.size()), qs_.ids.data(), qs_.offs.data(), q_, qs_.qpos.data(), out_,
+                          static_cast<float*>(lse_), &qs_.cfg, AsStream(s));
+    if (rc_ != attnSuccess) error_ = attnGetLastError(comm);
+  }
+
+  AttnCheck Check() {
+    std::vector<uint8_t> out(qs_.q.size());
+    std::vector<float> lse(size_t(qs_.rows) * qs_.cfg.num_q_heads);
+    EXPECT_EQ(cudaMemcpyAsync(out.data(), out_, out.size(), cudaMemcpyDeviceToHost, s_), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(lse.data(), lse_, lse.size() * sizeof(float), cudaMemcpyDeviceToHost, s_),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+    for (void* p : {q_, out_, lse_}) EXPECT_EQ(cudaFreeAsync(p, s_), cudaSuccess);
+    AttnCheck c;
+    attnResult_t async = attnSuccess;
+    EXPECT_EQ(attnCommGetAsyncError(comm_, &async), attnSuccess);
+    c.rc = rc_ != attnSuccess ? rc_ : async;
+    c.error = rc_ != attnSuccess ? error_ : async != attnSuccess ? attnGetLastError(comm_) : "";
+    if (c.rc != attnSuccess) return c;
+    AttnCheck r = CompareKvAttention(qs_, rank_, reqs_, t_, causal_, out.data(), lse.data());
+    return r;
+  }
+
+ private:
+  attnComm_t comm_;
+  cudaStream_t s_;
+  int rank_;
+  std::vector<Req> reqs_;
+  attnDataType_t t_;
+  bool causal_;
+  KvQueries qs_;
+  void *q_ = nullptr, *out_ = nullptr, *lse_ = nullptr;
+  attnResult_t rc_ = attnSuccess;
+  std::string error_;
+};
+
+std::vector<int64_t> Holders(attnKvPool_t pool, int n, int64_t req) {
+  std::vector<int64_t> h(static_cast<size_t>(n), int64_t(-1));
+  EXPECT_EQ(attnKvGetPlacement(pool, req, h.data(), nullptr), attnSuccess) << attnGetLastError(nullptr);
+  return h;
+}
+
+struct Scenario {
+  attnDataType_t dtype;
+  bool causal;
+  int blockTokens;
+};
+
+std::string Tag(const Scenario& s, int rank) {
+  return std::string(s.dtype == attnFloat32 ? "fp32" : s.dtype == attnFloat16 ? "fp16" : "bf16") +
+         (s.causal ? ", causal" : "") + ", rank " + std::to_string(rank);
+}
+
+// Every rank owns two requests; rank 0 lends blocks of its long one to
+// ranks 1 and 2, then they return some. Attention is exact throughout.
+void LendAndReturnOnDevice(const Scenario& s, int rank, int n, attnComm_t& comm) {
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+  const attnKvPoolConfig_t cfg = PoolCfg(s.blockTokens, 64, s.dtype);
+  attnKvPool_t pool = nullptr;
+  ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+  const std::vector<Req> reqs = {{100 + rank, 3 * s.blockTokens * n + 5, 1}, {200 + rank, s.blockTokens + 3, 4}};
+  // In two pieces, so the second fills the first's last block.
+  for (const Req& r : reqs) {
+    ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, s.dtype, rank, r.id, 0, r.len / 3, r.len));
+    ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, s.dtype, rank, r.id, r.len / 3, r.len, r.len));
+  }
+  const std::string tag = Tag(s, rank);
+  ExpectExact(DeviceAttentionCall(pool, comm, st, rank, reqs, s.dtype, s.causal).Check(), s.dtype,
+              "all at home, " + tag);
+
+  std::vector<attnKvMove_t> moves;
+  if (rank == 0) moves = {{0, 1, 0, 100, 3}, {0, 2, 0, 100, 2}};
+  std::vector<int64_t> granted(moves.size(), -1);
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), AsStream(st)));
+  // Attention queued right behind the move sees the blocks where it left them.
+  DeviceAttentionCall afterLending(pool, comm, st, rank, reqs, s.dtype, s.causal);
+  ExpectExact(afterLending.Check(), s.dtype, "after lending, " + tag);  // synchronises
+  if (rank == 0) {
+    EXPECT_EQ(granted, (std::vector<int64_t>{3, 2}));
+    const std::vector<int64_t> h = Holders(pool, n, 100);
+    EXPECT_EQ(h[1], 3);
+    EXPECT_EQ(h[2], 2);
+  }
+  attnKvPoolStats_t stats{};
+  ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &stats));
+  EXPECT_EQ(stats.lent_in_blocks, rank == 1 ? 3 : rank == 2 ? 2 : 0) << tag;
+  EXPECT_EQ(stats.lent_out_blocks, rank == 0 ? 5 : 0) << tag;
+
+  moves.clear();
+  if (rank == 2) moves = {{2, 0, 0, 100, 2}};
+  if (rank == 1) moves = {{1, 0, 0, 100, 1}};
+  granted.assign(moves.size(), -1);
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), AsStream(st)));
+  ExpectExact(DeviceAttentionCall(pool, comm, st, rank, reqs, s.dtype, s.causal).Check(), s.dtype,
+              "after returning, " + tag);
+  for (int64_t g : granted) EXPECT_EQ(g, rank == 2 ? 2 : 1);
+  if (rank == 0) {
+    const std::vector<int64_t> h = Holders(pool, n, 100);
+    EXPECT_EQ(h[1], 2);
+    EXPECT_EQ(h[2], 0);
+  }
+  ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+}
+
+TEST(DeviceKvPool, LendAndReturnKeepAttentionExactThreads) {
+  REQUIRE_GPU();
+  for (Scenario s : {Scenario{attnFloat32, true, 4}, Scenario{attnFloat32, false, 16},
+                     Scenario{attnBfloat16, true, 5}}) {
+    attnConfig_t cfg;
+    RunThreads(3, [&](int rank, int n, attnComm_t& comm) { LendAndReturnOnDevice(s, rank, n, comm); },
+               OnGpu0(&cfg));
+  }
+}
+
+TEST(DeviceKvPool, LendAndReturnKeepAttentionExactProcesses) {
+  REQUIRE_FORKABLE_CUDA();
+  attnConfig_t cfg;
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    LendAndReturnOnDevice(Scenario{attnFloat16, true, 8}, rank, n, comm);
+  }, OnGpu0(&cfg));
+}
+
+// Rank 0 queues three attention calls on its stream, which cannot run
+// before rank 1 joins them, and makes local calls in between: appends to
+// the request the first call reads, a release, an append that needs the
+// released blocks. Each call must see the request as it was when it was
+// enqueued (no causal mask, so later tokens would change the result), and
+// the blocks of the release come free once the stream has run the calls.
+TEST(DeviceKvPool, LocalCallsBehindQueuedCollectivesKeepTheirPlace) {
+  REQUIRE_GPU();
+  constexpr attnDataType_t t = attnFloat32;
+  std::atomic<bool> go{false};
+  attnConfig_t cfg;
+  RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    const attnKvPoolConfig_t pc = PoolCfg(4, 6, t);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+    if (rank == 1) {
+      ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, 1, 0, 5, 5));
+      while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (int i = 0; i < 3; ++i)
+        ExpectExact(DeviceAttentionCall(pool, comm, st, rank, {{1, 5, 1}}, t, false).Check(), t, "rank 1");
+    } else {
+      ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, 1, 0, 10, 13));  // blocks of 4, 4, 2
+      DeviceAttentionCall first(pool, comm, st, rank, {{1, 10, 1}}, t, false);
+      ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, 1, 10, 13, 13));  // fills the third, opens a fourth
+      attnKvPoolStats_t s{};
+      ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &s));
+      EXPECT_EQ(s.num_requests, 1);
+      EXPECT_EQ(s.used_blocks, 4);
+      int64_t tokens = 0;
+      std::vector<int64_t> h(2, -1);
+      ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, 1, h.data(), &tokens));
+      EXPECT_EQ(tokens, 13);
+      EXPECT_EQ(h, (std::vector<int64_t>{4, 0}));
+      DeviceAttentionCall second(pool, comm, st, rank, {{1, 13, 1}}, t, false);
+      ATTN_ASSERT_OK(comm, attnKvRelease(pool, 1, AsStream(st)));
+      EXPECT_EQ(attnKvGetPlacement(pool, 1, nullptr, nullptr), attnInvalidArgument);
+      ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, 2, 0, 8, 8));  // the last two free blocks
+      // The released blocks are still read by the queued calls.
+      EXPECT_EQ(DeviceAppend(pool, st, t, rank, 3, 0, 4, 4), attnInvalidUsage);
+      DeviceAttentionCall third(pool, comm, st, rank, {{2, 8, 1}}, t, false);
+      ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &s));
+      EXPECT_EQ(s.num_requests, 1);
+      EXPECT_EQ(s.used_blocks, 6);
+      go = true;
+      ExpectExact(first.Check(), t, "first call: the 10 tokens it was enqueued behind");
+      ExpectExact(second.Check(), t, "second call: all 13");
+      ExpectExact(third.Check(), t, "third call: the request appended after the release");
+      ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &s));
+      EXPECT_EQ(s.used_blocks, 2);
+      ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, 3, 0, 4, 4));
+    }
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+  }, OnGpu0(&cfg));
+}
+
+}  // namespace
