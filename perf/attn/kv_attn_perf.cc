@@ -12,6 +12,11 @@
 // cost per step). Each output is checked against the f = 0 output; the run
 // fails when they differ beyond rounding.
 //
+// With -G DEV the pools are on CUDA device DEV (device communicators): the
+// K and V appended, the query and the outputs are device buffers, every
+// call is enqueued on the rank's stream, and a timed call runs from its
+// enqueue until its stream is idle.
+//
 //   kv_attn_perf -p 2 -L 32768 -f 0,0.25,0.5,0.75
 #include <getopt.h>
 
@@ -25,6 +30,7 @@
 #include "attncomm.h"
 #include "kernels/cpu/convert.h"
 #include "perf/launch.h"
+#include "perf/rank_device.h"
 #include "perf/timing.h"
 
 using namespace attnperf;
@@ -39,17 +45,18 @@ struct Options {
   attnDataType_t dtype = attnFloat32;
   int iters = 20, warmup = 3;
   std::vector<double> fractions{0, 0.25, 0.5, 0.75};
+  int device = ATTN_DEVICE_HOST;
 };
 
 void usage() {
   fprintf(stderr,
           "usage: kv_attn_perf [-t threads | -p procs] [-L tokens] [-b block_tokens] [-H hq:hkv:d]\n"
-          "                    [-d fp32|bf16|fp16] [-f f1,f2,...] [-n iters] [-w warmup]\n");
+          "                    [-d fp32|bf16|fp16] [-f f1,f2,...] [-n iters] [-w warmup] [-G device]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
   int c;
-  while ((c = getopt(argc, argv, "t:p:L:b:H:d:f:n:w:h")) != -1) {
+  while ((c = getopt(argc, argv, "t:p:L:b:H:d:f:n:w:G:h")) != -1) {
     switch (c) {
       case 't': o->threads = atoi(optarg); break;
       case 'p': o->procs = atoi(optarg); break;
@@ -69,6 +76,7 @@ bool parse(int argc, char** argv, Options* o) {
       }
       case 'n': o->iters = atoi(optarg); break;
       case 'w': o->warmup = atoi(optarg); break;
+      case 'G': o->device = atoi(optarg); break;
       default: return false;
     }
   }
@@ -115,6 +123,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int nranks = o.procs ? o.procs : o.threads;
+  if (int rc = checkDeviceFlag(o.device, "kv_attn_perf")) return rc;
   const size_t es = o.dtype == attnFloat32 ? 4 : 2;
   const int64_t blocks = (o.length + o.blockTokens - 1) / o.blockTokens;
   RankBody body = [&](attnComm_t comm) -> int {
@@ -129,6 +138,9 @@ int main(int argc, char** argv) {
     pc.capacity_blocks = me == 0 ? blocks : blocks / (n - 1) + 1;
     attnKvPool_t pool = nullptr;
     if (!ok(attnKvPoolCreate(comm, &pc, &pool), comm, "attnKvPoolCreate")) return 1;
+    RankDevice dev;
+    if (!dev.open(o.device, /*exportable=*/false)) return 1;
+    const attnStream_t stream = dev.stream();
     const int64_t req = 1;
     if (me == 0) {
       // Appended in pieces, as decoding would (positions 0 .. L-1).
@@ -140,7 +152,12 @@ int main(int argc, char** argv) {
         std::vector<char> v = values(o.dtype, size_t(m) * row, uint64_t(at) * row * 2 + 7777777);
         std::vector<int32_t> pos(static_cast<size_t>(m));
         for (int64_t i = 0; i < m; ++i) pos[size_t(i)] = int32_t(at + i);
-        if (!ok(attnKvAppend(pool, req, k.data(), v.data(), pos.data(), int(m), nullptr), comm, "attnKvAppend")) return 1;
+        void* dk = dev.place(k.data(), k.size());
+        void* dv = dev.place(v.data(), v.size());
+        if (!dk || !dv || !dev.upload(dk, k.data(), k.size()) || !dev.upload(dv, v.data(), v.size()) ||
+            !ok(attnKvAppend(pool, req, dk, dv, pos.data(), int(m), stream), comm, "attnKvAppend") ||
+            !dev.finish(comm, "attnKvAppend"))
+          return 1;
       }
     }
     attnAttnConfig_t cfg{};
@@ -152,11 +169,17 @@ int main(int argc, char** argv) {
     const std::vector<char> q = values(o.dtype, size_t(o.hq) * o.d, 12345);
     std::vector<char> out(q.size()), home(q.size());
     std::vector<float> lse(size_t(o.hq));
+    void* dq = dev.place(const_cast<char*>(q.data()), q.size());
+    void* dout = dev.place(out.data(), out.size());
+    auto* dlse = static_cast<float*>(dev.place(lse.data(), lse.size() * sizeof(float)));
+    if (!dq || !dout || !dlse || !dev.upload(dq, q.data(), q.size())) return 1;
     const int32_t offs[2] = {0, 1};
     const int32_t qpos = int32_t(o.length);
     auto step = [&]() {
-      return me == 0 ? attnKvAttention(pool, 1, &req, offs, q.data(), &qpos, out.data(), lse.data(), &cfg, nullptr)
-                     : attnKvAttention(pool, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &cfg, nullptr);
+      return (me == 0 ? attnKvAttention(pool, 1, &req, offs, dq, &qpos, dout, dlse, &cfg, stream)
+                      : attnKvAttention(pool, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &cfg, stream)) ==
+                     attnSuccess &&
+             dev.finish(comm, "attnKvAttention");
     };
     // The blocks held by each creditor (rank 0 knows; the others learn by
     // being told nothing: they return what they hold of request 1).
@@ -165,7 +188,9 @@ int main(int argc, char** argv) {
       attnKvPoolStats_t st{};
       attnKvPoolGetStats(pool, &st);
       if (me != 0 && st.lent_in_blocks > 0) moves.push_back({me, 0, 0, req, st.lent_in_blocks});
-      return ok(attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, nullptr), comm, "attnKvMigrate (return)");
+      return ok(attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, stream), comm,
+                "attnKvMigrate (return)") &&
+             dev.finish(comm, "attnKvMigrate (return)");
     };
     std::vector<Row> rows;
     for (double f : o.fractions) {
@@ -183,9 +208,11 @@ int main(int argc, char** argv) {
             if (share > 0) moves.push_back({0, c, 0, req, share});
           }
         std::vector<int64_t> granted(moves.size());
-        if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
+        if (!ok(attnBarrier(comm, stream), comm, "attnBarrier") || !dev.finish(comm, "attnBarrier")) return 1;
         const double t0 = nowUs();
-        if (!ok(attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr), comm, "attnKvMigrate"))
+        if (!ok(attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), stream), comm,
+                "attnKvMigrate") ||
+            !dev.finish(comm, "attnKvMigrate"))
           return 1;
         const double t1 = nowUs();
         for (size_t i = 0; i < moves.size(); ++i)
@@ -193,9 +220,12 @@ int main(int argc, char** argv) {
             fprintf(stderr, "rank %d: move %zu refused\n", me, i);
             return 1;
           }
-        if (!ok(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
+        if (!ok(attnBarrier(comm, stream), comm, "attnBarrier") || !dev.finish(comm, "attnBarrier")) return 1;
         const double t2 = nowUs();
-        if (!ok(step(), comm, "attnKvAttention")) return 1;
+        if (!step()) {
+          fprintf(stderr, "attnKvAttention failed: %s\n", attnGetLastError(comm));
+          return 1;
+        }
         const double t3 = nowUs();
         if (it >= o.warmup) {
           mig.push_back(t1 - t0);
@@ -206,6 +236,7 @@ int main(int argc, char** argv) {
       r.migrateUs = summarize(mig).medianUs;
       r.stepUs = summarize(steps).medianUs;
       if (me == 0) {
+        if (!dev.download(out.data(), dout, out.size())) return 1;
         if (rows.empty()) home = out;
         std::vector<float> a(q.size() / es), b(q.size() / es);
         if (attn::cpu::convertToFloat(a.data(), out.data(), o.dtype, a.size()) != attnSuccess ||
@@ -219,9 +250,11 @@ int main(int argc, char** argv) {
     if (me == 0) {
       const double kvBlockBytes = 2.0 * o.blockTokens * o.hkv * o.d * double(es);
       const double bound = o.dtype == attnFloat32 ? 1e-5 : 1e-2;
-      printf("# kv_attn_perf: %d ranks, one request of %lld tokens on rank 0, blocks of %d, heads %d/%d x %d, %s\n",
+      printf("# kv_attn_perf: %d ranks, one request of %lld tokens on rank 0, blocks of %d, heads %d/%d x %d, %s, "
+             "%s\n",
              n, (long long)o.length, o.blockTokens, o.hq, o.hkv, o.d,
-             o.dtype == attnFloat32 ? "fp32" : o.dtype == attnBfloat16 ? "bf16" : "fp16");
+             o.dtype == attnFloat32 ? "fp32" : o.dtype == attnBfloat16 ? "bf16" : "fp16",
+             dev.onDevice() ? "pools on the GPU" : "pools in host memory");
       printf("# medians of %d iterations (rank 0's time); baseline: f = %g, the owner attends alone\n", o.iters,
              rows.front().f);
       printf("%6s %8s %12s %8s %12s %12s %12s %10s %10s\n", "lent", "blocks", "step_us", "speedup",
@@ -240,5 +273,5 @@ int main(int argc, char** argv) {
     attnKvPoolDestroy(pool);
     return rc;
   };
-  return o.procs ? launchProcesses(nranks, body) : launchThreads(nranks, body);
+  return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);
 }
