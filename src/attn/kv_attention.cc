@@ -54,21 +54,7 @@ attnResult_t accumulateSlots(KvPool& pool, const std::vector<int64_t>& slots,
   const attnKvPoolConfig_t& pc = pool.config();
   const cpu::AttnExec ex = cpuExec(pool);
   return forEachSlotRun(slots, slotTokens, pc.block_tokens, [&](int64_t first, int32_t nk) {
-    cpu::AttnProblem p;
-    p.q = q;
-    p.k = pool.k(first);
-    p.v = pool.v(first);
-    p.dtype = pc.dtype;
-    p.nq = rows;
-    p.nk = nk;
-    p.num_q_heads = h.numQHeads;
-    p.num_kv_heads = pc.num_kv_heads;
-    p.head_dim = pc.head_dim;
-    p.scale = h.scale;
-    p.causal = h.causal != 0;
-    p.q_pos = qPos;
-    p.k_pos = pool.pos(first);
-    return cpu::attentionAccumulate(p, o, lse, ex);
+    return cpu::attentionAccumulate(kvRunProblem(pool, h, q, rows, qPos, first, nk), o, lse, ex);
   });
 }
 
@@ -168,6 +154,26 @@ attnResult_t makeKvAttnCompute(KvPool& pool, const KvAttnArgs& a, std::unique_pt
 #endif
   *out = std::make_unique<HostKvAttnCompute>(pool, a);
   return attnSuccess;
+}
+
+cpu::AttnProblem kvRunProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
+                              const int32_t* qPos, int64_t first, int32_t keys) {
+  const attnKvPoolConfig_t& pc = pool.config();
+  cpu::AttnProblem p;
+  p.q = q;
+  p.k = pool.k(first);
+  p.v = pool.v(first);
+  p.dtype = pc.dtype;
+  p.nq = rows;
+  p.nk = keys;
+  p.num_q_heads = h.numQHeads;
+  p.num_kv_heads = pc.num_kv_heads;
+  p.head_dim = pc.head_dim;
+  p.scale = h.scale;
+  p.causal = h.causal != 0;
+  p.q_pos = qPos;
+  p.k_pos = pool.pos(first);
+  return p;
 }
 
 attnResult_t checkKvAttnArgs(KvPool& pool, const KvAttnArgs& a) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "kernels/cpu/attention.h"
 #include "src/attn/kv_pool.h"
 
 namespace attn {
@@ -65,6 +66,12 @@ class KvAttnCompute {
   // out and lse written.
   virtual attnResult_t finish() = 0;
 };
+
+// `rows` queries (q and qPos in the memory the kernel reads) over the keys
+// of the run of `keys` tokens from slot `first`; k_pos is the pool's host
+// copy (a device kernel points it at an uploaded one).
+cpu::AttnProblem kvRunProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
+                              const int32_t* qPos, int64_t first, int32_t keys);
 
 // Checks the arguments against the pool's front (the text names what is
 // wrong).

@@ -189,21 +189,7 @@ class DeviceKvAttnCompute : public KvAttnCompute {
   // k_pos at where it staged the run's positions.
   cpu::AttnProblem problem(const KvQueryHeader& h, const void* q, int32_t rows, const int32_t* qPos,
                            const RunPositions& runs, size_t k) const {
-    const attnKvPoolConfig_t& pc = pool_.config();
-    cpu::AttnProblem p;
-    p.q = q;
-    p.k = pool_.k(runs.first[k]);
-    p.v = pool_.v(runs.first[k]);
-    p.dtype = pc.dtype;
-    p.nq = rows;
-    p.nk = runs.keys[k];
-    p.num_q_heads = h.numQHeads;
-    p.num_kv_heads = pc.num_kv_heads;
-    p.head_dim = pc.head_dim;
-    p.scale = h.scale;
-    p.causal = h.causal != 0;
-    p.q_pos = qPos;
-    return p;
+    return kvRunProblem(pool_, h, q, rows, qPos, runs.first[k], runs.keys[k]);
   }
   cuda::AttnCudaExec exec() const {
     cuda::AttnCudaExec ex;
