@@ -521,7 +521,9 @@ typedef struct {
  * agree on every rank (ranks that disagree fail together, naming both). */
 ATTN_API attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig_t* config,
                                        attnKvPool_t* pool);
-/* Local. The communicator must outlive the pool. */
+/* Local. The communicator must outlive the pool. Waits for the collectives
+ * queued on the pool; on a device communicator, destroy it once the streams
+ * of its calls have run them (as any buffer a stream still uses). */
 ATTN_API attnResult_t attnKvPoolDestroy(attnKvPool_t pool);
 
 /* Local: appends n tokens (k, v: [n, num_kv_heads, head_dim]; pos: their
