@@ -233,7 +233,9 @@ ATTN_API attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm,
 /* Splits `comm` by color: ranks that pass the same color form a new
  * communicator, ordered by key and then by old rank. Collective over comm.
  * Ranks passing ATTN_SPLIT_NOCOLOR get *newcomm = NULL. config may be NULL
- * (inherit comm's options). */
+ * (inherit comm's options). Runs on the calling thread, after the
+ * operations already queued on comm (a non-blocking communicator's, or
+ * those a device communicator's streams have enqueued) have run. */
 ATTN_API attnResult_t attnCommSplit(attnComm_t comm, int color, int key,
                                     attnComm_t* newcomm, attnConfig_t* config);
 
@@ -518,7 +520,9 @@ typedef struct {
 } attnKvPoolConfig_t;
 
 /* Collective over comm: block_tokens, num_kv_heads, head_dim and dtype must
- * agree on every rank (ranks that disagree fail together, naming both). */
+ * agree on every rank (ranks that disagree fail together, naming both).
+ * Like attnCommSplit, runs on the calling thread once the operations
+ * already queued on comm have run. */
 ATTN_API attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig_t* config,
                                        attnKvPool_t* pool);
 /* Local. The communicator must outlive the pool. Waits for the collectives

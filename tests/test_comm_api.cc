@@ -477,6 +477,56 @@ TEST(NonBlocking, DestroyWaitsForQueuedOperations) {
   }, 60000);
 }
 
+// Collectives that run on the calling thread (split, KV pool create) go
+// after the operations queued before them: here each rank queues a large
+// all-reduce (many messages on every link) and splits at once. Were the
+// split's messages to interleave with the all-reduce's on a peer's queue,
+// one of them would fail or take the other's bytes.
+TEST(NonBlocking, SplitAndKvPoolCreateWaitForQueuedOperations) {
+  attnUniqueId id;
+  ASSERT_EQ(attnGetUniqueId(&id), attnSuccess);
+  const int n = 3;
+  const size_t count = 1 << 20;
+  RunThreadsRaw(n, [&](int rank) {
+    attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.timeout_ms = 20000;
+    attnComm_t comm = nullptr;
+    const attnResult_t r = attnCommInitRankConfig(&comm, n, id, rank, &cfg);
+    ASSERT_TRUE(r == attnSuccess || r == attnInProgress) << ResultName(r);
+    ASSERT_EQ(PollUntilDone(comm), attnSuccess) << attnGetLastError(comm);
+    for (int round = 0; round < 3; ++round) {
+      TypedBuf in(attnInt64, count), out(attnInt64, count);
+      for (size_t i = 0; i < count; ++i) in.Set(i, RedInput(attnSum, attnInt64, rank, n, i));
+      attnResult_t a = attnAllReduce(in.data(), out.data(), count, attnInt64, attnSum, comm, nullptr);
+      ASSERT_TRUE(a == attnInProgress || a == attnSuccess) << ResultName(a);
+      attnComm_t sub = nullptr;
+      const attnResult_t sr = attnCommSplit(comm, rank % 2, rank, &sub, nullptr);
+      ASSERT_TRUE(sr == attnInProgress || sr == attnSuccess) << ResultName(sr) << ": " << attnGetLastError(comm);
+      ASSERT_NE(sub, nullptr);
+      ASSERT_EQ(PollUntilDone(sub), attnSuccess) << attnGetLastError(sub);
+      int sn = 0;
+      ATTN_EXPECT_OK(sub, attnCommCount(sub, &sn));
+      EXPECT_EQ(sn, rank % 2 == 0 ? (n + 1) / 2 : n / 2);
+      EXPECT_EQ(attnCommDestroy(sub), attnSuccess);
+      ASSERT_EQ(PollUntilDone(comm), attnSuccess) << attnGetLastError(comm);
+      EXPECT_TRUE(BufEquals(out, 0, count, [&](size_t i) { return RedExpected(attnSum, attnInt64, n, i); }))
+          << "rank " << rank << ", round " << round;
+
+      a = attnAllReduce(in.data(), out.data(), count, attnInt64, attnSum, comm, nullptr);
+      ASSERT_TRUE(a == attnInProgress || a == attnSuccess) << ResultName(a);
+      const attnKvPoolConfig_t pc{16, 2, 64, attnFloat32, 64};
+      attnKvPool_t pool = nullptr;
+      ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+      EXPECT_EQ(attnKvPoolDestroy(pool), attnSuccess);
+      ASSERT_EQ(PollUntilDone(comm), attnSuccess) << attnGetLastError(comm);
+      EXPECT_TRUE(BufEquals(out, 0, count, [&](size_t i) { return RedExpected(attnSum, attnInt64, n, i); }))
+          << "rank " << rank << ", round " << round;
+    }
+    EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+  }, 120000);
+}
+
 // A devlist naming only host ranks is the same as NULL.
 TEST(Init, InitAllWithHostDevlist) {
   const int n = 3;

@@ -423,6 +423,61 @@ TEST(DeviceComm, GroupedSendRecvOnTwoStreams) {
   }
 }
 
+// attnCommSplit and attnKvPoolCreate run on the calling thread; they must
+// wait for what the caller's streams have queued on the proxy. Rank 1's
+// stream is held back by a large copy, so its all-reduce reaches the proxy
+// after its split has started, while rank 0's has already sent its first
+// bytes: were the split not to wait, it would take them for its own.
+TEST(DeviceComm, SplitAndKvPoolCreateWaitForTheStreamsQueuedWork) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(2, [](int rank, int nranks, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    const size_t count = 1 << 16, hold = size_t(256) << 20;
+    float *in, *out;
+    char *a = nullptr, *b = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&in), count * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), count * sizeof(float)), cudaSuccess);
+    if (rank == 1) {
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&a), hold), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b), hold), cudaSuccess);
+    }
+    std::vector<float> mine(count), got(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = float(rank * 1000 + i % 1000);
+    ASSERT_EQ(cudaMemcpy(in, mine.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    for (int round = 0; round < 2; ++round) {
+      if (rank == 1)
+        for (int k = 0; k < 4; ++k) ASSERT_EQ(cudaMemcpyAsync(b, a, hold, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+      ASSERT_EQ(attnAllReduce(in, out, count, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess);
+      if (round == 0) {
+        attnComm_t sub = nullptr;
+        ASSERT_EQ(attnCommSplit(comm, 0, rank, &sub, nullptr), attnSuccess) << attnGetLastError(comm);
+        int sn = 0;
+        EXPECT_EQ(attnCommCount(sub, &sn), attnSuccess);
+        EXPECT_EQ(sn, nranks);
+        EXPECT_EQ(attnCommDestroy(sub), attnSuccess);
+      } else {
+        const attnKvPoolConfig_t pc{16, 2, 64, attnFloat32, 8};
+        attnKvPool_t pool = nullptr;
+        ASSERT_EQ(attnKvPoolCreate(comm, &pc, &pool), attnSuccess) << attnGetLastError(comm);
+        EXPECT_EQ(attnKvPoolDestroy(pool), attnSuccess);
+      }
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], float(1000 + 2 * (i % 1000))) << "round " << round;
+      attnResult_t async;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+    }
+    cudaFree(in);
+    cudaFree(out);
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
+}
+
 // The same checks as the NCCL backend's (test_nccl_bridge), on staging.
 TEST(DeviceComm, EveryOperationMatchesHostExpectations) {
   REQUIRE_GPU();

@@ -140,6 +140,7 @@ extern "C" attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig
   ApiCall call(comm);
   if (pool) *pool = nullptr;
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  ATTN_CHECK(call.finish(waitForQueuedOperations(comm)));
   return call.finish(runGuarded([&]() -> attnResult_t {
     attnResult_t local = pool ? attnSuccess : setError(attnInvalidArgument, "pool is NULL");
     if (local == attnSuccess)

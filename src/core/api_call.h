@@ -37,6 +37,13 @@ class ApiCall {
 
 // Checks a communicator handle for an operation.
 attnResult_t checkCommUsable(attnComm* comm);
+// For collectives that run on the calling thread and use the engine
+// directly (split, KV pool create): waits for the operations queued before
+// them (a non-blocking communicator's executor, a device communicator's
+// proxy), since peers match messages in order and two operations' messages
+// must not interleave; then checks the communicator again, as one of them
+// may have failed it.
+attnResult_t waitForQueuedOperations(attnComm* comm);
 
 using CommOp = std::function<attnResult_t()>;
 // Runs op, turning a C++ exception (e.g. std::bad_alloc) into an error code:

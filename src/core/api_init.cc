@@ -31,6 +31,13 @@ attnResult_t checkCommUsable(attnComm* comm) {
   return attnSuccess;
 }
 
+attnResult_t waitForQueuedOperations(attnComm* comm) {
+  ATTN_CHECK(checkCommUsable(comm));
+  if (!comm->config.blocking && !onDeviceProxy(comm)) comm->executor->drain();
+  deviceWaitIdle(comm);
+  return checkCommUsable(comm);
+}
+
 attnResult_t runGuarded(const CommOp& op) {
   try {
     return op();

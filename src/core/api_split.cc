@@ -45,6 +45,7 @@ attnResult_t attn::commSplit(attnComm* comm, int color, int64_t key, attnComm_t*
     return setError(attnInvalidArgument, "color must be >= 0 or ATTN_SPLIT_NOCOLOR, got %d",
                     color);
   if (inGroup()) return setError(attnInvalidUsage, "attnCommSplit inside a group");
+  ATTN_CHECK(waitForQueuedOperations(comm));
   const int n = comm->nranks, me = comm->rank;
   Engine& e = *comm->engine;
   Ring ring = Ring::identity(me, n);

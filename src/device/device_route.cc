@@ -49,6 +49,10 @@ void deviceFree(attnComm* comm) {
 
 bool deviceBusy(const attnComm* comm) { return comm->device && comm->device->bridge->busy(); }
 
+void deviceWaitIdle(const attnComm* comm) {
+  if (comm->device && !StreamBridge::onProxyThread()) comm->device->bridge->waitIdle();
+}
+
 namespace {
 
 // The staging backend: pinned host copies around the host-memory operation,

@@ -40,6 +40,9 @@ attnResult_t deviceInit(attnComm* comm);
 void deviceAbort(attnComm* comm);
 void deviceFree(attnComm* comm);
 bool deviceBusy(const attnComm* comm);
+// Returns once the operations enqueued so far have run (at once on the
+// proxy thread itself).
+void deviceWaitIdle(const attnComm* comm);
 // An asynchronous error of the device backend (NCCL's), attnSuccess if none.
 attnResult_t deviceAsyncError(attnComm* comm);
 // Enqueues `work` on `stream` for the proxy thread.
@@ -60,6 +63,7 @@ inline attnResult_t deviceInit(attnComm*) { return attnSuccess; }
 inline void deviceAbort(attnComm*) {}
 inline void deviceFree(attnComm*) {}
 inline bool deviceBusy(const attnComm*) { return false; }
+inline void deviceWaitIdle(const attnComm*) {}
 inline attnResult_t deviceAsyncError(attnComm*) { return attnSuccess; }
 inline attnResult_t deviceEnqueueWork(attnComm*, attnStream_t, DeviceWork) {
   return setError(attnNotSupported, "this build has no CUDA path");
