@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -311,6 +314,45 @@ TEST(Bootstrap, MissingRankTimesOut) {
     EXPECT_LT(ms, timeoutMs + 1000);
     EXPECT_NE(threadLastError().find("waiting"), std::string::npos) << threadLastError();
   });
+}
+
+// A child of fork() inherits the parent's roots but not their threads (a
+// parent makes the unique id, then forks its ranks). Starting a root there,
+// which reaps finished ones, and exiting normally, which stops running ones,
+// must not wait for those threads. The parent holds one finished root and
+// one still listening when it forks.
+TEST(Bootstrap, RootsWorkInAForkedChild) {
+  attnUniqueId finished, listening;
+  ASSERT_EQ(bootstrapCreateRoot(&finished), attnSuccess);
+  {
+    std::unique_ptr<Bootstrap> b;
+    ASSERT_EQ(Bootstrap::create(finished, 0, 1, kTimeoutMs, nullptr, &b), attnSuccess);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its thread ends after the reply
+  ASSERT_EQ(bootstrapCreateRoot(&listening), attnSuccess);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int rc = 1;
+    attnUniqueId id;
+    if (bootstrapCreateRoot(&id) == attnSuccess) {
+      std::unique_ptr<Bootstrap> b;
+      if (Bootstrap::create(id, 0, 1, kTimeoutMs, nullptr, &b) == attnSuccess) rc = 0;
+    }
+    std::exit(rc);  // static destructors run: the root registry's too
+  }
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 200 && !exited; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) exited = true;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  ASSERT_TRUE(exited) << "the forked child hung on its parent's root threads";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 TEST(Bootstrap, NoRootTimesOut) {

@@ -42,7 +42,10 @@ class RootServer {
       : listenFd_(listenFd), addr_(addr), nonce_(nonce) {
     std::memcpy(secret_, secret, 16);
   }
-  ~RootServer() {
+  ~RootServer() { closeSockets(); }
+  // Also for a child of fork(), which holds copies of the sockets but not
+  // the thread serving them.
+  void closeSockets() {
     closeSocket(&listenFd_);
     for (auto& p : pending_) closeSocket(&p.fd);
     for (int& fd : joinedFd_) closeSocket(&fd);
@@ -207,12 +210,14 @@ class RootRegistry {
  public:
   void start(std::unique_ptr<RootServer> server) {
     std::lock_guard<std::mutex> g(mu_);
+    forgetInheritedLocked();
     reapLocked();
     auto s = std::shared_ptr<RootServer>(std::move(server));
     roots_.push_back(Entry{s, std::thread([s] { s->run(); })});
   }
   ~RootRegistry() {
     std::lock_guard<std::mutex> g(mu_);
+    forgetInheritedLocked();
     for (auto& e : roots_) e.server->stop.store(true);
     for (auto& e : roots_) e.thread.join();
   }
@@ -222,6 +227,20 @@ class RootRegistry {
     std::shared_ptr<RootServer> server;
     std::thread thread;
   };
+  // A child of fork() inherits the entries but not their threads (a parent
+  // typically makes the unique id, then forks its ranks): joining one would
+  // wait forever. The child closes its copies of their sockets and lets the
+  // std::thread objects go unjoined (destroying a joinable one aborts).
+  void forgetInheritedLocked() {
+    if (owner_ == getpid()) return;
+    owner_ = getpid();
+    auto* orphans = new std::vector<std::thread>();  // never freed, see above
+    for (auto& e : roots_) {
+      e.server->closeSockets();
+      orphans->push_back(std::move(e.thread));
+    }
+    roots_.clear();
+  }
   void reapLocked() {
     for (auto it = roots_.begin(); it != roots_.end();) {
       if (it->server->done.load()) {
@@ -233,6 +252,7 @@ class RootRegistry {
     }
   }
   std::mutex mu_;
+  pid_t owner_ = getpid();
   std::list<Entry> roots_;
 };
 
