@@ -3,6 +3,8 @@
 #include <cuda.h>
 
 #include <chrono>
+#include <mutex>
+#include <vector>
 
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
@@ -30,6 +32,45 @@ attnResult_t findWaitValue32(void** fn) {
                     "stream memory operations",
                     e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found");
   return attnSuccess;
+}
+
+// The bridges' counter words: pinned, mapped host memory that is never
+// freed. cudaFreeHost waits for the whole device, and the streams of other
+// ranks sharing the GPU may be parked on their proxies, waiting for this
+// thread's next call (destroying a split communicator while the parent's
+// collectives are queued hung that way). A destroyed bridge's word is
+// reused by the next one, which counts on from the word's value: a stream
+// may not yet have passed its last wait on the word (waits are "value >=
+// seq", cyclic), and resetting it would stall that stream. One word per
+// 64-byte line.
+class CounterWords {
+ public:
+  attnResult_t take(volatile uint32_t** word) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (free_.empty()) {
+      void* page = nullptr;
+      ATTN_CUDA_CHECK(cudaHostAlloc(&page, kPage, cudaHostAllocMapped | cudaHostAllocPortable));
+      for (size_t off = 0; off < kPage; off += kLine)
+        free_.push_back(reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + off));
+    }
+    *word = free_.back();
+    free_.pop_back();
+    return attnSuccess;
+  }
+  void give(volatile uint32_t* word) {
+    std::lock_guard<std::mutex> g(mu_);
+    free_.push_back(word);
+  }
+
+ private:
+  static constexpr size_t kPage = 4096, kLine = 64;
+  std::mutex mu_;
+  std::vector<volatile uint32_t*> free_;
+};
+
+CounterWords& counterWords() {
+  static CounterWords* words = new CounterWords();  // outlives every bridge
+  return *words;
 }
 
 // Makes `device` current for the scope, restoring the caller's device.
@@ -72,11 +113,11 @@ attnResult_t StreamBridge::start(int device, OnError onError) {
   ATTN_CUDA_CHECK(scope.error());
   ATTN_CHECK(findWaitValue32(&waitValue32_));
   ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking));
-  void* host = nullptr;
-  ATTN_CUDA_CHECK(cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
-  counter_ = static_cast<volatile uint32_t*>(host);
-  *counter_ = 0;
-  ATTN_CUDA_CHECK(cudaHostGetDevicePointer(&counterDev_, host, 0));
+  ATTN_CHECK(counterWords().take(&counter_));
+  const uint32_t base = __atomic_load_n(const_cast<uint32_t*>(counter_), __ATOMIC_SEQ_CST);
+  issued_.store(base);
+  completed_.store(base);
+  ATTN_CUDA_CHECK(cudaHostGetDevicePointer(&counterDev_, const_cast<uint32_t*>(counter_), 0));
   proxy_ = std::thread([this] { proxyLoop(); });
   ATTN_INFO(kLogInit, "device communicator on CUDA device %d: stream-ordered through a proxy thread",
             device);
@@ -92,7 +133,7 @@ StreamBridge::~StreamBridge() {
   if (proxy_.joinable()) proxy_.join();
   DeviceScope scope(device_ < 0 ? 0 : device_);
   if (copyStream_) (void)cudaStreamDestroy(copyStream_);
-  if (counter_) (void)cudaFreeHost(const_cast<uint32_t*>(counter_));
+  if (counter_) counterWords().give(counter_);
 }
 
 attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {

@@ -75,7 +75,7 @@ class StreamBridge {
   int device_ = -1;
   OnError onError_;
   cudaStream_t copyStream_ = nullptr;
-  volatile uint32_t* counter_ = nullptr;  // pinned, mapped; the proxy writes it
+  volatile uint32_t* counter_ = nullptr;  // pinned, mapped, never freed; the proxy writes it
   void* counterDev_ = nullptr;            // its device address
   void* waitValue32_ = nullptr;           // cuStreamWaitValue32 from the driver
 
