@@ -380,6 +380,16 @@ attnResult_t PollUntilDone(attnComm_t comm, int deadlineMs = 30000) {
   return attnTimeout;
 }
 
+// A non-blocking communicator, polled until its initialisation is done.
+void InitNonBlocking(int n, const attnUniqueId& id, int rank, attnComm_t* comm) {
+  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  cfg.timeout_ms = 20000;
+  const attnResult_t r = attnCommInitRankConfig(comm, n, id, rank, &cfg);
+  ASSERT_TRUE(r == attnSuccess || r == attnInProgress) << ResultName(r);
+  ASSERT_EQ(PollUntilDone(*comm), attnSuccess) << attnGetLastError(*comm);
+}
+
 void NonBlockingBody(int rank, int n, attnComm_t comm) {
   int count = 0;
   ATTN_EXPECT_OK(comm, attnCommCount(comm, &count));
@@ -460,13 +470,9 @@ TEST(NonBlocking, DestroyWaitsForQueuedOperations) {
   ASSERT_EQ(attnGetUniqueId(&id), attnSuccess);
   const int n = 3;
   RunThreadsRaw(n, [&](int rank) {
-    attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    cfg.timeout_ms = 20000;
     attnComm_t comm = nullptr;
-    const attnResult_t r = attnCommInitRankConfig(&comm, n, id, rank, &cfg);
-    ASSERT_TRUE(r == attnSuccess || r == attnInProgress) << ResultName(r);
-    ASSERT_EQ(PollUntilDone(comm), attnSuccess) << attnGetLastError(comm);
+    InitNonBlocking(n, id, rank, &comm);
+    if (::testing::Test::HasFatalFailure()) return;
     TypedBuf in(attnInt64, 100003), out(attnInt64, 100003);
     for (size_t i = 0; i < 100003; ++i) in.Set(i, RedInput(attnProd, attnInt64, rank, n, i));
     const attnResult_t a = attnAllReduce(in.data(), out.data(), 100003, attnInt64, attnProd, comm, nullptr);
@@ -488,13 +494,9 @@ TEST(NonBlocking, SplitAndKvPoolCreateWaitForQueuedOperations) {
   const int n = 3;
   const size_t count = 1 << 20;
   RunThreadsRaw(n, [&](int rank) {
-    attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    cfg.timeout_ms = 20000;
     attnComm_t comm = nullptr;
-    const attnResult_t r = attnCommInitRankConfig(&comm, n, id, rank, &cfg);
-    ASSERT_TRUE(r == attnSuccess || r == attnInProgress) << ResultName(r);
-    ASSERT_EQ(PollUntilDone(comm), attnSuccess) << attnGetLastError(comm);
+    InitNonBlocking(n, id, rank, &comm);
+    if (::testing::Test::HasFatalFailure()) return;
     for (int round = 0; round < 3; ++round) {
       TypedBuf in(attnInt64, count), out(attnInt64, count);
       for (size_t i = 0; i < count; ++i) in.Set(i, RedInput(attnSum, attnInt64, rank, n, i));
