@@ -8,11 +8,13 @@
 #include <csignal>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attncomm.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/attn/attn_state.h"
+#include "src/device/retained_memory.h"
 #include "support/attn_fixtures.h"
 #include "support/device_attn.h"
 #include "support/device_checks.h"
@@ -476,6 +478,121 @@ TEST(DeviceComm, SplitAndKvPoolCreateWaitForTheStreamsQueuedWork) {
     if (b) cudaFree(b);
     cudaStreamDestroy(s);
   }, OnGpu0(&cfg));
+}
+
+// Freeing a device communicator must not wait for the whole device: rank
+// 0's stream is parked on its proxy (its all-reduce on `comm` waits for
+// rank 1) when rank 1 frees a split communicator whose collectives and ring
+// attention have allocated staging and ring memory. Were that memory given
+// back with cudaFreeHost / cudaFree (device-wide waits), rank 1 would wait
+// for rank 0's stream, which waits for rank 1: a deadlock.
+TEST(DeviceComm, FreeingACommunicatorDoesNotWaitForOtherRanksParkedStreams) {
+  REQUIRE_GPU();
+  const attn_test::AttnCase c = SmallPrefillCase(5);
+  for (const char* transports : {"shm,tcp,cuda_ipc", "shm,tcp"}) {
+    attnConfig_t cfg;
+    RunOptions o = OnGpu0(&cfg);
+    o.env = {{"ATTN_TRANSPORT", transports}};
+    std::atomic<bool> rank0Parked{false};
+    RunThreads(2, [&](int rank, int nranks, attnComm_t& comm) {
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      const size_t count = 1 << 16;
+      float *in, *out;
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&in), count * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), count * sizeof(float)), cudaSuccess);
+      std::vector<float> mine(count), got(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = float(rank * 1000 + i % 1000);
+      ASSERT_EQ(cudaMemcpy(in, mine.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+
+      attnComm_t sub = nullptr;
+      ASSERT_EQ(attnCommSplit(comm, 0, rank, &sub, nullptr), attnSuccess) << attnGetLastError(comm);
+      ASSERT_EQ(attnAllReduce(in, out, count, attnFloat32, attnSum, sub, (attnStream_t)s), attnSuccess);
+      ASSERT_EQ(attnReduceScatter(in, out, count / nranks, attnFloat32, attnSum, sub, (attnStream_t)s),
+                attnSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 3, -1);
+      const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+      for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ})
+        ExpectExact(RunOnDevice(c, sh, sub, mode, true), c.cfg.dtype, "split communicator");
+
+      if (rank == 0) {
+        ASSERT_EQ(attnCommDestroy(sub), attnSuccess);
+        ASSERT_EQ(attnAllReduce(in, out, count, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess);
+        rank0Parked = true;  // its stream now waits for rank 1's all-reduce
+      } else {
+        while (!rank0Parked) std::this_thread::yield();
+        ASSERT_EQ(attnCommDestroy(sub), attnSuccess);
+        ASSERT_EQ(attnAllReduce(in, out, count, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess);
+      }
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], float(1000 + 2 * (i % 1000))) << transports;
+      cudaFree(in);
+      cudaFree(out);
+      cudaStreamDestroy(s);
+    }, o);
+  }
+}
+
+// The cache behind the last test: blocks are reused by requests they fit
+// (at most twice the size), kept while a device communicator exists and
+// given back to CUDA when the last one goes.
+TEST(DeviceComm, RetainedMemoryIsReusedAndGivenBackWithTheLastCommunicator) {
+  REQUIRE_GPU();
+  namespace rm = attn::retained;
+  ASSERT_EQ(rm::stats().holds, 0) << "a device communicator outlived its test";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const size_t MiB = size_t(1) << 20;
+  const rm::Stats before = rm::stats();
+  {
+    rm::CommHold hold;
+    rm::Block big, again, small, dev, dev2;
+    ASSERT_EQ(rm::acquire(rm::kHost, 3 * MiB, &big), attnSuccess);
+    EXPECT_EQ(big.bytes, 3 * MiB);
+    std::memset(big.ptr, 0x5a, big.bytes);  // host memory, writable
+    rm::release(rm::kHost, big);
+    ASSERT_EQ(rm::acquire(rm::kHost, 2 * MiB, &again), attnSuccess);
+    EXPECT_EQ(again.ptr, big.ptr);
+    EXPECT_EQ(again.bytes, 3 * MiB);
+    ASSERT_EQ(rm::acquire(rm::kHost, MiB, &small), attnSuccess);  // the cache is empty
+    EXPECT_NE(small.ptr, big.ptr);
+    rm::release(rm::kHost, again);
+    rm::release(rm::kHost, small);
+    rm::Block tiny;  // 1 MiB fits; 3 MiB is too big for it
+    ASSERT_EQ(rm::acquire(rm::kHost, MiB / 2 + 1, &tiny), attnSuccess);
+    EXPECT_EQ(tiny.ptr, small.ptr);
+    rm::release(rm::kHost, tiny);
+
+    ASSERT_EQ(rm::acquire(0, 1000, &dev), attnSuccess);
+    EXPECT_EQ(dev.bytes, 1024u);
+    ASSERT_EQ(cudaMemset(dev.ptr, 7, dev.bytes), cudaSuccess);
+    rm::release(0, dev);
+    ASSERT_EQ(rm::acquire(rm::kHost, 1000, &dev2), attnSuccess);  // host and device never mix
+    EXPECT_NE(dev2.ptr, dev.ptr);
+    rm::release(rm::kHost, dev2);
+    ASSERT_EQ(rm::acquire(0, 600, &dev2), attnSuccess);
+    EXPECT_EQ(dev2.ptr, dev.ptr);
+    rm::release(0, dev2);
+
+    const rm::Stats during = rm::stats();
+    EXPECT_EQ(during.allocated - before.allocated, 4u);
+    EXPECT_EQ(during.reused - before.reused, 3u);
+    EXPECT_EQ(during.freed, before.freed);
+    EXPECT_EQ(during.cachedBytes, 3 * MiB + MiB + 1024 + 1024);
+  }
+  const rm::Stats after = rm::stats();
+  EXPECT_EQ(after.holds, 0);
+  EXPECT_EQ(after.cachedBytes, 0u);
+  EXPECT_EQ(after.freed - before.freed, 4u);
+  // With no communicator, a released block is freed at once.
+  rm::Block lone;
+  ASSERT_EQ(rm::acquire(rm::kHost, 4096, &lone), attnSuccess);
+  rm::release(rm::kHost, lone);
+  EXPECT_EQ(rm::stats().freed - after.freed, 1u);
+  EXPECT_EQ(rm::stats().cachedBytes, 0u);
+  rm::Block none;
+  EXPECT_NE(rm::acquire(rm::kHost, 0, &none), attnSuccess);
 }
 
 // The same checks as the NCCL backend's (test_nccl_bridge), on staging.

@@ -7,11 +7,12 @@
 // caller's stream, and those of other ranks sharing the GPU, are parked
 // until proxies finish; a device-wide wait there would never end.
 //
-// Exportable buffers (makeExportable) are cudaMalloc'd instead, because
-// pool memory has no cudaIpcMemHandle_t. For the same reason as above an
-// outgrown one is not freed but retired, and freed with the rest by
-// reset() (cudaFree: only when nothing is parked, i.e. when the
-// communicator is freed).
+// Exportable buffers (makeExportable) are plain cudaMalloc memory instead,
+// because pool memory has no cudaIpcMemHandle_t (and a transport may not
+// register it for RDMA). They come from the process's cache of such blocks
+// (retained_memory.h) and go back there, never to cudaFree, for the same
+// reason as above. An outgrown one is retired until reset(): a peer may
+// still read it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,13 +21,16 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "src/device/retained_memory.h"
 
 namespace attn {
 
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  ~DeviceBuffer();  // leaks rather than waits for the device: call reset() first
+  // Exportable blocks go back to the cache; pool memory needs a stream to be
+  // freed on, so it leaks unless reset() ran first.
+  ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
@@ -36,7 +40,8 @@ class DeviceBuffer {
   attnResult_t reserve(size_t bytes, cudaStream_t stream);
   char* get() const { return base_; }
   size_t capacity() const { return bytes_; }
-  // Frees the memory: on `stream`, or (exportable) with cudaFree.
+  // Frees the memory on `stream`, or (exportable) returns it to the cache:
+  // every use of it must be over then.
   void reset(cudaStream_t stream);
   // From now on (for good), allocations can be exported to other
   // processes; pool memory held is freed on `stream` first.
@@ -47,7 +52,8 @@ class DeviceBuffer {
   char* base_ = nullptr;
   size_t bytes_ = 0;
   bool exportable_ = false;
-  std::vector<void*> retired_;  // outgrown exportable allocations
+  int device_ = -1;  // of the exportable blocks
+  std::vector<retained::Block> retired_;  // outgrown exportable blocks
 };
 
 }  // namespace attn

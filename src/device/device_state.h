@@ -7,6 +7,7 @@
 #include "src/device/device_attn_state.h"
 #include "src/device/nccl_bridge.h"
 #include "src/device/pinned_arena.h"
+#include "src/device/retained_memory.h"
 #include "src/device/ring_link.h"
 #include "src/device/stage_pipeline.h"
 #include "src/device/stream_bridge.h"
@@ -16,8 +17,10 @@
 namespace attn {
 
 // Members are destroyed bottom-up: the bridge first (it joins the proxy
-// thread, the only user of the others).
+// thread, the only user of the others, and drains its copy stream), the
+// hold last (the others return their memory to the cache before it).
 struct DeviceState {
+  retained::CommHold hold;  // keeps the process's cache of memory (retained_memory.h)
   PinnedArena arena;     // the staging backend's copies
   SliceEvents sliceEvents;  // pipelined staging: each slice's inputs are on the host
   DeviceAttnState attn;  // ring attention on the GPU

@@ -21,18 +21,19 @@
 #include "src/device/device_route.h"
 #include "src/device/device_scope.h"
 #include "src/device/device_state.h"
+#include "src/device/retained_memory.h"
 
 namespace attn {
 
 struct NcclBridge {
   ncclComm_t nccl = nullptr;  // the engine's; it must outlive us
   int device = -1;
-  void* scratch = nullptr;  // one zeroed uint32: barriers all-reduce it in place
-  ~NcclBridge() {
-    if (!scratch) return;
-    DeviceScope dev;
-    if (dev.enter(device) == attnSuccess) cudaFree(scratch);
-  }
+  // One zeroed uint32: barriers all-reduce it in place. From the process's
+  // cache (retained_memory.h): cudaFree would wait for the whole device,
+  // where other ranks' NCCL kernels may wait for this rank.
+  retained::Block scratchBlock;
+  void* scratch = nullptr;
+  ~NcclBridge() { retained::release(device, scratchBlock); }
 };
 
 void NcclBridgeDeleter::operator()(NcclBridge* b) const { delete b; }
@@ -265,7 +266,8 @@ attnResult_t makeBridge(ncclComm_t nc, int device, NcclBridgePtr* out) {
   b->device = device;
   DeviceScope dev;
   ATTN_CHECK(dev.enter(device));
-  ATTN_CUDA_CHECK(cudaMalloc(&b->scratch, kScratchBytes));
+  ATTN_CHECK(retained::acquire(device, kScratchBytes, &b->scratchBlock));
+  b->scratch = b->scratchBlock.ptr;
   *out = std::move(b);
   return attnSuccess;
 }

@@ -132,7 +132,14 @@ StreamBridge::~StreamBridge() {
   cv_.notify_all();
   if (proxy_.joinable()) proxy_.join();
   DeviceScope scope(device_ < 0 ? 0 : device_);
-  if (copyStream_) (void)cudaStreamDestroy(copyStream_);
+  // Work that failed part-way may leave copies queued; the staging memory
+  // they use goes back to the process's cache (retained_memory.h) once the
+  // bridge is gone, for another communicator to reuse. Only this stream is
+  // waited for: it never waits on a caller's stream.
+  if (copyStream_) {
+    (void)cudaStreamSynchronize(copyStream_);
+    (void)cudaStreamDestroy(copyStream_);
+  }
   if (counter_) counterWords().give(counter_);
 }
 
