@@ -22,6 +22,7 @@
 #include "support/gpu.h"
 #include "support/kv_fixtures.h"
 #include "support/multirank.h"
+#include "transports/cuda_ipc/ipc_stats.h"
 
 namespace {
 
@@ -182,6 +183,28 @@ TEST(DeviceKvPool, LendAndReturnKeepAttentionExactThreads) {
     attnConfig_t cfg;
     RunThreads(3, [&](int rank, int n, attnComm_t& comm) { LendAndReturnOnDevice(s, rank, n, comm); },
                OnGpu0(&cfg));
+  }
+}
+
+// Migration moves each block's K and V as device sends and receives: with
+// cuda_ipc allowed, ranks sharing the GPU copy them straight out of the
+// sender's slots; without it they go through pinned host memory.
+TEST(DeviceKvPool, MigrationCopiesBlocksGpuToGpuWhereCudaIpcReaches) {
+  REQUIRE_GPU();
+  const uint64_t movedTensors = 2 * (5 + 3);  // K and V of the blocks lent, then returned
+  for (const char* transports : {"shm,tcp,cuda_ipc", "shm,tcp"}) {
+    attn::ipc::IpcCounters& k = attn::ipc::ipcCounters();
+    const uint64_t pulls0 = k.p2pPulls.load(), viaHost0 = k.p2pViaHost.load();
+    attnConfig_t cfg;
+    RunOptions o = OnGpu0(&cfg);
+    o.env = {{"ATTN_TRANSPORT", transports}};
+    RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+      LendAndReturnOnDevice(Scenario{attnBfloat16, true, 5}, rank, n, comm);
+    }, o);
+    const bool ipc = std::string(transports).find("cuda_ipc") != std::string::npos;
+    EXPECT_EQ(k.p2pPulls.load() - pulls0, ipc ? movedTensors : 0) << transports;
+    // Counted by both ends of each pair.
+    EXPECT_EQ(k.p2pViaHost.load() - viaHost0, ipc ? 0 : 2 * movedTensors) << transports;
   }
 }
 

@@ -120,23 +120,27 @@ attnResult_t fileBlocks(KvPool& pool, int from, const TryMove& t, const std::vec
 class HostBlockIo : public KvBlockIo {
  public:
   explicit HostBlockIo(KvPool& pool) : pool_(pool) {}
-  attnResult_t sendFrom(const std::vector<int64_t>& slots, std::vector<const char*>* k,
-                        std::vector<const char*>* v) override {
-    for (int64_t s : slots) {
-      k->push_back(pool_.k(s));
-      v->push_back(pool_.v(s));
-    }
+  attnResult_t move(const std::vector<KvBlockTransfer>& blocks) override {
+    Engine& e = *pool_.comm()->engine;
+    const size_t bb = pool_.blockBytes();
+    std::unique_ptr<Request[]> reqs(new Request[2 * blocks.size()]);
+    BreakOnEarlyExit guard(e);
+    for (int sends = 0; sends < 2; ++sends)  // receives posted first
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const KvBlockTransfer& b = blocks[i];
+        if (b.send != bool(sends)) continue;
+        if (b.send) {
+          ATTN_CHECK(e.isend(b.peer, pool_.k(b.slot), bb, &reqs[2 * i]));
+          ATTN_CHECK(e.isend(b.peer, pool_.v(b.slot), bb, &reqs[2 * i + 1]));
+        } else {
+          ATTN_CHECK(e.irecv(b.peer, pool_.k(b.slot), bb, &reqs[2 * i]));
+          ATTN_CHECK(e.irecv(b.peer, pool_.v(b.slot), bb, &reqs[2 * i + 1]));
+        }
+      }
+    for (size_t i = 0; i < 2 * blocks.size(); ++i) ATTN_CHECK(e.wait(&reqs[i]));
+    guard.done();
     return attnSuccess;
   }
-  attnResult_t receiveInto(const std::vector<int64_t>& slots, std::vector<char*>* k,
-                           std::vector<char*>* v) override {
-    for (int64_t s : slots) {
-      k->push_back(pool_.k(s));
-      v->push_back(pool_.v(s));
-    }
-    return attnSuccess;
-  }
-  attnResult_t received() override { return attnSuccess; }
 
  private:
   KvPool& pool_;
@@ -276,27 +280,24 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
   }
 
   // 3. move. Per peer, messages match in posting order: for each granted
-  // move in the order of the try_move message, its header, then K and V of
-  // each block.
-  const size_t bb = pool.blockBytes();
+  // move in the order of the try_move message, its header; then the K and
+  // V of the blocks of every move, in the same order (KvBlockIo).
   std::unique_ptr<KvBlockIo> io = makeBlockIo(pool);
   SlotsToFree sentSlots{pool, {}};
   std::vector<std::vector<char>> headersOut(moves.size());
   std::vector<std::vector<std::vector<char>>> headersIn(static_cast<size_t>(n));
-  std::vector<int64_t> inSlots;  // every reserved slot, in posting order
+  std::vector<KvBlockTransfer> blocks;
   for (int p = 0; p < n; ++p) {
     if (p == me || asks[p].empty()) continue;
     headersIn[p].resize(asks[p].size());
     for (size_t j = 0; j < asks[p].size(); ++j) {
       if (grants[p][j] == 0) continue;
       headersIn[p][j].resize(headerBytes(pool, grants[p][j]));
-      inSlots.insert(inSlots.end(), reservedSlots[p][j].begin(), reservedSlots[p][j].end());
+      for (int64_t slot : reservedSlots[p][j]) blocks.push_back({p, false, slot});
     }
   }
   // The moves granted to us leave the books before any byte is sent.
   std::vector<std::pair<int, size_t>> outMoves;  // (peer, move index), in posting order
-  std::vector<size_t> outFirst;                  // each one's first slot in outSlots
-  std::vector<int64_t> outSlots;
   for (int p = 0; p < n; ++p) {
     for (size_t j = 0; j < movesTo[p].size(); ++j) {
       const size_t i = movesTo[p][j];
@@ -312,52 +313,23 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
       }
       sentSlots.slots.insert(sentSlots.slots.end(), slots.begin(), slots.end());
       outMoves.push_back({p, i});
-      outFirst.push_back(outSlots.size());
-      outSlots.insert(outSlots.end(), slots.begin(), slots.end());
+      for (int64_t slot : slots) blocks.push_back({p, true, slot});
       (*granted)[i] = g;
     }
   }
-  std::vector<char*> inK, inV;
-  std::vector<const char*> outK, outV;
-  ATTN_CHECK(io->receiveInto(inSlots, &inK, &inV));
-  ATTN_CHECK(io->sendFrom(outSlots, &outK, &outV));
 
   std::deque<Request> reqs;  // stable addresses
-  std::vector<Request*> all;
-  auto postRecv = [&](int peer, void* buf, size_t bytes) {
-    reqs.emplace_back();
-    all.push_back(&reqs.back());
-    return e.irecv(peer, buf, bytes, &reqs.back());
-  };
-  auto postSend = [&](int peer, const void* buf, size_t bytes) {
-    reqs.emplace_back();
-    all.push_back(&reqs.back());
-    return e.isend(peer, buf, bytes, &reqs.back());
-  };
   BreakOnEarlyExit guard(e);
-  size_t at = 0;
   for (int p = 0; p < n; ++p) {
     if (p == me || asks[p].empty()) continue;
-    for (size_t j = 0; j < asks[p].size(); ++j) {
-      if (grants[p][j] == 0) continue;
-      ATTN_CHECK(postRecv(p, headersIn[p][j].data(), headersIn[p][j].size()));
-      for (size_t b = 0; b < reservedSlots[p][j].size(); ++b, ++at) {
-        ATTN_CHECK(postRecv(p, inK[at], bb));
-        ATTN_CHECK(postRecv(p, inV[at], bb));
-      }
-    }
+    for (size_t j = 0; j < asks[p].size(); ++j)
+      if (grants[p][j] != 0) ATTN_CHECK(e.irecv(p, headersIn[p][j].data(), headersIn[p][j].size(), &reqs.emplace_back()));
   }
-  for (size_t m = 0; m < outMoves.size(); ++m) {
-    const auto [p, i] = outMoves[m];
-    ATTN_CHECK(postSend(p, headersOut[i].data(), headersOut[i].size()));
-    for (size_t b = outFirst[m]; b < outFirst[m] + size_t(moves[i].num_blocks); ++b) {
-      ATTN_CHECK(postSend(p, outK[b], bb));
-      ATTN_CHECK(postSend(p, outV[b], bb));
-    }
-  }
-  for (Request* r : all) ATTN_CHECK(e.wait(r));
+  for (const auto& [p, i] : outMoves)
+    ATTN_CHECK(e.isend(p, headersOut[i].data(), headersOut[i].size(), &reqs.emplace_back()));
+  for (Request& r : reqs) ATTN_CHECK(e.wait(&r));
+  ATTN_CHECK(io->move(blocks));
   guard.done();
-  ATTN_CHECK(io->received());
   {
     std::lock_guard<std::mutex> books(pool.booksMu);
     for (int p = 0; p < n; ++p)

@@ -1,6 +1,7 @@
 // KV block migration between pools (Infinite-LLM §6.2): try_move, then move.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "attncomm.h"
@@ -8,20 +9,24 @@
 
 namespace attn {
 
-// Where a move's K and V bytes are sent from and received into: the slots
-// themselves (host pools), or pinned host copies of them (device pools,
-// kv_device.h).
+// One block's K and V moving between this rank and a peer.
+struct KvBlockTransfer {
+  int peer;
+  bool send;     // out of this rank's slot, else into it
+  int64_t slot;
+};
+
+// How a move's K and V bytes travel: straight between the slots over the
+// engine (host pools), or as a group of device sends and receives (device
+// pools, kv_device.h: pulled GPU to GPU where cuda_ipc reaches the peer).
 class KvBlockIo {
  public:
   virtual ~KvBlockIo() = default;
-  // Host addresses of the K and V of `slots`, to send from.
-  virtual attnResult_t sendFrom(const std::vector<int64_t>& slots, std::vector<const char*>* k,
-                                std::vector<const char*>* v) = 0;
-  // Host addresses to receive the K and V of `slots` into.
-  virtual attnResult_t receiveInto(const std::vector<int64_t>& slots, std::vector<char*>* k,
-                                   std::vector<char*>* v) = 0;
-  // Everything receiveInto handed out has arrived.
-  virtual attnResult_t received() = 0;
+  // Moves every block of `blocks`. Per peer, a sender and its receiver list
+  // their blocks in the same order (that of the try_move message). Returns
+  // once every block has arrived here and no block sent from here is read
+  // any more.
+  virtual attnResult_t move(const std::vector<KvBlockTransfer>& blocks) = 0;
 };
 
 // Checks what needs no books: src is this rank, dst a peer, the owner src

@@ -1,6 +1,7 @@
 // The distributed KV cache on a device communicator: the pool's K and V in
 // the GPU's memory, the kernels of kvAttention on the GPU, and migration's
-// bytes through pinned host memory. Plain C++ (no CUDA headers), so
+// bytes as device sends and receives (pulled GPU to GPU where cuda_ipc
+// reaches the peer). Plain C++ (no CUDA headers), so
 // src/attn can call it; defined only in CUDA builds.
 #pragma once
 
