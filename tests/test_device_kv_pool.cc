@@ -208,11 +208,18 @@ TEST(DeviceKvPool, MigrationCopiesBlocksGpuToGpuWhereCudaIpcReaches) {
   }
 }
 
+// Processes on one host: the pools are exportable memory, so each receiver
+// copies the blocks it gets out of its sender's slots by IPC handle.
 TEST(DeviceKvPool, LendAndReturnKeepAttentionExactProcesses) {
   REQUIRE_FORKABLE_CUDA();
   attnConfig_t cfg;
   RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    const uint64_t pulls0 = attn::ipc::ipcCounters().p2pPulls.load();
     LendAndReturnOnDevice(Scenario{attnFloat16, true, 8}, rank, n, comm);
+    // K and V of the blocks this rank received: 3 and 2 lent to ranks 1
+    // and 2, then 1 + 2 returned to rank 0.
+    const uint64_t received = rank == 2 ? 2 * 2 : 2 * 3;
+    EXPECT_EQ(attn::ipc::ipcCounters().p2pPulls.load() - pulls0, received) << "rank " << rank;
   }, OnGpu0(&cfg));
 }
 

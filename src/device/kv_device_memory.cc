@@ -1,6 +1,12 @@
-// A device pool's K and V: two allocations on the communicator's GPU, made
-// and freed on a stream of the pool's own, and the copies of appends
-// enqueued on the caller's stream.
+// A device pool's K and V: two allocations on the communicator's GPU, and
+// the copies of appends enqueued on the caller's stream.
+//
+// Stream-ordered (made and freed on a stream of the pool's own) unless a
+// peer runs in another process on this host: then plain cudaMalloc memory,
+// which CUDA IPC can export, so that migration copies blocks GPU to GPU
+// (kv_block_io_device.cc). That memory comes from and goes back to the
+// process's cache (retained_memory.h), as cudaFree could wait for the whole
+// device while other ranks' streams are parked.
 #include <cuda_runtime_api.h>
 
 #include "src/core/comm.h"
@@ -21,8 +27,12 @@ class DeviceKvMemory : public KvMemory {
     if (scope.enter(device_) != attnSuccess) return;
     // Freed after the last append's copies, on our stream: no device-wide
     // wait, which could hang while other ranks' streams are parked.
+    // Exportable memory goes back to the cache once they are done (they
+    // are when the callers' streams have run the pool's calls, as
+    // attnKvPoolDestroy asks).
     if (lastCopy_) {
-      if (copied_) (void)cudaStreamWaitEvent(stream_, lastCopy_, 0);
+      if (copied_ && k_.exportable()) (void)cudaEventSynchronize(lastCopy_);
+      else if (copied_) (void)cudaStreamWaitEvent(stream_, lastCopy_, 0);
       (void)cudaEventDestroy(lastCopy_);
     }
     if (stream_) {
@@ -32,11 +42,15 @@ class DeviceKvMemory : public KvMemory {
     }
   }
 
-  attnResult_t allocate(size_t bytes) {
+  attnResult_t allocate(size_t bytes, bool exportable) {
     DeviceScope scope;
     ATTN_CHECK(scope.enter(device_));
     ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ATTN_CUDA_CHECK(cudaEventCreateWithFlags(&lastCopy_, cudaEventDisableTiming));
+    if (exportable) {
+      k_.makeExportable(stream_);
+      v_.makeExportable(stream_);
+    }
     ATTN_CHECK(k_.reserve(std::max<size_t>(1, bytes), stream_));
     ATTN_CHECK(v_.reserve(std::max<size_t>(1, bytes), stream_));
     // Usable from every stream once allocated.
@@ -71,11 +85,19 @@ class DeviceKvMemory : public KvMemory {
   DeviceBuffer k_, v_;
 };
 
+// Some peer is another process on this host.
+bool peerProcessOnThisHost(const attnComm* comm) {
+  const PeerInfo& me = comm->peers[comm->rank];
+  for (const PeerInfo& p : comm->peers)
+    if (p.hostHash == me.hostHash && p.pid != me.pid) return true;
+  return false;
+}
+
 }  // namespace
 
 attnResult_t makeKvDeviceMemory(attnComm* comm, size_t bytes, std::unique_ptr<KvMemory>* out) {
   auto mem = std::make_unique<DeviceKvMemory>(comm->config.device);
-  ATTN_CHECK(mem->allocate(bytes));
+  ATTN_CHECK(mem->allocate(bytes, peerProcessOnThisHost(comm)));
   *out = std::move(mem);
   return attnSuccess;
 }
