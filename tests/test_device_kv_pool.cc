@@ -223,6 +223,27 @@ TEST(DeviceKvPool, LendAndReturnKeepAttentionExactProcesses) {
   }, OnGpu0(&cfg));
 }
 
+// Ranks 0 and 1 on one emulated host, rank 2 on another: blocks between
+// 0 and 1 are pulled by IPC handle, those to and from rank 2 go through
+// pinned memory and the host transport (both ends count them).
+TEST(DeviceKvPool, MigrationPullsOnTheHostAndStagesAcrossHosts) {
+  REQUIRE_FORKABLE_CUDA();
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  o.child_setup = [](int rank) { setenv("ATTN_HOSTID", rank < 2 ? "kv-host-a" : "kv-host-b", 1); };
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    attn::ipc::IpcCounters& k = attn::ipc::ipcCounters();
+    const uint64_t pulls0 = k.p2pPulls.load(), viaHost0 = k.p2pViaHost.load();
+    LendAndReturnOnDevice(Scenario{attnBfloat16, true, 8}, rank, n, comm);
+    // Rank 0 lends 3 blocks to rank 1 and 2 to rank 2; rank 1 returns 1,
+    // rank 2 returns 2. K and V of each are one send and one receive.
+    const uint64_t pulls[3] = {2 * 1, 2 * 3, 0};
+    const uint64_t viaHost[3] = {2 * (2 + 2), 0, 2 * (2 + 2)};
+    EXPECT_EQ(k.p2pPulls.load() - pulls0, pulls[rank]) << "rank " << rank;
+    EXPECT_EQ(k.p2pViaHost.load() - viaHost0, viaHost[rank]) << "rank " << rank;
+  }, o);
+}
+
 // Rank 0 queues three attention calls on its stream, which cannot run
 // before rank 1 joins them, and makes local calls in between: appends to
 // the request the first call reads, a release, an append that needs the
