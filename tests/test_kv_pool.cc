@@ -396,6 +396,37 @@ TEST(KvAttention, BadQueriesFailEveryRank) {
   }, AttnRunOptions());
 }
 
+// A request may come with no query rows (equal adjacent q_offsets) while
+// peers hold blocks of it. They must not answer it: the owner expects no
+// reply, and an empty one left unmatched was taken by its next receive
+// from them, which broke the calls that followed (found by a fuzzer).
+TEST(KvAttention, RequestsWithoutQueryRowsLeaveTheCommunicatorInStep) {
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(4, 32);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    const std::vector<Req> asked = {{100 + rank, 21, 2}, {200 + rank, 13, 3}};
+    for (const Req& r : asked) AppendRequest(pool, comm, attnFloat32, rank, r);
+    // Every rank lends a block of its first request to the next rank and
+    // one of its second to the one after: the next rank holds blocks of
+    // the first request only.
+    const std::vector<attnKvMove_t> moves = {{rank, (rank + 1) % n, rank, 100 + rank, 1},
+                                             {rank, (rank + 2) % n, rank, 200 + rank, 1}};
+    std::vector<int64_t> granted(moves.size(), -1);
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr));
+    for (int64_t g : granted) EXPECT_EQ(g, 1);
+    for (int round = 0; round < 3; ++round) {
+      // Rank `round % n` asks nothing of its first request, the others ask.
+      std::vector<Req> reqs = asked;
+      if (rank == round % n) reqs[0].qRows = 0;
+      ExpectExact(CheckAttention(pool, comm, rank, reqs, attnFloat32, true), attnFloat32,
+                  "round " + std::to_string(round) + ", rank " + std::to_string(rank));
+      ATTN_ASSERT_OK(comm, attnBarrier(comm, nullptr));
+    }
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
+}
+
 // ---------------------------------------------------------------------------
 // The rebalancer: heartbeat, plan, moves.
 

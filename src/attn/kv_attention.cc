@@ -220,6 +220,8 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   std::vector<int64_t> replyRows(size_t(n), 0);
   if (localStatus == attnSuccess) {
     for (size_t i = 0; i < a.reqs.size(); ++i) {
+      // A request without query rows asks nothing of its holders.
+      if (a.qOffsets[i + 1] == a.qOffsets[i]) continue;
       std::vector<bool> at(size_t(n), false);
       for (const KvBlockLoc& b : pool.own.at(a.reqs[i]).blocks) at[size_t(b.holder)] = true;
       for (int p = 0; p < n; ++p)
@@ -314,6 +316,9 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
       reqs[j].q = qBytes;
       lentSlots(pool, it->second, &reqs[j].slots, &reqs[j].tokens);
     }
+    // The owner waits for a reply only when it sent query rows: an empty
+    // one would stay unmatched and be taken by its next receive from us.
+    if (total == 0) continue;
     ATTN_CHECK(compute->serve(h, reqs, total, &served[p]));
     ATTN_CHECK(e.isend(p, served[p].data(), served[p].size() * sizeof(float), &sreq[p]));
     servedTo.push_back(p);
