@@ -416,7 +416,12 @@ typedef enum {
  * q: [q rows, Hq, D]; k, v: [kv rows, Hkv, D]; out: [q rows, Hq, D], all in
  * cfg->dtype. lse: [q rows, Hq] float natural-log log-sum-exp of the scaled
  * scores, or NULL. A query that sees no key gets out = 0 and lse = -inf.
- * Collective: every rank calls it with the same cfg, num_seqs and mode. */
+ * Collective: every rank calls it with the same cfg, num_seqs and mode.
+ * Ranks that disagree fail together (attnInvalidUsage, naming both). A rank
+ * whose arguments are refused (attnInvalidArgument) still tells the others,
+ * which fail the call with attnRemoteError naming it; the communicator
+ * stays usable on every rank. The same holds for attnLevelAttention and
+ * attnSelectMode. */
 ATTN_API attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void* out,
                                         float* lse, const attnSeqLayout_t* layout,
                                         const attnAttnConfig_t* cfg, attnAttnMode_t mode,

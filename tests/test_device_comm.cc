@@ -607,6 +607,36 @@ TEST(DeviceComm, EveryOperationMatchesHostExpectations) {
 
 // num_seqs 0 with NULL offsets (which the API allows) on the device path:
 // nothing to read, nothing to do, in every mode.
+// A device call one rank refuses (head_dim 300): its refusal is enqueued on
+// its stream like the call, so the peer's call, already on its stream,
+// fails there naming the refusing rank (attnCommGetAsyncError), instead of
+// waiting for that rank's next call.
+TEST(DeviceComm, ArgumentsRefusedOnOneRankFailThePeersCall) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(2, [](int rank, int, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    attnAttnConfig_t acfg{4, 2, 64, attnBfloat16, 0.f, 1};
+    if (rank == 1) acfg.head_dim = 300;
+    const attnSeqLayout_t lay{0, nullptr, nullptr, nullptr, nullptr};
+    const attnResult_t r = attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg,
+                                             attnModePassKV, comm, (attnStream_t)s);
+    EXPECT_EQ(r, rank == 1 ? attnInvalidArgument : attnSuccess) << attnGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    attnResult_t async;
+    ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+    if (rank == 1) {
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+    } else {
+      EXPECT_EQ(async, attnRemoteError);
+      EXPECT_NE(std::string(attnGetLastError(comm)).find("rank 1 could not take part"), std::string::npos)
+          << attnGetLastError(comm);
+    }
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
+}
+
 TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
   REQUIRE_GPU();
   attnConfig_t cfg;

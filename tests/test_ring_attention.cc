@@ -939,29 +939,85 @@ TEST(RingAttentionBadInput, HeadMismatchAcrossRanksProcesses) {
   }, AttnRunOptions(60000));
 }
 
-// One rank rejects its arguments locally (head_dim 300) while the other
-// enters the collective: the other must not hang (it fails by the
-// communicator's timeout or because its peer gave up), and never succeeds.
-TEST(RingAttentionBadInput, InvalidConfigOnOneRankDoesNotHang) {
+// One rank rejects its arguments locally while the others enter the
+// collective: the refusing rank still takes part in the call's exchange, so
+// every other rank fails at once, naming it, and all of them stay in step:
+// the next call works everywhere. (Before, the others took the refusing
+// rank's next call for this one and the communicator fell out of step.)
+void OneRankRefuses(int rank, int n, attnComm_t& comm, bool level) {
+  for (int variant = 0; variant < 4; ++variant) {
+    attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
+    SmallProblem p(4, 2, 8);
+    attnSeqLayout_t lay = p.layout;
+    std::vector<int32_t> decreasing{0, 3, 1}, kvo{0, 3, 3};
+    const bool refuses = rank == variant % n;
+    if (refuses) {
+      switch (variant) {
+        case 0: cfg.head_dim = 300; break;
+        case 1: cfg.num_kv_heads = 0; break;
+        case 2:
+          lay.num_seqs = 2;
+          lay.q_offsets = decreasing.data();
+          lay.kv_offsets = kvo.data();
+          break;
+        case 3: lay.q_pos = nullptr; break;  // causal without positions
+      }
+    }
+    auto call = [&](const attnSeqLayout_t& l, const attnAttnConfig_t& c) {
+      return level ? attnLevelAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(), &l, &c,
+                                        nullptr, comm, nullptr)
+                   : attnRingAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(), &l, &c,
+                                       attnModePassKV, comm, nullptr);
+    };
+    const attnResult_t r = call(lay, cfg);
+    const std::string err = attnGetLastError(comm);
+    const std::string what = std::string(level ? "level" : "ring") + ", variant " + std::to_string(variant) +
+                             ", rank " + std::to_string(rank) + ": " + err;
+    if (refuses) {
+      EXPECT_EQ(r, attnInvalidArgument) << what;
+    } else {
+      EXPECT_EQ(r, attnRemoteError) << what;
+      EXPECT_NE(err.find("rank " + std::to_string(variant % n) + " could not take part"), std::string::npos)
+          << what;
+    }
+    ATTN_EXPECT_OK(comm, call(p.layout, AttnCfg(4, 2, 8, attnFloat32, true)));
+  }
+}
+
+TEST(RingAttentionBadInput, ArgumentsRefusedOnOneRankFailEveryRankInStepThreads) {
+  for (bool level : {false, true})
+    RunThreads(3, [&](int rank, int n, attnComm_t& comm) { OneRankRefuses(rank, n, comm, level); },
+               AttnRunOptions(60000));
+}
+
+TEST(RingAttentionBadInput, ArgumentsRefusedOnOneRankFailEveryRankInStepNonBlocking) {
   attnConfig_t ccfg = ATTN_CONFIG_INITIALIZER;
-  ccfg.timeout_ms = 3000;
-  RunOptions o;
+  ccfg.blocking = 0;
+  RunOptions o = AttnRunOptions(60000);
   o.config = &ccfg;
-  o.deadline_ms = 60000;
   RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+    // A refused call returns its error at once; the exchange that tells the
+    // peer is queued like the call, and the peer's call fails when it runs.
     attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
     if (rank == 1) cfg.head_dim = 300;
     SmallProblem p(4, 2, 8);
-    const auto t0 = std::chrono::steady_clock::now();
-    const attnResult_t r = attnRingAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(),
-                                             p.lse.data(), &p.layout, &cfg, attnModePassKV, comm, nullptr);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rank == 1) EXPECT_EQ(r, attnInvalidArgument) << ResultName(r);
-    else EXPECT_NE(r, attnSuccess) << "rank 0 completed a collective its peer never entered";
-    EXPECT_LT(s, 30.0) << "rank " << rank << " -> " << ResultName(r) << " after " << s << " s";
-    std::printf("[ one-sided ] rank %d -> %s after %.2f s: %s\n", rank, ResultName(r), s,
-                attnGetLastError(comm));
+    const attnResult_t r = attnRingAttention(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(),
+                                             &p.layout, &cfg, attnModePassKV, comm, nullptr);
+    if (rank == 1) {
+      EXPECT_EQ(r, attnInvalidArgument) << attnGetLastError(comm);
+    } else {
+      EXPECT_EQ(r, attnInProgress) << attnGetLastError(comm);
+    }
+    attnResult_t async = attnInProgress;
+    while (async == attnInProgress) ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+    if (rank == 1) EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+    else EXPECT_EQ(async, attnRemoteError) << attnGetLastError(comm);
   }, o);
+}
+
+TEST(RingAttentionBadInput, ArgumentsRefusedOnOneRankFailEveryRankInStepProcesses) {
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) { OneRankRefuses(rank, n, comm, false); },
+               AttnRunOptions(60000));
 }
 
 // Ranks disagreeing on num_seqs or mode.

@@ -93,12 +93,16 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
                                attnAttnMode_t mode, attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  int64_t qRows = 0, kvRows = 0;
+  attnResult_t bad = attnSuccess;
   if (stream != nullptr && !deviceRoute(comm))
-    return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
-  if (mode < attnModeAuto || mode > attnModeHeadParallel)
-    return call.finish(setError(attnInvalidArgument, "unknown attention mode %d", (int)mode));
-  int64_t qRows, kvRows;
-  ATTN_CHECK(call.finish(checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows)));
+    bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
+  else if (mode < attnModeAuto || mode > attnModeHeadParallel)
+    bad = setError(attnInvalidArgument, "unknown attention mode %d", (int)mode);
+  else
+    bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
+  // The peers fail the call too (plan_call.h).
+  if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, int32_t(attnModeAuto)));
   attnSeqLayout_t lay = *layout;
   attnAttnConfig_t c = *cfg;
   if (deviceRoute(comm))
@@ -112,12 +116,14 @@ attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_
                             attnComm_t comm, attnModeEstimate_t* estimate) {
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  ATTN_CHECK(call.finish(checkConfig(cfg)));
-  if (!layout || !estimate)
-    return call.finish(setError(attnInvalidArgument, "layout and estimate must not be NULL"));
-  int64_t qRows, kvRows;
-  ATTN_CHECK(call.finish(checkOffsets("q_offsets", layout->num_seqs, layout->q_offsets, &qRows)));
-  ATTN_CHECK(call.finish(checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, &kvRows)));
+  int64_t qRows = 0, kvRows = 0;
+  attnResult_t bad = checkConfig(cfg);
+  if (bad == attnSuccess && (!layout || !estimate))
+    bad = setError(attnInvalidArgument, "layout and estimate must not be NULL");
+  if (bad == attnSuccess) bad = checkOffsets("q_offsets", layout->num_seqs, layout->q_offsets, &qRows);
+  if (bad == attnSuccess) bad = checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, &kvRows);
+  // The peers fail the call too (plan_call.h); it runs on the calling thread.
+  if (bad != attnSuccess) return call.finish(refuseCallHere(comm, bad, int32_t(attnModeAuto)));
   const AttnCard mine = cardOf(comm, qRows, kvRows, layout->num_seqs, attnModeAuto, *cfg, nullptr);
   std::vector<AttnCard> cards;
   ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));

@@ -75,13 +75,17 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
                                            attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  int64_t qRows = 0, kvRows = 0;
+  attnResult_t bad = attnSuccess;
   if (stream != nullptr && !deviceRoute(comm))
-    return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
-  int64_t qRows, kvRows;
-  ATTN_CHECK(call.finish(checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows)));
+    bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
+  else
+    bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
+  if (bad == attnSuccess && drop) bad = checkDrop(*drop, kvRows);
+  // The peers fail the call too (plan_call.h).
+  if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, kLevelCallMode));
   LevelDrop d;
   if (drop) {
-    ATTN_CHECK(call.finish(checkDrop(*drop, kvRows)));
     for (int t = 0; t < 4; ++t) d.keep[t] = drop->keep[t];
     d.importance = drop->importance;
   }

@@ -9,6 +9,7 @@
 #include "kernels/cpu/convert.h"
 #include "src/attn/calibrate.h"
 #include "src/coll/coll.h"
+#include "src/core/api_call.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -103,6 +104,11 @@ attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<Att
   for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(AttnCard), sizeof(AttnCard)};
   ATTN_CHECK(ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n),
                             reinterpret_cast<char*>(all->data()), blocks, chunkBytes(1)));
+  if (mine.status != attnSuccess) return attnResult_t(mine.status);  // its own text stands
+  for (int r = 0; r < n; ++r)
+    if ((*all)[r].status != attnSuccess)
+      return setError(attnRemoteError, "%s: rank %d could not take part (%s; its own error says why)",
+                      callName(mine), r, attnGetErrorString(attnResult_t((*all)[r].status)));
   for (int r = 0; r < n; ++r) {
     const AttnCard& o = (*all)[r];
     if (o.numSeqs != mine.numSeqs || o.mode != mine.mode || o.hq != mine.hq || o.hkv != mine.hkv ||
@@ -121,6 +127,44 @@ attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<Att
                       mine.keep[3], r, o.keep[0], o.keep[1], o.keep[2], o.keep[3]);
   }
   return attnSuccess;
+}
+
+namespace {
+// The refused card's exchange; a failure of the exchange itself is new.
+attnResult_t sendRefusal(attnComm* comm, int32_t cardMode, attnResult_t status) {
+  AttnCard mine{};
+  mine.mode = cardMode;
+  mine.status = status;
+  std::vector<AttnCard> all;
+  const attnResult_t r = exchangeCards(comm, mine, &all);
+  return r == status ? attnSuccess : r;
+}
+// `status` with the text `why` again, should the exchange have replaced it.
+attnResult_t keepError(attnResult_t status, const std::string& why) {
+  if (threadLastError() == why) return status;
+  ErrorContext none("-");  // `why` already names the rank
+  return setError(status, "%s", why.c_str());
+}
+}  // namespace
+
+attnResult_t refuseCall(attnComm* comm, attnStream_t stream, attnResult_t status, int32_t cardMode) {
+  const std::string why = threadLastError();
+  if (deviceRoute(comm)) {
+    (void)deviceEnqueueWork(comm, stream, [comm, cardMode, status]() -> attnResult_t {
+      ErrorContext ctx(comm->prefix);
+      return sendRefusal(comm, cardMode, status);
+    });
+  } else {
+    (void)dispatch(comm, "refused attention call",
+                   [comm, cardMode, status] { return sendRefusal(comm, cardMode, status); });
+  }
+  return keepError(status, why);
+}
+
+attnResult_t refuseCallHere(attnComm* comm, attnResult_t status, int32_t cardMode) {
+  const std::string why = threadLastError();
+  (void)sendRefusal(comm, cardMode, status);
+  return keepError(status, why);
 }
 
 ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs) {

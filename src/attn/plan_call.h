@@ -31,13 +31,25 @@ struct AttnCard {
   float scale;
   int32_t overridesRates;  // ATTN_MODEL_* or attnCommSetCostModel on this rank
   float keep[4];           // attnLevelAttention's keep fractions by tier (1 otherwise)
-  int32_t pad;
+  int32_t status;          // attnSuccess, or why this rank refused the call (refuseCall)
 };
 
 AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int32_t mode,
                 const attnAttnConfig_t& cfg, const float* keep /* [4] or NULL: all 1 */);
-// All-gathers the cards; fails unless every rank's shape equals ours.
+// All-gathers the cards; fails unless every rank's shape equals ours. A
+// refused card fails the call everywhere: on its rank with the status it
+// carries (the text already set there), on the others naming that rank.
 attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<AttnCard>* all);
+// A call this rank refuses (bad arguments: `status`, whose text is the
+// thread's last error) still takes part in the call's card exchange, with a
+// refused card (mode `cardMode`): the other ranks then fail it too, naming
+// this rank, instead of taking this rank's next call for this one, and every
+// rank stays in step. The exchange is queued as the call would have been
+// (in a group, on a non-blocking communicator's queue, on a device stream);
+// returns `status`, its text kept.
+attnResult_t refuseCall(attnComm* comm, attnStream_t stream, attnResult_t status, int32_t cardMode);
+// The same for a call that runs on the calling thread (attnSelectMode).
+attnResult_t refuseCallHere(attnComm* comm, attnResult_t status, int32_t cardMode);
 // The rates AUTO decides with, the same on every rank.
 attnResult_t agreedModel(attnComm* comm, const attnAttnConfig_t& cfg,
                          const std::vector<AttnCard>& cards, attnCostModel_t* model);
