@@ -485,12 +485,23 @@ class Errors(unittest.TestCase):
             self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
             with self.assertRaises(ac.AttnError):
                 ac.UniqueId(b"short")
-            with self.assertRaises(ac.AttnError) as e:
-                comms[1].ring_attention(np.zeros((1, 3, 8), np.float32), np.zeros((1, 2, 8), np.float32),
-                                        np.zeros((1, 2, 8), np.float32), np.zeros((1, 3, 8), np.float32),
-                                        ac.SeqLayout([0, 1], [0], [0, 1], [0]), 3, 2, 8)
-            self.assertEqual(e.exception.code, ac.INVALID_ARGUMENT)
-            self.assertIn("rank 1", str(e.exception))
+            # A collective: rank 1's bad arguments (3 heads over 2 kv heads)
+            # fail it there, and rank 0, told so, fails it naming rank 1.
+            errors = [None, None]
+
+            def attend(r, c):
+                hq = 3 if r == 1 else 2
+                try:
+                    c.ring_attention(np.zeros((1, hq, 8), np.float32), np.zeros((1, 2, 8), np.float32),
+                                     np.zeros((1, 2, 8), np.float32), np.zeros((1, hq, 8), np.float32),
+                                     ac.SeqLayout([0, 1], [0], [0, 1], [0]), hq, 2, 8)
+                except ac.AttnError as err:
+                    errors[r] = err
+            on_ranks(comms, attend)
+            self.assertEqual(errors[1].code, ac.INVALID_ARGUMENT)
+            self.assertIn("rank 1", str(errors[1]))
+            self.assertEqual(errors[0].code, ac.REMOTE_ERROR)
+            self.assertIn("rank 1 could not take part", str(errors[0]))
         finally:
             for c in comms:
                 c.destroy()
