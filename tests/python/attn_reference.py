@@ -41,3 +41,31 @@ def exact_attention(q, k, v, new_lens, cached_lens, causal=True, scale=None):
         out[new_base:new_base + t] = np.einsum("hqk,khd->qhd", e / z, vs)
         lse[new_base:new_base + t] = (m + np.log(z))[:, :, 0].T
     return out, lse
+
+
+def attention_at_positions(q, q_pos, k, v, k_pos, causal=True, scale=None):
+    """Queries q [rows, Hq, D] at q_pos over keys k, v [keys, Hkv, D] at
+    k_pos (any order): a key is seen when causal is off or its position is
+    <= the query's. Returns float64 out [rows, Hq, D] and lse [rows, Hq]; a
+    query that sees no key gets out = 0, lse = -inf."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    rows, hq, d = q.shape
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    out = np.zeros_like(q)
+    lse = np.full((rows, hq), -np.inf)
+    if rows == 0 or k.shape[0] == 0:
+        return out, lse
+    group = hq // k.shape[1]
+    ks, vs = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [keys, Hq, D]
+    s = np.einsum("qhd,khd->hqk", q, ks) * scale                       # [Hq, rows, keys]
+    if causal:
+        seen = np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None]
+        s = np.where(seen, s, -np.inf)
+    m = s.max(axis=2, keepdims=True)
+    any_key = np.isfinite(m)
+    e = np.exp(np.where(any_key, s - np.where(any_key, m, 0), -np.inf))
+    z = e.sum(axis=2, keepdims=True)
+    p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+    out[:] = np.einsum("hqk,khd->qhd", p, vs)
+    lse[:] = np.where(any_key, m + np.log(np.where(z > 0, z, 1)), -np.inf)[:, :, 0].T
+    return out, lse

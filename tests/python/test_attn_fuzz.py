@@ -26,29 +26,10 @@ except ImportError:
     sys.exit(77)
 
 import attncomm as ac  # noqa: E402
+from attn_reference import attention_at_positions  # noqa: E402
 
 D, HKV = 8, 2
 MODES = [ac.MODE_AUTO, ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_HEAD_PARALLEL]
-
-
-def reference(q, qpos, k, v, kpos, causal):
-    """float64 out [rows, Hq, D] and lse [rows, Hq]; no visible key: 0, -inf."""
-    hq = q.shape[1]
-    group = hq // HKV
-    out = np.zeros(q.shape)
-    lse = np.full(q.shape[:2], -np.inf)
-    for r in range(q.shape[0]):
-        for h in range(hq):
-            s = k[:, h // group].astype(np.float64) @ q[r, h].astype(np.float64) / np.sqrt(D)
-            if causal:
-                s = np.where(kpos <= qpos[r], s, -np.inf)
-            if s.size == 0 or np.all(np.isneginf(s)):
-                continue
-            m = s.max()
-            e = np.exp(s - m)
-            out[r, h] = (e[:, None] * v[:, h // group].astype(np.float64)).sum(0) / e.sum()
-            lse[r, h] = m + np.log(e.sum())
-    return out, lse
 
 
 def make_case(rnd, n):
@@ -150,7 +131,7 @@ class AttnFuzz(unittest.TestCase):
                     if not mine:
                         continue
                     qpos = [int(s["pos"][s["q_tok"][j]]) for j in mine]
-                    ro, rl = reference(s["q"][mine], qpos, s["k"], s["v"], s["pos"], case["causal"])
+                    ro, rl = attention_at_positions(s["q"][mine], qpos, s["k"], s["v"], s["pos"], case["causal"])
                     np.testing.assert_allclose(out[row:row + len(mine)], ro, atol=3e-5, err_msg=what)
                     np.testing.assert_allclose(lse[row:row + len(mine)], rl, atol=3e-5, err_msg=what)
                     row += len(mine)

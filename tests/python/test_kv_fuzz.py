@@ -28,30 +28,12 @@ except ImportError:
     sys.exit(77)
 
 import attncomm as ac  # noqa: E402
+from attn_reference import attention_at_positions  # noqa: E402
 
 N, BT, HKV, D, HQ, CAP = 3, 4, 2, 8, 4, 24
 IDS = [1, 2, 3, 7, -5, 2**62]
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
-
-
-def reference(k, v, kpos, q, qpos, causal):
-    """out [rows, HQ, D], lse [rows, HQ] in float64; no visible key: 0, -inf."""
-    scale, group = 1.0 / np.sqrt(D), HQ // HKV
-    out = np.zeros(q.shape, np.float64)
-    lse = np.full(q.shape[:2], -np.inf)
-    for row in range(q.shape[0]):
-        for h in range(HQ):
-            s = (k[:, h // group, :].astype(np.float64) @ q[row, h].astype(np.float64)) * scale
-            if causal:
-                s = np.where(kpos <= qpos[row], s, -np.inf)
-            if s.size == 0 or np.all(np.isneginf(s)):
-                continue
-            m = s.max()
-            e = np.exp(s - m)
-            out[row, h] = (e[:, None] * v[:, h // group, :].astype(np.float64)).sum(0) / e.sum()
-            lse[row, h] = m + np.log(e.sum())
-    return out, lse
 
 
 class Rank:
@@ -132,7 +114,7 @@ class Rank:
         for i, req in enumerate(reqs):
             k, v, kpos = self.tokens[req]
             a, b = int(offs[i]), int(offs[i + 1])
-            ro, rl = reference(k, v, kpos, q[a:b], qpos[a:b], causal)
+            ro, rl = attention_at_positions(q[a:b], qpos[a:b], k, v, kpos, causal)
             np.testing.assert_allclose(out[a:b], ro, atol=2e-5, rtol=1e-4, err_msg=f"rank {self.rank} req {req}")
             np.testing.assert_allclose(lse[a:b], rl, atol=2e-5, rtol=1e-5, err_msg=f"rank {self.rank} req {req}")
             self.checked += b - a
