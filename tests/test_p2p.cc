@@ -82,6 +82,44 @@ TEST(P2p, SelfSendRecvInGroup) {
   });
 }
 
+// Self sends and receives that do not pair up fail the group with
+// attnInvalidUsage, but only after its messages to the other ranks have
+// run: the neighbours' groups complete with the data, and the communicator
+// stays usable. (Before, the group returned with those messages still
+// posted on memory it freed: a crash, found by python_coll_fuzz.)
+TEST(P2p, UnpairedSelfSendFailsTheGroupAfterItsPeerMessages) {
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    for (int variant = 0; variant < 2; ++variant) {
+      const bool bad = rank == 1;
+      TypedBuf sn(attnInt32, 5000), rp(attnInt32, 5000), self(attnInt32, 8), selfIn(attnInt32, 4);
+      for (size_t i = 0; i < 5000; ++i) sn.Set(i, Pattern(attnInt32, rank, i));
+      rp.Fill(Sentinel(attnInt32));
+      ATTN_ASSERT_OK(comm, attnGroupStart());
+      ATTN_ASSERT_OK(comm, attnSend(sn.data(), 5000, attnInt32, next, comm, nullptr));
+      if (bad) {
+        ATTN_ASSERT_OK(comm, attnSend(self.data(), 8, attnInt32, rank, comm, nullptr));
+        if (variant == 1)  // a receive of another size
+          ATTN_ASSERT_OK(comm, attnRecv(selfIn.data(), 4, attnInt32, rank, comm, nullptr));
+      }
+      ATTN_ASSERT_OK(comm, attnRecv(rp.data(), 5000, attnInt32, prev, comm, nullptr));
+      const attnResult_t r = attnGroupEnd();
+      const std::string why = attnGetLastError(comm);
+      if (bad) {
+        EXPECT_EQ(r, attnInvalidUsage) << why;
+        EXPECT_NE(why.find(variant == 0 ? "1 send(s) to self but 0 receive(s)" : "met a receive of 16 bytes"),
+                  std::string::npos)
+            << why;
+      } else {
+        EXPECT_EQ(r, attnSuccess) << why;
+      }
+      EXPECT_TRUE(BufEquals(rp, 0, 5000, [&](size_t i) { return Pattern(attnInt32, prev, i); }))
+          << "rank " << rank << ", variant " << variant;
+      CheckAllReduce(comm, rank, n, attnInt32, attnSum, 10, false);  // still usable
+    }
+  }, RunOptions{30000});
+}
+
 // A self send outside a group cannot match; it must fail, not hang.
 TEST(P2p, SelfSendOutsideGroupFailsFast) {
   RunThreads(2, [&](int rank, int n, attnComm_t& comm) {

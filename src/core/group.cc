@@ -40,8 +40,11 @@ struct GroupState {
 };
 thread_local GroupState tlsGroup;
 
-// Self sends and receives of a group pair up in order, by memcpy.
-attnResult_t matchSelf(const std::vector<P2pOp>& ops, int self) {
+// Self sends and receives of a group pair up in order. A group whose self
+// operations do not pair up is refused, but only after its messages to
+// peers have run: the peers posted theirs and must not be left waiting.
+attnResult_t checkSelf(const std::vector<P2pOp>& ops, int self,
+                       std::vector<std::pair<const P2pOp*, const P2pOp*>>* pairs) {
   std::vector<const P2pOp*> sends, recvs;
   for (const auto& op : ops)
     if (op.peer == self) (op.isSend ? sends : recvs).push_back(&op);
@@ -52,15 +55,17 @@ attnResult_t matchSelf(const std::vector<P2pOp>& ops, int self) {
     if (sends[i]->bytes != recvs[i]->bytes)
       return setError(attnInvalidUsage, "send to self of %zu bytes met a receive of %zu bytes",
                       sends[i]->bytes, recvs[i]->bytes);
-    std::memmove(recvs[i]->buf, sends[i]->buf, sends[i]->bytes);
+    pairs->emplace_back(sends[i], recvs[i]);
   }
   return attnSuccess;
 }
 
 attnResult_t runP2p(attnComm* comm, const std::vector<P2pOp>& ops) {
+  std::vector<std::pair<const P2pOp*, const P2pOp*>> selfPairs;
+  const attnResult_t selfResult = checkSelf(ops, comm->rank, &selfPairs);
+  const std::string selfWhy = selfResult == attnSuccess ? std::string() : threadLastError();
   Engine& e = *comm->engine;
   std::unique_ptr<Request[]> reqs(new Request[ops.size() + 1]);
-  size_t posted = 0;
   attnResult_t r = attnSuccess;
   for (size_t i = 0; i < ops.size() && r == attnSuccess; ++i) {
     const P2pOp& op = ops[i];
@@ -70,20 +75,20 @@ attnResult_t runP2p(attnComm* comm, const std::vector<P2pOp>& ops) {
     }
     r = op.isSend ? e.isend(op.peer, op.buf, op.bytes, &reqs[i])
                   : e.irecv(op.peer, op.buf, op.bytes, &reqs[i]);
-    posted = i + 1;
   }
   if (r != attnSuccess) {
     e.breakWith(r, threadLastError());  // posted requests must not outlive reqs
     return r;
   }
-  (void)posted;
-  ATTN_CHECK(matchSelf(ops, comm->rank));
+  for (const auto& [send, recv] : selfPairs) std::memmove(recv->buf, send->buf, send->bytes);
   ATTN_CHECK(e.waitAll(reqs.get(), ops.size()));
   for (size_t i = 0; i < ops.size(); ++i)
     if (!ops[i].isSend && reqs[i].bytes != ops[i].bytes)
       return setError(attnInvalidUsage, "receive from peer %d expected %zu bytes but %zu arrived",
                       ops[i].peer, ops[i].bytes, reqs[i].bytes);
-  return attnSuccess;
+  if (selfResult == attnSuccess) return attnSuccess;
+  ErrorContext none("-");  // selfWhy already names the rank
+  return setError(selfResult, "%s", selfWhy.c_str());
 }
 
 attnResult_t runWork(CommWork& w) {
