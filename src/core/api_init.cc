@@ -245,14 +245,17 @@ attnResult_t attnCommGetAsyncError(attnComm_t comm, attnResult_t* asyncError) {
   ErrorContext ctx("-");
   ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
   ATTN_REQUIRE(asyncError != nullptr, "asyncError is NULL");
+  // Whether work is queued is read before its results: an operation that
+  // fails between the two reads then shows as in progress (its error comes
+  // with the next poll), never as a success.
+  const bool queued = (comm->executor && comm->executor->busy()) || deviceBusy(comm);
   attnResult_t e = comm->asyncError.load();
   // The engine is set by the init thread of a non-blocking communicator;
   // `ready` (released after it) says it may be read.
   if (e == attnSuccess && comm->ready.load(std::memory_order_acquire) && comm->engine->broken())
     e = comm->engine->brokenResult();
-  if (e == attnSuccess && comm->executor && comm->executor->busy()) e = attnInProgress;
   if (e == attnSuccess) e = deviceAsyncError(comm);
-  if (e == attnSuccess && deviceBusy(comm)) e = attnInProgress;
+  if (e == attnSuccess && queued) e = attnInProgress;
   *asyncError = e;
   return attnSuccess;
 }
