@@ -299,7 +299,10 @@ ATTN_API attnResult_t attnRecv(void* recvbuff, size_t count,
 /* Between attnGroupStart and attnGroupEnd, operations are queued and run
  * together at attnGroupEnd, so a rank may post sends and receives in any
  * order without deadlock (like ncclGroupStart/End). Groups nest; the
- * outermost attnGroupEnd runs them. Per calling thread.
+ * outermost attnGroupEnd runs them. Per calling thread. Sends and receives
+ * to self pair up in order; when they do not (a count or a size differs),
+ * attnGroupEnd fails with attnInvalidUsage after the group's messages to
+ * other ranks have run, so those ranks are not left waiting.
  *
  * Device communicators: a group's sends and receives on one communicator
  * become one stream operation, enqueued by attnGroupEnd on the stream of the
@@ -315,6 +318,12 @@ ATTN_API attnResult_t attnGroupEnd(void);
 /* ------------------------------------------------------------------ */
 /* Collectives (NCCL's argument order and in-place rules)              */
 /* ------------------------------------------------------------------ */
+
+/* Bad arguments fail the call with attnInvalidArgument on the rank that
+ * passed them. As in NCCL, its peers then wait for a call that will not
+ * come, unless signatures are checked (ATTN_CHECK=1, host communicators):
+ * then the refusing rank still takes part in the call's signature exchange
+ * and the peers fail the call at once with attnRemoteError naming it. */
 
 /* recvbuff[r*sendcount ...] = sendbuff of rank r. In place when
  * sendbuff == recvbuff + rank*sendcount*elemsize. */

@@ -401,6 +401,91 @@ TEST(CheckMismatch, MatchingCallsStillExact) {
   }, opts);
 }
 
+// With checks on, a rank that refuses its arguments still takes part in the
+// signature exchange: its peers fail the call at once, naming it (not after
+// the timeout, and without taking its next call for this one), and the next
+// call works everywhere. One case per collective, each on another rank. (A
+// non-blocking communicator's failed call is its sticky async error, so
+// there each case gets communicators of its own: `only`.)
+void OneRankRefusesCollective(int rank, int n, attnComm_t comm, bool nonBlocking, int only = -1) {
+  TypedBuf send(attnFloat32, 64 * n), recv(attnFloat32, 64 * n);
+  send.Fill(1);
+  std::vector<size_t> counts(n, 8), displs(n);
+  for (int p = 0; p < n; ++p) displs[p] = 8 * p;
+  std::vector<size_t> badDispls = displs;
+  badDispls[0] = badDispls[1];  // two peers' receive blocks overlap
+  for (int variant = 0; variant < 7; ++variant) {
+    if (only >= 0 && variant != only) continue;
+    const int refuser = variant % n;
+    const bool refuses = rank == refuser;
+    float* s = static_cast<float*>(send.data());
+    float* d = static_cast<float*>(recv.data());
+    attnResult_t r = attnSuccess;
+    switch (variant) {
+      case 0: r = attnAllReduce(s, d, 16, attnFloat32, refuses ? attnRedOp_t(42) : attnSum, comm, nullptr); break;
+      case 1: r = attnBroadcast(s, d, 16, attnFloat32, refuses ? n : 0, comm, nullptr); break;
+      case 2: r = attnAllGather(refuses ? d + 1 : s, d, 8, attnFloat32, comm, nullptr); break;  // misplaced
+      case 3: r = attnReduceScatter(s, refuses ? nullptr : d, 8, attnFloat32, attnSum, comm, nullptr); break;
+      case 4: r = attnAllToAll(s, refuses ? s : d, 8, attnFloat32, comm, nullptr); break;  // in place
+      case 5:
+        r = attnAllToAllv(s, counts.data(), displs.data(), d, counts.data(),
+                          refuses ? badDispls.data() : displs.data(), attnFloat32, comm, nullptr);
+        break;
+      case 6: r = attnBarrier(comm, refuses ? reinterpret_cast<attnStream_t>(0x10) : nullptr); break;
+    }
+    if (nonBlocking && !refuses) {
+      EXPECT_EQ(r, attnInProgress) << "variant " << variant << ", rank " << rank;
+      while (r == attnInProgress) ASSERT_EQ(attnCommGetAsyncError(comm, &r), attnSuccess);
+    }
+    const std::string why = attnGetLastError(comm);
+    const std::string what = "variant " + std::to_string(variant) + ", rank " + std::to_string(rank) + ": " + why;
+    if (refuses) {
+      EXPECT_EQ(r, attnInvalidArgument) << what;
+    } else {
+      EXPECT_EQ(r, attnRemoteError) << what;
+      EXPECT_TRUE(Contains(why, "rank " + std::to_string(refuser) + " could not take part")) << what;
+    }
+    if (nonBlocking && refuses) {  // its queued refusal went through without an error of its own
+      attnResult_t async = attnInProgress;
+      while (async == attnInProgress) ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << what;
+    }
+    if (!nonBlocking) CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 100, false);  // in step
+  }
+}
+
+TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepThreads) {
+  RunOptions opts;
+  opts.env = {{"ATTN_CHECK", "1"}};
+  opts.deadline_ms = 60000;
+  attnConfig_t cfg = ConfigWithTimeout(30000);
+  opts.config = &cfg;
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) { OneRankRefusesCollective(rank, n, comm, false); },
+             opts);
+}
+
+TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepNonBlocking) {
+  RunOptions opts;
+  opts.env = {{"ATTN_CHECK", "1"}};
+  opts.deadline_ms = 60000;
+  attnConfig_t cfg = ConfigWithTimeout(30000);
+  cfg.blocking = 0;
+  opts.config = &cfg;
+  for (int variant = 0; variant < 7; ++variant)
+    RunThreads(2, [&](int rank, int n, attnComm_t& comm) { OneRankRefusesCollective(rank, n, comm, true, variant); },
+               opts);
+}
+
+TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepProcesses) {
+  RunOptions opts;
+  opts.env = {{"ATTN_CHECK", "1"}};
+  opts.deadline_ms = 60000;
+  attnConfig_t cfg = ConfigWithTimeout(30000);
+  opts.config = &cfg;
+  RunProcesses(3, [&](int rank, int n, attnComm_t& comm) { OneRankRefusesCollective(rank, n, comm, false); },
+               opts);
+}
+
 // ---------------------------------------------------------------------------
 // A cut link between two emulated hosts (network namespaces, over tcp).
 // The test runs tests/netns/emulate_hosts.sh with this binary as the rank

@@ -47,6 +47,12 @@ attnResult_t checkSignature(attnComm* comm, const CollSignature& in) {
   for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(CollSignature), sizeof(CollSignature)};
   ATTN_CHECK(ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n),
                             reinterpret_cast<char*>(all.data()), blocks, chunkBytes(1)));
+  if (mine.status != attnSuccess) return attnResult_t(mine.status);  // its own text stands
+  for (int r = 0; r < n; ++r)
+    if (all[r].status != attnSuccess)
+      return setError(attnRemoteError, "%s #%llu: rank %d could not take part (%s; its own error says why)",
+                      collKindName(static_cast<CollKind>(mine.kind)), (unsigned long long)mine.seq, r,
+                      attnGetErrorString(attnResult_t(all[r].status)));
   for (int r = 0; r < n; ++r)
     if (std::memcmp(&all[r], &all[0], sizeof(CollSignature)) != 0)
       return setError(attnInvalidUsage,

@@ -24,11 +24,15 @@ struct CollSignature {
   int32_t root = -1;
   uint64_t count = 0;  // per-rank count as the API names it (0 for alltoallv)
   uint64_t seq = 0;
+  int32_t status = 0;  // attnSuccess, or why this rank refused the call (its arguments)
+  int32_t pad = 0;
 };
 
 const char* collKindName(CollKind k);
 // Exchanges and compares signatures when the communicator checks them; also
-// advances the collective sequence number. Fails on every rank at once.
+// advances the collective sequence number. Fails on every rank at once. A
+// refused signature (status set) fails the call everywhere: on its rank with
+// that status (the text already set there), on the others naming that rank.
 attnResult_t checkSignature(attnComm* comm, const CollSignature& mine);
 
 }  // namespace attn

@@ -1,8 +1,11 @@
 // C API: the standard collectives. Each entry validates its arguments, then
 // dispatches a closure that checks the signature (ATTN_CHECK) and runs the
-// algorithm from src/coll/.
+// algorithm from src/coll/. With signature checks on, a rank that refuses
+// its arguments still takes part in the signature exchange (refuse()), so
+// its peers fail the call too instead of waiting for it.
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
@@ -18,7 +21,6 @@ using namespace attn;
 namespace {
 
 attnResult_t checkCommon(attnComm* comm, attnDataType_t type, attnStream_t stream) {
-  ATTN_CHECK(checkCommUsable(comm));
   ATTN_REQUIRE(validDataType(type), "invalid datatype %d", (int)type);
   ATTN_REQUIRE(stream == nullptr || deviceRoute(comm),
                "a host-memory communicator takes a NULL stream (got %p)", (void*)stream);
@@ -61,6 +63,122 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   return an && bn && x < y + bn && y < x + an;
 }
 
+// A call this rank refuses (`status`, whose text is the thread's last
+// error). On a host communicator checking signatures (ATTN_CHECK=1), the
+// rank still takes part in the call's signature exchange with a refused
+// signature, queued as the call would have been (now, in the group, on the
+// non-blocking queue): its peers then fail the call naming this rank and
+// every rank stays in step. Without the checks, as with NCCL, the peers
+// wait for a call that will not come. Device communicators' direct paths
+// exchange no signatures, so they refuse alone. Returns `status`.
+attnResult_t refuse(attnComm* comm, CollKind kind, attnResult_t status) {
+  if (!comm->config.checkSignatures || comm->nranks == 1 || deviceRoute(comm)) return status;
+  const std::string why = threadLastError();
+  CollSignature sig;
+  sig.kind = static_cast<uint32_t>(kind);
+  sig.status = status;
+  (void)dispatch(comm, "refused collective", [comm, sig, status] {
+    const attnResult_t r = checkSignature(comm, sig);
+    return r == status ? attnSuccess : r;  // the exchange's own failure is news
+  });
+  if (threadLastError() == why) return status;
+  ErrorContext none("-");  // `why` already names the rank
+  return setError(status, "%s", why.c_str());
+}
+
+// The argument checks of each collective: what the C API refuses.
+attnResult_t checkAllGatherArgs(attnComm* comm, const void* send, void* recv, size_t count,
+                                attnDataType_t type, attnStream_t stream) {
+  ATTN_CHECK(checkCommon(comm, type, stream));
+  ATTN_CHECK(checkBuffers(send, recv, count));
+  ATTN_CHECK(checkCount(count, dataTypeSize(type), comm->nranks));
+  const size_t bytes = count * dataTypeSize(type);
+  char* out = static_cast<char*>(recv);
+  if (send != out + comm->rank * bytes && overlaps(send, bytes, out, bytes * comm->nranks))
+    return setError(attnInvalidArgument,
+                    "all-gather: sendbuff overlaps recvbuff but is not this rank's slot (in place needs "
+                    "sendbuff == recvbuff + rank*sendcount)");
+  return attnSuccess;
+}
+
+attnResult_t checkReduceScatterArgs(attnComm* comm, const void* send, void* recv, size_t count,
+                                    attnDataType_t type, attnRedOp_t op, attnStream_t stream) {
+  ATTN_CHECK(checkCommon(comm, type, stream));
+  ATTN_CHECK(checkBuffers(send, recv, count));
+  ATTN_REQUIRE(validRedOp(op), "invalid reduction op %d", (int)op);
+  ATTN_CHECK(checkCount(count, dataTypeSize(type), comm->nranks));
+  const size_t bytes = count * dataTypeSize(type);
+  const char* in = static_cast<const char*>(send);
+  if (recv != in + comm->rank * bytes && overlaps(in, bytes * comm->nranks, recv, bytes))
+    return setError(attnInvalidArgument,
+                    "reduce-scatter: recvbuff overlaps sendbuff but is not this rank's block (in place "
+                    "needs recvbuff == sendbuff + rank*recvcount)");
+  return attnSuccess;
+}
+
+attnResult_t checkAllReduceArgs(attnComm* comm, const void* send, void* recv, size_t count,
+                                attnDataType_t type, attnRedOp_t op, attnStream_t stream) {
+  ATTN_CHECK(checkCommon(comm, type, stream));
+  ATTN_CHECK(checkBuffers(send, recv, count));
+  ATTN_REQUIRE(validRedOp(op), "invalid reduction op %d", (int)op);
+  ATTN_CHECK(checkCount(count, dataTypeSize(type), 1));
+  const size_t bytes = count * dataTypeSize(type);
+  ATTN_REQUIRE(send == recv || !overlaps(send, bytes, recv, bytes), "all-reduce: buffers overlap partially");
+  return attnSuccess;
+}
+
+attnResult_t checkBroadcastArgs(attnComm* comm, const void* send, void* recv, size_t count,
+                                attnDataType_t type, int root, attnStream_t stream) {
+  ATTN_CHECK(checkCommon(comm, type, stream));
+  ATTN_REQUIRE(root >= 0 && root < comm->nranks, "root %d is outside [0, %d)", root, comm->nranks);
+  ATTN_REQUIRE(count == 0 || recv != nullptr, "recvbuff is NULL with count %zu", count);
+  ATTN_CHECK(checkCount(count, dataTypeSize(type), 1));
+  ATTN_REQUIRE(comm->rank != root || count == 0 || send != nullptr, "sendbuff is NULL on the root");
+  return attnSuccess;
+}
+
+attnResult_t checkAllToAllArgs(attnComm* comm, const void* send, void* recv, size_t count,
+                               attnDataType_t type, attnStream_t stream) {
+  ATTN_CHECK(checkCommon(comm, type, stream));
+  ATTN_CHECK(checkBuffers(send, recv, count));
+  ATTN_CHECK(checkCount(count, dataTypeSize(type), comm->nranks));
+  const size_t total = count * dataTypeSize(type) * comm->nranks;
+  ATTN_REQUIRE(!overlaps(send, total, recv, total), "all-to-all cannot run in place: buffers overlap");
+  return attnSuccess;
+}
+
+// Also turns the counts into byte blocks (sb, rb) for the caller.
+attnResult_t checkAllToAllvArgs(attnComm* comm, const void* send, const size_t* sendcounts,
+                                const size_t* sdispls, void* recv, const size_t* recvcounts,
+                                const size_t* rdispls, attnDataType_t type, attnStream_t stream,
+                                std::vector<Block>* sb, std::vector<Block>* rb) {
+  ATTN_CHECK(checkCommon(comm, type, stream));
+  ATTN_REQUIRE(sendcounts && sdispls && recvcounts && rdispls,
+               "all-to-allv: a count or displacement array is NULL");
+  const size_t esz = dataTypeSize(type);
+  const int n = comm->nranks;
+  sb->assign(n, Block{});
+  rb->assign(n, Block{});
+  size_t sendTotal = 0, recvTotal = 0;
+  for (int p = 0; p < n; ++p) {
+    ATTN_CHECK(checkCount(sendcounts[p] + sdispls[p], esz, 1));
+    ATTN_CHECK(checkCount(recvcounts[p] + rdispls[p], esz, 1));
+    ATTN_REQUIRE(sendcounts[p] + sdispls[p] >= sdispls[p] && recvcounts[p] + rdispls[p] >= rdispls[p],
+                 "all-to-allv: count + displacement overflows");
+    (*sb)[p] = {sdispls[p] * esz, sendcounts[p] * esz};
+    (*rb)[p] = {rdispls[p] * esz, recvcounts[p] * esz};
+    sendTotal += sendcounts[p];
+    recvTotal += recvcounts[p];
+  }
+  ATTN_REQUIRE(!(sendTotal && !send) && !(recvTotal && !recv), "all-to-allv: NULL buffer with non-zero counts");
+  for (int p = 0; p < n; ++p)
+    for (int q = p + 1; q < n; ++q)
+      ATTN_REQUIRE(!overlaps((char*)recv + (*rb)[p].offset, (*rb)[p].bytes, (char*)recv + (*rb)[q].offset,
+                             (*rb)[q].bytes),
+                   "all-to-allv: receive blocks of peers %d and %d overlap", p, q);
+  return attnSuccess;
+}
+
 }  // namespace
 
 extern "C" {
@@ -68,16 +186,12 @@ extern "C" {
 attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
-  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, sendcount)));
-  ATTN_CHECK(call.finish(checkCount(sendcount, dataTypeSize(datatype), comm->nranks)));
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (attnResult_t r = checkAllGatherArgs(comm, sendbuff, recvbuff, sendcount, datatype, stream); r != attnSuccess)
+    return call.finish(refuse(comm, CollKind::kAllGather, r));
   const size_t esz = dataTypeSize(datatype), bytes = sendcount * esz;
   const int n = comm->nranks, me = comm->rank;
   char* out = static_cast<char*>(recvbuff);
-  if (sendbuff != out + me * bytes && overlaps(sendbuff, bytes, out, bytes * n))
-    return call.finish(setError(attnInvalidArgument,
-                                "all-gather: sendbuff overlaps recvbuff but is not this rank's "
-                                "slot (in place needs sendbuff == recvbuff + rank*sendcount)"));
   if (deviceRoute(comm)) {
     DeviceOp d = deviceColl(DeviceOpKind::kAllGather, sendbuff, out, sendcount, datatype,
                             {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}}, [=](char* const* h) {
@@ -101,18 +215,14 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                attnDataType_t datatype, attnRedOp_t op, attnComm_t comm,
                                attnStream_t stream) {
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
-  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, recvcount)));
-  if (!validRedOp(op)) return call.finish(setError(attnInvalidArgument, "invalid reduction op %d", (int)op));
-  ATTN_CHECK(call.finish(checkCount(recvcount, dataTypeSize(datatype), comm->nranks)));
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (attnResult_t r = checkReduceScatterArgs(comm, sendbuff, recvbuff, recvcount, datatype, op, stream);
+      r != attnSuccess)
+    return call.finish(refuse(comm, CollKind::kReduceScatter, r));
   const size_t esz = dataTypeSize(datatype), bytes = recvcount * esz;
-  const int n = comm->nranks, me = comm->rank;
+  const int n = comm->nranks;
   const char* in = static_cast<const char*>(sendbuff);
   char* out = static_cast<char*>(recvbuff);
-  if (out != in + me * bytes && overlaps(in, bytes * n, out, bytes))
-    return call.finish(setError(attnInvalidArgument,
-                                "reduce-scatter: recvbuff overlaps sendbuff but is not this "
-                                "rank's block (in place needs recvbuff == sendbuff + rank*recvcount)"));
   if (deviceRoute(comm)) {
     DeviceOp d = deviceColl(DeviceOpKind::kReduceScatter, in, out, recvcount, datatype,
                             {{in, bytes * n, true, false}, {out, bytes, false, true}}, [=](char* const* h) {
@@ -138,13 +248,10 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            attnDataType_t datatype, attnRedOp_t op, attnComm_t comm,
                            attnStream_t stream) {
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
-  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, count)));
-  if (!validRedOp(op)) return call.finish(setError(attnInvalidArgument, "invalid reduction op %d", (int)op));
-  ATTN_CHECK(call.finish(checkCount(count, dataTypeSize(datatype), 1)));
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (attnResult_t r = checkAllReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, stream); r != attnSuccess)
+    return call.finish(refuse(comm, CollKind::kAllReduce, r));
   const size_t esz = dataTypeSize(datatype);
-  if (sendbuff != recvbuff && overlaps(sendbuff, count * esz, recvbuff, count * esz))
-    return call.finish(setError(attnInvalidArgument, "all-reduce: buffers overlap partially"));
   if (deviceRoute(comm)) {
     DeviceOp d = deviceColl(DeviceOpKind::kAllReduce, sendbuff, recvbuff, count, datatype,
                             {{sendbuff, count * esz, true, false}, {recvbuff, count * esz, false, true}},
@@ -169,14 +276,9 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            attnDataType_t datatype, int root, attnComm_t comm,
                            attnStream_t stream) {
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
-  if (root < 0 || root >= comm->nranks)
-    return call.finish(setError(attnInvalidArgument, "root %d is outside [0, %d)", root, comm->nranks));
-  if (count > 0 && recvbuff == nullptr)
-    return call.finish(setError(attnInvalidArgument, "recvbuff is NULL with count %zu", count));
-  ATTN_CHECK(call.finish(checkCount(count, dataTypeSize(datatype), 1)));
-  if (comm->rank == root && count > 0 && sendbuff == nullptr)
-    return call.finish(setError(attnInvalidArgument, "sendbuff is NULL on the root"));
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (attnResult_t r = checkBroadcastArgs(comm, sendbuff, recvbuff, count, datatype, root, stream); r != attnSuccess)
+    return call.finish(refuse(comm, CollKind::kBroadcast, r));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
   const int me = comm->rank;
   if (deviceRoute(comm)) {
@@ -200,13 +302,11 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                           attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
-  ATTN_CHECK(call.finish(checkBuffers(sendbuff, recvbuff, count)));
-  ATTN_CHECK(call.finish(checkCount(count, dataTypeSize(datatype), comm->nranks)));
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (attnResult_t r = checkAllToAllArgs(comm, sendbuff, recvbuff, count, datatype, stream); r != attnSuccess)
+    return call.finish(refuse(comm, CollKind::kAllToAll, r));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
   const int n = comm->nranks;
-  if (overlaps(sendbuff, bytes * n, recvbuff, bytes * n))
-    return call.finish(setError(attnInvalidArgument, "all-to-all cannot run in place: buffers overlap"));
   if (deviceRoute(comm)) {
     DeviceOp d = deviceColl(DeviceOpKind::kAllToAll, sendbuff, recvbuff, count, datatype,
                             {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}},
@@ -230,30 +330,13 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
                            void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
                            attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
   ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommon(comm, datatype, stream)));
-  if (!sendcounts || !sdispls || !recvcounts || !rdispls)
-    return call.finish(setError(attnInvalidArgument, "all-to-allv: a count or displacement array is NULL"));
-  const size_t esz = dataTypeSize(datatype);
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  std::vector<Block> sb, rb;
+  if (attnResult_t r = checkAllToAllvArgs(comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls,
+                                          datatype, stream, &sb, &rb);
+      r != attnSuccess)
+    return call.finish(refuse(comm, CollKind::kAllToAllv, r));
   const int n = comm->nranks;
-  std::vector<Block> sb(n), rb(n);
-  size_t sendTotal = 0, recvTotal = 0;
-  for (int p = 0; p < n; ++p) {
-    ATTN_CHECK(call.finish(checkCount(sendcounts[p] + sdispls[p], esz, 1)));
-    ATTN_CHECK(call.finish(checkCount(recvcounts[p] + rdispls[p], esz, 1)));
-    if (sendcounts[p] + sdispls[p] < sdispls[p] || recvcounts[p] + rdispls[p] < rdispls[p])
-      return call.finish(setError(attnInvalidArgument, "all-to-allv: count + displacement overflows"));
-    sb[p] = {sdispls[p] * esz, sendcounts[p] * esz};
-    rb[p] = {rdispls[p] * esz, recvcounts[p] * esz};
-    sendTotal += sendcounts[p];
-    recvTotal += recvcounts[p];
-  }
-  if ((sendTotal && !sendbuff) || (recvTotal && !recvbuff))
-    return call.finish(setError(attnInvalidArgument, "all-to-allv: NULL buffer with non-zero counts"));
-  for (int p = 0; p < n; ++p)
-    for (int q = p + 1; q < n; ++q)
-      if (overlaps((char*)recvbuff + rb[p].offset, rb[p].bytes, (char*)recvbuff + rb[q].offset, rb[q].bytes))
-        return call.finish(setError(attnInvalidArgument,
-                                    "all-to-allv: receive blocks of peers %d and %d overlap", p, q));
   if (deviceRoute(comm)) {
     // Extents of both buffers; the receive side is also copied in, so the
     // gaps between blocks keep their contents. Counts are copied now: the
@@ -296,7 +379,8 @@ attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
                                      deviceColl(DeviceOpKind::kBarrier, nullptr, nullptr, 0, attnUint8, {},
                                                 [=](char* const*) { return attnBarrier(comm, nullptr); })));
   if (stream != nullptr)
-    return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
+    return call.finish(refuse(comm, CollKind::kBarrier,
+                              setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream")));
   return call.finish(dispatch(comm, "Barrier", [=] {
     ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBarrier, -1, -1, -1, 0}));
     return disseminationBarrier(*comm->engine);
