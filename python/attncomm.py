@@ -12,6 +12,12 @@ call raises AttnError with the code and the communicator's last-error text
     # ... one Python thread per rank (ctypes releases the GIL in every call):
     comms[r].all_reduce(x, x, op=ac.SUM)
 
+Non-blocking communicators (blocking=False, or ATTN_COMM_BLOCKING=0):
+creation and every call return at once with the work queued; comm.wait()
+waits until it has all run (raising AttnError if some of it failed), and
+comm.async_error() polls. The arrays a queued call was given are held until
+wait() has seen it finish, so temporaries are safe to pass.
+
 Mode selection: comm.select_mode(layout, ...), comm.cost_model (get and
 set), estimate_modes(model, ...); topology: comm.topo_rank,
 comm.topo_dump(fmt), comm.split_type(SPLIT_HOST, ...); decode_placement.
@@ -30,6 +36,7 @@ import ctypes.util
 import glob
 import os
 import threading
+import time
 
 # ---- the library ---------------------------------------------------------
 
@@ -244,8 +251,10 @@ def error_string(code):
 
 
 def _check(code, comm=None, what=""):
-    if code == SUCCESS:
-        return
+    """Raises AttnError unless the call succeeded or was queued (IN_PROGRESS:
+    a non-blocking communicator); returns the code."""
+    if code in (SUCCESS, IN_PROGRESS):
+        return code
     text = _lib.attnGetLastError(comm).decode(errors="replace")
     raise AttnError(code, f"{what}: {error_string(code)}: {text}")
 
@@ -338,6 +347,43 @@ class Comm:
 
     def __init__(self, handle):
         self._h = _p(handle)
+        self._pending = []  # arrays of calls a non-blocking communicator queued (wait() lets them go)
+        self._pending_lock = threading.Lock()
+
+    def _queued(self, code, *arrays):
+        """Holds the arrays of a call that runs later: inside a group until
+        group_end, on a non-blocking communicator (IN_PROGRESS) until
+        wait(). A temporary passed to the call then lives until it ran."""
+        arrays = [a for a in arrays if a is not None]
+        if getattr(_group, "depth", 0) > 0:
+            _group.held.extend((self, a) for a in arrays)
+        elif code == IN_PROGRESS:
+            self._hold(arrays)
+        return code
+
+    def _hold(self, arrays):
+        with self._pending_lock:
+            self._pending.extend(arrays)
+
+    def wait(self, timeout_s=None):
+        """Non-blocking communicators: waits until creation and every queued
+        call have run; raises AttnError (with the last-error text) if one
+        failed, TimeoutError past timeout_s. Returns at once on a blocking
+        communicator with nothing queued."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pause = 1e-5
+        while True:
+            e = self.async_error()
+            if e != IN_PROGRESS:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"communicator still busy after {timeout_s} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        if e != SUCCESS:
+            raise AttnError(e, f"queued operation: {error_string(e)}: {self.last_error()}")
+        with self._pending_lock:
+            self._pending = []
 
     # -- creation --
     @classmethod
@@ -480,31 +526,35 @@ class Comm:
         sp, sn, rp, rn, t = self._two(send, recv)
         if rn < sn * self.size:
             raise AttnError(INVALID_ARGUMENT, f"receive buffer holds {rn} elements, needs {sn * self.size}")
-        _check(_AllGather(sp, rp, sn, t, self._h, _stream(stream)), self._h, "attnAllGather")
+        self._queued(_check(_AllGather(sp, rp, sn, t, self._h, _stream(stream)), self._h, "attnAllGather"), send, recv)
 
     def reduce_scatter(self, send, recv, op=SUM, stream=None):
         sp, sn, rp, rn, t = self._two(send, recv)
         if sn < rn * self.size:
             raise AttnError(INVALID_ARGUMENT, f"send buffer holds {sn} elements, needs {rn * self.size}")
-        _check(_ReduceScatter(sp, rp, rn, t, op, self._h, _stream(stream)), self._h, "attnReduceScatter")
+        self._queued(_check(_ReduceScatter(sp, rp, rn, t, op, self._h, _stream(stream)), self._h, "attnReduceScatter"),
+                     send, recv)
 
     def all_reduce(self, send, recv, op=SUM, stream=None):
         sp, sn, rp, rn, t = self._two(send, recv)
         if rn < sn:
             raise AttnError(INVALID_ARGUMENT, f"receive buffer holds {rn} elements, needs {sn}")
-        _check(_AllReduce(sp, rp, sn, t, op, self._h, _stream(stream)), self._h, "attnAllReduce")
+        self._queued(_check(_AllReduce(sp, rp, sn, t, op, self._h, _stream(stream)), self._h, "attnAllReduce"),
+                     send, recv)
 
     def broadcast(self, send, recv, root=0, stream=None):
         rp, rn, t = _buffer(recv)
         sp = _buffer(send)[0] if send is not None else None
-        _check(_Broadcast(sp, rp, rn, t, root, self._h, _stream(stream)), self._h, "attnBroadcast")
+        self._queued(_check(_Broadcast(sp, rp, rn, t, root, self._h, _stream(stream)), self._h, "attnBroadcast"),
+                     send, recv)
 
     def all_to_all(self, send, recv, stream=None):
         sp, sn, rp, rn, t = self._two(send, recv)
         n = self.size
         if sn % n or rn < sn:
             raise AttnError(INVALID_ARGUMENT, f"all_to_all needs equal buffers divisible by {n} ranks")
-        _check(_AllToAll(sp, rp, sn // n, t, self._h, _stream(stream)), self._h, "attnAllToAll")
+        self._queued(_check(_AllToAll(sp, rp, sn // n, t, self._h, _stream(stream)), self._h, "attnAllToAll"),
+                     send, recv)
 
     def all_to_allv(self, send, send_counts, send_displs, recv, recv_counts, recv_displs, stream=None):
         """Per-peer counts and displacements in elements, as attnAllToAllv;
@@ -520,20 +570,19 @@ class Comm:
                 raise AttnError(INVALID_ARGUMENT, f"a {name} block lies outside the {limit}-element buffer")
             arrays += [(ctypes.c_size_t * n)(*counts), (ctypes.c_size_t * n)(*displs)]
         sc, sd, rc, rd = arrays
-        _check(_AllToAllv(sp, sc, sd, rp, rc, rd, t, self._h, _stream(stream)), self._h, "attnAllToAllv")
+        self._queued(_check(_AllToAllv(sp, sc, sd, rp, rc, rd, t, self._h, _stream(stream)), self._h,
+                            "attnAllToAllv"), send, recv)
 
     def send(self, buf, peer, stream=None):
         p, n, t = _buffer(buf)
-        _check(_Send(p, n, t, peer, self._h, _stream(stream)), self._h, "attnSend")
-        _hold_for_group(buf)
+        self._queued(_check(_Send(p, n, t, peer, self._h, _stream(stream)), self._h, "attnSend"), buf)
 
     def recv(self, buf, peer, stream=None):
         p, n, t = _buffer(buf)
-        _check(_Recv(p, n, t, peer, self._h, _stream(stream)), self._h, "attnRecv")
-        _hold_for_group(buf)
+        self._queued(_check(_Recv(p, n, t, peer, self._h, _stream(stream)), self._h, "attnRecv"), buf)
 
     def barrier(self, stream=None):
-        _check(_Barrier(self._h, _stream(stream)), self._h, "attnBarrier")
+        self._queued(_check(_Barrier(self._h, _stream(stream)), self._h, "attnBarrier"))
 
     # -- attention --
     def ring_attention(self, q, k, v, out, layout, num_q_heads, num_kv_heads, head_dim, lse=None,
@@ -542,9 +591,10 @@ class Comm:
         this rank's queries over every rank's keys. layout: a SeqLayout."""
         qp, _, t = _buffer(q)
         cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal))
-        _check(_RingAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
-                              ctypes.byref(layout._c), ctypes.byref(cfg), mode, self._h, _stream(stream)),
-               self._h, "attnRingAttention")
+        self._queued(_check(_RingAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
+                                           ctypes.byref(layout._c), ctypes.byref(cfg), mode, self._h,
+                                           _stream(stream)), self._h, "attnRingAttention"),
+                     q, k, v, out, lse, layout, cfg)
 
     def kv_pool(self, block_tokens, num_kv_heads, head_dim, dtype=FLOAT32, capacity_blocks=0):
         """attnKvPoolCreate (collective): a distributed KV cache over this
@@ -571,21 +621,18 @@ class Comm:
                     raise TypeError("importance must be float32")
                 imp = ctypes.cast(ip, ctypes.POINTER(ctypes.c_float))
             drop = _LevelDrop((ctypes.c_float * 4)(*keep), imp)
-        _check(_LevelAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
-                               ctypes.byref(layout._c), ctypes.byref(cfg),
-                               ctypes.byref(drop) if drop is not None else None, self._h, None),
-               self._h, "attnLevelAttention")
+        self._queued(_check(_LevelAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
+                                            ctypes.byref(layout._c), ctypes.byref(cfg),
+                                            ctypes.byref(drop) if drop is not None else None, self._h, None),
+                            self._h, "attnLevelAttention"),
+                     q, k, v, out, lse, layout, cfg, drop, importance)
 
 
-# Inside a group, sends and receives run at the outermost group_end: the
-# buffers posted in it are held until then, so a temporary array passed to
-# send() is not freed (and its memory reused) before its bytes leave.
+# Inside a group, calls run at the outermost group_end: the arrays passed to
+# them are held until then (Comm._queued), so a temporary passed to send()
+# is not freed (and its memory reused) before its bytes leave; on a
+# non-blocking communicator, until its wait().
 _group = threading.local()
-
-
-def _hold_for_group(buf):
-    if getattr(_group, "depth", 0) > 0:
-        _group.held.append(buf)
 
 
 def group_start():
@@ -597,11 +644,15 @@ def group_start():
 
 def group_end():
     _group.depth = max(0, getattr(_group, "depth", 0) - 1)
+    code = None
     try:
-        _check(_GroupEnd(), None, "attnGroupEnd")
+        code = _check(_GroupEnd(), None, "attnGroupEnd")
     finally:
         if _group.depth == 0:
-            _group.held = []
+            held, _group.held = _group.held, []
+            if code == IN_PROGRESS:  # queued on non-blocking communicators
+                for comm, a in held:
+                    comm._hold([a])
 
 
 def merge_attn_states(outs, lses, out, lse, rows, heads, head_dim, stream=None):

@@ -31,7 +31,8 @@ def on_ranks(comms, body, deadline_s=DEADLINE_S):
         t.join(deadline_s)
     if any(t.is_alive() for t in threads):
         for c in comms:
-            c.abort()
+            if c is not None:  # a rank that makes its own communicator may not have one yet
+                c.abort()
         raise AssertionError(f"ranks still running after {deadline_s} s")
     for e in errors:
         if e is not None:

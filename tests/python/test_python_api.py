@@ -125,6 +125,56 @@ class Collectives(unittest.TestCase):
         self.assertEqual(codes, [0] * n)
 
 
+class NonBlocking(unittest.TestCase):
+    def test_calls_queue_and_wait_reports_their_results(self):
+        """blocking=False: creation and calls return at once, wait() runs
+        them out; temporaries passed to queued calls (in and out of groups)
+        stay alive until then; a queued call that fails raises from wait()
+        with the library's text, on the rank it failed on."""
+        n = 3
+        uid = ac.UniqueId()
+        comms = [None] * n
+        count = 50000
+
+        def body(r, _):
+            c = ac.Comm.init_rank(n, uid, r, blocking=False, timeout_ms=30000)
+            comms[r] = c
+            c.wait(60)
+            s = np.zeros(count, np.float64)
+            for _ in range(3):  # queued one after another, inputs are temporaries
+                c.all_reduce(np.full(count, r + 1.0), s)
+            g = np.zeros(4 * n, np.int32)
+            c.all_gather(np.arange(4, dtype=np.int32) + 10 * r, g)
+            got = np.zeros(1000, np.int32)
+            ac.group_start()
+            c.send(np.full(1000, r, np.int32), (r + 1) % n)
+            c.recv(got, (r - 1) % n)
+            ac.group_end()
+            c.wait(60)
+            np.testing.assert_array_equal(s, np.full(count, n * (n + 1) / 2))
+            np.testing.assert_array_equal(g, np.concatenate([np.arange(4) + 10 * q for q in range(n)]))
+            np.testing.assert_array_equal(got, np.full(1000, (r - 1) % n))
+            # Rank 1 receives a message shorter than it asked for: only it fails.
+            if r == 0:
+                c.send(np.ones(4, np.float32), 1)
+            elif r == 1:
+                c.recv(np.zeros(8, np.float32), 0)
+            if r == 1:
+                with self.assertRaises(ac.AttnError) as e:
+                    c.wait(60)
+                self.assertEqual(e.exception.code, ac.INVALID_USAGE)
+                self.assertIn("expected 32 bytes but 16 arrived", str(e.exception))
+            else:
+                c.wait(60)
+
+        try:
+            on_ranks([None] * n, body)
+        finally:
+            for c in comms:
+                if c is not None:
+                    c.destroy()
+
+
 class RingAttention(unittest.TestCase):
     def check_modes(self, n, dtype, tol, new_lens, cached_lens, hq=4, hkv=2, d=32):
         rng = np.random.default_rng(n * 1000 + sum(new_lens))
