@@ -13,7 +13,8 @@ arguments fails with its code (with signature checks, on every rank: the
 others naming the refusing rank) and the next call works; a barrier after
 each call finds the ranks in step.
 
-Ranks run as threads of this process, and as processes (this script started
+Ranks run as threads of this process (with blocking and with non-blocking
+communicators, whose results are checked after Comm.wait()), and as processes (this script started
 once per rank) over a fabric of two emulated hosts with small pipeline
 chunks and shared-memory rings, under each all-gather / reduce-scatter
 algorithm and all-to-all schedule. Seeds are fixed (ATTN_FUZZ_SEEDS,
@@ -117,10 +118,15 @@ def make_group_ops(rnd, n, msgs):
     return per_rank
 
 
-def make_call(rnd, n, allow_split=True):
+def make_call(rnd, n, allow_split=True, queued=False):
+    """One call, the same on every rank. queued: for non-blocking
+    communicators, where a failure of a queued call is the communicator's
+    sticky async error: no call that fails after it was queued."""
     kind = rnd.choice(KINDS)
     if kind == "split" and not allow_split:
         kind = "all_reduce"
+    if kind == "bad_self" and queued:
+        kind = "p2p"
     c = {"kind": kind, "dtype": rnd.randrange(len(DTYPES)), "op": rnd.choice(OPS), "count": pick_count(rnd),
          "root": rnd.randrange(n), "in_place": rnd.random() < 0.3}
     if kind == "all_to_allv":
@@ -136,17 +142,17 @@ def make_call(rnd, n, allow_split=True):
         c["ops"] = make_group_ops(rnd, n, msgs)
         c["bad_rank"] = rnd.randrange(n)
     elif kind == "group":
-        c["parts"] = [make_call(rnd, n, allow_split=False) for _ in range(rnd.randint(1, 3))]
+        c["parts"] = [make_call(rnd, n, False, queued) for _ in range(rnd.randint(1, 3))]
         c["parts"] = [p for p in c["parts"] if p["kind"] in ("all_gather", "reduce_scatter", "all_reduce",
                                                              "broadcast", "all_to_all", "p2p")]
     elif kind == "split":
         c["colors"] = [rnd.choice([0, 1, 1, NOCOLOR]) for _ in range(n)]
         c["keys"] = [rnd.randint(-2, 2) for _ in range(n)]
-        c["inner"] = {color: make_call(rnd, c["colors"].count(color), allow_split=False)
+        c["inner"] = {color: make_call(rnd, c["colors"].count(color), False, queued)
                       for color in (0, 1) if color in c["colors"]}  # a call for each new communicator
     elif kind == "bad":
         c["bad_kind"] = rnd.randrange(4)
-        c["bad_rank"] = rnd.randrange(n) if CHECKED and rnd.random() < 0.7 else None  # None: every rank
+        c["bad_rank"] = rnd.randrange(n) if CHECKED and not queued and rnd.random() < 0.7 else None  # None: all
     return c
 
 
@@ -159,7 +165,8 @@ class Outcome:
     def expect(self, got, want, what):
         self.checks.append((got, want, what))
 
-    def verify(self, what):
+    def verify(self, comm, what):
+        comm.wait(120)  # a non-blocking communicator's calls have run (at once on a blocking one)
         for got, want, w in self.checks:
             np.testing.assert_array_equal(got, want, err_msg=f"{what}: {w}")
         return len(self.checks)
@@ -257,7 +264,7 @@ def run_call(comm, r, n, c, key, what):
         finally:
             ac.group_end()
         del held
-        return out.verify(what)
+        return out.verify(comm, what)
     if kind == "group":
         out = Outcome()
         held = []
@@ -267,10 +274,12 @@ def run_call(comm, r, n, c, key, what):
                 held += post_collective(comm, r, n, part, key + [j], out)
         finally:
             ac.group_end()
-        return out.verify(what)
+        return out.verify(comm, what)
     if kind == "split":
         color, mykey = c["colors"][r], c["keys"][r]
         sub = comm.split(color, mykey)
+        if sub is not None:
+            sub.wait(120)
         if color == NOCOLOR:
             assert sub is None, f"{what}: NOCOLOR gave a communicator"
             return 0
@@ -280,6 +289,7 @@ def run_call(comm, r, n, c, key, what):
                 f"{what}: split rank/size {(sub.rank, sub.size)}, members {members}"
             got = np.zeros(len(members), np.int64)
             sub.all_gather(np.array([r], np.int64), got)
+            sub.wait(120)
             np.testing.assert_array_equal(got, [q for _, q in members], err_msg=f"{what}: parent ranks in order")
             return 1 + run_call(sub, sub.rank, sub.size, c["inner"][color], key + [color], what + " (inside the split)")
         finally:
@@ -291,7 +301,7 @@ def run_call(comm, r, n, c, key, what):
     out = Outcome()
     held = post_collective(comm, r, n, c, key, out)
     del held
-    return out.verify(what)
+    return out.verify(comm, what)
 
 
 def expect_error(code, fn, what):
@@ -354,14 +364,14 @@ def run_bad_self(comm, r, n, c, key, what):
         out.checks = [ch for ch in out.checks if not ch[2].endswith(f"rank {r}")]  # its own self messages
     else:
         assert failed is None, f"{what}: {failed}"
-    return out.verify(what)
+    return out.verify(comm, what)
 
 
-def run_sequence(comm, r, n, seed, iters):
+def run_sequence(comm, r, n, seed, iters, queued=False):
     rnd = random.Random(seed * 1000 + n)
     checked = 0
     for it in range(iters):
-        c = make_call(rnd, n)
+        c = make_call(rnd, n, queued=queued)
         what = f"seed {seed}, {n} ranks, call {it} ({c['kind']}), rank {r}"
         if os.environ.get("FUZZ_TRACE"):
             print(what, c, flush=True)
@@ -408,6 +418,30 @@ class CollFuzz(unittest.TestCase):
                     finally:
                         for c in comms:
                             c.destroy()
+                    self.assertGreater(sum(checked), 0)
+
+    def test_random_collectives_on_non_blocking_threads(self):
+        """Non-blocking communicators: calls are queued and run on the
+        communicator's executor; results are checked after wait()."""
+        for seed in seeds():
+            for n in (2, 3):
+                with self.subTest(seed=seed, nranks=n):
+                    uid = ac.UniqueId()
+                    comms = [None] * n
+                    checked = [0] * n
+
+                    def body(r, _):
+                        comms[r] = ac.Comm.init_rank(n, uid, r, blocking=False)
+                        comms[r].wait(120)
+                        checked[r] = run_sequence(comms[r], r, n, seed, iters(), queued=True)
+                        comms[r].wait(120)
+
+                    try:
+                        on_ranks(comms, body)
+                    finally:
+                        for c in comms:
+                            if c is not None:
+                                c.destroy()
                     self.assertGreater(sum(checked), 0)
 
     def test_random_collectives_with_signature_checks(self):
