@@ -595,6 +595,109 @@ TEST(DeviceComm, RetainedMemoryIsReusedAndGivenBackWithTheLastCommunicator) {
   EXPECT_NE(rm::acquire(rm::kHost, 0, &none), attnSuccess);
 }
 
+// Past ATTN_RETAINED_CACHE_MB cached, released blocks go back to CUDA, but
+// only while no stream of the process is parked on a proxy: with rank 0's
+// stream parked on an all-reduce that waits for rank 1, rank 1's release
+// over the cap keeps the block cached (a device-wide free there would wait
+// forever, as in FreeingACommunicatorDoesNotWaitForOtherRanksParkedStreams);
+// once both streams have run, the next release gives back what is over the
+// cap. And an allocation that runs out of device memory gives the cache
+// back (when safe) and tries once more.
+TEST(DeviceComm, RetainedMemoryPastItsCapIsGivenBackOnlyWhileNoStreamIsParked) {
+  REQUIRE_GPU();
+  namespace rm = attn::retained;
+  const size_t MiB = size_t(1) << 20;
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  o.env = {{"ATTN_RETAINED_CACHE_MB", "1"}};  // read when a device communicator is made
+  std::atomic<int> parked{0};
+  RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float* x = nullptr;
+    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&x), 64 * sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(x, 0, 64 * sizeof(float), s), cudaSuccess);
+    if (rank == 0) {
+      ASSERT_EQ(attnAllReduce(x, x, 64, attnFloat32, attnSum, comm, attn_test::AsStream(s)), attnSuccess);
+      parked.store(1);  // its stream now waits for rank 1's all-reduce
+    } else {
+      while (parked.load() == 0) std::this_thread::yield();
+      const rm::Stats before = rm::stats();
+      rm::Block big;
+      ASSERT_EQ(rm::acquire(0, 4 * MiB, &big), attnSuccess);
+      rm::release(0, big);  // over the cap, but rank 0's stream is parked
+      const rm::Stats kept = rm::stats();
+      EXPECT_EQ(kept.freed, before.freed) << "freed while a stream was parked";
+      EXPECT_GE(kept.cachedBytes, 4 * MiB);
+      EXPECT_GT(kept.trimsDeferred, before.trimsDeferred);
+      ASSERT_EQ(attnAllReduce(x, x, 64, attnFloat32, attnSum, comm, attn_test::AsStream(s)), attnSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(cudaFreeAsync(x, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(attnBarrier(comm, attn_test::AsStream(s)), attnSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    attnResult_t async = attnInProgress;
+    while (async == attnInProgress) ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+    EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+    // Both streams have run, and rank 0 queues nothing until rank 1 is done:
+    // the next release trims to the cap.
+    if (rank == 1) {
+      while (parked.load() != 3) std::this_thread::yield();  // rank 0's proxy is idle too
+      const rm::Stats before = rm::stats();
+      rm::Block small;
+      ASSERT_EQ(rm::acquire(0, 1000, &small), attnSuccess);
+      rm::release(0, small);
+      const rm::Stats after = rm::stats();
+      EXPECT_GT(after.freed, before.freed);
+      EXPECT_LE(after.cachedBytes, MiB);
+      parked.store(2);
+    } else {
+      parked.store(3);
+      while (parked.load() != 2) std::this_thread::yield();
+    }
+    // Both ranks pass here before either destroys its communicator.
+    ASSERT_EQ(attnBarrier(comm, attn_test::AsStream(s)), attnSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaStreamDestroy(s);
+  }, o);
+}
+
+// An allocation that runs out of device memory gives what the cache holds
+// back to CUDA (no stream is parked) and succeeds on its second try. The
+// emulated runtime's device gets 64 MiB (ATTN_CUDA_EMU_DEVICE_MB); a real
+// GPU cannot be limited that way, so there the test skips.
+TEST(DeviceComm, RetainedMemoryIsGivenBackWhenAnAllocationRunsOutOfMemory) {
+  REQUIRE_GPU();
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  if (std::string(prop.name).find("emulated") == std::string::npos)
+    GTEST_SKIP() << "needs the emulated runtime's device memory limit";
+  namespace rm = attn::retained;
+  const size_t MiB = size_t(1) << 20;
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  o.env = {{"ATTN_RETAINED_CACHE_MB", "1024"}};
+  ASSERT_EQ(setenv("ATTN_CUDA_EMU_DEVICE_MB", "64", 1), 0);  // before any rank thread runs
+  RunThreads(1, [&](int, int, attnComm_t&) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    rm::Block a, b, c;
+    ASSERT_EQ(rm::acquire(0, 40 * MiB, &a), attnSuccess);
+    rm::release(0, a);  // under the cap: kept
+    const rm::Stats kept = rm::stats();
+    EXPECT_GE(kept.cachedBytes, 40 * MiB);
+    // 40 MiB cached + 50 MiB > 64 MiB; 50 MiB is too large for the cached block.
+    ASSERT_EQ(rm::acquire(0, 50 * MiB, &b), attnSuccess) << attnGetLastError(nullptr);
+    const rm::Stats after = rm::stats();
+    EXPECT_EQ(after.freed - kept.freed, 1u);
+    EXPECT_EQ(after.cachedBytes, kept.cachedBytes - 40 * MiB);
+    // More than the device has fails cleanly, with CUDA's reason.
+    EXPECT_EQ(rm::acquire(0, 80 * MiB, &c), attnUnhandledCudaError);
+    rm::release(0, b);
+  }, o);
+  unsetenv("ATTN_CUDA_EMU_DEVICE_MB");
+}
+
 // The same checks as the NCCL backend's (test_nccl_bridge), on staging.
 TEST(DeviceComm, EveryOperationMatchesHostExpectations) {
   REQUIRE_GPU();

@@ -5,9 +5,11 @@
 #include <map>
 #include <mutex>
 
+#include "src/core/env.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_scope.h"
+#include "src/device/parked_streams.h"
 
 namespace attn::retained {
 namespace {
@@ -27,6 +29,7 @@ struct Cache {
   std::mutex mu;  // also held while blocks are freed: no hold starts meanwhile
   std::map<int, std::multimap<size_t, void*>> free;  // by where, then size
   int holds = 0;
+  size_t cap = 0;  // capBytes(), read when a device communicator is made
   Stats stats;
 };
 
@@ -44,6 +47,48 @@ void freeBlock(int where, void* p) {
   if (dev.enter(where) == attnSuccess && cudaFree(p) == cudaSuccess) return;
   (void)cudaGetLastError();
 }
+
+// Bytes the cache keeps while device communicators exist; blocks beyond it
+// go back to CUDA when that is safe (parked_streams.h).
+size_t readCapBytes() {
+  const int64_t mib = envInt("ATTN_RETAINED_CACHE_MB", 1024);
+  return mib <= 0 ? 0 : size_t(mib) * kMiB;
+}
+
+// With the lock held: frees cached blocks of `where` (every place when
+// kAnywhere), largest first, until at most `keep` bytes stay cached, if no
+// stream of the process is parked on a proxy; else leaves them for later.
+// Returns the bytes freed.
+constexpr int kAnywhere = -2;
+size_t trimLocked(Cache& c, int where, size_t keep) {
+  if (c.stats.cachedBytes <= keep) return 0;
+  size_t n = 0, bytes = 0;
+  const bool ran = parked::whileNoneParked([&] {
+    for (auto& [w, blocks] : c.free) {
+      if (where != kAnywhere && w != where) continue;
+      while (!blocks.empty() && c.stats.cachedBytes > keep) {
+        auto last = std::prev(blocks.end());
+        freeBlock(w, last->second);
+        c.stats.cachedBytes -= last->first;
+        bytes += last->first;
+        ++n;
+        blocks.erase(last);
+      }
+    }
+  });
+  c.stats.freed += n;
+  if (!ran) {
+    ++c.stats.trimsDeferred;
+    ATTN_TRACE(kLogInit, "retained memory: %zu MiB cached, trim deferred (a stream is parked on a proxy)",
+               c.stats.cachedBytes / kMiB);
+  } else if (n) {
+    ATTN_INFO(kLogInit, "retained memory: %zu cached blocks (%zu MiB) given back to CUDA, %zu MiB kept", n,
+              bytes / kMiB, c.stats.cachedBytes / kMiB);
+  }
+  return bytes;
+}
+
+bool outOfMemory(cudaError_t e) { return e == cudaErrorMemoryAllocation; }
 
 // Called with the lock held and no hold left.
 void freeAllLocked(Cache& c) {
@@ -80,11 +125,22 @@ attnResult_t acquire(int where, size_t bytes, Block* out) {
     }
   }
   void* p = nullptr;
-  if (where == kHost) {
-    ATTN_CUDA_CHECK(cudaHostAlloc(&p, want, cudaHostAllocPortable));
-  } else {
-    ATTN_CUDA_CHECK(cudaMalloc(&p, want));
+  auto allocate = [&] {
+    return where == kHost ? cudaHostAlloc(&p, want, cudaHostAllocPortable) : cudaMalloc(&p, want);
+  };
+  cudaError_t e = allocate();
+  if (outOfMemory(e)) {
+    // What the cache holds of this kind may be what is missing: give it back
+    // (when safe) and try once more, as PyTorch's caching allocator does.
+    (void)cudaGetLastError();
+    size_t freed;
+    {
+      std::lock_guard<std::mutex> g(c.mu);
+      freed = trimLocked(c, where, 0);
+    }
+    if (freed) e = allocate();
   }
+  ATTN_CUDA_CHECK(e);
   std::lock_guard<std::mutex> g(c.mu);
   ++c.stats.allocated;
   *out = Block{p, want};
@@ -102,12 +158,15 @@ void release(int where, const Block& b) {
   }
   c.free[where].emplace(b.bytes, b.ptr);
   c.stats.cachedBytes += b.bytes;
+  (void)trimLocked(c, kAnywhere, c.cap);
 }
 
 CommHold::CommHold() {
   Cache& c = cache();
+  const size_t cap = readCapBytes();
   std::lock_guard<std::mutex> g(c.mu);
   ++c.holds;
+  c.cap = cap;
 }
 
 CommHold::~CommHold() {

@@ -7,9 +7,12 @@
 // GPU, so one rank may free a communicator while another rank's stream is
 // parked on its proxy, waiting for this rank's next call: that wait never
 // ends. So released blocks are kept here and reused by later requests they
-// fit (as PyTorch's caching host allocator does), and are given back to
-// CUDA only while no device communicator exists in the process, when
-// nothing can be parked on a proxy.
+// fit (as PyTorch's caching host allocator does). They go back to CUDA
+// when no stream of the process is parked on a proxy (parked_streams.h):
+// past ATTN_RETAINED_CACHE_MB cached, when an allocation runs out of
+// memory (then it is tried once more), and when the last device
+// communicator of the process goes. A trim that finds a parked stream is
+// left for a later release.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +34,8 @@ struct Block {
 // `where`, which must be the calling thread's current device.
 attnResult_t acquire(int where, size_t bytes, Block* out);
 // Back to the cache: every use of it, on any stream or by any peer, must be
-// over. Given back to CUDA at once while no device communicator exists.
+// over. Given back to CUDA at once while no device communicator exists,
+// and blocks past the cap are when safe.
 void release(int where, const Block& b);
 
 // Held by each device communicator (DeviceState): while any exists, cached
@@ -48,6 +52,7 @@ struct Stats {
   uint64_t allocated = 0;  // blocks allocated from CUDA
   uint64_t reused = 0;     // requests served from the cache
   uint64_t freed = 0;      // blocks given back to CUDA
+  uint64_t trimsDeferred = 0;  // trims left for later: a stream was parked on a proxy
   size_t cachedBytes = 0;  // in the cache now (host and device)
   int holds = 0;           // live CommHolds
 };

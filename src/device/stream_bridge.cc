@@ -8,6 +8,7 @@
 
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
+#include "src/device/parked_streams.h"
 
 namespace attn {
 namespace {
@@ -119,6 +120,7 @@ attnResult_t StreamBridge::start(int device, OnError onError) {
   completed_.store(base);
   ATTN_CUDA_CHECK(cudaHostGetDevicePointer(&counterDev_, const_cast<uint32_t*>(counter_), 0));
   proxy_ = std::thread([this] { proxyLoop(); });
+  parked::add(this);
   ATTN_INFO(kLogInit, "device communicator on CUDA device %d: stream-ordered through a proxy thread",
             device);
   return attnSuccess;
@@ -131,6 +133,7 @@ StreamBridge::~StreamBridge() {
   }
   cv_.notify_all();
   if (proxy_.joinable()) proxy_.join();
+  parked::remove(this);  // drained: none of its streams is parked any more
   DeviceScope scope(device_ < 0 ? 0 : device_);
   // Work that failed part-way may leave copies queued; the staging memory
   // they use goes back to the process's cache (retained_memory.h) once the
@@ -146,6 +149,7 @@ StreamBridge::~StreamBridge() {
 attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
   DeviceScope scope(device_);
   ATTN_CUDA_CHECK(scope.error());
+  std::lock_guard<std::mutex> gate(parked::enqueueGate());  // no device-wide free while a stream parks
   std::lock_guard<std::mutex> g(mu_);
   if (aborted_ || stopping_)
     return setError(attnInvalidUsage, "device communicator is aborted or being destroyed");

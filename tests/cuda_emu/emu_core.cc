@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -27,6 +28,7 @@ struct Process {
   std::map<Stream*, std::shared_ptr<Stream>> streams;  // live, created ones
   std::vector<std::shared_ptr<Stream>> legacy;         // per device
   std::map<const void*, size_t> kernelSmem;            // cudaFuncSetAttribute
+  std::map<int, size_t> deviceBytes;                   // device memory in use, by device
 };
 
 Process& proc() {
@@ -133,9 +135,32 @@ bool deviceAccessible(const void* p, size_t bytes) {
   return findAllocation(p, bytes, nullptr);
 }
 
+// ATTN_CUDA_EMU_DEVICE_MB: each device's memory, for out-of-memory paths
+// (read at each allocation; unset: unlimited).
+size_t deviceCapacity() {
+  const char* s = getenv("ATTN_CUDA_EMU_DEVICE_MB");
+  const long long mb = s ? atoll(s) : 0;
+  return mb > 0 ? size_t(mb) << 20 : SIZE_MAX;
+}
+
+bool isDeviceKind(MemKind k) { return k == MemKind::kDevice || k == MemKind::kPool; }
+
 cudaError_t allocate(MemKind kind, size_t bytes, void** out) {
   *out = nullptr;
   if (bytes == 0) return cudaSuccess;
+  if (isDeviceKind(kind)) {
+    std::lock_guard<std::mutex> g(proc().mu);
+    size_t& used = proc().deviceBytes[currentDevice()];
+    if (bytes > deviceCapacity() - std::min(used, deviceCapacity()))
+      return fail(cudaErrorMemoryAllocation, "out of memory: %zu bytes asked, %zu of %zu in use", bytes, used,
+                  deviceCapacity());
+    used += bytes;  // taken back below if the mapping fails
+  }
+  auto unreserve = [&] {
+    if (!isDeviceKind(kind)) return;
+    std::lock_guard<std::mutex> g(proc().mu);
+    proc().deviceBytes[currentDevice()] -= bytes;
+  };
   Allocation a;
   a.kind = kind;
   a.bytes = bytes;
@@ -145,9 +170,13 @@ cudaError_t allocate(MemKind kind, size_t bytes, void** out) {
   if (kind == MemKind::kDevice) {
     // Shared file memory, so another process can map it from an IPC handle.
     a.fd = memfd_create("attn-cuda-emu", MFD_CLOEXEC);
-    if (a.fd < 0) return fail(cudaErrorMemoryAllocation, "memfd_create failed");
+    if (a.fd < 0) {
+      unreserve();
+      return fail(cudaErrorMemoryAllocation, "memfd_create failed");
+    }
     if (ftruncate(a.fd, off_t(bytes)) != 0) {
       close(a.fd);
+      unreserve();
       return fail(cudaErrorMemoryAllocation, "ftruncate(%zu) failed", bytes);
     }
     m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
@@ -155,7 +184,10 @@ cudaError_t allocate(MemKind kind, size_t bytes, void** out) {
   } else {
     m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   }
-  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation, "mmap(%zu) failed", bytes);
+  if (m == MAP_FAILED) {
+    unreserve();
+    return fail(cudaErrorMemoryAllocation, "mmap(%zu) failed", bytes);
+  }
   a.base = reinterpret_cast<uintptr_t>(m);
   {
     std::lock_guard<std::mutex> g(proc().mu);
@@ -177,6 +209,7 @@ cudaError_t release(void* p, MemKind expected) {
       return fail(cudaErrorInvalidValue, "free of %p, which is not the start of a live allocation of that kind", p);
     a = it->second;
     proc().allocations.erase(it);
+    if (isDeviceKind(a.kind)) proc().deviceBytes[a.device] -= a.bytes;
   }
   // Unmapped, so a use after free faults here as it would on a GPU.
   munmap(reinterpret_cast<void*>(a.base), a.bytes);
