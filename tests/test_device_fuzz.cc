@@ -257,25 +257,8 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
         rd[p] = recvTotal + (p + 1) % 3;
         recvTotal = rd[p] + rc[p];
       }
-      TypedBuf in(t, sendTotal), out(t, recvTotal);
-      in.Fill(Sentinel(t));
-      for (int p = 0; p < n; ++p)
-        for (size_t i = 0; i < sc[p]; ++i) in.Set(sd[p] + i, pat(rank * 16 + p, i));
-      out.Fill(Sentinel(t));
-      DevBuf din(in, s), dout(out, s);
-      ASSERT_TRUE(din.ok() && dout.ok());
-      din.Upload(in, s);
-      dout.Upload(out, s);
-      ASSERT_EQ(attnAllToAllv(din.data(), sc.data(), sd.data(), dout.data(), rc.data(), rd.data(), t, comm,
-                              AsStream(s)),
-                attnSuccess)
-          << attnGetLastError(comm);
-      dout.Download(&out, s);
-      EXPECT_TRUE(attn_test::BufEquals(out, 0, recvTotal, [&](size_t i) {
-        for (int p = 0; p < n; ++p)
-          if (i >= rd[p] && i < rd[p] + rc[p]) return pat(p * 16 + rank, i - rd[p]);
-        return Sentinel(t);
-      }));
+      attn_test::RunDevAllToAllv(comm, rank, n, t, s, sc, sd, rc, rd,
+                                 [&](int from, int to, size_t i) { return pat(from * 16 + to, i); });
       break;
     }
     case Kind::kGroup: {

@@ -454,36 +454,35 @@ void OneRankRefusesCollective(int rank, int n, attnComm_t comm, bool nonBlocking
   }
 }
 
-TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepThreads) {
+// Signature checks on, a 30 s timeout (a regression fails, not hangs).
+RunOptions CheckedOptions(attnConfig_t* cfg, bool blocking) {
+  *cfg = ConfigWithTimeout(30000);
+  cfg->blocking = blocking ? 1 : 0;
   RunOptions opts;
   opts.env = {{"ATTN_CHECK", "1"}};
   opts.deadline_ms = 60000;
-  attnConfig_t cfg = ConfigWithTimeout(30000);
-  opts.config = &cfg;
+  opts.config = cfg;
+  return opts;
+}
+
+TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepThreads) {
+  attnConfig_t cfg;
   RunThreads(3, [&](int rank, int n, attnComm_t& comm) { OneRankRefusesCollective(rank, n, comm, false); },
-             opts);
+             CheckedOptions(&cfg, true));
 }
 
 TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepNonBlocking) {
-  RunOptions opts;
-  opts.env = {{"ATTN_CHECK", "1"}};
-  opts.deadline_ms = 60000;
-  attnConfig_t cfg = ConfigWithTimeout(30000);
-  cfg.blocking = 0;
-  opts.config = &cfg;
+  attnConfig_t cfg;
+  const RunOptions opts = CheckedOptions(&cfg, false);
   for (int variant = 0; variant < 7; ++variant)
     RunThreads(2, [&](int rank, int n, attnComm_t& comm) { OneRankRefusesCollective(rank, n, comm, true, variant); },
                opts);
 }
 
 TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepProcesses) {
-  RunOptions opts;
-  opts.env = {{"ATTN_CHECK", "1"}};
-  opts.deadline_ms = 60000;
-  attnConfig_t cfg = ConfigWithTimeout(30000);
-  opts.config = &cfg;
+  attnConfig_t cfg;
   RunProcesses(3, [&](int rank, int n, attnComm_t& comm) { OneRankRefusesCollective(rank, n, comm, false); },
-               opts);
+               CheckedOptions(&cfg, true));
 }
 
 // ---------------------------------------------------------------------------

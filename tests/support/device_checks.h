@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -165,6 +166,39 @@ inline void CheckDevAllToAll(attnComm_t comm, int rank, int n, attnDataType_t t,
                         [&](size_t i) { return A2a(t, int(i / count), rank, i % count); }));
 }
 
+// All-to-allv with per-peer counts and displacements (elements): rank
+// `from` sends value(from, to, i) to rank `to`; the receive buffer's gaps
+// must keep their contents.
+inline void RunDevAllToAllv(attnComm_t comm, int rank, int n, attnDataType_t t, cudaStream_t s,
+                            const std::vector<size_t>& sc, const std::vector<size_t>& sd,
+                            const std::vector<size_t>& rc, const std::vector<size_t>& rd,
+                            const std::function<double(int from, int to, size_t i)>& value) {
+  size_t send = 0, recv = 0;
+  for (int p = 0; p < n; ++p) {
+    send = std::max(send, sd[p] + sc[p]);
+    recv = std::max(recv, rd[p] + rc[p]);
+  }
+  TypedBuf in(t, send), out(t, recv);
+  in.Fill(Sentinel(t));
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < sc[p]; ++i) in.Set(sd[p] + i, value(rank, p, i));
+  out.Fill(Sentinel(t));
+  DevBuf din(in, s), dout(out, s);
+  ASSERT_TRUE(din.ok() && dout.ok());
+  din.Upload(in, s);
+  dout.Upload(out, s);
+  ASSERT_EQ(attnAllToAllv(din.data(), sc.data(), sd.data(), dout.data(), rc.data(), rd.data(), t, comm,
+                          AsStream(s)),
+            attnSuccess)
+      << attnGetLastError(comm);
+  dout.Download(&out, s);
+  EXPECT_TRUE(BufEquals(out, 0, recv, [&](size_t i) {
+    for (int p = 0; p < n; ++p)
+      if (i >= rd[p] && i < rd[p] + rc[p]) return value(p, rank, i - rd[p]);
+    return Sentinel(t);
+  }));
+}
+
 // Uneven counts (one pair sends nothing) and gaps between the receive
 // blocks, which must keep their contents.
 inline void CheckDevAllToAllv(attnComm_t comm, int rank, int n, attnDataType_t t, cudaStream_t s) {
@@ -182,25 +216,8 @@ inline void CheckDevAllToAllv(attnComm_t comm, int rank, int n, attnDataType_t t
     rd[p] = recv + 2;  // a gap before every block
     recv = rd[p] + rc[p];
   }
-  TypedBuf in(t, send), out(t, recv);
-  in.Fill(Sentinel(t));
-  for (int p = 0; p < n; ++p)
-    for (size_t i = 0; i < sc[p]; ++i) in.Set(sd[p] + i, A2a(t, rank, p, i));
-  out.Fill(Sentinel(t));
-  DevBuf din(in, s), dout(out, s);
-  ASSERT_TRUE(din.ok() && dout.ok());
-  din.Upload(in, s);
-  dout.Upload(out, s);
-  ASSERT_EQ(attnAllToAllv(din.data(), sc.data(), sd.data(), dout.data(), rc.data(), rd.data(), t, comm,
-                          AsStream(s)),
-            attnSuccess)
-      << attnGetLastError(comm);
-  dout.Download(&out, s);
-  EXPECT_TRUE(BufEquals(out, 0, recv, [&](size_t i) {
-    for (int p = 0; p < n; ++p)
-      if (i >= rd[p] && i < rd[p] + rc[p]) return A2a(t, p, rank, i - rd[p]);
-    return Sentinel(t);
-  }));
+  RunDevAllToAllv(comm, rank, n, t, s, sc, sd, rc, rd,
+                  [t](int from, int to, size_t i) { return A2a(t, from, to, i); });
 }
 
 // One group: a ring exchange (send to rank+1 on stream s, receive from
