@@ -373,7 +373,7 @@ def run_sequence(comm, r, n, seed, iters, queued=False):
     for it in range(iters):
         c = make_call(rnd, n, queued=queued)
         what = f"seed {seed}, {n} ranks, call {it} ({c['kind']}), rank {r}"
-        if os.environ.get("FUZZ_TRACE"):
+        if os.environ.get("ATTN_FUZZ_TRACE"):
             print(what, c, flush=True)
         checked += run_call(comm, r, n, c, [seed, n, it], what)
         comm.barrier()  # in step whatever happened
@@ -476,7 +476,7 @@ class CollFuzz(unittest.TestCase):
                 for r, (code, text) in enumerate(outputs):
                     self.assertEqual(code, 0, f"rank {r} ({fabric}):\n{text[-4000:]}")
                     self.assertIn(f"rank {r}: ", text)
-                    if os.environ.get("FUZZ_TRACE"):
+                    if os.environ.get("ATTN_FUZZ_TRACE"):
                         print(text)
 
 
