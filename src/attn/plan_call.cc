@@ -139,12 +139,6 @@ attnResult_t sendRefusal(attnComm* comm, int32_t cardMode, attnResult_t status) 
   const attnResult_t r = exchangeCards(comm, mine, &all);
   return r == status ? attnSuccess : r;
 }
-// `status` with the text `why` again, should the exchange have replaced it.
-attnResult_t keepError(attnResult_t status, const std::string& why) {
-  if (threadLastError() == why) return status;
-  ErrorContext none("-");  // `why` already names the rank
-  return setError(status, "%s", why.c_str());
-}
 }  // namespace
 
 attnResult_t refuseCall(attnComm* comm, attnStream_t stream, attnResult_t status, int32_t cardMode) {
@@ -158,13 +152,13 @@ attnResult_t refuseCall(attnComm* comm, attnStream_t stream, attnResult_t status
     (void)dispatch(comm, "refused attention call",
                    [comm, cardMode, status] { return sendRefusal(comm, cardMode, status); });
   }
-  return keepError(status, why);
+  return restoreError(status, why);
 }
 
 attnResult_t refuseCallHere(attnComm* comm, attnResult_t status, int32_t cardMode) {
   const std::string why = threadLastError();
   (void)sendRefusal(comm, cardMode, status);
-  return keepError(status, why);
+  return restoreError(status, why);
 }
 
 ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs) {

@@ -81,9 +81,7 @@ attnResult_t refuse(attnComm* comm, CollKind kind, attnResult_t status) {
     const attnResult_t r = checkSignature(comm, sig);
     return r == status ? attnSuccess : r;  // the exchange's own failure is news
   });
-  if (threadLastError() == why) return status;
-  ErrorContext none("-");  // `why` already names the rank
-  return setError(status, "%s", why.c_str());
+  return restoreError(status, why);  // the exchange may have set a text of its own
 }
 
 // The argument checks of each collective: what the C API refuses.

@@ -24,6 +24,10 @@ attnResult_t setError(attnResult_t code, const char* fmt, ...) {
 
 const std::string& threadLastError() { return tlsLastError; }
 void clearThreadLastError() { tlsLastError.clear(); }
+attnResult_t restoreError(attnResult_t code, const std::string& why) {
+  tlsLastError = why;
+  return code;
+}
 
 ErrorContext::ErrorContext(const std::string& prefix) : saved_(tlsContext) {
   tlsContext = prefix;

@@ -16,6 +16,9 @@ attnResult_t setError(attnResult_t code, const char* fmt, ...)
 // The calling thread's last error text ("" if none).
 const std::string& threadLastError();
 void clearThreadLastError();
+// Makes `why` (an earlier error's text, rank prefix included) the thread's
+// last error again, should later calls have replaced it; returns `code`.
+attnResult_t restoreError(attnResult_t code, const std::string& why);
 
 // Names the rank that the current thread acts for, so messages say
 // "rank 3 (host h, pid p): ...". Scoped: restores the previous context.

@@ -86,9 +86,7 @@ attnResult_t runP2p(attnComm* comm, const std::vector<P2pOp>& ops) {
     if (!ops[i].isSend && reqs[i].bytes != ops[i].bytes)
       return setError(attnInvalidUsage, "receive from peer %d expected %zu bytes but %zu arrived",
                       ops[i].peer, ops[i].bytes, reqs[i].bytes);
-  if (selfResult == attnSuccess) return attnSuccess;
-  ErrorContext none("-");  // selfWhy already names the rank
-  return setError(selfResult, "%s", selfWhy.c_str());
+  return selfResult == attnSuccess ? attnSuccess : restoreError(selfResult, selfWhy);
 }
 
 attnResult_t runWork(CommWork& w) {

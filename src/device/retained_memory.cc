@@ -29,7 +29,7 @@ struct Cache {
   std::mutex mu;  // also held while blocks are freed: no hold starts meanwhile
   std::map<int, std::multimap<size_t, void*>> free;  // by where, then size
   int holds = 0;
-  size_t cap = 0;  // capBytes(), read when a device communicator is made
+  size_t cap = 0;  // readCapBytes(), read when a device communicator is made
   Stats stats;
 };
 
@@ -55,55 +55,40 @@ size_t readCapBytes() {
   return mib <= 0 ? 0 : size_t(mib) * kMiB;
 }
 
-// With the lock held: frees cached blocks of `where` (every place when
-// kAnywhere), largest first, until at most `keep` bytes stay cached, if no
-// stream of the process is parked on a proxy; else leaves them for later.
-// Returns the bytes freed.
-constexpr int kAnywhere = -2;
-size_t trimLocked(Cache& c, int where, size_t keep) {
-  if (c.stats.cachedBytes <= keep) return 0;
+constexpr int kAnywhere = -2;  // `where` of freeLocked / trimLocked: every place
+
+// With the lock held: frees cached blocks of `where`, largest first, until
+// at most `keep` bytes stay cached. Returns the bytes freed.
+size_t freeLocked(Cache& c, int where, size_t keep) {
   size_t n = 0, bytes = 0;
-  const bool ran = parked::whileNoneParked([&] {
-    for (auto& [w, blocks] : c.free) {
-      if (where != kAnywhere && w != where) continue;
-      while (!blocks.empty() && c.stats.cachedBytes > keep) {
-        auto last = std::prev(blocks.end());
-        freeBlock(w, last->second);
-        c.stats.cachedBytes -= last->first;
-        bytes += last->first;
-        ++n;
-        blocks.erase(last);
-      }
+  for (auto& [w, blocks] : c.free) {
+    if (where != kAnywhere && w != where) continue;
+    while (!blocks.empty() && c.stats.cachedBytes > keep) {
+      auto last = std::prev(blocks.end());
+      freeBlock(w, last->second);
+      c.stats.cachedBytes -= last->first;
+      bytes += last->first;
+      ++n;
+      blocks.erase(last);
     }
-  });
-  c.stats.freed += n;
-  if (!ran) {
-    ++c.stats.trimsDeferred;
-    ATTN_TRACE(kLogInit, "retained memory: %zu MiB cached, trim deferred (a stream is parked on a proxy)",
-               c.stats.cachedBytes / kMiB);
-  } else if (n) {
-    ATTN_INFO(kLogInit, "retained memory: %zu cached blocks (%zu MiB) given back to CUDA, %zu MiB kept", n,
-              bytes / kMiB, c.stats.cachedBytes / kMiB);
   }
+  c.stats.freed += n;
+  if (n) ATTN_INFO(kLogInit, "retained memory: %zu cached blocks (%zu MiB) given back to CUDA, %zu MiB kept", n,
+                   bytes / kMiB, c.stats.cachedBytes / kMiB);
   return bytes;
 }
 
-bool outOfMemory(cudaError_t e) { return e == cudaErrorMemoryAllocation; }
-
-// Called with the lock held and no hold left.
-void freeAllLocked(Cache& c) {
-  size_t n = 0, bytes = 0;
-  for (auto& [where, blocks] : c.free)
-    for (auto& [size, p] : blocks) {
-      freeBlock(where, p);
-      ++n;
-      bytes += size;
-    }
-  c.free.clear();
-  c.stats.freed += n;
-  c.stats.cachedBytes = 0;
-  if (n) ATTN_INFO(kLogInit, "no device communicator left: %zu cached blocks (%zu MiB) given back to CUDA", n,
-                   bytes / kMiB);
+// freeLocked while device communicators exist: only if no stream of the
+// process is parked on a proxy; else the blocks wait for a later release.
+size_t trimLocked(Cache& c, int where, size_t keep) {
+  if (c.stats.cachedBytes <= keep) return 0;
+  size_t bytes = 0;
+  if (!parked::whileNoneParked([&] { bytes = freeLocked(c, where, keep); })) {
+    ++c.stats.trimsDeferred;
+    ATTN_TRACE(kLogInit, "retained memory: %zu MiB cached, trim deferred (a stream is parked on a proxy)",
+               c.stats.cachedBytes / kMiB);
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -129,7 +114,7 @@ attnResult_t acquire(int where, size_t bytes, Block* out) {
     return where == kHost ? cudaHostAlloc(&p, want, cudaHostAllocPortable) : cudaMalloc(&p, want);
   };
   cudaError_t e = allocate();
-  if (outOfMemory(e)) {
+  if (e == cudaErrorMemoryAllocation) {
     // What the cache holds of this kind may be what is missing: give it back
     // (when safe) and try once more, as PyTorch's caching allocator does.
     (void)cudaGetLastError();
@@ -172,7 +157,7 @@ CommHold::CommHold() {
 CommHold::~CommHold() {
   Cache& c = cache();
   std::lock_guard<std::mutex> g(c.mu);
-  if (--c.holds == 0) freeAllLocked(c);
+  if (--c.holds == 0) (void)freeLocked(c, kAnywhere, 0);  // no communicator, no proxy: nothing is parked
 }
 
 Stats stats() {
