@@ -321,9 +321,12 @@ ATTN_API attnResult_t attnGroupEnd(void);
 
 /* Bad arguments fail the call with attnInvalidArgument on the rank that
  * passed them. As in NCCL, its peers then wait for a call that will not
- * come, unless signatures are checked (ATTN_CHECK=1, host communicators):
- * then the refusing rank still takes part in the call's signature exchange
- * and the peers fail the call at once with attnRemoteError naming it. */
+ * come, unless signatures are checked (ATTN_CHECK=1): then the refusing
+ * rank still takes part in the call's signature exchange and the peers
+ * fail the call at once with attnRemoteError naming it. On a device
+ * communicator the refusal is enqueued on the stream like the call, and
+ * the peers' failure is their async error (attnCommGetAsyncError); with
+ * the NCCL backend it is exchanged on the calling thread, outside groups. */
 
 /* recvbuff[r*sendcount ...] = sendbuff of rank r. In place when
  * sendbuff == recvbuff + rank*sendcount*elemsize. */

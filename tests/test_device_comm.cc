@@ -708,8 +708,6 @@ TEST(DeviceComm, EveryOperationMatchesHostExpectations) {
   }
 }
 
-// num_seqs 0 with NULL offsets (which the API allows) on the device path:
-// nothing to read, nothing to do, in every mode.
 // A device call one rank refuses (head_dim 300): its refusal is enqueued on
 // its stream like the call, so the peer's call, already on its stream,
 // fails there naming the refusing rank (attnCommGetAsyncError), instead of
@@ -740,6 +738,8 @@ TEST(DeviceComm, ArgumentsRefusedOnOneRankFailThePeersCall) {
   }, OnGpu0(&cfg));
 }
 
+// num_seqs 0 with NULL offsets (which the API allows) on the device path:
+// nothing to read, nothing to do, in every mode.
 TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
   REQUIRE_GPU();
   attnConfig_t cfg;

@@ -26,40 +26,13 @@
 #include "support/device_p2p.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
-#if ATTN_HAVE_UCX
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include "transports/ucx/ucx_context.h"
-#endif
+#include "support/ucx_cuda.h"
 
 namespace {
 
 using attn_test::AsStream;
 using attn_test::RunOptions;
 
-#if ATTN_HAVE_UCX
-// Asked in a forked child, as GpuCount: a UCX with CUDA support may
-// initialise CUDA, which forked ranks could then not use.
-bool UcxTakesDeviceMemory() {
-  static int cached = -1;
-  if (cached >= 0) return cached == 1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::unique_ptr<attn::ucx::UcxWorker> w;
-    _exit(attn::ucx::UcxWorker::create(true, &w) == attnSuccess && w->deviceMemory() ? 1 : 0);
-  }
-  int status = 0;
-  cached = pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-  return cached == 1;
-}
-#define REQUIRE_UCX_CUDA()                                                                          \
-  do {                                                                                              \
-    if (!UcxTakesDeviceMemory()) GTEST_SKIP() << "the installed UCX has no CUDA memory support";    \
-  } while (0)
-#else
-#define REQUIRE_UCX_CUDA() GTEST_SKIP() << "built without UCX"
-#endif
 
 // A small scratch budget: reduce-scatters here run in several slices.
 constexpr const char* kScratch = "65536";

@@ -23,6 +23,7 @@
 #include "support/device_checks.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
+#include "transports/cuda_ipc/ipc_stats.h"
 
 namespace {
 
@@ -377,13 +378,18 @@ RunOptions OnGpu0(attnConfig_t* cfg, std::vector<std::pair<std::string, std::str
   return o;
 }
 
+// The counters show the backend named in each test ran.
+uint64_t IpcOps() { return attn::ipc::ipcCounters().ops.load(); }
+
 TEST(DeviceFuzz, RandomCollectivesAndGroupsOverCudaIpcBetweenThreads) {
   REQUIRE_GPU();
   for (uint64_t seed : Seeds())
     for (int n : {2, 3}) {
       attnConfig_t cfg;
+      const uint64_t ipcOps = IpcOps();
       attn_test::RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) { RunSequence(rank, nranks, comm, seed); },
                             OnGpu0(&cfg, {}));
+      EXPECT_GT(IpcOps(), ipcOps) << "seed " << seed << ": no collective went GPU to GPU";
     }
 }
 
@@ -400,8 +406,11 @@ TEST(DeviceFuzz, RandomCollectivesAndGroupsOverCudaIpcBetweenProcesses) {
   REQUIRE_FORKABLE_CUDA();
   for (uint64_t seed : Seeds()) {
     attnConfig_t cfg;
-    attn_test::RunProcesses(3, [&](int rank, int nranks, attnComm_t& comm) { RunSequence(rank, nranks, comm, seed); },
-                            OnGpu0(&cfg, {}));
+    attn_test::RunProcesses(3, [&](int rank, int nranks, attnComm_t& comm) {
+      attn_test::DevBufsFromCudaMalloc();  // exportable: pool memory would be staged
+      RunSequence(rank, nranks, comm, seed);
+      EXPECT_GT(IpcOps(), 0u) << "seed " << seed << ", rank " << rank << ": no collective went GPU to GPU";
+    }, OnGpu0(&cfg, {}));
   }
 }
 

@@ -61,4 +61,9 @@ attnResult_t checkSignature(attnComm* comm, const CollSignature& in) {
   return attnSuccess;
 }
 
+attnResult_t sendRefusedSignature(attnComm* comm, const CollSignature& refused) {
+  const attnResult_t r = checkSignature(comm, refused);
+  return r == attnResult_t(refused.status) ? attnSuccess : r;
+}
+
 }  // namespace attn

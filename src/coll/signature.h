@@ -34,5 +34,9 @@ const char* collKindName(CollKind k);
 // refused signature (status set) fails the call everywhere: on its rank with
 // that status (the text already set there), on the others naming that rank.
 attnResult_t checkSignature(attnComm* comm, const CollSignature& mine);
+// A rank that refused its arguments (`refused.status` set) takes part in the
+// call's exchange with this, so its peers fail the call naming it. Returns
+// only a failure of the exchange itself.
+attnResult_t sendRefusedSignature(attnComm* comm, const CollSignature& refused);
 
 }  // namespace attn

@@ -63,24 +63,33 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   return an && bn && x < y + bn && y < x + an;
 }
 
+// The call's signature exchange (ATTN_CHECK). On a device communicator's
+// proxy thread the call is the host half of a staged device collective,
+// whose signature the proxy exchanged before staging it
+// (src/device/device_signature.h).
+attnResult_t checkCallSignature(attnComm* comm, const CollSignature& sig) {
+  if (onDeviceProxy(comm)) return attnSuccess;
+  return checkSignature(comm, sig);
+}
+
 // A call this rank refuses (`status`, whose text is the thread's last
-// error). On a host communicator checking signatures (ATTN_CHECK=1), the
-// rank still takes part in the call's signature exchange with a refused
+// error). On a communicator checking signatures (ATTN_CHECK=1), the rank
+// still takes part in the call's signature exchange with a refused
 // signature, queued as the call would have been (now, in the group, on the
-// non-blocking queue): its peers then fail the call naming this rank and
-// every rank stays in step. Without the checks, as with NCCL, the peers
-// wait for a call that will not come. Device communicators' direct paths
-// exchange no signatures, so they refuse alone. Returns `status`.
-attnResult_t refuse(attnComm* comm, CollKind kind, attnResult_t status) {
-  if (!comm->config.checkSignatures || comm->nranks == 1 || deviceRoute(comm)) return status;
+// non-blocking queue, on a device communicator's stream): its peers then
+// fail the call naming this rank and every rank stays in step. Without the
+// checks, as with NCCL, the peers wait for a call that will not come.
+// Returns `status`.
+attnResult_t refuse(attnComm* comm, attnStream_t stream, CollKind kind, attnResult_t status) {
+  if (!comm->config.checkSignatures || comm->nranks == 1) return status;
   const std::string why = threadLastError();
   CollSignature sig;
   sig.kind = static_cast<uint32_t>(kind);
   sig.status = status;
-  (void)dispatch(comm, "refused collective", [comm, sig, status] {
-    const attnResult_t r = checkSignature(comm, sig);
-    return r == status ? attnSuccess : r;  // the exchange's own failure is news
-  });
+  if (deviceRoute(comm))
+    (void)deviceRefuse(comm, stream, sig);
+  else
+    (void)dispatch(comm, "refused collective", [comm, sig] { return sendRefusedSignature(comm, sig); });
   return restoreError(status, why);  // the exchange may have set a text of its own
 }
 
@@ -186,7 +195,7 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (attnResult_t r = checkAllGatherArgs(comm, sendbuff, recvbuff, sendcount, datatype, stream); r != attnSuccess)
-    return call.finish(refuse(comm, CollKind::kAllGather, r));
+    return call.finish(refuse(comm, stream, CollKind::kAllGather, r));
   const size_t esz = dataTypeSize(datatype), bytes = sendcount * esz;
   const int n = comm->nranks, me = comm->rank;
   char* out = static_cast<char*>(recvbuff);
@@ -201,7 +210,7 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   AlgoSetting algo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "AllGather", [=] {
-    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllGather, datatype, -1, -1, sendcount}));
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllGather, datatype, -1, -1, sendcount}));
     if (sendbuff != out + me * bytes) std::memcpy(out + me * bytes, sendbuff, bytes);
     std::vector<Block> blocks(n);
     for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
@@ -216,7 +225,7 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (attnResult_t r = checkReduceScatterArgs(comm, sendbuff, recvbuff, recvcount, datatype, op, stream);
       r != attnSuccess)
-    return call.finish(refuse(comm, CollKind::kReduceScatter, r));
+    return call.finish(refuse(comm, stream, CollKind::kReduceScatter, r));
   const size_t esz = dataTypeSize(datatype), bytes = recvcount * esz;
   const int n = comm->nranks;
   const char* in = static_cast<const char*>(sendbuff);
@@ -235,7 +244,7 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   AlgoSetting algo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "ReduceScatter", [=] {
-    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kReduceScatter, datatype, op, -1, recvcount}));
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduceScatter, datatype, op, -1, recvcount}));
     std::vector<Block> blocks(n);
     for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
     return runReduceScatter(comm, algo, "ReduceScatter", in, out, blocks, datatype, op);
@@ -248,7 +257,7 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (attnResult_t r = checkAllReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, stream); r != attnSuccess)
-    return call.finish(refuse(comm, CollKind::kAllReduce, r));
+    return call.finish(refuse(comm, stream, CollKind::kAllReduce, r));
   const size_t esz = dataTypeSize(datatype);
   if (deviceRoute(comm)) {
     DeviceOp d = deviceColl(DeviceOpKind::kAllReduce, sendbuff, recvbuff, count, datatype,
@@ -263,7 +272,7 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   AlgoSetting algo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
   return call.finish(dispatch(comm, "AllReduce", [=] {
-    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
     // Reduce-scatter into this rank's block of recvbuff, then all-gather.
     return runAllReduce(comm, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
                         count, datatype, op);
@@ -276,7 +285,7 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (attnResult_t r = checkBroadcastArgs(comm, sendbuff, recvbuff, count, datatype, root, stream); r != attnSuccess)
-    return call.finish(refuse(comm, CollKind::kBroadcast, r));
+    return call.finish(refuse(comm, stream, CollKind::kBroadcast, r));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
   const int me = comm->rank;
   if (deviceRoute(comm)) {
@@ -290,7 +299,7 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
   return call.finish(dispatch(comm, "Broadcast", [=] {
-    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
     char* buf = static_cast<char*>(recvbuff);
     if (me == root && sendbuff != recvbuff) std::memmove(buf, sendbuff, bytes);
     return runBroadcast(comm, root, buf, bytes, esz);
@@ -302,7 +311,7 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
   ApiCall call(comm);
   ATTN_CHECK(call.finish(checkCommUsable(comm)));
   if (attnResult_t r = checkAllToAllArgs(comm, sendbuff, recvbuff, count, datatype, stream); r != attnSuccess)
-    return call.finish(refuse(comm, CollKind::kAllToAll, r));
+    return call.finish(refuse(comm, stream, CollKind::kAllToAll, r));
   const size_t esz = dataTypeSize(datatype), bytes = count * esz;
   const int n = comm->nranks;
   if (deviceRoute(comm)) {
@@ -315,7 +324,7 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
   AllToAllSetting schedule;
   ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
   return call.finish(dispatch(comm, "AllToAll", [=] {
-    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
     std::vector<Block> blocks(n);
     for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
     return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), blocks,
@@ -333,7 +342,7 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
   if (attnResult_t r = checkAllToAllvArgs(comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls,
                                           datatype, stream, &sb, &rb);
       r != attnSuccess)
-    return call.finish(refuse(comm, CollKind::kAllToAllv, r));
+    return call.finish(refuse(comm, stream, CollKind::kAllToAllv, r));
   const int n = comm->nranks;
   if (deviceRoute(comm)) {
     // Extents of both buffers; the receive side is also copied in, so the
@@ -363,7 +372,7 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
   size_t maxBlock = 0;
   for (int p = 0; p < n; ++p) maxBlock = std::max({maxBlock, sb[p].bytes, rb[p].bytes});
   return call.finish(dispatch(comm, "AllToAllv", [=] {
-    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
     return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), sb,
                              static_cast<char*>(recvbuff), rb, pickAllToAllSchedule(comm, schedule, maxBlock));
   }));
@@ -377,10 +386,10 @@ attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
                                      deviceColl(DeviceOpKind::kBarrier, nullptr, nullptr, 0, attnUint8, {},
                                                 [=](char* const*) { return attnBarrier(comm, nullptr); })));
   if (stream != nullptr)
-    return call.finish(refuse(comm, CollKind::kBarrier,
+    return call.finish(refuse(comm, stream, CollKind::kBarrier,
                               setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream")));
   return call.finish(dispatch(comm, "Barrier", [=] {
-    ATTN_CHECK(checkSignature(comm, {(uint32_t)CollKind::kBarrier, -1, -1, -1, 0}));
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBarrier, -1, -1, -1, 0}));
     return disseminationBarrier(*comm->engine);
   }));
 }

@@ -4,6 +4,7 @@
 
 #include "src/core/comm.h"
 #include "src/device/cuda_check.h"
+#include "src/device/device_signature.h"
 #include "src/device/device_state.h"
 #include "src/device/stage_pipeline.h"
 #include "transports/cuda_ipc/ipc_backend.h"
@@ -103,6 +104,7 @@ attnResult_t enqueueStaged(attnComm* comm, attnStream_t stream, DeviceOp op) {
   const size_t chunk = stageChunkBytes();
   auto work = [comm, st, op = std::move(op), chunk](cudaStream_t copy) {
     ErrorContext ctx(comm->prefix);
+    ATTN_CHECK(checkDeviceSignature(comm, op));
     return runViaTransport(comm, *st, copy, op, chunk);
   };
   return st->bridge->enqueue(reinterpret_cast<cudaStream_t>(stream), std::move(work));
@@ -128,6 +130,14 @@ attnResult_t deviceRunViaTransport(attnComm* comm, const DeviceOp& op) {
   if (!comm->device || !StreamBridge::onProxyThread())
     return setError(attnInternalError, "deviceRunViaTransport outside a device communicator's proxy thread");
   return runViaTransport(comm, *comm->device, comm->device->bridge->copyStream(), op, stageChunkBytes());
+}
+
+attnResult_t deviceRefuse(attnComm* comm, attnStream_t stream, const CollSignature& refused) {
+  if (comm->device->nccl) return ncclRefuse(comm, refused);
+  return deviceEnqueueWork(comm, stream, [comm, refused] {
+    ErrorContext ctx(comm->prefix);
+    return sendRefusedSignature(comm, refused);
+  });
 }
 
 attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "src/coll/signature.h"
 #include "src/core/error.h"
 #include "src/device/device_op.h"
 
@@ -53,6 +54,11 @@ attnResult_t deviceEnqueueWork(attnComm* comm, attnStream_t stream, DeviceWork w
 // host copies of its spans (the staging backend, pipelined where
 // stage_pipeline.h can).
 attnResult_t deviceRunViaTransport(attnComm* comm, const DeviceOp& op);
+// ATTN_CHECK=1: this rank refused a collective's arguments (refused.status).
+// It takes part in the signature exchange its peers' operation begins with
+// (device_signature.h): enqueued on `stream` as the call would have been,
+// or, with the NCCL backend, on this thread.
+attnResult_t deviceRefuse(attnComm* comm, attnStream_t stream, const CollSignature& refused);
 #else
 inline bool deviceRoute(const attnComm*) { return false; }
 inline bool onDeviceProxy(const attnComm*) { return false; }
@@ -71,6 +77,7 @@ inline attnResult_t deviceEnqueueWork(attnComm*, attnStream_t, DeviceWork) {
 inline attnResult_t deviceRunViaTransport(attnComm*, const DeviceOp&) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
+inline attnResult_t deviceRefuse(attnComm*, attnStream_t, const CollSignature&) { return attnSuccess; }
 #endif
 
 // An operation only the staging backend runs (kOther).

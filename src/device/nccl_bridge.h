@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "attncomm.h"
+#include "src/coll/signature.h"
 #include "src/core/error.h"
 #include "src/device/device_op.h"
 
@@ -35,12 +36,17 @@ attnResult_t ncclGroupFlush();
 // NCCL's asynchronous error on the engine's communicator (attnSuccess while
 // there is none), with NCCL's text recorded as the thread's error.
 attnResult_t ncclAsyncError(NcclBridge* nccl);
+// ATTN_CHECK=1: this rank refused a collective's arguments; it takes part in
+// the signature exchange its peers run before their NCCL call (on this
+// thread, outside groups, as they do).
+attnResult_t ncclRefuse(attnComm* comm, const CollSignature& refused);
 #else
 inline attnResult_t ncclEnqueue(attnComm*, NcclBridge*, attnStream_t, DeviceOp&) {
   return setError(attnNotSupported, "this build has no NCCL");
 }
 inline attnResult_t ncclGroupFlush() { return attnSuccess; }
 inline attnResult_t ncclAsyncError(NcclBridge*) { return attnSuccess; }
+inline attnResult_t ncclRefuse(attnComm*, const CollSignature&) { return attnSuccess; }
 #endif
 
 }  // namespace attn

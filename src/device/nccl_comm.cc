@@ -13,13 +13,13 @@
 #include <thread>
 #include <vector>
 
-#include "src/coll/signature.h"
 #include "src/core/api_call.h"
 #include "src/core/comm.h"
 #include "src/core/datatype.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_route.h"
 #include "src/device/device_scope.h"
+#include "src/device/device_signature.h"
 #include "src/device/device_state.h"
 #include "src/device/retained_memory.h"
 
@@ -124,31 +124,21 @@ ncclResult_t p2pGroup(Body body) {
   return r != ncclSuccess ? r : end;
 }
 
+// Staged operations (attention) use the host engine on the proxy thread:
+// they are let finish before the caller's thread uses it.
+void waitForStagedWork(attnComm* comm) {
+  while (deviceBusy(comm) && !comm->abortFlag.load())
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
 // ATTN_CHECK=1: the same signature exchange as the host path, on the host
-// engine, before the NCCL call. Staged operations (attention) use that
-// engine on the proxy thread, so they are let finish first. Inside a group
+// engine, before the NCCL call (device_signature.h). Inside a group
 // the check is skipped: one thread may drive several ranks there, and a
 // blocking exchange would wait for a rank the thread has not reached.
 attnResult_t checkNcclSignature(attnComm* comm, const DeviceOp& op) {
-  if (!comm->config.checkSignatures || inGroup()) return attnSuccess;
   CollSignature sig;
-  sig.datatype = op.type;
-  sig.count = op.count;
-  switch (op.kind) {
-    case DeviceOpKind::kAllGather: sig.kind = (uint32_t)CollKind::kAllGather; break;
-    case DeviceOpKind::kReduceScatter: sig.kind = (uint32_t)CollKind::kReduceScatter; sig.op = op.op; break;
-    case DeviceOpKind::kAllReduce: sig.kind = (uint32_t)CollKind::kAllReduce; sig.op = op.op; break;
-    case DeviceOpKind::kBroadcast: sig.kind = (uint32_t)CollKind::kBroadcast; sig.root = op.root; break;
-    case DeviceOpKind::kAllToAll: sig.kind = (uint32_t)CollKind::kAllToAll; break;
-    case DeviceOpKind::kAllToAllv: sig.kind = (uint32_t)CollKind::kAllToAllv; sig.count = 0; break;
-    case DeviceOpKind::kBarrier:
-      sig = CollSignature{};
-      sig.kind = (uint32_t)CollKind::kBarrier;
-      break;
-    default: return attnSuccess;  // point-to-point is not checked on the host path either
-  }
-  while (deviceBusy(comm) && !comm->abortFlag.load())
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (!comm->config.checkSignatures || inGroup() || !deviceOpSignature(op, &sig)) return attnSuccess;
+  waitForStagedWork(comm);
   return checkSignature(comm, sig);
 }
 
@@ -176,6 +166,12 @@ ncclResult_t exchange(ncclComm_t nc, const DeviceOp& op, cudaStream_t s, int nra
 }
 
 }  // namespace
+
+attnResult_t ncclRefuse(attnComm* comm, const CollSignature& refused) {
+  if (!comm->config.checkSignatures || inGroup()) return attnSuccess;
+  waitForStagedWork(comm);
+  return sendRefusedSignature(comm, refused);
+}
 
 attnResult_t ncclEnqueue(attnComm* comm, NcclBridge* b, attnStream_t stream, DeviceOp& op) {
   ATTN_CHECK(checkNcclSignature(comm, op));

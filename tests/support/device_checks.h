@@ -25,13 +25,26 @@ namespace attn_test {
 // Stream-ordered allocation: cudaMalloc/cudaFree may synchronize the whole
 // device, and with ranks as threads sharing a GPU that would wait for
 // another rank's stream, itself waiting for this rank's next operation.
+//
+// Ranks that are processes call DevBufsFromCudaMalloc() first: stream-ordered
+// pool memory cannot be exported by IPC handle, so the cuda_ipc backend
+// would stage it; cudaMalloc memory peers open (and a process's cudaFree
+// waits only for its own streams).
+inline bool& DevBufsUseCudaMalloc() {
+  static bool on = false;
+  return on;
+}
+inline void DevBufsFromCudaMalloc() { DevBufsUseCudaMalloc() = true; }
+
 class DevBuf {
  public:
-  DevBuf(const TypedBuf& like, cudaStream_t s) : bytes_(like.bytes() + 2 * TypedBuf::kGuardBytes), s_(s) {
-    ok_ = cudaMallocAsync(&base_, bytes_, s_) == cudaSuccess;
+  DevBuf(const TypedBuf& like, cudaStream_t s)
+      : bytes_(like.bytes() + 2 * TypedBuf::kGuardBytes), s_(s), plain_(DevBufsUseCudaMalloc()) {
+    ok_ = (plain_ ? cudaMalloc(&base_, bytes_) : cudaMallocAsync(&base_, bytes_, s_)) == cudaSuccess;
   }
   ~DevBuf() {
-    if (base_) cudaFreeAsync(base_, s_);
+    if (base_ && plain_) cudaFree(base_);
+    else if (base_) cudaFreeAsync(base_, s_);
   }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
@@ -51,6 +64,7 @@ class DevBuf {
   void* base_ = nullptr;
   size_t bytes_ = 0;
   cudaStream_t s_;
+  bool plain_;
   bool ok_ = false;
 };
 

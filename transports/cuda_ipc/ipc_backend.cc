@@ -3,6 +3,7 @@
 #include "src/core/comm.h"
 #include "src/core/error.h"
 #include "src/device/device_route.h"
+#include "src/device/device_signature.h"
 #include "src/device/device_state.h"
 #include "transports/cuda_ipc/ipc_collectives.h"
 #include "transports/cuda_ipc/ipc_p2p.h"
@@ -30,6 +31,7 @@ attnResult_t ipcEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op) {
     std::unique_ptr<ipc::IpcState>& state = comm->device->ipc;
     if (!state) state = std::make_unique<ipc::IpcState>(comm->config.device);
     if (op.kind == DeviceOpKind::kP2pGroup) return ipc::runP2pGroup(comm, *state, op, copy);
+    ATTN_CHECK(checkDeviceSignature(comm, op));  // before the handshakes: a refusal meets it
     ATTN_CHECK(state->agree(comm));
     bool elsewhere = !state->enabled();
     if (!elsewhere) ATTN_CHECK(ipc::runCollective(comm, *state, op, copy, &elsewhere));
