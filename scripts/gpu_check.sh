@@ -141,6 +141,9 @@ stage_perf() {
   run "$BUILD/perf/level_attn_perf" -G 0 -t 4 -L 16384 -k 1,1:0.5:0.25,0.5:0.25:0.125 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
   # DistAttention decode over device pools: lending blocks to 3 peers.
   run "$BUILD/perf/kv_attn_perf" -G 0 -t 4 -L 131072 -H 32:8:128 -d bf16 -f 0,0.25,0.5,0.75 -n 10 -w 2
+  # The same request with its blocks scattered (every 4th): paged K/V, one
+  # launch per request instead of one per block.
+  run "$BUILD/perf/kv_attn_perf" -G 0 -t 4 -L 131072 -H 32:8:128 -d bf16 -f 0,0.5 -n 10 -w 2 -I 4
   for coll in all_gather reduce_scatter alltoall sendrecv; do
     run "$BUILD/perf/${coll}_perf" -G 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
   done

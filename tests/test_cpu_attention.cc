@@ -396,6 +396,64 @@ TEST(CpuAttention, SplitKeysDecodeMatchesReference) {
   }
 }
 
+// Paged K/V (AttnProblem::k_rows): the keys' rows scattered over a larger
+// "pool" in shuffled blocks of 16, every other pool row NaN (never to be
+// read). The result must be bit for bit that of the same keys gathered
+// into contiguous tensors, and match the reference: decode batches (the
+// in-place fp32 and the converting paths, split-K at 2-3 threads), a
+// causal prefill whose keys are packed once per call, and head_dim 80.
+TEST(CpuAttention, PagedKeysGiveTheBitsOfTheGatheredKeys) {
+  struct Shape { int rows, hq, hkv, d; bool prefill; };
+  const Shape shapes[] = {{1, 32, 8, 128, false}, {2, 8, 1, 64, false}, {1, 24, 3, 80, false},
+                          {0, 4, 1, 128, true}};
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const auto& s : shapes)
+      for (attnDataType_t dt : {attnFloat32, attnBfloat16}) {
+        const Case c = s.prefill ? selfAttention(150, s.hq, s.hkv, s.d, true, dt)
+                                 : decodeBatch(s.rows, s.hq, s.hkv, s.d, dt);
+        Inputs in(c, uint32_t(s.hq * 5 + s.d));
+        // Key j goes to pool row rows[j]: blocks of 16 in a shuffled order,
+        // one pool block in two left unused.
+        const int block = 16, blocks = (c.nk + block - 1) / block;
+        std::vector<int> order(size_t(2 * blocks));
+        for (size_t b = 0; b < order.size(); ++b) order[b] = int(b);
+        std::mt19937 rng(uint32_t(s.d + s.hq));
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<int64_t> rows(size_t(c.nk));
+        for (int j = 0; j < c.nk; ++j) rows[size_t(j)] = int64_t(order[size_t(j / block)]) * block + j % block;
+        const size_t poolRows = order.size() * block, rowElems = size_t(c.hkv) * c.d;
+        Tensor pk(dt, poolRows * rowElems, rng, -1.0f, 1.0f), pv(dt, poolRows * rowElems, rng, -1.0f, 1.0f);
+        std::vector<bool> used(poolRows, false);
+        const size_t rowBytes = rowElems * dataTypeSize(dt);
+        for (int j = 0; j < c.nk; ++j) {
+          const size_t r = size_t(rows[size_t(j)]);
+          used[r] = true;
+          std::memcpy(pk.bytes.data() + r * rowBytes, static_cast<const char*>(in.k.data()) + size_t(j) * rowBytes,
+                      rowBytes);
+          std::memcpy(pv.bytes.data() + r * rowBytes, static_cast<const char*>(in.v.data()) + size_t(j) * rowBytes,
+                      rowBytes);
+        }
+        for (size_t r = 0; r < poolRows; ++r)
+          if (!used[r]) pk.setRowNan(r, rowElems), pv.setRowNan(r, rowElems);
+        AttnProblem paged = in.p;
+        paged.k = pk.data();
+        paged.v = pv.data();
+        paged.k_rows = rows.data();
+        const Reference ref(paged);
+        for (int threads : {1, 2, 3}) {
+          const std::string what = describe(c, isa) + " threads " + std::to_string(threads);
+          Result want(in.p), got(paged);
+          ASSERT_EQ(attentionPartial(in.p, want.o.data(), want.lse.data(), {threads}), attnSuccess);
+          ASSERT_EQ(attentionPartial(paged, got.o.data(), got.lse.data(), {threads}), attnSuccess) << what;
+          EXPECT_EQ(std::memcmp(want.o.data(), got.o.data(), want.o.size() * sizeof(float)), 0) << what;
+          EXPECT_EQ(std::memcmp(want.lse.data(), got.lse.data(), want.lse.size() * sizeof(float)), 0) << what;
+          expectClose(paged, got, ref, 1e-5, what + " vs reference");
+        }
+      }
+  }
+}
+
 TEST(CpuAttention, PartialsOverAKeyPartitionMergeToTheFullResult) {
   std::mt19937 rng(17);
   for (Isa isa : supportedIsas()) {

@@ -346,6 +346,80 @@ TEST(CudaAttention, SplitKeysMatchTheReference) {
       }
 }
 
+// Paged K/V (AttnProblem::k_rows): the keys' rows scattered over a larger
+// pool in shuffled blocks of 16, every unused pool row NaN (never to be
+// read). The result must be bit for bit that of the same keys contiguous,
+// and match the reference: decode rows with split-K, a causal prefill
+// (the tensor-core kernel where the device has one), head_dim 80 (SIMT).
+void checkPagedCase(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(c.name());
+  HostProblem h(c, seed);
+  DevProblem dp(h, c);
+  const int block = 16, blocks = (c.nk + block - 1) / block;
+  std::vector<int> order(size_t(2 * blocks));
+  for (size_t b = 0; b < order.size(); ++b) order[b] = int(b);
+  std::mt19937 rng(seed);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int64_t> rows(size_t(c.nk));
+  for (int j = 0; j < c.nk; ++j) rows[size_t(j)] = int64_t(order[size_t(j / block)]) * block + j % block;
+  const size_t rowBytes = size_t(c.hkv) * c.d * dataTypeSize(c.dtype), poolRows = order.size() * block;
+  std::vector<char> pk(poolRows * rowBytes), pv(poolRows * rowBytes);
+  const std::vector<float> nans(size_t(c.hkv) * c.d, std::numeric_limits<float>::quiet_NaN());
+  for (size_t r = 0; r < poolRows; ++r) {
+    ASSERT_EQ(cpu::convertFromFloat(pk.data() + r * rowBytes, c.dtype, nans.data(), nans.size()), attnSuccess);
+    ASSERT_EQ(cpu::convertFromFloat(pv.data() + r * rowBytes, c.dtype, nans.data(), nans.size()), attnSuccess);
+  }
+  for (int j = 0; j < c.nk; ++j) {
+    std::memcpy(pk.data() + size_t(rows[size_t(j)]) * rowBytes, h.k.data() + size_t(j) * rowBytes, rowBytes);
+    std::memcpy(pv.data() + size_t(rows[size_t(j)]) * rowBytes, h.v.data() + size_t(j) * rowBytes, rowBytes);
+  }
+  Dev dk(pk), dv(pv), drows(rows);
+  cpu::AttnProblem paged = dp.p;
+  paged.k = dk.p;
+  paged.v = dv.p;
+  paged.k_rows = drows.as<int64_t>();
+  const size_t n = size_t(c.nq) * c.hq;
+  Dev o(n * c.d * 4), lse(n * 4), po(n * c.d * 4), plse(n * 4);
+  AttnCudaExec ex;
+  ex.force_generic = c.force_generic;
+  ex.key_splits = c.key_splits;
+  ASSERT_EQ(attentionPartial(dp.p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
+  ASSERT_EQ(attentionPartial(paged, po.as<float>(), plse.as<float>(), ex), attnSuccess);
+  sync();
+  const auto want = o.down<float>(n * c.d), got = po.down<float>(n * c.d);
+  const auto wantL = lse.down<float>(n), gotL = plse.down<float>(n);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(wantL.data(), gotL.data(), wantL.size() * 4), 0);
+  std::vector<double> ro(n * c.d), rl(n);
+  ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
+  AttnCudaPlan plan;
+  ASSERT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
+  const auto e = cpu::compareAttention(got.data(), gotL.data(), ro.data(), rl.data(), n, c.d);
+  EXPECT_EQ(e.nan_values, 0);
+  EXPECT_LE(e.max_o_rel, tolerance(c, plan.tensor_cores));
+  EXPECT_LE(e.max_lse_abs, tolerance(c, plan.tensor_cores));
+}
+
+TEST(CudaAttention, PagedKeysGiveTheBitsOfTheGatheredKeys) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    Case decode;  // one query row per sequence over 1000 and 300 keys; split-K
+    decode.hq = 8, decode.hkv = 1, decode.d = 128, decode.causal = true, decode.dtype = dt;
+    for (int keys : {1000, 300}) {
+      decode.segs.push_back({decode.nq, decode.nq + 1, decode.nk, decode.nk + keys});
+      decode.qpos.push_back(keys - 1);
+      for (int j = 0; j < keys; ++j) decode.kpos.push_back(j);
+      ++decode.nq;
+      decode.nk += keys;
+    }
+    checkPagedCase(decode, 3);
+    checkPagedCase(selfAttn(150, 4, 1, 128, true, dt), 4);
+    Case simt = selfAttn(70, 4, 2, 80, true, dt);
+    simt.force_generic = true;
+    checkPagedCase(simt, 5);
+  }
+}
+
 // Folds the case's keys into an accumulator block by block (keys
 // [cuts[i], cuts[i+1]) with key_splits splits[i]), then checks it against
 // the reference over all of them.

@@ -186,6 +186,49 @@ TEST(DeviceKvPool, LendAndReturnKeepAttentionExactThreads) {
   }
 }
 
+// Requests whose blocks are scattered through the pools (appended a block
+// at a time in turn, lent one block per migration in turn): each is one
+// paged kernel launch at its owner (own) and at its holder (serve), and
+// attention stays exact.
+TEST(DeviceKvPool, ScatteredBlocksAttendExactlyAtOwnerAndHolder) {
+  REQUIRE_GPU();
+  for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
+    attnConfig_t cfg;
+    RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+      cudaStream_t st = nullptr;
+      ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+      constexpr int kBlock = 4;
+      const attnKvPoolConfig_t pc = PoolCfg(kBlock, 32, t);
+      attnKvPool_t pool = nullptr;
+      ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+      const std::vector<Req> reqs = {{100, 6 * kBlock + 3, 2}, {101, 5 * kBlock, 1}};
+      if (rank == 0)
+        for (int at = 0; at < reqs[0].len; at += kBlock)
+          for (const Req& r : reqs)
+            if (at < r.len) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, r.id, at, std::min(at + kBlock, r.len), r.len));
+      const std::vector<Req> mine = rank == 0 ? reqs : std::vector<Req>{};
+      ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine, t, true).Check(), t, "scattered at home");
+      // One block per migration, the two requests in turn: rank 1 holds
+      // each request's blocks in every other slot.
+      std::vector<int64_t> granted(4, -1);
+      for (int i = 0; i < 4; ++i) {
+        std::vector<attnKvMove_t> moves;
+        if (rank == 0) moves = {{0, 1, 0, reqs[size_t(i % 2)].id, 1}};
+        ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), &granted[size_t(i)], AsStream(st)));
+      }
+      ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine, t, true).Check(), t, "scattered at both");
+      if (rank == 0) {  // the stream has run the moves
+        EXPECT_EQ(granted, (std::vector<int64_t>{1, 1, 1, 1}));
+        EXPECT_EQ(Holders(pool, 2, 100), (std::vector<int64_t>{5, 2}));
+        EXPECT_EQ(Holders(pool, 2, 101), (std::vector<int64_t>{3, 2}));
+      }
+      ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+    }, OnGpu0(&cfg));
+  }
+}
+
 // Migration moves each block's K and V as device sends and receives: with
 // cuda_ipc allowed, ranks sharing the GPU copy them straight out of the
 // sender's slots; without it they go through pinned host memory.

@@ -50,7 +50,16 @@ struct AttnProblem {
   const int32_t* k_pos = nullptr;  // [nk]
   const AttnSegment* segments = nullptr;  // null: one segment, all rows x all keys
   int32_t num_segments = 0;
+  // Paged K/V: key j is row k_rows[j] of k and v (e.g. a request's blocks
+  // scattered over a KV pool, all in one call); k_pos stays indexed by j.
+  // Null: key j is row j. Rows must lie in k and v.
+  const int64_t* k_rows = nullptr;
 };
+
+// The row of k / v holding key j.
+inline size_t keyRow(const AttnProblem& p, int64_t j) {
+  return p.k_rows != nullptr ? size_t(p.k_rows[j]) : size_t(j);
+}
 
 // Tile counts of one or more calls (added to, never reset by the kernels).
 struct AttnStats {

@@ -317,13 +317,15 @@ void initState(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScr
 inline void prefetchRows(const attn::cpu::AttnProblem& p, int head, int k0, int n) {
   const size_t stride = size_t(p.num_kv_heads) * p.head_dim * sizeof(float);
   const size_t bytes = size_t(p.head_dim) * sizeof(float);
-  const char* kr = static_cast<const char*>(p.k) + size_t(k0) * stride + head * bytes;
-  const char* vr = static_cast<const char*>(p.v) + size_t(k0) * stride + head * bytes;
-  for (int j = 0; j < n; ++j, kr += stride, vr += stride)
-    for (size_t at = 0; at < bytes; at += 64) {
-      __builtin_prefetch(kr + at, 0, 3);
-      __builtin_prefetch(vr + at, 0, 3);
+  const char* kb = static_cast<const char*>(p.k) + head * bytes;
+  const char* vb = static_cast<const char*>(p.v) + head * bytes;
+  for (int j = 0; j < n; ++j) {
+    const size_t at = attn::cpu::keyRow(p, k0 + j) * stride;
+    for (size_t b = 0; b < bytes; b += 64) {
+      __builtin_prefetch(kb + at + b, 0, 3);
+      __builtin_prefetch(vb + at + b, 0, 3);
     }
+  }
 }
 
 // Points sc.krow / sc.vrow ([head][key]) at fp32 rows of keys [k0, k0 + n)
@@ -349,17 +351,19 @@ void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int
     const size_t stride = size_t(p.num_kv_heads) * D;
     const float* kb = static_cast<const float*>(p.k) + size_t(t.kv_head) * D;
     const float* vb = static_cast<const float*>(p.v) + size_t(t.kv_head) * D;
-    for (int j = 0; j < n; ++j)
+    for (int j = 0; j < n; ++j) {
+      const size_t row = attn::cpu::keyRow(p, k0 + j) * stride;
       for (int b = 0; b < t.kv_heads; ++b) {
-        sc.krow[b * K + j] = kb + size_t(k0 + j) * stride + size_t(b) * D;
-        sc.vrow[b * K + j] = vb + size_t(k0 + j) * stride + size_t(b) * D;
+        sc.krow[b * K + j] = kb + row + size_t(b) * D;
+        sc.vrow[b * K + j] = vb + row + size_t(b) * D;
       }
+    }
   } else {
     const size_t stride = size_t(p.num_kv_heads) * D;
-    const size_t first = size_t(k0) * stride + size_t(t.kv_head) * D;
     for (int j = 0; j < n; ++j) {
+      const size_t first = attn::cpu::keyRow(p, k0 + j) * stride + size_t(t.kv_head) * D;
       for (int b = 0; b < t.kv_heads; ++b) {  // one key's heads lie side by side
-        const size_t at = first + j * stride + size_t(b) * D;
+        const size_t at = first + size_t(b) * D;
         float* kb = sc.kbuf + (size_t(b) * K + j) * D;
         float* vb = sc.vbuf + (size_t(b) * K + j) * c.dpad;
         copyRowAsFloat(kb, p.k, p.dtype, at, D);

@@ -33,7 +33,7 @@ PackedKV::PackedKV(const AttnProblem& p, int dpad, int threads, WorkerPool* pool
     const int32_t k0 = int32_t(c) * kChunkRows, k1 = std::min(p.nk, k0 + kChunkRows);
     for (int32_t j = k0; j < k1; ++j) {
       for (int h = 0; h < H; ++h) {
-        const size_t src = (size_t(j) * H + h) * D * esize;
+        const size_t src = (keyRow(p, j) * H + h) * D * esize;
         const size_t row = size_t(h) * p.nk + j;
         float* kd = k_.get() + row * D;
         float* vd = v_.get() + row * dpad;

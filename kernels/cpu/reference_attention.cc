@@ -46,7 +46,7 @@ attnResult_t referenceAttention(const AttnProblem& p, double* o, double* lse) {
         for (int32_t j = seg.k_begin; j < seg.k_end; ++j) {
           if (p.causal && p.k_pos[j] > p.q_pos[i]) continue;
           double dot = 0.0;
-          for (int d = 0; d < D; ++d) dot += q[d] * elem(p.k, p.dtype, (size_t(j) * Hkv + kvh) * D + d);
+          for (int d = 0; d < D; ++d) dot += q[d] * elem(p.k, p.dtype, (keyRow(p, j) * Hkv + kvh) * D + d);
           s[j - seg.k_begin] = dot * scale;
           mx = std::max(mx, s[j - seg.k_begin]);
         }
@@ -57,7 +57,7 @@ attnResult_t referenceAttention(const AttnProblem& p, double* o, double* lse) {
           if (s[j - seg.k_begin] == ninf) continue;
           const double w = std::exp(s[j - seg.k_begin] - mx);
           sum += w;
-          for (int d = 0; d < D; ++d) out[d] += w * elem(p.v, p.dtype, (size_t(j) * Hkv + kvh) * D + d);
+          for (int d = 0; d < D; ++d) out[d] += w * elem(p.v, p.dtype, (keyRow(p, j) * Hkv + kvh) * D + d);
         }
         for (int d = 0; d < D; ++d) out[d] /= sum;
         lse[size_t(i) * Hq + h] = mx + std::log(sum);

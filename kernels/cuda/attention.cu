@@ -232,6 +232,7 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   a.v = p.v;
   a.q_pos = p.q_pos;
   a.k_pos = p.k_pos;
+  a.k_rows = p.k_rows;
   a.segs = p.segments;
   a.nseg = p.num_segments;
   a.nq = p.nq;

@@ -87,8 +87,9 @@ attnSimtKernel(AttnArgs a) {
     for (int i = threadIdx.x; i < kSimtBK * D; i += kSimtThreads) {
       const int kr = i / D, c = i % D;
       const bool ok = kr < nk;
-      sK[kr * ld + c] = ok ? F32<T>::load(gk[size_t(k0 + kr) * kstride + c]) : 0.0f;
-      sV[kr * ld + c] = ok ? F32<T>::load(gv[size_t(k0 + kr) * kstride + c]) : 0.0f;
+      const size_t at = ok ? keyRow(a, k0 + kr) * kstride + c : 0;
+      sK[kr * ld + c] = ok ? F32<T>::load(gk[at]) : 0.0f;
+      sV[kr * ld + c] = ok ? F32<T>::load(gv[at]) : 0.0f;
     }
     if (threadIdx.x < kSimtBK)
       sKpos[threadIdx.x] = (a.causal && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;

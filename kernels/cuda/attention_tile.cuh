@@ -23,6 +23,7 @@ struct AttnArgs {
   const void* v;
   const int32_t* q_pos;
   const int32_t* k_pos;
+  const int64_t* k_rows;         // paged K/V: row of k / v holding key j; null: row j
   const cpu::AttnSegment* segs;  // null: one segment, all rows x all keys
   int nseg, nq, nk, hq, hkv, d;
   float scale_log2;  // score scale * log2(e): softmax runs on exp2
@@ -36,6 +37,11 @@ struct AttnArgs {
 };
 
 __device__ inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// The row of k / v holding key j.
+__device__ inline size_t keyRow(const AttnArgs& a, int j) {
+  return a.k_rows != nullptr ? size_t(a.k_rows[j]) : size_t(j);
+}
 
 template <int kThreads>
 __device__ int blockSum(int v, int* scratch) {

@@ -40,15 +40,18 @@ struct WmmaSmem {
   static_assert(size_t(kWmmaWarps) * 16 * kLdO * 4 <= kS - kK, "staging fits in K+V");
 };
 
-// Copies rows [r0, r0 + n) of one head (THD: row stride `stride` elements)
-// into shared memory rows of kLd, zero-filling rows >= n: 16-byte cp.async.
+// Copies rows [0, n) of one head (THD: row stride `stride` elements; row r
+// is g's row idx[r] when idx is given, paged K/V) into shared memory rows
+// of kLd, zero-filling rows >= n: 16-byte cp.async.
 template <class T, int D, int kLd>
-__device__ inline void stageRows(T* s, const T* g, int n, size_t stride, int rows) {
+__device__ inline void stageRows(T* s, const T* g, int n, size_t stride, int rows,
+                                 const int64_t* idx = nullptr) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec;
   for (int i = threadIdx.x; i < rows * kPerRow; i += kWmmaThreads) {
     const int r = i / kPerRow, c = (i % kPerRow) * kVec;
     T* dst = s + r * kLd + c;
-    if (r < n) __pipeline_memcpy_async(dst, g + size_t(r) * stride + c, 16);
+    const size_t row = idx != nullptr && r < n ? size_t(idx[r]) : size_t(r);
+    if (r < n) __pipeline_memcpy_async(dst, g + row * stride + c, 16);
     else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 }
@@ -135,9 +138,12 @@ attnWmmaKernel(AttnArgs a) {
     else ++counts.full;
 
     __syncthreads();  // the previous tile's readers of sK / sV / sKpos are done
-    stageRows<T, D, L::kLdT>(sK, gk + size_t(k0) * kstride, nk, kstride, kWmmaBK);
+    // Paged K/V: rows from the row table; else from row k0 on.
+    const int64_t* idx = a.k_rows != nullptr ? a.k_rows + k0 : nullptr;
+    const size_t first = idx != nullptr ? 0 : size_t(k0) * kstride;
+    stageRows<T, D, L::kLdT>(sK, gk + first, nk, kstride, kWmmaBK, idx);
     __pipeline_commit();
-    stageRows<T, D, L::kLdT>(sV, gv + size_t(k0) * kstride, nk, kstride, kWmmaBK);
+    stageRows<T, D, L::kLdT>(sV, gv + first, nk, kstride, kWmmaBK, idx);
     __pipeline_commit();
     if (threadIdx.x < kWmmaBK)
       sKpos[threadIdx.x] = (a.causal && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;

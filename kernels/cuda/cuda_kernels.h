@@ -34,7 +34,7 @@ namespace attn::cuda {
 // that sees no key O = 0 and LSE = -inf. head_dim 1..256.
 //
 // Device-side differences, all because the host must not read device data:
-//  - q_pos, k_pos and segments are device pointers;
+//  - q_pos, k_pos, k_rows (paged K/V) and segments are device pointers;
 //  - segment ranges are clamped to [0, nq) / [0, nk) on the device (a bad
 //    range computes less, it never reads out of bounds); query ranges of
 //    different segments must not overlap (rows of an overlap are computed

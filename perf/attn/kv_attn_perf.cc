@@ -12,6 +12,10 @@
 // cost per step). Each output is checked against the f = 0 output; the run
 // fails when they differ beyond rounding.
 //
+// With -I N rank 0's pool holds N requests appended block by block in
+// turn, as N sequences decoding together fill a pool, so the measured
+// request's blocks are scattered (every N-th block) instead of one run.
+//
 // With -G DEV the pools are on CUDA device DEV (device communicators): the
 // K and V appended, the query and the outputs are device buffers, every
 // call is enqueued on the rank's stream, and a timed call runs from its
@@ -44,6 +48,7 @@ struct Options {
   int hq = 32, hkv = 8, d = 128;
   attnDataType_t dtype = attnFloat32;
   int iters = 20, warmup = 3;
+  int interleave = 1;  // requests filling rank 0's pool together (-I)
   std::vector<double> fractions{0, 0.25, 0.5, 0.75};
   int device = ATTN_DEVICE_HOST;
 };
@@ -51,12 +56,13 @@ struct Options {
 void usage() {
   fprintf(stderr,
           "usage: kv_attn_perf [-t threads | -p procs] [-L tokens] [-b block_tokens] [-H hq:hkv:d]\n"
-          "                    [-d fp32|bf16|fp16] [-f f1,f2,...] [-n iters] [-w warmup] [-G device]\n");
+          "                    [-d fp32|bf16|fp16] [-f f1,f2,...] [-n iters] [-w warmup] [-I requests]\n"
+          "                    [-G device]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
   int c;
-  while ((c = getopt(argc, argv, "t:p:L:b:H:d:f:n:w:G:h")) != -1) {
+  while ((c = getopt(argc, argv, "t:p:L:b:H:d:f:n:w:I:G:h")) != -1) {
     switch (c) {
       case 't': o->threads = atoi(optarg); break;
       case 'p': o->procs = atoi(optarg); break;
@@ -76,13 +82,14 @@ bool parse(int argc, char** argv, Options* o) {
       }
       case 'n': o->iters = atoi(optarg); break;
       case 'w': o->warmup = atoi(optarg); break;
+      case 'I': o->interleave = atoi(optarg); break;
       case 'G': o->device = atoi(optarg); break;
       default: return false;
     }
   }
   if (o->threads == 0 && o->procs == 0) o->threads = 2;
   const int n = o->procs ? o->procs : o->threads;
-  return n >= 2 && o->length >= 1 && o->blockTokens >= 1 && o->iters >= 1 && o->warmup >= 0 &&
+  return n >= 2 && o->length >= 1 && o->blockTokens >= 1 && o->iters >= 1 && o->warmup >= 0 && o->interleave >= 1 &&
          o->hq >= 1 && o->hkv >= 1 && o->hq % o->hkv == 0 && o->d >= 1 && o->d <= 256;
 }
 
@@ -135,7 +142,7 @@ int main(int argc, char** argv) {
     pc.num_kv_heads = o.hkv;
     pc.head_dim = o.d;
     pc.dtype = o.dtype;
-    pc.capacity_blocks = me == 0 ? blocks : blocks / (n - 1) + 1;
+    pc.capacity_blocks = me == 0 ? blocks * o.interleave : blocks / (n - 1) + 1;
     attnKvPool_t pool = nullptr;
     if (!ok(attnKvPoolCreate(comm, &pc, &pool), comm, "attnKvPoolCreate")) return 1;
     RankDevice dev;
@@ -143,8 +150,10 @@ int main(int argc, char** argv) {
     const attnStream_t stream = dev.stream();
     const int64_t req = 1;
     if (me == 0) {
-      // Appended in pieces, as decoding would (positions 0 .. L-1).
-      const int64_t piece = 4096;
+      // Appended in pieces, as decoding would (positions 0 .. L-1); with
+      // -I, a block at a time, each followed by a block of every other
+      // request.
+      const int64_t piece = o.interleave > 1 ? o.blockTokens : 4096;
       const size_t row = size_t(o.hkv) * size_t(o.d);
       for (int64_t at = 0; at < o.length; at += piece) {
         const int64_t m = std::min(piece, o.length - at);
@@ -155,9 +164,11 @@ int main(int argc, char** argv) {
         void* dk = dev.place(k.data(), k.size());
         void* dv = dev.place(v.data(), v.size());
         if (!dk || !dv || !dev.upload(dk, k.data(), k.size()) || !dev.upload(dv, v.data(), v.size()) ||
-            !ok(attnKvAppend(pool, req, dk, dv, pos.data(), int(m), stream), comm, "attnKvAppend") ||
-            !dev.finish(comm, "attnKvAppend"))
+            !ok(attnKvAppend(pool, req, dk, dv, pos.data(), int(m), stream), comm, "attnKvAppend"))
           return 1;
+        for (int64_t other = 2; other <= o.interleave; ++other)
+          if (!ok(attnKvAppend(pool, other, dk, dv, pos.data(), int(m), stream), comm, "attnKvAppend")) return 1;
+        if (!dev.finish(comm, "attnKvAppend")) return 1;
       }
     }
     attnAttnConfig_t cfg{};
@@ -255,6 +266,9 @@ int main(int argc, char** argv) {
              n, (long long)o.length, o.blockTokens, o.hq, o.hkv, o.d,
              o.dtype == attnFloat32 ? "fp32" : o.dtype == attnBfloat16 ? "bf16" : "fp16",
              dev.onDevice() ? "pools on the GPU" : "pools in host memory");
+      if (o.interleave > 1)
+        printf("# rank 0's pool filled by %d requests a block at a time: the request's blocks are every %d-th\n",
+               o.interleave, o.interleave);
       printf("# medians of %d iterations (rank 0's time); baseline: f = %g, the owner attends alone\n", o.iters,
              rows.front().f);
       printf("%6s %8s %12s %8s %12s %12s %12s %10s %10s\n", "lent", "blocks", "step_us", "speedup",

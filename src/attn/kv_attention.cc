@@ -46,16 +46,17 @@ cpu::AttnExec cpuExec(KvPool& pool) {
 }
 
 // Folds the keys of `slots` (one request's blocks in this pool) into the
-// accumulator of `rows` queries with the CPU kernel.
+// accumulator of `rows` queries with the CPU kernel: one call, over the
+// blocks where they lie.
 attnResult_t accumulateSlots(KvPool& pool, const std::vector<int64_t>& slots,
                              const std::vector<int32_t>& slotTokens, const KvQueryHeader& h,
                              const void* q, const int32_t* qPos, int32_t rows, float* o, float* lse) {
   if (rows == 0 || slots.empty()) return attnSuccess;
-  const attnKvPoolConfig_t& pc = pool.config();
-  const cpu::AttnExec ex = cpuExec(pool);
-  return forEachSlotRun(slots, slotTokens, pc.block_tokens, [&](int64_t first, int32_t nk) {
-    return cpu::attentionAccumulate(kvRunProblem(pool, h, q, rows, qPos, first, nk), o, lse, ex);
-  });
+  KvKeys keys;
+  kvKeysOf(pool, slots, slotTokens, &keys);
+  const cpu::AttnProblem p = kvKeysProblem(pool, h, q, rows, qPos, keys,
+                                           keys.rows.empty() ? nullptr : keys.rows.data(), keys.pos.data());
+  return cpu::attentionAccumulate(p, o, lse, cpuExec(pool));
 }
 
 class HostKvAttnCompute : public KvAttnCompute {
@@ -156,23 +157,50 @@ attnResult_t makeKvAttnCompute(KvPool& pool, const KvAttnArgs& a, std::unique_pt
   return attnSuccess;
 }
 
-cpu::AttnProblem kvRunProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
-                              const int32_t* qPos, int64_t first, int32_t keys) {
+void kvKeysOf(KvPool& pool, const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens,
+              KvKeys* keys) {
+  const int64_t bt = pool.config().block_tokens;
+  int runs = 0;
+  int64_t count = 0;
+  (void)forEachSlotRun(slots, tokens, int(bt), [&](int64_t first, int32_t nk) {
+    if (runs++ == 0) keys->first = first;
+    count += nk;
+    return attnSuccess;
+  });
+  keys->count = int32_t(count);
+  keys->rows.clear();
+  keys->pos.resize(size_t(count));
+  int32_t* pos = keys->pos.data();
+  if (runs > 1) keys->rows.resize(size_t(count));
+  int64_t* row = keys->rows.data();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::memcpy(pos, pool.pos(slots[i]), size_t(tokens[i]) * sizeof(int32_t));
+    pos += tokens[i];
+    if (runs > 1)
+      for (int32_t t = 0; t < tokens[i]; ++t) *row++ = slots[i] * bt + t;
+  }
+}
+
+cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
+                               const int32_t* qPos, const KvKeys& keys, const int64_t* keyRows,
+                               const int32_t* keyPos) {
   const attnKvPoolConfig_t& pc = pool.config();
+  const int64_t base = keys.rows.empty() ? keys.first : 0;
   cpu::AttnProblem p;
   p.q = q;
-  p.k = pool.k(first);
-  p.v = pool.v(first);
+  p.k = pool.k(base);
+  p.v = pool.v(base);
   p.dtype = pc.dtype;
   p.nq = rows;
-  p.nk = keys;
+  p.nk = keys.count;
   p.num_q_heads = h.numQHeads;
   p.num_kv_heads = pc.num_kv_heads;
   p.head_dim = pc.head_dim;
   p.scale = h.scale;
   p.causal = h.causal != 0;
   p.q_pos = qPos;
-  p.k_pos = pool.pos(first);
+  p.k_pos = keyPos;
+  p.k_rows = keys.rows.empty() ? nullptr : keyRows;
   return p;
 }
 

@@ -67,11 +67,27 @@ class KvAttnCompute {
   virtual attnResult_t finish() = 0;
 };
 
-// `rows` queries (q and qPos in the memory the kernel reads) over the keys
-// of the run of `keys` tokens from slot `first`; k_pos is the pool's host
-// copy (a device kernel points it at an uploaded one).
-cpu::AttnProblem kvRunProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
-                              const int32_t* qPos, int64_t first, int32_t keys);
+// A request's keys in this pool (its slots, in order), for one kernel call
+// however its blocks are scattered. When the slots are one run of
+// consecutive blocks the keys are contiguous rows from slot `first`'s and
+// `rows` stays empty; else `rows` holds each key's row counted from slot
+// 0's (paged K/V, cpu::AttnProblem::k_rows). `pos`: the keys' positions.
+struct KvKeys {
+  int64_t first = 0;
+  int32_t count = 0;
+  std::vector<int64_t> rows;
+  std::vector<int32_t> pos;
+};
+void kvKeysOf(KvPool& pool, const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens,
+              KvKeys* keys);
+
+// `rows` queries (q and qPos in the memory the kernel reads) over `keys`,
+// whose row table and positions the kernel reads at keyRows (null when
+// keys.rows is empty) and keyPos: the host copies, or a device kernel's
+// uploaded ones.
+cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
+                               const int32_t* qPos, const KvKeys& keys, const int64_t* keyRows,
+                               const int32_t* keyPos);
 
 // Checks the arguments against the pool's front (the text names what is
 // wrong).

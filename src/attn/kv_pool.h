@@ -176,7 +176,7 @@ class KvPool {
 };
 
 // Calls f(firstSlot, keys) for each run of consecutive slots (all full but
-// maybe the last), whose keys are contiguous: one kernel call each.
+// maybe the last), whose keys are contiguous rows.
 template <typename F>
 attnResult_t forEachSlotRun(const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens,
                             int blockTokens, F f) {

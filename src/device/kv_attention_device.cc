@@ -3,12 +3,14 @@
 // kernels. Runs on the communicator's proxy thread, on the compute stream of
 // its DeviceAttnState, whose buffers it borrows for the call:
 //  - R.acc: this rank's fp32 accumulator (O, then LSE);
-//  - R.metaStage -> R.meta: positions of this rank's queries and of the keys
-//    of every run of its slots;
-//  - R.hostOut -> R.block[0]: one peer's queries, their positions and their
-//    keys' positions; R.visit: the partial computed for that peer;
+//  - R.metaStage -> R.meta: positions of this rank's queries, and the key
+//    tables (kv_attention.h KvKeys: positions, and rows where the blocks
+//    are scattered) of its requests;
+//  - R.hostOut -> R.block[0]: one peer's queries, their positions and the
+//    key tables of its requests; R.visit: the partial computed for that peer;
 //  - R.part: a reply being folded.
-// Positions live on the host with the books and go up with each call.
+// Positions live on the host with the books and go up with each call. Each
+// request is one kernel launch, however its blocks are scattered.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,27 +28,34 @@ namespace {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-// Key positions of every run of `slots`, packed: one offset per run.
-struct RunPositions {
-  std::vector<int64_t> first;
-  std::vector<int32_t> keys;
-  std::vector<size_t> offset;  // in int32 elements from the section's start
-  size_t total = 0;
+// The key tables of several requests, packed for one upload: each
+// request's row table (8-byte entries) then its positions.
+struct KeyTables {
+  std::vector<KvKeys> keys;
+  std::vector<size_t> rowsAt, posAt;  // byte offsets from the section's start
+  size_t bytes = 0;
+  void add(KvPool& pool, const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens) {
+    keys.emplace_back();
+    kvKeysOf(pool, slots, tokens, &keys.back());
+    const KvKeys& k = keys.back();
+    rowsAt.push_back(bytes);
+    bytes += k.rows.size() * sizeof(int64_t);
+    posAt.push_back(bytes);
+    bytes = align256(bytes + k.pos.size() * sizeof(int32_t));
+  }
+  void write(char* dst) const {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::memcpy(dst + rowsAt[i], keys[i].rows.data(), keys[i].rows.size() * sizeof(int64_t));
+      std::memcpy(dst + posAt[i], keys[i].pos.data(), keys[i].pos.size() * sizeof(int32_t));
+    }
+  }
+  // Request i's problem, its table read from `dev` (the uploaded section).
+  cpu::AttnProblem problem(KvPool& pool, size_t i, const KvQueryHeader& h, const void* q, int32_t rows,
+                           const int32_t* qPos, const char* dev) const {
+    return kvKeysProblem(pool, h, q, rows, qPos, keys[i], reinterpret_cast<const int64_t*>(dev + rowsAt[i]),
+                         reinterpret_cast<const int32_t*>(dev + posAt[i]));
+  }
 };
-void addRuns(KvPool& pool, const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens,
-             RunPositions* rp) {
-  (void)forEachSlotRun(slots, tokens, pool.config().block_tokens, [&](int64_t first, int32_t nk) {
-    rp->first.push_back(first);
-    rp->keys.push_back(nk);
-    rp->offset.push_back(rp->total);
-    rp->total += size_t(nk);
-    return attnSuccess;
-  });
-}
-void writeRuns(KvPool& pool, const RunPositions& rp, int32_t* dst) {
-  for (size_t i = 0; i < rp.first.size(); ++i)
-    std::memcpy(dst + rp.offset[i], pool.pos(rp.first[i]), size_t(rp.keys[i]) * sizeof(int32_t));
-}
 
 class DeviceKvAttnCompute : public KvAttnCompute {
  public:
@@ -72,15 +81,11 @@ class DeviceKvAttnCompute : public KvAttnCompute {
                      std::vector<float>* result) override {
     const attnKvPoolConfig_t& pc = pool_.config();
     const size_t rb = size_t(h.numQHeads) * size_t(pc.head_dim) * dataTypeSize(pc.dtype);
-    RunPositions runs;
-    std::vector<size_t> runsOf(reqs.size() + 1, 0);
-    for (size_t j = 0; j < reqs.size(); ++j) {
-      addRuns(pool_, reqs[j].slots, reqs[j].tokens, &runs);
-      runsOf[j + 1] = runs.first.size();
-    }
-    // Staged layout: queries, their positions, the keys' positions.
-    const size_t qAt = 0, qPosAt = align256(size_t(rows) * rb), kPosAt = align256(qPosAt + size_t(rows) * 4);
-    const size_t bytes = kPosAt + runs.total * 4 + 64;
+    KeyTables tables;
+    for (const KvServedRequest& r : reqs) tables.add(pool_, r.slots, r.tokens);
+    // Staged layout: queries, their positions, the key tables.
+    const size_t qAt = 0, qPosAt = align256(size_t(rows) * rb), keysAt = align256(qPosAt + size_t(rows) * 4);
+    const size_t bytes = keysAt + tables.bytes + 64;
     ATTN_CHECK(R_.hostOut.reserve(bytes));
     ATTN_CHECK(R_.block[0].reserve(bytes, s_));
     char* host = R_.hostOut.base();
@@ -90,7 +95,7 @@ class DeviceKvAttnCompute : public KvAttnCompute {
       std::memcpy(host + qPosAt + row * 4, r.pos, size_t(r.rows) * 4);
       row += size_t(r.rows);
     }
-    writeRuns(pool_, runs, reinterpret_cast<int32_t*>(host + kPosAt));
+    tables.write(host + keysAt);
     char* dev = R_.block[0].get();
     ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes - 64, cudaMemcpyHostToDevice, s_));
 
@@ -103,10 +108,10 @@ class DeviceKvAttnCompute : public KvAttnCompute {
     row = 0;
     for (size_t j = 0; j < reqs.size(); ++j) {
       const KvServedRequest& r = reqs[j];
-      for (size_t k = runsOf[j]; k < runsOf[j + 1] && r.rows > 0; ++k) {
-        cpu::AttnProblem p = problem(h, dev + qAt + row * rb, r.rows,
-                                     reinterpret_cast<const int32_t*>(dev + qPosAt) + row, runs, k);
-        p.k_pos = reinterpret_cast<const int32_t*>(dev + kPosAt) + runs.offset[k];
+      if (r.rows > 0 && tables.keys[j].count > 0) {
+        const cpu::AttnProblem p = tables.problem(pool_, j, h, dev + qAt + row * rb, r.rows,
+                                                  reinterpret_cast<const int32_t*>(dev + qPosAt) + row,
+                                                  dev + keysAt);
         ATTN_CHECK(cuda::attentionAccumulate(p, o + row * h.numQHeads * od, l + row * h.numQHeads, exec()));
       }
       row += size_t(r.rows);
@@ -119,34 +124,33 @@ class DeviceKvAttnCompute : public KvAttnCompute {
   }
 
   attnResult_t own(const std::vector<KvOwnWork>& work) override {
-    RunPositions runs;
-    std::vector<size_t> runsOf(work.size() + 1, 0);
-    for (size_t j = 0; j < work.size(); ++j) {
-      addRuns(pool_, work[j].slots, work[j].tokens, &runs);
-      runsOf[j + 1] = runs.first.size();
+    KeyTables tables;
+    bool any = false;
+    for (const KvOwnWork& w : work) {
+      tables.add(pool_, w.slots, w.tokens);
+      any = any || tables.keys.back().count > 0;
     }
-    if (runs.first.empty()) return attnSuccess;
+    if (!any) return attnSuccess;
     const int64_t rows = a_.rows();
-    const size_t qPosAt = 0, kPosAt = align256(size_t(rows) * 4);
-    const size_t bytes = kPosAt + runs.total * 4 + 64;
+    const size_t qPosAt = 0, keysAt = align256(size_t(rows) * 4);
+    const size_t bytes = keysAt + tables.bytes + 64;
     ATTN_CHECK(R_.metaStage.reserve(bytes));
     ATTN_CHECK(R_.meta.reserve(bytes, s_));
     char* host = R_.metaStage.base();
     if (a_.hasQPos) std::memcpy(host + qPosAt, a_.qPos.data(), size_t(rows) * 4);
     else std::memset(host + qPosAt, 0, size_t(rows) * 4);
-    writeRuns(pool_, runs, reinterpret_cast<int32_t*>(host + kPosAt));
+    tables.write(host + keysAt);
     char* dev = R_.meta.get();
     ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes - 64, cudaMemcpyHostToDevice, s_));
     const KvQueryHeader mine{hq_, a_.cfg.causal, a_.cfg.softmax_scale, 0};
     const size_t qRowBytes = size_t(hq_) * size_t(d_) * dataTypeSize(a_.cfg.dtype);
     for (size_t j = 0; j < work.size(); ++j) {
       const int32_t r0 = work[j].r0;
-      for (size_t k = runsOf[j]; k < runsOf[j + 1]; ++k) {
-        cpu::AttnProblem p = problem(mine, static_cast<const char*>(a_.q) + size_t(r0) * qRowBytes, work[j].rows,
-                                     reinterpret_cast<const int32_t*>(dev + qPosAt) + r0, runs, k);
-        p.k_pos = reinterpret_cast<const int32_t*>(dev + kPosAt) + runs.offset[k];
-        ATTN_CHECK(cuda::attentionAccumulate(p, accO_ + size_t(r0) * hq_ * d_, accL_ + size_t(r0) * hq_, exec()));
-      }
+      if (work[j].rows == 0 || tables.keys[j].count == 0) continue;
+      const cpu::AttnProblem p = tables.problem(pool_, j, mine, static_cast<const char*>(a_.q) + size_t(r0) * qRowBytes,
+                                                work[j].rows, reinterpret_cast<const int32_t*>(dev + qPosAt) + r0,
+                                                dev + keysAt);
+      ATTN_CHECK(cuda::attentionAccumulate(p, accO_ + size_t(r0) * hq_ * d_, accL_ + size_t(r0) * hq_, exec()));
     }
     return attnSuccess;
   }
@@ -185,12 +189,6 @@ class DeviceKvAttnCompute : public KvAttnCompute {
   }
 
  private:
-  // One run of keys (run k of `runs`) for `rows` queries; the caller points
-  // k_pos at where it staged the run's positions.
-  cpu::AttnProblem problem(const KvQueryHeader& h, const void* q, int32_t rows, const int32_t* qPos,
-                           const RunPositions& runs, size_t k) const {
-    return kvRunProblem(pool_, h, q, rows, qPos, runs.first[k], runs.keys[k]);
-  }
   cuda::AttnCudaExec exec() const {
     cuda::AttnCudaExec ex;
     ex.stream = s_;
