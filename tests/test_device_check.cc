@@ -111,6 +111,21 @@ class DeviceCheck : public ::testing::TestWithParam<Backend> {
   }
 };
 
+// An input of ones and an output of sentinels, uploaded on `s`.
+struct InOut {
+  TypedBuf in, out;
+  DevBuf din, dout;
+  InOut(size_t inCount, size_t outCount, cudaStream_t s)
+      : in(attnFloat32, inCount), out(attnFloat32, outCount), din(in, s), dout(out, s) {
+    in.Fill(1);
+    out.Fill(Sentinel(attnFloat32));
+    if (!ok()) return;
+    din.Upload(in, s);
+    dout.Upload(out, s);
+  }
+  bool ok() const { return din.ok() && dout.ok(); }
+};
+
 // The async error once the stream's work has run.
 attnResult_t AsyncAfter(attnComm_t comm, cudaStream_t s) {
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -138,13 +153,10 @@ TEST_P(DeviceCheck, MismatchedCallsFailEveryRankWithNothingWritten) {
     SCOPED_TRACE("mismatch " + std::to_string(int(m)));
     OnBackend(GetParam(), 3, [m](int rank, int n, attnComm_t comm, cudaStream_t s) {
       const bool odd = rank == n - 1;
-      TypedBuf in(attnFloat32, 64), out(attnFloat32, 64 * n);
-      in.Fill(1);
-      out.Fill(Sentinel(attnFloat32));
-      DevBuf din(in, s), dout(out, s);
-      ASSERT_TRUE(din.ok() && dout.ok());
-      din.Upload(in, s);
-      dout.Upload(out, s);
+      InOut b(64, 64 * size_t(n), s);
+      ASSERT_TRUE(b.ok());
+      TypedBuf& out = b.out;
+      DevBuf &din = b.din, &dout = b.dout;
       attnResult_t r = attnSuccess;
       switch (m) {
         case Mismatch::kOp:
@@ -180,15 +192,10 @@ TEST_P(DeviceCheck, ArgumentsRefusedOnOneRankFailThePeersCallNamingIt) {
     OnBackend(GetParam(), 3, [variant](int rank, int n, attnComm_t comm, cudaStream_t s) {
       const int refuser = variant % n;
       const bool refuses = rank == refuser;
-      TypedBuf in(attnFloat32, 64 * n), out(attnFloat32, 64 * n);
-      in.Fill(1);
-      out.Fill(Sentinel(attnFloat32));
-      DevBuf din(in, s), dout(out, s);
-      ASSERT_TRUE(din.ok() && dout.ok());
-      din.Upload(in, s);
-      dout.Upload(out, s);
-      float* src = static_cast<float*>(din.data());
-      float* dst = static_cast<float*>(dout.data());
+      InOut b(64 * size_t(n), 64 * size_t(n), s);
+      ASSERT_TRUE(b.ok());
+      float* src = static_cast<float*>(b.din.data());
+      float* dst = static_cast<float*>(b.dout.data());
       std::vector<size_t> counts(n, 8), displs(n);
       for (int p = 0; p < n; ++p) displs[p] = 8 * p;
       std::vector<size_t> bad = displs;
