@@ -348,6 +348,14 @@ ATTN_API attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff,
                                     attnRedOp_t op, attnComm_t comm,
                                     attnStream_t stream);
 
+/* recvbuff on root = op over ranks of sendbuff; recvbuff is not touched
+ * (and may be NULL) on the other ranks. In place when sendbuff == recvbuff
+ * on the root. As ncclReduce. */
+ATTN_API attnResult_t attnReduce(const void* sendbuff, void* recvbuff,
+                                 size_t count, attnDataType_t datatype,
+                                 attnRedOp_t op, int root, attnComm_t comm,
+                                 attnStream_t stream);
+
 /* recvbuff on every rank = sendbuff of root (sendbuff is read on root only).
  * In place when sendbuff == recvbuff. */
 ATTN_API attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff,

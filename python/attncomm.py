@@ -152,6 +152,7 @@ _AllGather = _declare("attnAllGather", _p, _p, ctypes.c_size_t, ctypes.c_int, _c
 _ReduceScatter = _declare("attnReduceScatter", _p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _comm, _p)
 _AllReduce = _declare("attnAllReduce", _p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _comm, _p)
 _Broadcast = _declare("attnBroadcast", _p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _comm, _p)
+_Reduce = _declare("attnReduce", _p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, _comm, _p)
 _AllToAll = _declare("attnAllToAll", _p, _p, ctypes.c_size_t, ctypes.c_int, _comm, _p)
 _szp = ctypes.POINTER(ctypes.c_size_t)
 _AllToAllv = _declare("attnAllToAllv", _p, _szp, _szp, _p, _szp, _szp, ctypes.c_int, _comm, _p)
@@ -546,6 +547,20 @@ class Comm:
         rp, rn, t = _buffer(recv)
         sp = _buffer(send)[0] if send is not None else None
         self._queued(_check(_Broadcast(sp, rp, rn, t, root, self._h, _stream(stream)), self._h, "attnBroadcast"),
+                     send, recv)
+
+    def reduce(self, send, recv, op=SUM, root=0, stream=None):
+        """attnReduce: recv on `root` gets op over every rank's send; the
+        other ranks may pass recv=None (theirs is not touched)."""
+        sp, sn, t = _buffer(send)
+        rp = None
+        if recv is not None:
+            rp, rn, rt = _buffer(recv)
+            if rt != t:
+                raise AttnError(INVALID_ARGUMENT, "send and receive buffers differ in dtype")
+            if rn < sn:
+                raise AttnError(INVALID_ARGUMENT, f"receive buffer holds {rn} elements, needs {sn}")
+        self._queued(_check(_Reduce(sp, rp, sn, t, op, root, self._h, _stream(stream)), self._h, "attnReduce"),
                      send, recv)
 
     def all_to_all(self, send, recv, stream=None):

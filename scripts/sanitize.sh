@@ -44,7 +44,7 @@ if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
         -DATTN_CUDA_EMULATION=ON -DATTN_ENABLE_VERBS=OFF -DATTN_ENABLE_MPI=OFF
   cmake --build "$emu" -j "$(nproc)" --target test_cuda_emu test_device_comm test_device_staging \
         test_device_direct test_cuda_ipc test_device_fuzz test_device_check test_nccl_bridge all_gather_perf reduce_scatter_perf \
-        all_reduce_perf alltoall_perf broadcast_perf sendrecv_perf ring_attn_perf decode_attn_perf
+        all_reduce_perf alltoall_perf broadcast_perf reduce_perf sendrecv_perf ring_attn_perf decode_attn_perf
   (cd "$emu" && ctest -L device --output-on-failure --timeout 900 -j "${CTEST_JOBS:-2}" \
         -E '^simt\.|^Cuda(Simt|Attention|Merge|Pack|Reduce|KernelsArgs)\.')
 fi

@@ -24,6 +24,6 @@ if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
         test_device_direct test_cuda_ipc test_device_fuzz test_device_check \
         test_cuda_simt test_cuda_kernels test_device_comm_simt \
         test_nccl_bridge all_gather_perf reduce_scatter_perf all_reduce_perf alltoall_perf \
-        broadcast_perf sendrecv_perf ring_attn_perf decode_attn_perf level_attn_perf kv_attn_perf
+        broadcast_perf reduce_perf sendrecv_perf ring_attn_perf decode_attn_perf level_attn_perf kv_attn_perf
   (cd "$EMU_DIR" && ctest -L device --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")
 fi

@@ -1,4 +1,4 @@
-// The standard collectives against host-computed exact results: every type x
+// The standard collectives (reduce included) against host-computed exact results: every type x
 // every reduction op x odd counts at N=3 threads; an N sweep (1..8) with a few
 // types; ranks as processes for N in {2,3,4,5,8}; the shm and tcp transports
 // forced by ATTN_TRANSPORT; in-place variants; a few >= 4 MiB cases.
@@ -24,15 +24,18 @@ std::string TypeParamName(const ::testing::TestParamInfo<attnDataType_t>& info) 
   return TypeName(info.param);
 }
 
-// Every op, every count, in and out of place: AllReduce and ReduceScatter.
+// Every op, every count, in and out of place: AllReduce, ReduceScatter and
+// Reduce (its root moving with the count).
 void ReductionMatrix(attnComm_t comm, int rank, int n, attnDataType_t t) {
   for (attnRedOp_t op : kAllOps)
     for (size_t count : kCounts)
       for (bool inPlace : {false, true}) {
         CheckAllReduce(comm, rank, n, t, op, count, inPlace);
         CheckReduceScatter(comm, rank, n, t, op, count, inPlace);
+        CheckReduce(comm, rank, n, t, op, count, int(count % size_t(n)), inPlace);
         if (::testing::Test::HasFatalFailure()) return;
       }
+  CheckReduce(comm, rank, n, t, attnSum, 77, n - 1, false, /*nullRecvOnNonRoot=*/true);
 }
 
 // AllGather, Broadcast from every root, AllToAll, AllToAllv, for every count.
@@ -88,11 +91,15 @@ void SweepBody(attnComm_t comm, int rank, int n, attnDataType_t t, std::atomic<i
       if (count == 65537 && op != attnSum && op != attnAvg) continue;
       CheckAllReduce(comm, rank, n, t, op, count, false);
       CheckReduceScatter(comm, rank, n, t, op, count, false);
+      CheckReduce(comm, rank, n, t, op, count, int((count + size_t(op)) % size_t(n)), false);
     }
     CheckAllGather(comm, rank, n, t, count, false);
     CheckAllToAll(comm, rank, n, t, count);
     if (count <= 1023)
-      for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, t, count, root, false);
+      for (int root = 0; root < n; ++root) {
+        CheckBroadcast(comm, rank, n, t, count, root, false);
+        CheckReduce(comm, rank, n, t, attnSum, count, root, root == 0);
+      }
     if (::testing::Test::HasFatalFailure()) return;
   }
   CheckBroadcast(comm, rank, n, t, 65537, n / 2, false);
@@ -132,6 +139,7 @@ void ProcessBody(attnComm_t comm, int rank, int n, std::atomic<int64_t>& counter
     CheckAllGather(comm, rank, n, attnFloat32, count, false);
     CheckAllToAll(comm, rank, n, attnFloat32, count);
     CheckBroadcast(comm, rank, n, attnFloat32, count, int(count % size_t(n)), false);
+    CheckReduce(comm, rank, n, attnFloat32, attnSum, count, int((count + 1) % size_t(n)), count == 7);
     if (::testing::Test::HasFatalFailure()) return;
   }
   for (attnDataType_t t : {attnInt8, attnFloat16}) {
@@ -170,6 +178,7 @@ TEST_P(TypeProcesses, N3) {
     for (attnRedOp_t op : kAllOps) {
       CheckAllReduce(comm, rank, n, t, op, 1023, op == attnMax);
       CheckReduceScatter(comm, rank, n, t, op, 7, op == attnMin);
+      CheckReduce(comm, rank, n, t, op, 1023, int(op) % n, op == attnProd);
     }
     CheckAllGather(comm, rank, n, t, 65537, false);
     for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, t, 1023, root, root == 1);
@@ -202,6 +211,7 @@ void TransportBody(attnComm_t comm, int rank, int n, const std::string& transpor
     CheckAllGather(comm, rank, n, attnInt32, count, false);
     CheckReduceScatter(comm, rank, n, attnBfloat16, attnMax, count, count == 7);
     CheckBroadcast(comm, rank, n, attnUint8, count, 1 % n, false);
+    CheckReduce(comm, rank, n, attnFloat32, attnAvg, count, n - 1, count == 65537);
     CheckAllToAll(comm, rank, n, attnFloat64, count);
   }
   CheckAllToAllv(comm, rank, n, attnInt8, 1001);
@@ -248,6 +258,37 @@ TEST(ForcedTransportConfig, TcpThreadsN4) {
   }, opts);
 }
 
+// Both reduce algorithms forced (ATTN_REDUCE_ALGO), every root, in and out of
+// place, counts from empty to several chain chunks and uneven slices; over
+// tcp between processes too (where auto always runs the chain).
+class ForcedReduce : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(ForcedReduce, EveryRootN4) {
+  const auto [algo, processes] = GetParam();
+  RunOptions opts;
+  opts.env = {{"ATTN_REDUCE_ALGO", algo}, {"ATTN_CHUNK_SIZE", "8192"}};
+  if (processes) opts.env.push_back({"ATTN_TRANSPORT", "tcp"});
+  opts.deadline_ms = 180000;
+  auto body = [](int rank, int n, attnComm_t& comm) {
+    for (int root = 0; root < n; ++root)
+      for (size_t count : {size_t(0), size_t(3), size_t(1023), size_t(30011)}) {
+        CheckReduce(comm, rank, n, attnFloat32, attnSum, count, root, root % 2 == 1);
+        CheckReduce(comm, rank, n, attnBfloat16, attnAvg, count, root, false);
+        CheckReduce(comm, rank, n, attnInt64, attnMin, count, root, root == 0, /*nullRecvOnNonRoot=*/true);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  };
+  ScopedEnv env(opts.env);  // read at every call
+  if (processes) RunProcesses(4, body, opts);
+  else RunThreads(4, body, opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Algos, ForcedReduce,
+                         ::testing::Combine(::testing::Values("chain", "scatter"), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_processes_tcp" : "_threads");
+                         });
+
 // ---------------------------------------------------------------------------
 // At least 4 MiB per buffer.
 
@@ -259,6 +300,9 @@ TEST(Large, FourMiBThreadsN3) {
     CheckReduceScatter(comm, rank, n, attnFloat64, attnMax, (size_t(4) << 20) / 8 + 1, false);
     CheckAllGather(comm, rank, n, attnInt8, (size_t(4) << 20) + 5, true);
     CheckBroadcast(comm, rank, n, attnUint8, (size_t(4) << 20) + 1, 2, false);
+    // Many more chunks than the chain's window of slots.
+    CheckReduce(comm, rank, n, attnFloat32, attnSum, f32, 1, true);
+    CheckReduce(comm, rank, n, attnBfloat16, attnMax, (size_t(4) << 20) / 2 + 1, 0, false);
     CheckAllToAll(comm, rank, n, attnInt32, (size_t(4) << 20) / 4 / 3 + 7);
   });
 }
@@ -271,6 +315,7 @@ TEST(Large, FourMiBProcessesN2) {
     CheckAllReduce(comm, rank, n, attnFloat32, attnSum, f32, false);
     CheckAllGather(comm, rank, n, attnFloat16, (size_t(4) << 20) / 2 + 9, false);
     CheckBroadcast(comm, rank, n, attnInt64, (size_t(4) << 20) / 8 + 1, 1, true);
+    CheckReduce(comm, rank, n, attnFloat32, attnSum, f32, 0, false);
     CheckRingExchange(comm, rank, n, attnFloat32, f32);
   }, opts);
 }
@@ -295,6 +340,7 @@ TEST_P(ShareableBuffers, ProcessesN4) {
       CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, count == 65537);
       CheckReduceScatter(comm, rank, n, attnBfloat16, attnMax, count, false);
       CheckBroadcast(comm, rank, n, attnUint8, count, 1, count == 300001);
+      CheckReduce(comm, rank, n, attnInt32, attnSum, count, 2, count == 7);
     }
     CheckAllToAllv(comm, rank, n, attnInt8, 100001);
     CheckRingExchange(comm, rank, n, attnFloat16, 100003);
@@ -318,13 +364,14 @@ TEST(Collectives, MixedSequenceThreadsN4) {
       const attnDataType_t t = kAllTypes[step % 8];
       const attnRedOp_t op = kAllOps[(step / 8) % 5];
       const size_t count = size_t((step * 7919) % 3001);
-      switch (step % 6) {
+      switch (step % 7) {
         case 0: CheckAllReduce(comm, rank, n, t, op, count, step % 4 == 0); break;
         case 1: CheckReduceScatter(comm, rank, n, t, op, count, step % 4 == 1); break;
         case 2: CheckAllGather(comm, rank, n, t, count, step % 4 == 2); break;
         case 3: CheckBroadcast(comm, rank, n, t, count, step % n, step % 4 == 3); break;
         case 4: CheckAllToAll(comm, rank, n, t, count % 500); break;
         case 5: CheckAllToAllv(comm, rank, n, t, count % 97); break;
+        case 6: CheckReduce(comm, rank, n, t, op, count, (step / 7) % n, step % 3 == 0); break;
       }
       if (::testing::Test::HasFatalFailure()) return;
     }

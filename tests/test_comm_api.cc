@@ -278,6 +278,7 @@ void SplitBody(int rank, int n, attnComm_t comm) {
     CheckAllReduce(sub, sr, sn, attnInt8, attnProd, 77, true);
     CheckReduceScatter(sub, sr, sn, attnFloat64, attnAvg, 65, false);
     CheckBroadcast(sub, sr, sn, attnBfloat16, 500, sn - 1, false);
+    CheckReduce(sub, sr, sn, attnFloat32, attnMax, 333, sn - 1, false);
     CheckAllToAllv(sub, sr, sn, attnInt32, 17);
     // The parent still works while the child exists.
     CheckAllReduce(comm, rank, n, attnInt64, attnMin, 99, false);
@@ -703,6 +704,15 @@ std::vector<BadCall> BadCalls(int n) {
       {"Broadcast NULL recvbuff", attnInvalidArgument, [](attnComm_t c) { return attnBroadcast(buf, nullptr, 9, attnFloat32, 0, c, nullptr); }},
       {"Broadcast bad type", attnInvalidArgument, [bt](attnComm_t c) { return attnBroadcast(buf, buf, 4, bt, 0, c, nullptr); }},
       {"Broadcast stream", attnInvalidArgument, [st](attnComm_t c) { return attnBroadcast(buf, buf, 4, attnFloat32, 0, c, st); }},
+      // These run on rank 1: root 1 is the calling rank.
+      {"Reduce root -1", attnInvalidArgument, [](attnComm_t c) { return attnReduce(buf, buf, 4, attnFloat32, attnSum, -1, c, nullptr); }},
+      {"Reduce root n", attnInvalidArgument, [n](attnComm_t c) { return attnReduce(buf, buf, 4, attnFloat32, attnSum, n, c, nullptr); }},
+      {"Reduce NULL sendbuff", attnInvalidArgument, [](attnComm_t c) { return attnReduce(nullptr, buf, 4, attnFloat32, attnSum, 0, c, nullptr); }},
+      {"Reduce NULL recvbuff on the root", attnInvalidArgument, [](attnComm_t c) { return attnReduce(buf, nullptr, 4, attnFloat32, attnSum, 1, c, nullptr); }},
+      {"Reduce bad op", attnInvalidArgument, [bo](attnComm_t c) { return attnReduce(buf, buf, 4, attnFloat32, bo, 0, c, nullptr); }},
+      {"Reduce bad type", attnInvalidArgument, [bt](attnComm_t c) { return attnReduce(buf, buf, 4, bt, attnSum, 0, c, nullptr); }},
+      {"Reduce stream", attnInvalidArgument, [st](attnComm_t c) { return attnReduce(buf, buf, 4, attnFloat32, attnSum, 0, c, st); }},
+      {"Reduce partial overlap on the root", attnInvalidArgument, [](attnComm_t c) { return attnReduce(buf, buf + 2, 8, attnFloat32, attnSum, 1, c, nullptr); }},
       {"AllToAll NULL sendbuff", attnInvalidArgument, [](attnComm_t c) { return attnAllToAll(nullptr, buf, 2, attnFloat32, c, nullptr); }},
       {"AllToAll in place", attnInvalidArgument, [](attnComm_t c) { return attnAllToAll(buf, buf, 2, attnFloat32, c, nullptr); }},
       {"AllToAllv NULL counts", attnInvalidArgument, [](attnComm_t c) { return attnAllToAllv(buf, nullptr, displs, buf + 32, counts, displs, attnFloat32, c, nullptr); }},
@@ -766,9 +776,9 @@ TEST(ArgumentValidation, NullCommunicator) {
 TEST(ArgumentValidation, CountsOverflowingSizeAreRejected) {
   const size_t counts[] = {SIZE_MAX / 2, (SIZE_MAX / 4) + 1};  // x4 bytes: wraps / wraps to 0
   const char* const names[] = {"AllReduce", "AllGather", "ReduceScatter", "Broadcast",
-                               "AllToAll", "Send", "Recv"};
+                               "AllToAll", "Send", "Recv", "Reduce"};
   for (size_t count : counts)
-    for (int which = 0; which < 7; ++which) {
+    for (int which = 0; which < 8; ++which) {
       SCOPED_TRACE(std::string(names[which]) + " count=" + std::to_string(count));
       RunOptions opts;
       opts.deadline_ms = 20000;
@@ -787,6 +797,7 @@ TEST(ArgumentValidation, CountsOverflowingSizeAreRejected) {
             case 4: x = attnAllToAll(buf, buf + 32, count, attnFloat32, c[r], nullptr); break;
             case 5: x = attnSend(buf, count, attnFloat32, 1 - r, c[r], nullptr); break;
             case 6: x = attnRecv(buf, count, attnFloat32, 1 - r, c[r], nullptr); break;
+            case 7: x = attnReduce(buf, buf + 32, count, attnFloat32, attnSum, 0, c[r], nullptr); break;
           }
           EXPECT_EQ(x, attnInvalidArgument) << "rank " << r << ": " << ResultName(x) << ": "
                                             << attnGetLastError(c[r]);
@@ -804,6 +815,7 @@ TEST(ArgumentValidation, ZeroCountWithNullBuffersIsFine) {
     ATTN_EXPECT_OK(comm, attnAllGather(nullptr, nullptr, 0, attnInt8, comm, nullptr));
     ATTN_EXPECT_OK(comm, attnReduceScatter(nullptr, nullptr, 0, attnInt64, attnMax, comm, nullptr));
     ATTN_EXPECT_OK(comm, attnBroadcast(nullptr, nullptr, 0, attnFloat16, 2, comm, nullptr));
+    ATTN_EXPECT_OK(comm, attnReduce(nullptr, nullptr, 0, attnInt32, attnProd, 1, comm, nullptr));
     ATTN_EXPECT_OK(comm, attnAllToAll(nullptr, nullptr, 0, attnBfloat16, comm, nullptr));
     CheckAllReduce(comm, rank, n, attnInt8, attnSum, 3, false);
   });

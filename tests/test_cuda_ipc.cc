@@ -215,6 +215,29 @@ class DeviceChecks {
         << What("Broadcast", t, count, false);
   }
 
+  // Non-roots pass no receive buffer (out of place) or their sendbuff (in
+  // place), which must keep its contents.
+  void Reduce(attnDataType_t t, attnRedOp_t op, size_t count, int root, bool inPlace) {
+    const bool isRoot = rank_ == root;
+    TypedBuf send(t, count), out(t, count);
+    for (size_t i = 0; i < count; ++i) send.Set(i, RedInput(op, t, rank_, n_, i));
+    out.Fill(Sentinel(t));
+    DevBuf dsend(send.bytes(), Order()), drecv(isRoot && !inPlace ? out.bytes() : 0, Order());
+    void* outPtr = inPlace ? dsend.get() : isRoot ? drecv.get() : nullptr;
+    Upload(dsend.get(), send, s_);
+    if (isRoot && !inPlace) Upload(outPtr, out, s_);
+    Run(attnReduce(dsend.get(), outPtr, count, t, op, root, comm_, Stream()));
+    if (isRoot) {
+      Download(&out, outPtr, s_);
+      EXPECT_TRUE(attn_test::BufEquals(out, 0, count, [&](size_t i) { return RedExpected(op, t, n_, i); }))
+          << What("Reduce", t, count, inPlace);
+    } else {
+      Download(&send, dsend.get(), s_);
+      EXPECT_TRUE(attn_test::BufEquals(send, 0, count, [&](size_t i) { return RedInput(op, t, rank_, n_, i); }))
+          << What("Reduce", t, count, inPlace) << ": a non-root's sendbuff changed";
+    }
+  }
+
   void AllToAll(attnDataType_t t, size_t count) {
     TypedBuf send(t, count * n_), out(t, count * n_);
     for (int p = 0; p < n_; ++p)
@@ -275,6 +298,9 @@ class DeviceChecks {
     AllReduce(attnInt64, attnProd, 3, false);  // fewer elements than ranks for n = 4
     Broadcast(attnFloat32, 777, n_ - 1);
     Broadcast(attnInt8, 5, 0);
+    Reduce(attnFloat32, attnSum, 1001, n_ - 1, false);
+    Reduce(attnBfloat16, attnAvg, 300, 0, true);
+    Reduce(attnInt32, attnMin, 2, n_ / 2, false);
     AllToAll(attnFloat32, 129);
     AllToAllv(attnFloat16, 37);
     attnResult_t async;
@@ -303,7 +329,7 @@ class DeviceChecks {
   int ops_ = 0;
 };
 
-constexpr int kOpsPerRank = 12;  // DeviceChecks::All
+constexpr int kOpsPerRank = 15;  // DeviceChecks::All
 
 TEST(CudaIpc, ThreadsSharingGpu0) {
   REQUIRE_GPU();

@@ -146,10 +146,10 @@ TEST_P(DeviceCheck, MatchingCallsStayExact) {
 }
 
 // The last rank disagrees with the others on one thing.
-enum class Mismatch { kOp, kCount, kKind };
+enum class Mismatch { kOp, kCount, kKind, kRoot };
 
 TEST_P(DeviceCheck, MismatchedCallsFailEveryRankWithNothingWritten) {
-  for (Mismatch m : {Mismatch::kOp, Mismatch::kCount, Mismatch::kKind}) {
+  for (Mismatch m : {Mismatch::kOp, Mismatch::kCount, Mismatch::kKind, Mismatch::kRoot}) {
     SCOPED_TRACE("mismatch " + std::to_string(int(m)));
     OnBackend(GetParam(), 3, [m](int rank, int n, attnComm_t comm, cudaStream_t s) {
       const bool odd = rank == n - 1;
@@ -169,6 +169,9 @@ TEST_P(DeviceCheck, MismatchedCallsFailEveryRankWithNothingWritten) {
           r = odd ? attnAllGather(din.data(), dout.data(), 16, attnFloat32, comm, AsStream(s))
                   : attnAllReduce(din.data(), dout.data(), 16, attnFloat32, attnSum, comm, AsStream(s));
           break;
+        case Mismatch::kRoot:
+          r = attnReduce(din.data(), dout.data(), 64, attnFloat32, attnSum, odd ? 1 : 0, comm, AsStream(s));
+          break;
       }
       ASSERT_EQ(r, attnSuccess) << "rank " << rank << ": the call itself is valid: " << attnGetLastError(comm);
       EXPECT_EQ(AsyncAfter(comm, s), attnInvalidUsage) << "rank " << rank << ": " << attnGetLastError(comm);
@@ -185,9 +188,9 @@ TEST_P(DeviceCheck, MismatchedCallsFailEveryRankWithNothingWritten) {
 // Each collective refused by one rank (another rank each time): a reduction
 // op out of range, a root out of range, a misplaced in-place send, a NULL
 // receive buffer, an all-to-all in place, overlapping all-to-allv receive
-// blocks.
+// blocks, a reduce root out of range.
 TEST_P(DeviceCheck, ArgumentsRefusedOnOneRankFailThePeersCallNamingIt) {
-  for (int variant = 0; variant < 6; ++variant) {
+  for (int variant = 0; variant < 7; ++variant) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     OnBackend(GetParam(), 3, [variant](int rank, int n, attnComm_t comm, cudaStream_t s) {
       const int refuser = variant % n;
@@ -212,6 +215,7 @@ TEST_P(DeviceCheck, ArgumentsRefusedOnOneRankFailThePeersCallNamingIt) {
           r = attnAllToAllv(src, counts.data(), displs.data(), dst, counts.data(), refuses ? bad.data() : displs.data(),
                             attnFloat32, comm, st);
           break;
+        case 6: r = attnReduce(src, dst, 16, attnFloat32, attnMax, refuses ? -2 : 1, comm, st); break;
       }
       const std::string what = "rank " + std::to_string(rank) + ": ";
       if (refuses) {

@@ -66,9 +66,13 @@ uint64_t RunCollectives(attnComm_t comm, int rank, int n) {
   attn_test::CheckDevAllReduce(comm, rank, n, attnFloat32, attnSum, 1, s);  // fewer elements than ranks
   // More than one 4 MiB chunk of the broadcast chain, from every root.
   for (int root = 0; root < n; ++root) attn_test::CheckDevBroadcast(comm, rank, n, attnFloat32, (5 << 20) / 4 + 3, root, s);
+  // Reduce to every root, over several scratch slices with a short last one.
+  for (int root = 0; root < n; ++root)
+    attn_test::CheckDevReduce(comm, rank, n, attnFloat32, root % 2 ? attnMax : attnSum, 30011, root, s);
+  attn_test::CheckDevReduce(comm, rank, n, attnBfloat16, attnAvg, 20483, n - 1, s);
   attn_test::CheckDevAllToAll(comm, rank, n, attnFloat32, 1500, s);
   attn_test::CheckDevAllToAllv(comm, rank, n, attnFloat32, s);
-  ops += 1 + n + 2;
+  ops += 1 + n + n + 1 + 2;
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   attnResult_t async = attnInternalError;
   EXPECT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
@@ -100,6 +104,18 @@ void RunOnHostBuffers(attnComm_t comm, int rank, int n) {
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   for (size_t i = 0; i < count; ++i)
     ASSERT_EQ(in[rank * count + i], float(n * 1000 + (rank * count + i) % 997)) << "reduce-scatter element " << i;
+  // Reduce into the last rank's pageable buffer.
+  for (size_t i = 0; i < count; ++i) in[i] = float((rank + 1) * 1000 + i % 997);
+  std::fill(out.begin(), out.end(), -1.f);
+  ASSERT_EQ(attnReduce(in.data(), rank == n - 1 ? out.data() : nullptr, count, attnFloat32, attnSum, n - 1, comm,
+                       AsStream(s)),
+            attnSuccess) << attnGetLastError(comm);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (size_t i = 0; i < count && rank == n - 1; ++i) {
+    double want = 0;
+    for (int r = 0; r < n; ++r) want += (r + 1) * 1000.0 + i % 997;
+    ASSERT_EQ(out[i], float(want)) << "reduce element " << i;
+  }
   cudaStreamDestroy(s);
 }
 
@@ -128,7 +144,7 @@ TEST(DeviceDirect, CollectivesHandDeviceBuffersToUcxBetweenThreads) {
     attn_test::RunThreads(n, [&](int rank, int nranks, attnComm_t& comm) {
       expected += RunCollectives(comm, rank, nranks);
       RunOnHostBuffers(comm, rank, nranks);
-      expected += 2;
+      expected += 3;
       RunGroup(comm, rank, nranks);
     }, o);
     EXPECT_EQ(attn::directCounters().ops.load() - ops, expected.load()) << n << " ranks";

@@ -51,10 +51,10 @@ struct Rng {
   bool chance(double p) { return (next() >> 11) * 0x1.0p-53 < p; }
 };
 
-enum class Kind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll, kAllToAllv, kGroup, kBarrier };
+enum class Kind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll, kAllToAllv, kGroup, kBarrier, kReduce };
 const char* KindName(Kind k) {
-  static const char* names[] = {"all-gather", "reduce-scatter", "all-reduce", "broadcast",
-                                "all-to-all", "all-to-allv", "group", "barrier"};
+  static const char* names[] = {"all-gather", "reduce-scatter", "all-reduce", "broadcast", "all-to-all",
+                                "all-to-allv", "group",          "barrier",    "reduce"};
   return names[static_cast<int>(k)];
 }
 
@@ -91,12 +91,13 @@ size_t PickCount(Rng& g, bool large) {
 Call MakeCall(Rng& g, int n) {
   static const Kind kinds[] = {Kind::kAllGather, Kind::kAllGather,   Kind::kReduceScatter, Kind::kReduceScatter,
                                Kind::kAllReduce, Kind::kAllReduce,   Kind::kBroadcast,     Kind::kAllToAll,
-                               Kind::kAllToAllv, Kind::kGroup,       Kind::kGroup,         Kind::kBarrier};
+                               Kind::kAllToAllv, Kind::kGroup,       Kind::kGroup,         Kind::kBarrier,
+                               Kind::kReduce};
   static const attnDataType_t types[] = {attnInt8,    attnUint8,   attnInt32,   attnInt64,
                                          attnFloat16, attnFloat32, attnFloat64, attnBfloat16};
   static const attnRedOp_t ops[] = {attnSum, attnProd, attnMax, attnMin, attnAvg};
   Call c;
-  c.kind = kinds[g.below(12)];
+  c.kind = kinds[g.below(13)];
   c.type = types[g.below(8)];
   c.op = ops[g.below(5)];
   c.count = PickCount(g, true);
@@ -228,6 +229,31 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
           << attnGetLastError(comm);
       dout.Download(&out, s);
       EXPECT_TRUE(attn_test::BufEquals(out, 0, cnt, [&](size_t i) { return pat(c.root, i); }));
+      break;
+    }
+    case Kind::kReduce: {
+      // In place, every rank passes sendbuff as recvbuff: only the root's changes.
+      TypedBuf in(t, cnt), out(t, cnt);
+      for (size_t i = 0; i < cnt; ++i) in.Set(i, red(rank, i));
+      out.Fill(Sentinel(t));
+      DevBuf din(in, s), dout(out, s);
+      ASSERT_TRUE(din.ok() && dout.ok());
+      din.Upload(in, s);
+      dout.Upload(out, s);
+      const bool isRoot = rank == c.root;
+      void* recv = c.inPlace ? din.data() : isRoot ? dout.data() : nullptr;
+      ASSERT_EQ(attnReduce(din.data(), recv, cnt, t, c.op, c.root, comm, AsStream(s)), attnSuccess)
+          << attnGetLastError(comm);
+      din.Download(&in, s);
+      dout.Download(&out, s);
+      if (isRoot)
+        EXPECT_TRUE(DevEquals(c.inPlace ? in : out, 0, cnt, [&](size_t i) { return RedExpected(c.op, t, n, i + salt); },
+                              Approximate(c)));
+      else
+        EXPECT_TRUE(attn_test::BufEquals(in, 0, cnt, [&](size_t i) { return red(rank, i); }))
+            << "a non-root's sendbuff changed";
+      if (!isRoot || c.inPlace)
+        EXPECT_TRUE(attn_test::BufEquals(out, 0, cnt, [&](size_t) { return Sentinel(t); }));
       break;
     }
     case Kind::kAllToAll: {

@@ -89,9 +89,10 @@ size_t RunSuite(attnComm_t comm, int rank, int n) {
     }
   }
   attn_test::CheckDevBroadcast(comm, rank, n, attnFloat32, 4099, n - 1, s);
+  attn_test::CheckDevReduce(comm, rank, n, attnFloat32, attnSum, 4099, 1 % n, s);  // non-roots copy nothing up
   attn_test::CheckDevAllToAll(comm, rank, n, attnFloat32, 1500, s);
   CheckInPlace(comm, rank, n, 2500, s);
-  slices += Slices(4099, attnFloat32) + Slices(1500, attnFloat32) + 2 * Slices(2500, attnFloat32);
+  slices += 2 * Slices(4099, attnFloat32) + Slices(1500, attnFloat32) + 2 * Slices(2500, attnFloat32);
   // One slice or less: unpipelined, as before.
   attn_test::CheckDevAllReduce(comm, rank, n, attnFloat32, attnSum, 1024, s);
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);

@@ -309,7 +309,7 @@ TEST(Faults, RankNeverJoinsInitTimesOutThreads) {
 // rank, with a message about the mismatch, without hanging and without
 // writing outside the buffers.
 
-enum class Mismatch { kCount, kType, kRoot, kOp, kKind };
+enum class Mismatch { kCount, kType, kRoot, kOp, kKind, kReduceRoot };
 
 void MismatchBody(int rank, int n, attnComm_t comm, Mismatch m) {
   const int odd = n - 1;  // the rank that disagrees
@@ -333,6 +333,9 @@ void MismatchBody(int rank, int n, attnComm_t comm, Mismatch m) {
       r = attnAllReduce(send.data(), recv.data(), 16, attnFloat32, rank == odd ? attnMax : attnSum,
                         comm, nullptr);
       break;
+    case Mismatch::kReduceRoot:
+      r = attnReduce(send.data(), recv.data(), 16, attnFloat32, attnSum, rank == odd ? 1 : 0, comm, nullptr);
+      break;
     case Mismatch::kKind:
       r = rank == odd ? attnAllGather(send.data(), recv.data(), 4, attnFloat32, comm, nullptr)
                       : attnAllReduce(send.data(), recv.data(), 4, attnFloat32, attnSum, comm, nullptr);
@@ -352,7 +355,7 @@ void MismatchBody(int rank, int n, attnComm_t comm, Mismatch m) {
 class CheckMismatch : public ::testing::TestWithParam<Mismatch> {};
 
 std::string MismatchName(const ::testing::TestParamInfo<Mismatch>& info) {
-  static const char* const kNames[] = {"Count", "Type", "Root", "Op", "Kind"};
+  static const char* const kNames[] = {"Count", "Type", "Root", "Op", "Kind", "ReduceRoot"};
   return kNames[int(info.param)];
 }
 
@@ -370,7 +373,7 @@ TEST_P(CheckMismatch, ThreadsN3) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CheckMismatch,
                          ::testing::Values(Mismatch::kCount, Mismatch::kType, Mismatch::kRoot,
-                                           Mismatch::kOp, Mismatch::kKind),
+                                           Mismatch::kOp, Mismatch::kKind, Mismatch::kReduceRoot),
                          MismatchName);
 
 TEST(CheckMismatchProcesses, CountN3) {
@@ -396,6 +399,7 @@ TEST(CheckMismatch, MatchingCallsStillExact) {
     CheckAllGather(comm, rank, n, attnInt8, 7, true);
     for (int root = 0; root < n; ++root) CheckBroadcast(comm, rank, n, attnInt64, 5, root, false);
     CheckReduceScatter(comm, rank, n, attnFloat16, attnMin, 33, false);
+    for (int root = 0; root < n; ++root) CheckReduce(comm, rank, n, attnInt32, attnProd, 5, root, root == 1);
     CheckAllToAll(comm, rank, n, attnUint8, 9);
     CheckAllToAllv(comm, rank, n, attnFloat64, 3);
   }, opts);
@@ -414,7 +418,7 @@ void OneRankRefusesCollective(int rank, int n, attnComm_t comm, bool nonBlocking
   for (int p = 0; p < n; ++p) displs[p] = 8 * p;
   std::vector<size_t> badDispls = displs;
   badDispls[0] = badDispls[1];  // two peers' receive blocks overlap
-  for (int variant = 0; variant < 7; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     if (only >= 0 && variant != only) continue;
     const int refuser = variant % n;
     const bool refuses = rank == refuser;
@@ -432,6 +436,7 @@ void OneRankRefusesCollective(int rank, int n, attnComm_t comm, bool nonBlocking
                           refuses ? badDispls.data() : displs.data(), attnFloat32, comm, nullptr);
         break;
       case 6: r = attnBarrier(comm, refuses ? reinterpret_cast<attnStream_t>(0x10) : nullptr); break;
+      case 7: r = attnReduce(s, d, 16, attnFloat32, attnSum, refuses ? -1 : 0, comm, nullptr); break;
     }
     if (nonBlocking && !refuses) {
       EXPECT_EQ(r, attnInProgress) << "variant " << variant << ", rank " << rank;
@@ -474,7 +479,7 @@ TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepThreads) {
 TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepNonBlocking) {
   attnConfig_t cfg;
   const RunOptions opts = CheckedOptions(&cfg, false);
-  for (int variant = 0; variant < 7; ++variant)
+  for (int variant = 0; variant < 8; ++variant)
     RunThreads(2, [&](int rank, int n, attnComm_t& comm) { OneRankRefusesCollective(rank, n, comm, true, variant); },
                opts);
 }

@@ -237,6 +237,31 @@ TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
 }
 
 // ATTN_STAGE_MAX: the default, a value, and 0 for "never stage".
+TEST(AlgoSelect, ReduceScatterOnlyForMidSizesOnSingleCopyLinks) {
+  using attn::ReduceSetting;
+  const size_t mid = size_t(512) << 10;
+  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, true, mid));
+  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kAuto, 3, true, attn::kReduceScatterMin));
+  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kAuto, 3, true, attn::kReduceScatterMax));
+  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, false, mid));  // another host, or tcp
+  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 2, true, mid));   // nothing to spread
+  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, true, attn::kReduceScatterMin - 1));
+  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, true, attn::kReduceScatterMax + 1));
+  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kScatter, 2, false, 1));
+  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kScatter, 1, true, mid));  // one rank: a copy
+  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kChain, 4, true, mid));
+  ReduceSetting s;
+  for (const auto& [v, want] : std::vector<std::pair<std::string, ReduceSetting>>{
+           {"", ReduceSetting::kAuto}, {"auto", ReduceSetting::kAuto}, {"chain", ReduceSetting::kChain},
+           {"scatter", ReduceSetting::kScatter}}) {
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", v}});
+    ASSERT_EQ(attn::readReduceSetting(&s), attnSuccess) << v;
+    EXPECT_EQ(s, want) << v;
+  }
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", "tree"}});
+  EXPECT_EQ(attn::readReduceSetting(&s), attnInvalidArgument);
+}
+
 TEST(AlgoSelect, StageLimitFromEnvironment) {
   {
     ScopedEnv env(std::vector<std::pair<std::string, std::string>>{});
@@ -265,6 +290,7 @@ void CollectiveMatrix(attnComm_t comm, int rank, int n) {
         CheckReduceScatter(comm, rank, n, t, op, 5, inPlace);
         CheckAllReduce(comm, rank, n, t, op, 13, inPlace);
         CheckAllReduce(comm, rank, n, t, op, 1, inPlace);  // fewer elements than ranks
+        CheckReduce(comm, rank, n, t, op, 13, int(op) % n, inPlace);
       }
       if (::testing::Test::HasFatalFailure()) return;
     }
@@ -272,6 +298,7 @@ void CollectiveMatrix(attnComm_t comm, int rank, int n) {
     CheckAllGather(comm, rank, n, t, 3001, false);
     CheckReduceScatter(comm, rank, n, t, attnSum, 3001, false);
     CheckAllReduce(comm, rank, n, t, attnMax, 12007, true);
+    CheckReduce(comm, rank, n, t, attnSum, 12007, n - 1, false);  // the chain along the proximity ring
   }
 }
 

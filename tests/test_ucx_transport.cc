@@ -269,6 +269,7 @@ void CollectivesBody(attnComm_t comm, int rank, int n, bool big) {
     attn_test::CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, false);
     attn_test::CheckAllToAll(comm, rank, n, attnFloat64, count);
     attn_test::CheckBroadcast(comm, rank, n, attnUint8, count, 1 % n, false);
+    attn_test::CheckReduce(comm, rank, n, attnInt32, attnMax, count, n - 1, count == 1);
   }
   attn_test::CheckRingExchange(comm, rank, n, attnFloat16, 10007);
   if (big) attn_test::CheckAllReduce(comm, rank, n, attnFloat32, attnSum, (size_t(4) << 20) / 4 + 3, true);

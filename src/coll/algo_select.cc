@@ -40,6 +40,20 @@ attnResult_t readAllToAllSetting(AllToAllSetting* out) {
                   v->c_str());
 }
 
+attnResult_t readReduceSetting(ReduceSetting* out) {
+  std::optional<std::string> v = envString("ATTN_REDUCE_ALGO");
+  if (!v || v->empty() || *v == "auto") { *out = ReduceSetting::kAuto; return attnSuccess; }
+  if (*v == "chain") { *out = ReduceSetting::kChain; return attnSuccess; }
+  if (*v == "scatter") { *out = ReduceSetting::kScatter; return attnSuccess; }
+  return setError(attnInvalidArgument, "ATTN_REDUCE_ALGO='%s' is not one of chain, scatter, auto", v->c_str());
+}
+
+bool chooseReduceScatter(ReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
+  if (nranks < 2 || s == ReduceSetting::kChain) return false;
+  if (s == ReduceSetting::kScatter) return true;
+  return nranks > 2 && singleCopy && bytes >= kReduceScatterMin && bytes <= kReduceScatterMax;
+}
+
 AllToAllSchedule chooseAllToAllSchedule(AllToAllSetting s, bool allShm, size_t maxBlock) {
   if (s == AllToAllSetting::kStepped) return AllToAllSchedule::kStepped;
   if (s == AllToAllSetting::kConcurrent) return AllToAllSchedule::kConcurrent;
@@ -196,6 +210,21 @@ AllToAllSchedule pickAllToAllSchedule(attnComm* comm, AllToAllSetting s, size_t 
               maxBlock);
   }
   return a;
+}
+
+bool pickReduceScatter(attnComm* comm, ReduceSetting s, size_t bytes) {
+  const CollTopo& t = collTopo(comm);
+  const bool scatter = chooseReduceScatter(s, comm->nranks, t.singleCopy, bytes);
+  const unsigned bit = 1u << (scatter ? 1 : 0);
+  if (!(comm->collTopo->loggedReduce & bit)) {
+    comm->collTopo->loggedReduce |= bit;
+    ATTN_INFO(kLogColl, "Reduce: %s (%s; %zu bytes)", scatter ? "reduce-scatter + gather" : "chain",
+              s != ReduceSetting::kAuto ? "ATTN_REDUCE_ALGO"
+              : t.singleCopy            ? "one host, single-copy shm"
+                                        : "not all peers on this host by shm",
+              bytes);
+  }
+  return scatter;
 }
 
 std::vector<Block> blocksByRing(const Ring& ring, const std::vector<Block>& byRank) {

@@ -88,6 +88,7 @@ struct CollTopo {
   bool allShm = true;       // this rank reaches every peer by shm (all-to-all schedule)
   unsigned logged = 0;  // (collective, algorithm) pairs already logged
   unsigned loggedAllToAll = 0;  // all-to-all schedules already logged
+  unsigned loggedReduce = 0;    // reduce algorithms already logged
   // The staged direct all-gather's copy of this rank's block: peers keep
   // their mapping of it from call to call. Collectives on one communicator
   // run one at a time, so one buffer serves them all.
@@ -137,6 +138,23 @@ attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, c
 // pipelined chain.
 constexpr size_t kDirectBroadcastMin = size_t(32) << 10;
 attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, size_t elemSize);
+// Reduce: ATTN_REDUCE_ALGO=chain|scatter|auto (default auto), read at every
+// call. chain: the pipelined chain along the proximity ring, turned so
+// that it ends at the root. scatter: a reduce-scatter (the all-reduce's
+// algorithm) and a gather of the slices to the root. auto: scatter where it
+// measured faster (3+ ranks on one host over shm, kReduceScatterMin to
+// kReduceScatterMax bytes: perf/RESULTS.md §1), else the chain.
+enum class ReduceSetting { kAuto, kChain, kScatter };
+constexpr size_t kReduceScatterMin = size_t(128) << 10;
+constexpr size_t kReduceScatterMax = size_t(2) << 20;
+attnResult_t readReduceSetting(ReduceSetting* out);
+bool chooseReduceScatter(ReduceSetting s, int nranks, bool singleCopy, size_t bytes);
+// The choice for this communicator (logs each new one once at INFO).
+bool pickReduceScatter(attnComm* comm, ReduceSetting s, size_t bytes);
+// reduce of `count` elements to `root`; `out` is the root's (ignored
+// elsewhere); attnAvg divides there.
+attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in, char* out, size_t count,
+                       attnDataType_t type, attnRedOp_t op);
 // all-reduce of `count` elements: reduce-scatter, then all-gather, both by
 // the same algorithm. attnAvg divides this rank's share in between.
 attnResult_t runAllReduce(attnComm* comm, AlgoSetting s, const char* in, char* out, size_t count,

@@ -75,6 +75,12 @@ attnResult_t hierReduceScatterv(Engine& e, const Hierarchy& h, int me, const cha
 // Pipelined chain broadcast from ring position 0 along the ring. On the
 // root `buf` holds the data; elsewhere it receives it.
 attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes, size_t chunk);
+// Pipelined chain reduce of `count` elements towards ring position n-1 (the
+// root), whose `out` (may alias `in`) receives op over every rank's `in`;
+// `out` is not touched elsewhere. attnAvg is the caller's (sum, then
+// divide). Partials wait in a window of chunk slots in the engine's scratch.
+attnResult_t chainReduce(Engine& e, const Ring& ring, const char* in, char* out, size_t count,
+                         attnDataType_t type, attnRedOp_t op, size_t chunk);
 // Direct broadcast: the root sends `bytes` from `src` to every rank at once;
 // the others receive them into `buf`.
 attnResult_t directBroadcast(Engine& e, int root, const char* src, char* buf, size_t bytes);

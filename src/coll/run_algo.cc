@@ -1,8 +1,10 @@
-// Bodies of the public all-gather / reduce-scatter / all-reduce / broadcast:
-// choose the flat ring (proximity order), the hierarchical or the direct
-// algorithm (the chain or the direct one for broadcast), then run it.
+// Bodies of the public all-gather / reduce-scatter / all-reduce / broadcast /
+// reduce: choose the flat ring (proximity order), the hierarchical or the
+// direct algorithm (the chain or the direct one for broadcast; the chain for
+// reduce), then run it.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "kernels/cpu/reduce.h"
 #include "src/coll/algo_select.h"
@@ -13,7 +15,7 @@
 namespace attn {
 
 namespace {
-enum CollIndex { kAllGatherIdx = 0, kReduceScatterIdx = 1, kAllReduceIdx = 2 };
+enum CollIndex { kAllGatherIdx = 0, kReduceScatterIdx = 1, kAllReduceIdx = 2, kReduceIdx = 3 };
 
 size_t totalOf(const std::vector<Block>& blocks) {
   size_t t = 0;
@@ -117,6 +119,60 @@ attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, siz
   for (int i = 0; i < n; ++i) ring.ranks[i] = (root + i) % n;
   ring.pos = (me - root + n) % n;
   return chainBroadcast(*comm->engine, ring, buf, bytes, chunkBytes(elemSize) / 2);
+}
+
+// Reduce as reduce-scatter (every rank reduces a slice, by the all-reduce's
+// algorithm) and a gather of the slices to the root: no more than an
+// all-reduce moves, with the reductions spread over the ranks.
+static attnResult_t reduceScatterGather(attnComm* comm, int root, const char* in, char* out, size_t count,
+                                        attnDataType_t type, attnRedOp_t op) {
+  const int n = comm->nranks, me = comm->rank;
+  const size_t esz = dataTypeSize(type);
+  const std::vector<Block> blocks = splitEvenly(count, n, esz);
+  AlgoSetting s;
+  ATTN_CHECK(readAlgoSetting(&s));
+  const CollAlgo a = pickAlgo(comm, s, kReduceIdx, "Reduce's reduce-scatter", count * esz);
+  std::vector<char> slice(me == root ? 0 : blocks[me].bytes);
+  char* mine = me == root ? out + blocks[me].offset : slice.data();
+  ATTN_CHECK(reduceScatterWith(comm, a, in, mine, blocks, type, op));
+  Engine& e = *comm->engine;
+  if (me != root) {
+    Request req;
+    if (blocks[me].bytes == 0) return attnSuccess;
+    ATTN_CHECK(e.isend(root, mine, blocks[me].bytes, &req));
+    return e.wait(&req);
+  }
+  std::unique_ptr<Request[]> reqs(new Request[size_t(n)]);
+  std::vector<Request*> posted;
+  for (int p = 0; p < n; ++p) {
+    if (p == me || blocks[p].bytes == 0) continue;
+    ATTN_CHECK(e.irecv(p, out + blocks[p].offset, blocks[p].bytes, &reqs[size_t(p)]));
+    posted.push_back(&reqs[size_t(p)]);
+  }
+  for (Request* r : posted) ATTN_CHECK(e.wait(r));
+  for (int p = 0; p < n; ++p)
+    if (p != me && blocks[p].bytes && reqs[size_t(p)].bytes != blocks[p].bytes)
+      return setError(attnInvalidUsage, "reduce: rank %d sent %zu bytes of its slice where %zu were expected", p,
+                      reqs[size_t(p)].bytes, blocks[p].bytes);
+  return attnSuccess;
+}
+
+attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in, char* out, size_t count,
+                       attnDataType_t type, attnRedOp_t op) {
+  const CollTopo& t = collTopo(comm);
+  const int n = comm->nranks;
+  // The proximity ring, starting after the root so that it comes last.
+  const int rootPos = int(std::find(t.ring.ranks.begin(), t.ring.ranks.end(), root) - t.ring.ranks.begin());
+  Ring ring;
+  ring.ranks.resize(size_t(n));
+  for (int i = 0; i < n; ++i) ring.ranks[size_t(i)] = t.ring.at(rootPos + 1 + i);
+  ring.pos = (t.ring.pos - rootPos - 1 + 2 * n) % n;
+  const size_t esz = dataTypeSize(type), bytes = count * esz;
+  if (pickReduceScatter(comm, s, bytes)) return reduceScatterGather(comm, root, in, out, count, type, op);
+  ATTN_CHECK(chainReduce(*comm->engine, ring, in, out, count, type, op == attnAvg ? attnSum : op,
+                         chunkBytes(esz) / 2));
+  if (op == attnAvg && comm->rank == root) cpu::divideInPlace(out, count, type, n);
+  return attnSuccess;
 }
 
 attnResult_t runAllReduce(attnComm* comm, AlgoSetting s, const char* in, char* out, size_t count,

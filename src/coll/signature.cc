@@ -20,6 +20,7 @@ const char* collKindName(CollKind k) {
     case CollKind::kAllToAllv: return "AllToAllv";
     case CollKind::kBarrier: return "Barrier";
     case CollKind::kRingAttention: return "RingAttention";
+    case CollKind::kReduce: return "Reduce";
   }
   return "?";
 }

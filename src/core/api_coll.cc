@@ -134,6 +134,20 @@ attnResult_t checkAllReduceArgs(attnComm* comm, const void* send, void* recv, si
   return attnSuccess;
 }
 
+attnResult_t checkReduceArgs(attnComm* comm, const void* send, void* recv, size_t count, attnDataType_t type,
+                             attnRedOp_t op, int root, attnStream_t stream) {
+  ATTN_CHECK(checkCommon(comm, type, stream));
+  ATTN_REQUIRE(validRedOp(op), "invalid reduction op %d", (int)op);
+  ATTN_REQUIRE(root >= 0 && root < comm->nranks, "root %d is outside [0, %d)", root, comm->nranks);
+  ATTN_REQUIRE(count == 0 || send != nullptr, "sendbuff is NULL with count %zu", count);
+  ATTN_REQUIRE(comm->rank != root || count == 0 || recv != nullptr, "recvbuff is NULL on the root");
+  ATTN_CHECK(checkCount(count, dataTypeSize(type), 1));
+  const size_t bytes = count * dataTypeSize(type);
+  ATTN_REQUIRE(comm->rank != root || send == recv || !overlaps(send, bytes, recv, bytes),
+               "reduce: buffers overlap partially");
+  return attnSuccess;
+}
+
 attnResult_t checkBroadcastArgs(attnComm* comm, const void* send, void* recv, size_t count,
                                 attnDataType_t type, int root, attnStream_t stream) {
   ATTN_CHECK(checkCommon(comm, type, stream));
@@ -276,6 +290,34 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     // Reduce-scatter into this rank's block of recvbuff, then all-gather.
     return runAllReduce(comm, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
                         count, datatype, op);
+  }));
+}
+
+attnResult_t attnReduce(const void* sendbuff, void* recvbuff, size_t count, attnDataType_t datatype,
+                        attnRedOp_t op, int root, attnComm_t comm, attnStream_t stream) {
+  ApiCall call(comm);
+  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  if (attnResult_t r = checkReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, root, stream); r != attnSuccess)
+    return call.finish(refuse(comm, stream, CollKind::kReduce, r));
+  const size_t esz = dataTypeSize(datatype), bytes = count * esz;
+  const bool isRoot = comm->rank == root;
+  if (deviceRoute(comm)) {
+    DeviceOp d = deviceColl(DeviceOpKind::kReduce, sendbuff, isRoot ? recvbuff : nullptr, count, datatype,
+                            {{sendbuff, bytes, true, false}, {isRoot ? recvbuff : nullptr, isRoot ? bytes : 0, false, true}},
+                            [=](char* const* h) {
+                              return attnReduce(h[0], h[1], count, datatype, op, root, comm, nullptr);
+                            });
+    d.op = op;
+    d.root = root;
+    d.sliceOp = [=](char* in, char* o, size_t c) { return attnReduce(in, o, c, datatype, op, root, comm, nullptr); };
+    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+  }
+  ReduceSetting algo;
+  ATTN_CHECK(call.finish(readReduceSetting(&algo)));
+  return call.finish(dispatch(comm, "Reduce", [=] {
+    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduce, datatype, op, root, count}));
+    return runReduce(comm, algo, root, static_cast<const char*>(sendbuff), isRoot ? static_cast<char*>(recvbuff) : nullptr,
+                     count, datatype, op);
   }));
 }
 

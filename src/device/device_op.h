@@ -25,6 +25,7 @@ enum class DeviceOpKind {
   kReduceScatter,  // send[count * nranks] -> recv[count], `op`
   kAllReduce,      // send[count] -> recv[count], `op`
   kBroadcast,      // root's send[count] -> recv[count]
+  kReduce,         // send[count] -> root's recv[count], `op` (recv null elsewhere)
   kAllToAll,       // send[count * nranks] -> recv[count * nranks]
   kAllToAllv,      // counts and displacements in elements
   kP2pGroup,       // `p2p`: the sends and receives of one group
@@ -32,7 +33,7 @@ enum class DeviceOpKind {
   kOther,          // only the staging backend runs it (e.g. attention)
 };
 
-// The six collectives (not groups, barriers or kOther): the kinds the
+// The seven collectives (not groups, barriers or kOther): the kinds the
 // peer-copy and transport-direct backends run.
 inline bool isCollective(DeviceOpKind k) {
   switch (k) {
@@ -40,6 +41,7 @@ inline bool isCollective(DeviceOpKind k) {
     case DeviceOpKind::kReduceScatter:
     case DeviceOpKind::kAllReduce:
     case DeviceOpKind::kBroadcast:
+    case DeviceOpKind::kReduce:
     case DeviceOpKind::kAllToAll:
     case DeviceOpKind::kAllToAllv:
       return true;
@@ -55,6 +57,7 @@ inline const char* deviceOpName(DeviceOpKind k) {
     case DeviceOpKind::kReduceScatter: return "reduce-scatter";
     case DeviceOpKind::kAllReduce: return "all-reduce";
     case DeviceOpKind::kBroadcast: return "broadcast";
+    case DeviceOpKind::kReduce: return "reduce";
     case DeviceOpKind::kAllToAll: return "all-to-all";
     case DeviceOpKind::kAllToAllv: return "all-to-allv";
     case DeviceOpKind::kP2pGroup: return "send/recv group";
@@ -94,7 +97,7 @@ struct DeviceOp {
   // For the staging backend.
   std::vector<DeviceSpan> spans;
   HostOp hostOp;
-  SliceOp sliceOp;  // all-gather, reduce-scatter, all-reduce, broadcast, all-to-all
+  SliceOp sliceOp;  // all-gather, reduce-scatter, all-reduce, broadcast, reduce, all-to-all
 };
 
 }  // namespace attn

@@ -13,6 +13,11 @@ bool deviceOpSignature(const DeviceOp& op, CollSignature* sig) {
     case DeviceOpKind::kReduceScatter: s.kind = (uint32_t)CollKind::kReduceScatter; s.op = op.op; break;
     case DeviceOpKind::kAllReduce: s.kind = (uint32_t)CollKind::kAllReduce; s.op = op.op; break;
     case DeviceOpKind::kBroadcast: s.kind = (uint32_t)CollKind::kBroadcast; s.root = op.root; break;
+    case DeviceOpKind::kReduce:
+      s.kind = (uint32_t)CollKind::kReduce;
+      s.op = op.op;
+      s.root = op.root;
+      break;
     case DeviceOpKind::kAllToAll: s.kind = (uint32_t)CollKind::kAllToAll; break;
     case DeviceOpKind::kAllToAllv: s.kind = (uint32_t)CollKind::kAllToAllv; s.count = 0; break;
     case DeviceOpKind::kBarrier:

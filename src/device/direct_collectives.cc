@@ -57,6 +57,12 @@ class DirectRun {
         return broadcast(send, recv, b);
       case DeviceOpKind::kReduceScatter:
         return reduceScatter(send, strided(b), recv);
+      case DeviceOpKind::kReduce: {
+        // A reduce-scatter in which the root's block is the whole buffer.
+        std::vector<Block> blocks(n_, Block{0, 0});
+        blocks[op_.root] = {0, b};
+        return reduceScatter(send, blocks, recv);
+      }
       case DeviceOpKind::kAllReduce: {
         // Reduce-scatter into this rank's slice of recv, then every slice
         // to every rank.
@@ -191,15 +197,18 @@ class DirectRun {
     const size_t mineBytes = blocks[me_].bytes;
     const char* own = src + blocks[me_].offset;
     if (slices == 0) return attnSuccess;
-    // Plain cudaMalloc memory: the transport may register it for RDMA,
-    // which stream-ordered pool memory may not allow.
-    if (!scratch_.exportable()) scratch_.makeExportable(copy_);
     // The kernels need this rank's block and output in memory the GPU
-    // reads; host buffers (pageable) are reduced through one more slot.
-    const bool ownOnGpu = gpuReadable(own), outOnGpu = gpuReadable(out);
+    // reads; host buffers (pageable) are reduced through one more slot. A
+    // rank whose block is empty (reduce's non-roots) only sends.
+    const bool ownOnGpu = mineBytes == 0 || gpuReadable(own), outOnGpu = mineBytes == 0 || gpuReadable(out);
     const size_t slots = std::min(slices, size_t(2)) * size_t(n_ - 1);
-    ATTN_CHECK(scratch_.reserve((slots + (ownOnGpu && outOnGpu ? 0 : 1)) * half, copy_));
-    ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));  // the scratch is usable by the transport now
+    if (mineBytes > 0) {
+      // Plain cudaMalloc memory: the transport may register it for RDMA,
+      // which stream-ordered pool memory may not allow.
+      if (!scratch_.exportable()) scratch_.makeExportable(copy_);
+      ATTN_CHECK(scratch_.reserve((slots + (ownOnGpu && outOnGpu ? 0 : 1)) * half, copy_));
+      ATTN_CUDA_CHECK(cudaStreamSynchronize(copy_));  // the scratch is usable by the transport now
+    }
     std::vector<size_t> firstPosted(slices + 1, 0);
     auto slot = [&](size_t s, int k) { return scratch_.get() + ((s % 2) * size_t(n_ - 1) + size_t(k - 1)) * half; };
     char* local = scratch_.get() + slots * half;

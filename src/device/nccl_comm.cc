@@ -202,6 +202,12 @@ attnResult_t ncclEnqueue(attnComm* comm, NcclBridge* b, attnStream_t stream, Dev
         ATTN_NCCL_CHECK(nc, "ncclBroadcast",
                         ncclBroadcast(op.send ? op.send : op.recv, op.recv, op.count, t, op.root, nc, s));
       return attnSuccess;
+    case DeviceOpKind::kReduce:
+      // Non-roots pass no recvbuff; NCCL writes it only on the root.
+      if (op.count)
+        ATTN_NCCL_CHECK(nc, "ncclReduce",
+                        ncclReduce(op.send, op.recv, op.count, t, ncclOp(op.op), op.root, nc, s));
+      return attnSuccess;
     case DeviceOpKind::kAllToAll:
     case DeviceOpKind::kAllToAllv:
       ATTN_NCCL_CHECK(nc, "all-to-all as ncclSend/ncclRecv", exchange(nc, op, s, comm->nranks));

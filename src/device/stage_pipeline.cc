@@ -19,7 +19,7 @@ size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Where one side (input or output) of an operation lives, per kind.
 struct Side {
-  bool present = false;  // this rank copies it (a non-root's broadcast input is absent)
+  bool present = false;  // this rank copies it (absent: a non-root's broadcast input, reduce output)
   bool blocks = false;   // nranks blocks of `count` ([rank][count]), else one block
 };
 
@@ -35,6 +35,9 @@ bool shapeOf(const DeviceOp& op, int me, Shape* s) {
       return true;
     case DeviceOpKind::kBroadcast:
       *s = {{me == op.root, false}, {true, false}, true};
+      return true;
+    case DeviceOpKind::kReduce:
+      *s = {{true, false}, {me == op.root, false}, true};
       return true;
     case DeviceOpKind::kAllGather:
       *s = {{true, false}, {true, true}, false};
@@ -118,7 +121,9 @@ attnResult_t runStagePipeline(const DeviceOp& op, int me, int nranks, size_t sli
     const size_t a = k * slice, len = std::min(slice, count - a);
     ATTN_CUDA_CHECK(cudaEventSynchronize(events[k]));
     ATTN_CHECK(op.sliceOp(hostAt(hostIn, shape.in, a), hostAt(hostOut, shape.out, a), len));
-    ATTN_CUDA_CHECK(move(recv + a * esz, count * esz, hostAt(hostOut, shape.out, a), len * esz, len, shape.out.blocks));
+    if (shape.out.present)
+      ATTN_CUDA_CHECK(
+          move(recv + a * esz, count * esz, hostAt(hostOut, shape.out, a), len * esz, len, shape.out.blocks));
     stagedSlices().fetch_add(1, std::memory_order_relaxed);
   }
   ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));

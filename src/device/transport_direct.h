@@ -18,7 +18,9 @@
 //  - reduce-scatter: each rank receives the peers' blocks for it into a
 //    device scratch and reduces them there, in slices bounded by
 //    ATTN_DEVICE_DIRECT_SCRATCH;
-//  - all-reduce: reduce-scatter of even slices, then all-gather of them.
+//  - all-reduce: reduce-scatter of even slices, then all-gather of them;
+//  - reduce: a reduce-scatter in which the root's block is everything (the
+//    others only send).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -26,7 +26,7 @@ host=${ATTN_ROOT%:*} port=${ATTN_ROOT##*:}
 sizes=(-b 1K -e 256K -f 16 -n 2 -w 1 -c 1 -A "$ALGO")
 
 i=0
-for coll in all_gather reduce_scatter all_reduce broadcast alltoall sendrecv; do
+for coll in all_gather reduce_scatter all_reduce broadcast reduce alltoall sendrecv; do
   log=$(mktemp)
   ATTN_ROOT="$host:$((port + i))" ATTN_DEBUG=INFO ATTN_DEBUG_SUBSYS=COLL \
     "$BIN/${coll}_perf" "${sizes[@]}" >"$log" 2>&1

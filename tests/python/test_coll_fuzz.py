@@ -38,7 +38,7 @@ import attncomm as ac  # noqa: E402
 
 DTYPES = [np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64]
 OPS = [ac.SUM, ac.PROD, ac.MAX, ac.MIN, ac.AVG]
-KINDS = ["all_gather"] * 3 + ["reduce_scatter"] * 3 + ["all_reduce"] * 3 + ["broadcast"] * 2 + \
+KINDS = ["all_gather"] * 3 + ["reduce_scatter"] * 3 + ["all_reduce"] * 3 + ["broadcast"] * 2 + ["reduce"] * 2 + \
     ["all_to_all"] * 2 + ["all_to_allv"] * 2 + ["p2p"] * 3 + ["group"] * 2 + ["barrier", "split", "bad", "bad_self"]
 SENTINEL = 77
 NOCOLOR = -1  # ATTN_SPLIT_NOCOLOR
@@ -144,14 +144,14 @@ def make_call(rnd, n, allow_split=True, queued=False):
     elif kind == "group":
         c["parts"] = [make_call(rnd, n, False, queued) for _ in range(rnd.randint(1, 3))]
         c["parts"] = [p for p in c["parts"] if p["kind"] in ("all_gather", "reduce_scatter", "all_reduce",
-                                                             "broadcast", "all_to_all", "p2p")]
+                                                             "broadcast", "reduce", "all_to_all", "p2p")]
     elif kind == "split":
         c["colors"] = [rnd.choice([0, 1, 1, NOCOLOR]) for _ in range(n)]
         c["keys"] = [rnd.randint(-2, 2) for _ in range(n)]
         c["inner"] = {color: make_call(rnd, c["colors"].count(color), False, queued)
                       for color in (0, 1) if color in c["colors"]}  # a call for each new communicator
     elif kind == "bad":
-        c["bad_kind"] = rnd.randrange(4)
+        c["bad_kind"] = rnd.randrange(5)
         c["bad_rank"] = rnd.randrange(n) if CHECKED and not queued and rnd.random() < 0.7 else None  # None: all
     return c
 
@@ -212,6 +212,17 @@ def post_collective(comm, r, n, c, key, out):
                 send = values(key, root, cnt, dt)
         comm.broadcast(send, recv, root=root)
         out.expect(recv, values(key, root, cnt, dt), f"broadcast root {root}")
+        return [send, recv]
+    if kind == "reduce":
+        # In place every rank passes send as recv; out of place the
+        # non-roots pass none. Only the root's buffer changes.
+        send = values(key, r, cnt, dt, op, n)
+        recv = send if c["in_place"] else (np.full(cnt, SENTINEL, dt) if r == root else None)
+        comm.reduce(send, recv, op=op, root=root)
+        if r == root:
+            out.expect(recv, reduced([values(key, q, cnt, dt, op, n) for q in range(n)], op, dt), f"reduce op {op}")
+        else:
+            out.expect(send, values(key, r, cnt, dt, op, n), f"reduce op {op}: a non-root's send")
         return [send, recv]
     if kind == "all_to_all":
         send = values(key, r, cnt * n, dt)
@@ -320,7 +331,8 @@ def run_bad(comm, r, n, c, what):
         x = np.zeros(max(2, c["count"]), np.float32)
         y = np.zeros(x.size * n, np.float32)
         calls = [lambda: comm.all_reduce(x, x), lambda: comm.broadcast(x, x, root=0),
-                 lambda: comm.all_gather(x, y), lambda: comm.reduce_scatter(y, x)]
+                 lambda: comm.all_gather(x, y), lambda: comm.reduce_scatter(y, x),
+                 lambda: comm.reduce(x, x, root=0)]
         try:
             calls[c["bad_kind"]]()
         except ac.AttnError as e:
@@ -337,8 +349,10 @@ def run_bad(comm, r, n, c, what):
         expect_error(ac.INVALID_ARGUMENT, lambda: comm.broadcast(x, x, root=n), what + f": root {n}")
     elif k == 2:
         expect_error(ac.INVALID_ARGUMENT, lambda: comm.all_gather(y[r * x.size + 1:(r + 1) * x.size + 1], y[:n * x.size]), what + ": misplaced in place")
-    else:
+    elif k == 3:
         expect_error(ac.INVALID_ARGUMENT, lambda: comm.reduce_scatter(y, y[:x.size], op=-1), what + ": op -1")
+    else:
+        expect_error(ac.INVALID_ARGUMENT, lambda: comm.reduce(x, x, root=-1), what + ": root -1")
     return 0
 
 

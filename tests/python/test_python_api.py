@@ -52,6 +52,10 @@ class Collectives(unittest.TestCase):
                 b = np.full(count, -1, np.int32)
                 c.broadcast(np.arange(count, dtype=np.int32) if r == n - 1 else None, b, root=n - 1)
                 np.testing.assert_array_equal(b, np.arange(count, dtype=np.int32))
+                red = np.full(count, -1.0, np.float32) if r == 0 else None  # only the root passes recv
+                c.reduce(np.arange(count, dtype=np.float32) * (r + 1), red, op=ac.SUM, root=0)
+                if r == 0:
+                    np.testing.assert_array_equal(red, np.arange(count, dtype=np.float32) * (n * (n + 1) / 2))
                 a = np.repeat(np.arange(n, dtype=np.float16) + 10 * r, count)
                 t = np.zeros_like(a)
                 c.all_to_all(a, t)

@@ -159,6 +159,31 @@ inline void CheckDevBroadcast(attnComm_t comm, int rank, int n, attnDataType_t t
   EXPECT_TRUE(BufEquals(out, 0, count, [&](size_t i) { return Pattern(t, 1000 + root, i); }));
 }
 
+// Non-roots pass no receive buffer; the root's must hold the reduction.
+inline void CheckDevReduce(attnComm_t comm, int rank, int n, attnDataType_t t, attnRedOp_t op, size_t count,
+                           int root, cudaStream_t s) {
+  SCOPED_TRACE(Case("reduce", rank, t) + " root " + std::to_string(root));
+  TypedBuf in(t, count), out(t, count);
+  for (size_t i = 0; i < count; ++i) in.Set(i, RedInput(op, t, rank, n, i));
+  out.Fill(Sentinel(t));
+  DevBuf din(in, s), dout(out, s);
+  ASSERT_TRUE(din.ok() && dout.ok());
+  din.Upload(in, s);
+  dout.Upload(out, s);
+  void* recv = rank == root ? dout.data() : nullptr;
+  ASSERT_EQ(attnReduce(din.data(), recv, count, t, op, root, comm, AsStream(s)), attnSuccess)
+      << attnGetLastError(comm);
+  dout.Download(&out, s);
+  TypedBuf back(t, count);
+  din.Download(&back, s);
+  if (rank == root) {
+    const bool approx = op == attnAvg || t == attnFloat16 || t == attnBfloat16;
+    EXPECT_TRUE(DevEquals(out, 0, count, [&](size_t i) { return RedExpected(op, t, n, i); }, approx));
+  }
+  EXPECT_TRUE(BufEquals(back, 0, count, [&](size_t i) { return RedInput(op, t, rank, n, i); }))
+      << "sendbuff was modified";
+}
+
 // What rank `from` sends to rank `to` in the all-to-all checks.
 inline double A2a(attnDataType_t t, int from, int to, size_t i) { return Pattern(t, from * 64 + to, i); }
 
@@ -282,6 +307,8 @@ inline void CheckDevSuite(attnComm_t comm, int rank, int n) {
     }
   }
   CheckDevBroadcast(comm, rank, n, attnFloat32, 2053, n - 1, s);
+  CheckDevReduce(comm, rank, n, attnFloat32, attnSum, 2053, 0, s);
+  CheckDevReduce(comm, rank, n, attnBfloat16, attnMax, 777, n - 1, s);
   CheckDevAllToAll(comm, rank, n, attnFloat32, 301, s);
   CheckDevAllToAllv(comm, rank, n, attnFloat32, s);
   CheckDevGroupedRing(comm, rank, n, s, s2);

@@ -738,6 +738,29 @@ void CheckReduceScatter(attnComm_t comm, int rank, int n, attnDataType_t t, attn
   }
 }
 
+void CheckReduce(attnComm_t comm, int rank, int n, attnDataType_t t, attnRedOp_t op, size_t count, int root,
+                 bool inPlace, bool nullRecvOnNonRoot) {
+  std::string extra = std::string(OpName(op)) + ", root=" + std::to_string(root) +
+                      (nullRecvOnNonRoot ? ", NULL recv" : "");
+  const std::string what = caseName("Reduce", comm, rank, n, t, extra.c_str(), count, inPlace);
+  TypedBuf send(t, count), recv(t, count);
+  for (size_t i = 0; i < count; ++i) send.Set(i, RedInput(op, t, rank, n, i));
+  recv.Fill(Sentinel(t));
+  void* rp = inPlace ? send.data() : recv.data();
+  if (rank != root && nullRecvOnNonRoot) rp = nullptr;
+  const attnResult_t r = attnReduce(send.data(), rp, count, t, op, root, comm, nullptr);
+  ASSERT_EQ(r, attnSuccess) << what << " -> " << ResultName(r) << ": " << attnGetLastError(comm);
+  if (rank == root)
+    EXPECT_TRUE(BufEquals(inPlace ? send : recv, 0, count, [&](size_t i) { return RedExpected(op, t, n, i); }))
+        << what;
+  else
+    EXPECT_TRUE(BufEquals(recv, 0, count, [&](size_t) { return Sentinel(t); }))
+        << what << ": a non-root's recvbuff was written";
+  if (!inPlace || rank != root)
+    EXPECT_TRUE(BufEquals(send, 0, count, [&](size_t i) { return RedInput(op, t, rank, n, i); }))
+        << what << ": sendbuff was modified";
+}
+
 void CheckAllGather(attnComm_t comm, int rank, int n, attnDataType_t t, size_t count,
                     bool inPlace) {
   const std::string what = caseName("AllGather", comm, rank, n, t, "", count, inPlace);

@@ -229,6 +229,11 @@ void CheckReduceScatter(attnComm_t comm, int rank, int n, attnDataType_t t, attn
                         size_t recvcount, bool inPlace);
 void CheckAllGather(attnComm_t comm, int rank, int n, attnDataType_t t, size_t count,
                     bool inPlace);
+// Reduce to `root`: only the root's recvbuff changes. In place, every rank
+// passes sendbuff == recvbuff (non-roots' must stay as they were);
+// nullRecvOnNonRoot: non-roots pass recvbuff = NULL (allowed).
+void CheckReduce(attnComm_t comm, int rank, int n, attnDataType_t t, attnRedOp_t op, size_t count, int root,
+                 bool inPlace, bool nullRecvOnNonRoot = false);
 // nullSendOnNonRoot: non-root ranks pass sendbuff = NULL (allowed: it is read
 // on the root only).
 void CheckBroadcast(attnComm_t comm, int rank, int n, attnDataType_t t, size_t count, int root,

@@ -81,6 +81,13 @@ Layout layoutOf(const DeviceOp& op, int me, int n) {
       }
       l.dstBytes = b;
       break;
+    case DeviceOpKind::kReduce:
+      // Every rank's whole buffer goes to the root, which alone writes.
+      l.toPeer[op.root] = {0, b};
+      l.srcBytes = b;
+      if (me != op.root) l.dst = nullptr;
+      l.dstBytes = me == op.root ? b : 0;
+      break;
     case DeviceOpKind::kAllReduce:
       l.toPeer = splitEvenly(op.count, n, esz);
       l.srcBytes = l.dstBytes = b;
@@ -116,6 +123,8 @@ class Pulls {
         return finish(e, pullBlock(op_.root, recv, b));
       case DeviceOpKind::kReduceScatter:
         return finish(e, reduceBlock(recv, op_.count));
+      case DeviceOpKind::kReduce:
+        return finish(e, me == op_.root ? reduceBlock(recv, op_.count) : attnSuccess);
       case DeviceOpKind::kAllReduce: {
         // Reduce-scatter into this rank's slice of recv, then gather the
         // others' slices from their recv once every slice is final.
