@@ -13,6 +13,7 @@ namespace attnperf {
 
 namespace {
 // Values per collective, the same functions our *_perf binaries use.
+// reduce: count is the whole buffer, reduced to rank 0.
 double sendValue(const std::string& c, int r, int n, size_t count, size_t j) {
   if (c == "all_gather") return copyValue(attnFloat32, r, 0, j);
   if (c == "alltoall") return copyValue(attnFloat32, r, int(j / count), j % count);
@@ -22,17 +23,18 @@ double sendValue(const std::string& c, int r, int n, size_t count, size_t j) {
 double recvValue(const std::string& c, int r, int n, size_t count, size_t i) {
   if (c == "all_gather") return copyValue(attnFloat32, int(i / count), 0, i % count);
   if (c == "alltoall") return copyValue(attnFloat32, int(i / count), r, i % count);
+  if (c == "reduce") return reduceExpected(attnSum, n, i);
   return reduceExpected(attnSum, n, size_t(r) * count + i);
 }
 }  // namespace
 
 bool baselineCollKnown(const std::string& c) {
-  return c == "all_gather" || c == "reduce_scatter" || c == "alltoall";
+  return c == "all_gather" || c == "reduce_scatter" || c == "alltoall" || c == "reduce";
 }
 
 bool baselineOptionsOk(const Options& o) {
   if (!baselineCollKnown(o.coll)) {
-    fprintf(stderr, "-C must be all_gather, reduce_scatter or alltoall (got '%s')\n",
+    fprintf(stderr, "-C must be all_gather, reduce_scatter, alltoall or reduce (got '%s')\n",
             o.coll.c_str());
     return false;
   }
@@ -48,6 +50,7 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
   const int r = be.rank(), n = be.nranks();
   const std::string& coll = o.coll;
   const bool toAll = coll != "reduce_scatter";  // recv holds n blocks
+  const bool toRoot = coll == "reduce";         // one block, checked on rank 0
   std::vector<RankInfo> ranks = be.gatherRankInfo(localRankInfo(r));
 
   std::unique_ptr<Reporter> rep;
@@ -59,7 +62,7 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
     info.mode = mode;
     info.transport = transport;
     info.nranks = n;
-    info.busFactor = double(n - 1) / double(n);
+    info.busFactor = toRoot ? 1.0 : double(n - 1) / double(n);
     info.hasInPlace = false;
     rep = std::make_unique<Reporter>(info, o);
     rep->header(ranks);
@@ -72,11 +75,11 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
   int64_t wrongTotal = 0;
 
   for (size_t bytes : sizes) {
-    const size_t count = bytes / sizeof(float) / size_t(n);
+    const size_t count = bytes / sizeof(float) / (toRoot ? 1 : size_t(n));
     if (count == 0) continue;
-    const size_t all = count * size_t(n);
+    const size_t all = toRoot ? count : count * size_t(n);
     const size_t nSend = coll == "all_gather" ? count : all;
-    const size_t nRecv = toAll ? all : count;
+    const size_t nRecv = toRoot ? (r == 0 ? all : 0) : toAll ? all : count;
     for (size_t j = 0; j < nSend; j++) send[j] = float(sendValue(coll, r, n, count, j));
     std::fill(recv.begin(), recv.begin() + all, -1.0f);
     BaselineOp op = be.prepare(coll, send.data(), recv.data(), count);
@@ -85,7 +88,7 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
     row.bytes = all * sizeof(float);
     row.count = all;
     row.type = "float";
-    row.op = coll == "reduce_scatter" ? "sum" : "none";
+    row.op = coll == "reduce_scatter" || toRoot ? "sum" : "none";
     Measure& m = row.outOfPlace;
     if (o.check) {
       op.call();

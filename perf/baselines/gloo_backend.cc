@@ -8,6 +8,8 @@
 #include "gloo/alltoall.h"
 #include "gloo/barrier.h"
 #include "gloo/config.h"
+#include "gloo/math.h"
+#include "gloo/reduce.h"
 #include "gloo/reduce_scatter.h"
 
 namespace attnperf {
@@ -83,6 +85,18 @@ BaselineOp GlooBackend::prepare(const std::string& coll, float* s, float* r, siz
       o.setOutput(r, all);
       o.setTag(tag);
       gloo::allgather(o);
+    };
+  } else if (coll == "reduce") {
+    // Gloo's ring reduce-scatter, then a gather to the root; every rank's
+    // output buffer is its scratch.
+    op.call = [=] {
+      gloo::ReduceOptions o(ctx);
+      o.setInput(s, count);
+      o.setOutput(r, count);
+      o.setRoot(0);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      o.setTag(tag);
+      gloo::reduce(o);
     };
   } else if (coll == "alltoall") {
     op.call = [=] {

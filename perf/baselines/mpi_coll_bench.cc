@@ -1,5 +1,5 @@
-// MPI baseline: MPI_Allgather, MPI_Reduce_scatter_block (float sum) and
-// MPI_Alltoall, measured and printed exactly like our *_perf binaries.
+// MPI baseline: MPI_Allgather, MPI_Reduce_scatter_block (float sum),
+// MPI_Alltoall and MPI_Reduce (float sum to rank 0), measured and printed exactly like our *_perf binaries.
 //   mpirun --allow-run-as-root --oversubscribe -np 4 mpi_coll_bench -C all_gather -b 1M -e 64M
 // Pick the Open MPI path with mpirun flags (e.g. --mca pml ob1 --mca btl tcp,self);
 // -T only labels the output.
@@ -68,6 +68,10 @@ class MpiBackend : public Backend {
       op.call = [=] {
         mpiCheck(MPI_Reduce_scatter_block(s, r, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
                  "MPI_Reduce_scatter_block");
+      };
+    else if (coll == "reduce")
+      op.call = [=] {
+        mpiCheck(MPI_Reduce(s, r, c, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD), "MPI_Reduce");
       };
     else
       op.call = [=] {
