@@ -30,6 +30,7 @@ namespace {
 using attn_test::AsStream;
 using attn_test::DevBuf;
 using attn_test::DevEquals;
+using attn_test::DevInOut;
 using attn_test::Pattern;
 using attn_test::RedExpected;
 using attn_test::RedInput;
@@ -199,13 +200,10 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       break;
     }
     case Kind::kAllReduce: {
-      TypedBuf in(t, cnt), out(t, cnt);
-      for (size_t i = 0; i < cnt; ++i) in.Set(i, red(rank, i));
-      out.Fill(Sentinel(t));
-      DevBuf din(in, s), dout(out, s);
-      ASSERT_TRUE(din.ok() && dout.ok());
-      din.Upload(in, s);
-      dout.Upload(out, s);
+      DevInOut b(t, cnt, cnt, [&](size_t i) { return red(rank, i); }, s);
+      ASSERT_TRUE(b.ok());
+      TypedBuf &in = b.in, &out = b.out;
+      DevBuf &din = b.din, &dout = b.dout;
       void* recv = c.inPlace ? din.data() : dout.data();
       ASSERT_EQ(attnAllReduce(din.data(), recv, cnt, t, c.op, comm, AsStream(s)), attnSuccess)
           << attnGetLastError(comm);
@@ -233,13 +231,10 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
     }
     case Kind::kReduce: {
       // In place, every rank passes sendbuff as recvbuff: only the root's changes.
-      TypedBuf in(t, cnt), out(t, cnt);
-      for (size_t i = 0; i < cnt; ++i) in.Set(i, red(rank, i));
-      out.Fill(Sentinel(t));
-      DevBuf din(in, s), dout(out, s);
-      ASSERT_TRUE(din.ok() && dout.ok());
-      din.Upload(in, s);
-      dout.Upload(out, s);
+      DevInOut b(t, cnt, cnt, [&](size_t i) { return red(rank, i); }, s);
+      ASSERT_TRUE(b.ok());
+      TypedBuf &in = b.in, &out = b.out;
+      DevBuf &din = b.din, &dout = b.dout;
       const bool isRoot = rank == c.root;
       void* recv = c.inPlace ? din.data() : isRoot ? dout.data() : nullptr;
       ASSERT_EQ(attnReduce(din.data(), recv, cnt, t, c.op, c.root, comm, AsStream(s)), attnSuccess)

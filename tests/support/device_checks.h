@@ -70,6 +70,23 @@ class DevBuf {
 
 inline attnStream_t AsStream(cudaStream_t s) { return reinterpret_cast<attnStream_t>(s); }
 
+// An input and an output on the host and their device copies, uploaded:
+// `in` element i is fill(i), `out` holds the sentinel.
+struct DevInOut {
+  TypedBuf in, out;
+  DevBuf din, dout;
+  DevInOut(attnDataType_t t, size_t inCount, size_t outCount, const std::function<double(size_t)>& fill,
+           cudaStream_t s)
+      : in(t, inCount), out(t, outCount), din(in, s), dout(out, s) {
+    for (size_t i = 0; i < inCount; ++i) in.Set(i, fill(i));
+    out.Fill(Sentinel(t));
+    if (!ok()) return;
+    din.Upload(in, s);
+    dout.Upload(out, s);
+  }
+  bool ok() const { return din.ok() && dout.ok(); }
+};
+
 // fp16/bf16, and NCCL's average (it may pre-scale by 1/n), are compared with
 // a tolerance; everything else exactly.
 inline ::testing::AssertionResult DevEquals(const TypedBuf& buf, size_t off, size_t n,
@@ -110,13 +127,10 @@ inline void CheckDevAllGather(attnComm_t comm, int rank, int n, attnDataType_t t
 inline void CheckDevAllReduce(attnComm_t comm, int rank, int n, attnDataType_t t, attnRedOp_t op,
                               size_t count, cudaStream_t s) {
   SCOPED_TRACE(Case(op == attnAvg ? "all-reduce avg" : "all-reduce", rank, t));
-  TypedBuf in(t, count), out(t, count);
-  for (size_t i = 0; i < count; ++i) in.Set(i, RedInput(op, t, rank, n, i));
-  out.Fill(Sentinel(t));
-  DevBuf din(in, s), dout(out, s);
-  ASSERT_TRUE(din.ok() && dout.ok());
-  din.Upload(in, s);
-  dout.Upload(out, s);
+  DevInOut b(t, count, count, [&](size_t i) { return RedInput(op, t, rank, n, i); }, s);
+  ASSERT_TRUE(b.ok());
+  TypedBuf& out = b.out;
+  DevBuf &din = b.din, &dout = b.dout;
   ASSERT_EQ(attnAllReduce(din.data(), dout.data(), count, t, op, comm, AsStream(s)), attnSuccess)
       << attnGetLastError(comm);
   dout.Download(&out, s);
@@ -163,13 +177,10 @@ inline void CheckDevBroadcast(attnComm_t comm, int rank, int n, attnDataType_t t
 inline void CheckDevReduce(attnComm_t comm, int rank, int n, attnDataType_t t, attnRedOp_t op, size_t count,
                            int root, cudaStream_t s) {
   SCOPED_TRACE(Case("reduce", rank, t) + " root " + std::to_string(root));
-  TypedBuf in(t, count), out(t, count);
-  for (size_t i = 0; i < count; ++i) in.Set(i, RedInput(op, t, rank, n, i));
-  out.Fill(Sentinel(t));
-  DevBuf din(in, s), dout(out, s);
-  ASSERT_TRUE(din.ok() && dout.ok());
-  din.Upload(in, s);
-  dout.Upload(out, s);
+  DevInOut b(t, count, count, [&](size_t i) { return RedInput(op, t, rank, n, i); }, s);
+  ASSERT_TRUE(b.ok());
+  TypedBuf& out = b.out;
+  DevBuf &din = b.din, &dout = b.dout;
   void* recv = rank == root ? dout.data() : nullptr;
   ASSERT_EQ(attnReduce(din.data(), recv, count, t, op, root, comm, AsStream(s)), attnSuccess)
       << attnGetLastError(comm);
