@@ -180,13 +180,10 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       break;
     }
     case Kind::kReduceScatter: {
-      TypedBuf in(t, cnt * n), out(t, cnt);
-      for (size_t i = 0; i < cnt * n; ++i) in.Set(i, red(rank, i));
-      out.Fill(Sentinel(t));
-      DevBuf din(in, s), dout(out, s);
-      ASSERT_TRUE(din.ok() && dout.ok());
-      din.Upload(in, s);
-      dout.Upload(out, s);
+      DevInOut b(t, cnt * n, cnt, [&](size_t i) { return red(rank, i); }, s);
+      ASSERT_TRUE(b.ok());
+      TypedBuf &in = b.in, &out = b.out;
+      DevBuf &din = b.din, &dout = b.dout;
       void* recv = c.inPlace ? static_cast<char*>(din.data()) + rank * cnt * esz : dout.data();
       ASSERT_EQ(attnReduceScatter(din.data(), recv, cnt, t, c.op, comm, AsStream(s)), attnSuccess)
           << attnGetLastError(comm);
@@ -252,14 +249,10 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       break;
     }
     case Kind::kAllToAll: {
-      TypedBuf in(t, cnt * n), out(t, cnt * n);
-      for (int p = 0; p < n; ++p)
-        for (size_t i = 0; i < cnt; ++i) in.Set(p * cnt + i, pat(rank * 16 + p, i));
-      out.Fill(Sentinel(t));
-      DevBuf din(in, s), dout(out, s);
-      ASSERT_TRUE(din.ok() && dout.ok());
-      din.Upload(in, s);
-      dout.Upload(out, s);
+      DevInOut b(t, cnt * n, cnt * n, [&](size_t j) { return pat(rank * 16 + int(j / cnt), j % cnt); }, s);
+      ASSERT_TRUE(b.ok());
+      TypedBuf& out = b.out;
+      DevBuf &din = b.din, &dout = b.dout;
       ASSERT_EQ(attnAllToAll(din.data(), dout.data(), cnt, t, comm, AsStream(s)), attnSuccess)
           << attnGetLastError(comm);
       dout.Download(&out, s);

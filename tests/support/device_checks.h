@@ -141,13 +141,10 @@ inline void CheckDevAllReduce(attnComm_t comm, int rank, int n, attnDataType_t t
 inline void CheckDevReduceScatter(attnComm_t comm, int rank, int n, attnDataType_t t, attnRedOp_t op,
                                   size_t recvcount, cudaStream_t s) {
   SCOPED_TRACE(Case("reduce-scatter", rank, t));
-  TypedBuf in(t, recvcount * n), out(t, recvcount);
-  for (size_t i = 0; i < recvcount * n; ++i) in.Set(i, RedInput(op, t, rank, n, i));
-  out.Fill(Sentinel(t));
-  DevBuf din(in, s), dout(out, s);
-  ASSERT_TRUE(din.ok() && dout.ok());
-  din.Upload(in, s);
-  dout.Upload(out, s);
+  DevInOut b(t, recvcount * n, recvcount, [&](size_t i) { return RedInput(op, t, rank, n, i); }, s);
+  ASSERT_TRUE(b.ok());
+  TypedBuf& out = b.out;
+  DevBuf &din = b.din, &dout = b.dout;
   ASSERT_EQ(attnReduceScatter(din.data(), dout.data(), recvcount, t, op, comm, AsStream(s)), attnSuccess)
       << attnGetLastError(comm);
   dout.Download(&out, s);
@@ -201,14 +198,10 @@ inline double A2a(attnDataType_t t, int from, int to, size_t i) { return Pattern
 inline void CheckDevAllToAll(attnComm_t comm, int rank, int n, attnDataType_t t, size_t count,
                              cudaStream_t s) {
   SCOPED_TRACE(Case("all-to-all", rank, t));
-  TypedBuf in(t, count * n), out(t, count * n);
-  for (int p = 0; p < n; ++p)
-    for (size_t i = 0; i < count; ++i) in.Set(p * count + i, A2a(t, rank, p, i));
-  out.Fill(Sentinel(t));
-  DevBuf din(in, s), dout(out, s);
-  ASSERT_TRUE(din.ok() && dout.ok());
-  din.Upload(in, s);
-  dout.Upload(out, s);
+  DevInOut b(t, count * n, count * n, [&](size_t j) { return A2a(t, rank, int(j / count), j % count); }, s);
+  ASSERT_TRUE(b.ok());
+  TypedBuf& out = b.out;
+  DevBuf &din = b.din, &dout = b.dout;
   ASSERT_EQ(attnAllToAll(din.data(), dout.data(), count, t, comm, AsStream(s)), attnSuccess)
       << attnGetLastError(comm);
   dout.Download(&out, s);
