@@ -123,7 +123,9 @@ attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, siz
 
 // Reduce as reduce-scatter (every rank reduces a slice, by the all-reduce's
 // algorithm) and a gather of the slices to the root: no more than an
-// all-reduce moves, with the reductions spread over the ranks.
+// all-reduce moves, with the reductions spread over the ranks. The gather
+// posts only the n-1 messages to the root (the pairwise all-to-all would
+// also exchange empty ones between every pair).
 static attnResult_t reduceScatterGather(attnComm* comm, int root, const char* in, char* out, size_t count,
                                         attnDataType_t type, attnRedOp_t op) {
   const int n = comm->nranks, me = comm->rank;
@@ -159,16 +161,16 @@ static attnResult_t reduceScatterGather(attnComm* comm, int root, const char* in
 
 attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in, char* out, size_t count,
                        attnDataType_t type, attnRedOp_t op) {
+  const size_t esz = dataTypeSize(type);
+  if (pickReduceScatter(comm, s, count * esz)) return reduceScatterGather(comm, root, in, out, count, type, op);
+  // The proximity ring, starting after the root so that it comes last.
   const CollTopo& t = collTopo(comm);
   const int n = comm->nranks;
-  // The proximity ring, starting after the root so that it comes last.
   const int rootPos = int(std::find(t.ring.ranks.begin(), t.ring.ranks.end(), root) - t.ring.ranks.begin());
   Ring ring;
   ring.ranks.resize(size_t(n));
   for (int i = 0; i < n; ++i) ring.ranks[size_t(i)] = t.ring.at(rootPos + 1 + i);
   ring.pos = (t.ring.pos - rootPos - 1 + 2 * n) % n;
-  const size_t esz = dataTypeSize(type), bytes = count * esz;
-  if (pickReduceScatter(comm, s, bytes)) return reduceScatterGather(comm, root, in, out, count, type, op);
   ATTN_CHECK(chainReduce(*comm->engine, ring, in, out, count, type, op == attnAvg ? attnSum : op,
                          chunkBytes(esz) / 2));
   if (op == attnAvg && comm->rank == root) cpu::divideInPlace(out, count, type, n);
