@@ -239,6 +239,33 @@ ATTN_API attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm,
 ATTN_API attnResult_t attnCommSplit(attnComm_t comm, int color, int key,
                                     attnComm_t* newcomm, attnConfig_t* config);
 
+/* Flags of attnCommShrink. */
+#define ATTN_SHRINK_DEFAULT 0x00 /* let the parent's queued operations finish */
+#define ATTN_SHRINK_ABORT 0x01   /* first end the parent's operations in flight */
+
+/* Creates a communicator of comm's ranks minus `excludeRanks` (error
+ * recovery: a rank died or hangs; or planned removal). Called by every rank
+ * that is not excluded, all with the same list (any order); excluded ranks
+ * do not call it. New ranks follow the old order. It needs no help from the
+ * excluded ranks, so it works on a communicator broken by their failure
+ * (attnCommGetAsyncError != attnSuccess), where attnCommSplit cannot.
+ *
+ * ATTN_SHRINK_DEFAULT waits for the operations queued on comm, as
+ * attnCommSplit does; use it on a healthy communicator. ATTN_SHRINK_ABORT
+ * first ends the operations still running on comm in any thread (they
+ * return attnRemoteError) and marks comm broken: for a communicator hung
+ * on a rank that no longer answers. Either way comm stays allocated; free
+ * it with attnCommAbort or attnCommDestroy.
+ *
+ * config may be NULL (inherit comm's options). Errors: a rank out of range
+ * or listed twice, the caller's own rank listed, every rank listed, or an
+ * unknown flag -> attnInvalidArgument; survivors passing different lists
+ * -> attnInvalidUsage on every survivor, naming a rank whose list differs;
+ * a survivor that does not answer -> attnTimeout / attnRemoteError. */
+ATTN_API attnResult_t attnCommShrink(attnComm_t comm, const int* excludeRanks,
+                                     int excludeCount, attnComm_t* newcomm,
+                                     attnConfig_t* config, int shrinkFlags);
+
 /* Waits for outstanding operations, then frees the communicator. */
 ATTN_API attnResult_t attnCommDestroy(attnComm_t comm);
 

@@ -139,6 +139,9 @@ _InitAll = _declare("attnCommInitAll", ctypes.POINTER(_comm), ctypes.c_int, _i32
 _InitFromEnv = _declare("attnCommInitFromEnv", ctypes.POINTER(_comm), ctypes.POINTER(_Config))
 _Split = _declare("attnCommSplit", _comm, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_comm),
                   ctypes.POINTER(_Config))
+_Shrink = _declare("attnCommShrink", _comm, _i32p, ctypes.c_int, ctypes.POINTER(_comm), ctypes.POINTER(_Config),
+                   ctypes.c_int)
+SHRINK_DEFAULT, SHRINK_ABORT = 0x00, 0x01
 _Destroy = _declare("attnCommDestroy", _comm)
 _Abort = _declare("attnCommAbort", _comm)
 _AsyncError = _declare("attnCommGetAsyncError", _comm, ctypes.POINTER(ctypes.c_int))
@@ -435,6 +438,20 @@ class Comm:
         _check(_SplitType(self._h, type, key, ctypes.byref(h), ctypes.byref(cfg) if cfg else None), self._h,
                "attnCommSplitType")
         return Comm(h.value) if h.value else None
+
+    def shrink(self, exclude, abort=False, **config):
+        """attnCommShrink: the ranks not in `exclude` (every survivor passes
+        the same list) form a new communicator, also after the excluded
+        ranks died. abort=True first ends the operations still running on
+        this communicator (SHRINK_ABORT). This one stays allocated."""
+        ranks = [int(r) for r in exclude]
+        arr = (ctypes.c_int * max(1, len(ranks)))(*ranks)
+        h = _p()
+        cfg = _config(**config) if config else None
+        _check(_Shrink(self._h, arr if ranks else None, len(ranks), ctypes.byref(h),
+                       ctypes.byref(cfg) if cfg else None, SHRINK_ABORT if abort else SHRINK_DEFAULT),
+               self._h, "attnCommShrink")
+        return Comm(h.value)
 
     def destroy(self):
         if self._h:

@@ -480,6 +480,71 @@ TEST(DeviceComm, SplitAndKvPoolCreateWaitForTheStreamsQueuedWork) {
   }, OnGpu0(&cfg));
 }
 
+// attnCommShrink(ATTN_SHRINK_ABORT) on device communicators: rank 2 never
+// joins, so ranks 0 and 1 have an all-reduce parked on their proxies (no
+// timeout: only the abort ends it). The shrink ends it, and the two go on
+// with a device communicator of their own: collectives and ring attention
+// on their streams, exact.
+TEST(DeviceComm, ShrinkAbortEndsParkedStreamWorkAndTheSurvivorsGoOn) {
+  REQUIRE_GPU();
+  const attn_test::AttnCase c = SmallPrefillCase(12);
+  for (const char* transports : {"shm,tcp,cuda_ipc", "shm,tcp"}) {
+    attnConfig_t cfg;
+    RunOptions o = OnGpu0(&cfg);
+    cfg.timeout_ms = 0;
+    o.env = {{"ATTN_TRANSPORT", transports}};
+    std::atomic<int> survivorsDone{0};
+    RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
+      const int silent = 2;
+      if (rank == silent) {
+        while (survivorsDone.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+        comm = nullptr;
+        return;
+      }
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      const size_t count = 1 << 14;
+      float *in, *out;
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&in), count * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), count * sizeof(float)), cudaSuccess);
+      std::vector<float> mine(count), got(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = float(rank * 1000 + i % 1000);
+      ASSERT_EQ(cudaMemcpy(in, mine.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(attnAllReduce(in, out, count, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      attnComm_t shrunk = nullptr;
+      ASSERT_EQ(attnCommShrink(comm, &silent, 1, &shrunk, nullptr, ATTN_SHRINK_ABORT), attnSuccess)
+          << attnGetLastError(comm);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess) << "the parked all-reduce still holds the stream";
+      attnResult_t async = attnSuccess;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_NE(async, attnSuccess) << "the parked all-reduce must have failed";
+      int sn = 0, sr = -1;
+      ASSERT_EQ(attnCommCount(shrunk, &sn), attnSuccess);
+      ASSERT_EQ(attnCommUserRank(shrunk, &sr), attnSuccess);
+      EXPECT_EQ(sn, 2);
+      EXPECT_EQ(sr, rank);
+      ASSERT_EQ(attnAllReduce(in, out, count, attnFloat32, attnSum, shrunk, (attnStream_t)s), attnSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], float(1000 + 2 * (i % 1000))) << transports;
+      const attn_test::Placement pl = attn_test::RandomPlacement(c, sn, 5, -1);
+      const attn_test::RankShard sh = attn_test::GatherShard(c, pl, sr);
+      for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ})
+        ExpectExact(RunOnDevice(c, sh, shrunk, mode, true), c.cfg.dtype,
+                    std::string("shrunk communicator over ") + transports);
+      ASSERT_EQ(attnCommGetAsyncError(shrunk, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(shrunk);
+      EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
+      cudaFree(in);
+      cudaFree(out);
+      cudaStreamDestroy(s);
+      ++survivorsDone;
+    }, o);
+  }
+}
+
 // Freeing a device communicator must not wait for the whole device: rank
 // 0's stream is parked on its proxy (its all-reduce on `comm` waits for
 // rank 1) when rank 1 frees a split communicator whose collectives and ring

@@ -236,6 +236,10 @@ class RootRegistry {
     owner_ = getpid();
     auto* orphans = new std::vector<std::thread>();  // never freed, see above
     for (auto& e : roots_) {
+      // A root that had finished before the fork stored `done` after its
+      // last write to its sockets: reading it orders those writes before
+      // ours (its thread was never joined).
+      (void)e.server->done.load(std::memory_order_acquire);
       e.server->closeSockets();
       orphans->push_back(std::move(e.thread));
     }

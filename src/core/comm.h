@@ -42,6 +42,7 @@ struct attnComm {
   std::atomic<bool> ready{false};
   std::atomic<int> activeCalls{0};  // API calls inside this comm (abort waits)
   uint64_t collSeq = 0;             // collectives issued (signature checks)
+  uint32_t shrinkSeq = 0;           // attnCommShrink calls (their bootstrap tags)
 
   // Non-blocking communicators run their operations here.
   std::unique_ptr<attn::Executor> executor;

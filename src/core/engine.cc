@@ -151,8 +151,9 @@ attnResult_t Engine::timeoutError() {
 }
 
 attnResult_t Engine::idleWait(int* spins, std::chrono::steady_clock::time_point* lastProgress) {
-  if (abortFlag_ && abortFlag_->load(std::memory_order_relaxed)) {
-    attnResult_t r = setError(attnRemoteError, "communicator aborted");
+  if (aborted()) {
+    attnResult_t r = setError(attnRemoteError, stopped_.load() ? "operations stopped by attnCommShrink"
+                                                               : "communicator aborted");
     breakWith(attnRemoteError, threadLastError());
     return r;
   }

@@ -35,7 +35,15 @@ class Engine {
 
   int rank() const { return rank_; }
   int timeoutMs() const { return timeoutMs_; }
-  bool aborted() const { return abortFlag_ && abortFlag_->load(std::memory_order_relaxed); }
+  // The communicator was aborted, or its operations were stopped.
+  bool aborted() const {
+    return stopped_.load(std::memory_order_relaxed) ||
+           (abortFlag_ && abortFlag_->load(std::memory_order_relaxed));
+  }
+  // Ends the operations waiting in any thread (they fail with
+  // attnRemoteError) without aborting the communicator's bootstrap: what
+  // attnCommShrink(ATTN_SHRINK_ABORT) needs. Later operations fail too.
+  void stopOperations() { stopped_.store(true, std::memory_order_relaxed); }
   int nranks() const { return nranks_; }
   const char* transportName(int peer) const;
   // The connection's mappedSendMin() (0 for self and unconnected peers).
@@ -93,6 +101,7 @@ class Engine {
 
   int rank_, nranks_, timeoutMs_;
   const std::atomic<bool>* abortFlag_;
+  std::atomic<bool> stopped_{false};
   std::mutex mu_;
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<std::unique_ptr<Connection>> conns_;

@@ -107,6 +107,29 @@ class Collectives(unittest.TestCase):
             for c in comms:
                 c.destroy()
 
+    def test_shrink_after_a_rank_aborts(self):
+        n = 3
+        comms = ac.Comm.init_all(n)
+        lost = 1
+
+        def body(r, c):
+            if r == lost:
+                c.abort()  # this rank is gone; its peers' next collective fails
+                return
+            with self.assertRaises(ac.AttnError):
+                c.all_reduce(np.ones(1000, np.float32), np.zeros(1000, np.float32))
+            small = c.shrink([lost], abort=True)
+            try:
+                self.assertEqual((small.size, small.rank), (2, 0 if r == 0 else 1))
+                s = np.zeros(8, np.float64)
+                small.all_reduce(np.full(8, r + 1.0), s)
+                np.testing.assert_array_equal(s, np.full(8, 1.0 + 3.0))
+            finally:
+                small.destroy()
+                c.abort()
+
+        on_ranks(comms, body)
+
     def test_ranks_as_processes_meet_through_a_unique_id(self):
         n = 3
         uid = ac.UniqueId()
