@@ -3,7 +3,9 @@
 // and tcp), a rank that never joins init, a cut network link between two
 // emulated hosts (network namespaces), and ATTN_CHECK=1 catching mismatched
 // collectives. In every case the surviving ranks must get an error code and
-// a readable cause, never hang (the harness deadlines enforce that).
+// a readable cause, never hang (the harness deadlines enforce that). On the
+// emulated hosts, the survivors of a cut link also shrink it away
+// (attnCommShrink; its other cases are in test_shrink.cc).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -491,9 +493,10 @@ TEST(CheckMismatch, ArgumentsRefusedOnOneRankFailEveryRankInStepProcesses) {
 }
 
 // ---------------------------------------------------------------------------
-// A cut link between two emulated hosts (network namespaces, over tcp).
-// The test runs tests/netns/emulate_hosts.sh with this binary as the rank
-// program (NetnsHelper.Rank below); rank 1 takes the link down mid-run.
+// A cut link between emulated hosts (network namespaces, over tcp). The
+// tests run tests/netns/emulate_hosts.sh with this binary as the rank
+// program (NetnsHelper.Rank below); the last rank takes its host's link
+// down mid-run.
 
 std::string SelfExe() {
   char buf[4096];
@@ -503,22 +506,25 @@ std::string SelfExe() {
   return buf;
 }
 
-TEST(NetnsLinkDown, CollectiveFailsWithinTimeout) {
+// Runs emulate_hosts.sh with `hosts` hosts, NetnsHelper.Rank as the rank
+// program in `scenario`, and expects every rank's log to carry `marker`
+// lines (one per rank that prints it) and the script to succeed.
+void RunNetnsScenario(int hosts, const std::string& scenario, const std::string& marker, int markers) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
   if (std::system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "'ip netns' not available";
   const std::string script = std::string(ATTN_SOURCE_DIR) + "/tests/netns/emulate_hosts.sh";
   if (!std::filesystem::exists(script)) GTEST_SKIP() << script << " not found";
-  const std::string logs = "/tmp/attn_netns_linkdown_" + std::to_string(getpid());
+  const std::string logs = "/tmp/attn_netns_" + scenario + "_" + std::to_string(getpid());
   std::filesystem::create_directories(logs);
   const int port = 20000 + getpid() % 20000;
-  const std::string cmd = "ATTN_TEST_NETNS_RANK=1 ATTN_TRANSPORT=tcp ATTN_TIMEOUT_MS=60000 "
-                          "bash " + script + " --hosts 2 --timeout 90 --grace 20 --port " +
-                          std::to_string(port) + " --log-dir " + logs + " -- " + SelfExe() +
-                          " --gtest_filter=NetnsHelper.Rank";
+  const std::string cmd = "ATTN_TEST_NETNS_RANK=" + scenario + " ATTN_TRANSPORT=tcp ATTN_TIMEOUT_MS=60000 "
+                          "bash " + script + " --hosts " + std::to_string(hosts) +
+                          " --timeout 90 --grace 20 --port " + std::to_string(port) + " --log-dir " + logs +
+                          " -- " + SelfExe() + " --gtest_filter=NetnsHelper.Rank";
   const int st = std::system(cmd.c_str());
   const int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   std::string rankLogs;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < hosts; ++r) {
     std::ifstream f(logs + "/rank" + std::to_string(r) + ".log");
     rankLogs += "--- rank " + std::to_string(r) + " ---\n" +
                 std::string(std::istreambuf_iterator<char>(f), {});
@@ -526,13 +532,49 @@ TEST(NetnsLinkDown, CollectiveFailsWithinTimeout) {
   std::filesystem::remove_all(logs);
   if (rc == 77) GTEST_SKIP() << "emulate_hosts.sh cannot emulate here\n" << rankLogs;
   EXPECT_EQ(rc, 0) << "emulate_hosts.sh exited " << rc << "\n" << rankLogs;
-  EXPECT_TRUE(Contains(rankLogs, "LINKDOWN-RESULT")) << rankLogs;
+  int found = 0;
+  for (size_t at = rankLogs.find(marker); at != std::string::npos; at = rankLogs.find(marker, at + 1)) ++found;
+  EXPECT_EQ(found, markers) << rankLogs;
 }
 
-// Runs only under emulate_hosts.sh (ATTN_TEST_NETNS_RANK=1).
+TEST(NetnsLinkDown, CollectiveFailsWithinTimeout) { RunNetnsScenario(2, "linkdown", "LINKDOWN-RESULT", 2); }
+
+// Three hosts; host 2's link goes down. Hosts 0 and 1 see their collective
+// fail, shrink host 2 away over the links they still have, and carry on.
+TEST(NetnsLinkDown, SurvivorsShrinkAndCarryOn) { RunNetnsScenario(3, "shrink", "SHRINK-RESULT", 2); }
+
+// Takes the switch side of this host's link down (the namespace names
+// carry the script's pid, an ancestor of ours); falls back to our own
+// interface.
+void CutMyLink(int rank) {
+  std::string cut = "ip link set eth0 down";
+  for (pid_t p = getppid(); p > 1;) {
+    const std::string sw = "attn" + std::to_string(p) + "sw";
+    if (std::filesystem::exists("/var/run/netns/" + sw)) {
+      cut = "ip -n " + sw + " link set p" + std::to_string(rank) + " down";
+      break;
+    }
+    std::ifstream st("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    std::getline(st, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) break;
+    std::istringstream is(line.substr(close + 2));
+    char state;
+    pid_t parent = 0;
+    is >> state >> parent;
+    p = parent;
+  }
+  std::printf("rank %d: cutting the link: %s\n", rank, cut.c_str());
+  std::fflush(stdout);
+  ASSERT_EQ(std::system(cut.c_str()), 0) << cut;
+}
+
+// Runs only under emulate_hosts.sh (ATTN_TEST_NETNS_RANK names the scenario).
 TEST(NetnsHelper, Rank) {
-  if (!std::getenv("ATTN_TEST_NETNS_RANK"))
-    GTEST_SKIP() << "helper for NetnsLinkDown; runs only under emulate_hosts.sh";
+  const char* scenario = std::getenv("ATTN_TEST_NETNS_RANK");
+  if (!scenario) GTEST_SKIP() << "helper for NetnsLinkDown; runs only under emulate_hosts.sh";
+  const bool shrink = std::string(scenario) == "shrink";
   // The healthy phase runs under a generous timeout: a rank that starts
   // late on a loaded machine must not look like a cut link. Only the
   // communicator split off for the cut carries the short timeout.
@@ -551,31 +593,8 @@ TEST(NetnsHelper, Rank) {
   ASSERT_NE(comm, nullptr);
   CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 65537, false);  // connects before the cut
   ASSERT_FALSE(HasFailure());
-  if (rank == 1) {
-    // Cut the switch side of this host's link (the namespace names carry
-    // the script's pid, our parent); fall back to our own interface.
-    std::string cut = "ip link set eth0 down";
-    for (pid_t p = getppid(); p > 1;) {
-      const std::string sw = "attn" + std::to_string(p) + "sw";
-      if (std::filesystem::exists("/var/run/netns/" + sw)) {
-        cut = "ip -n " + sw + " link set p1 down";
-        break;
-      }
-      std::ifstream st("/proc/" + std::to_string(p) + "/stat");
-      std::string line;
-      std::getline(st, line);
-      const size_t close = line.rfind(')');
-      if (close == std::string::npos) break;
-      std::istringstream is(line.substr(close + 2));
-      char state;
-      pid_t parent = 0;
-      is >> state >> parent;
-      p = parent;
-    }
-    std::printf("rank 1: cutting the link: %s\n", cut.c_str());
-    std::fflush(stdout);
-    ASSERT_EQ(std::system(cut.c_str()), 0) << cut;
-  }
+  const int victim = n - 1;
+  if (rank == victim) CutMyLink(rank);
   TypedBuf b(attnFloat32, 65537);
   r = attnSuccess;
   int it = 0;
@@ -583,8 +602,24 @@ TEST(NetnsHelper, Rank) {
     r = attnAllReduce(b.data(), b.data(), 65537, attnFloat32, attnSum, comm, nullptr);
   EXPECT_TRUE(IsPeerFailure(r)) << ResultName(r) << " after " << it << ": " << attnGetLastError(comm);
   EXPECT_STRNE(attnGetLastError(comm), "");
-  std::printf("LINKDOWN-RESULT rank %d: %s after %d: %s\n", rank, ResultName(r), it,
-              attnGetLastError(comm));
+  if (!shrink) {
+    std::printf("LINKDOWN-RESULT rank %d: %s after %d: %s\n", rank, ResultName(r), it,
+                attnGetLastError(comm));
+  } else if (rank != victim) {
+    attnComm_t smaller = nullptr;
+    ATTN_ASSERT_OK(comm, attnCommShrink(comm, &victim, 1, &smaller, nullptr, ATTN_SHRINK_ABORT));
+    int sn = 0, sr = -1;
+    ATTN_ASSERT_OK(smaller, attnCommCount(smaller, &sn));
+    ATTN_ASSERT_OK(smaller, attnCommUserRank(smaller, &sr));
+    EXPECT_EQ(sn, n - 1);
+    EXPECT_EQ(sr, rank);
+    for (int i = 0; i < 3; ++i) CheckAllReduce(smaller, sr, sn, attnFloat32, attnSum, 65537, false);
+    CheckBroadcast(smaller, sr, sn, attnBfloat16, 10000, sn - 1, false);
+    if (!HasFailure())
+      std::printf("SHRINK-RESULT rank %d: %s after %d, then rank %d of %d on the shrunk communicator\n",
+                  rank, ResultName(r), it, sr, sn);
+    EXPECT_EQ(attnCommDestroy(smaller), attnSuccess);
+  }
   std::fflush(stdout);
   attnCommAbort(comm);
   attnCommAbort(world);
