@@ -286,6 +286,10 @@ ATTN_API attnResult_t attnCommCount(const attnComm_t comm, int* count);
 /* This caller's rank in comm. */
 ATTN_API attnResult_t attnCommUserRank(const attnComm_t comm, int* rank);
 
+/* The CUDA device ordinal comm runs on (ncclCommCuDevice), or
+ * ATTN_DEVICE_HOST for a host-memory communicator. */
+ATTN_API attnResult_t attnCommDevice(const attnComm_t comm, int* device);
+
 /* ------------------------------------------------------------------ */
 /* Shareable host memory (like ncclMemAlloc)                           */
 /* ------------------------------------------------------------------ */

@@ -147,6 +147,7 @@ _Abort = _declare("attnCommAbort", _comm)
 _AsyncError = _declare("attnCommGetAsyncError", _comm, ctypes.POINTER(ctypes.c_int))
 _Count = _declare("attnCommCount", _comm, ctypes.POINTER(ctypes.c_int))
 _UserRank = _declare("attnCommUserRank", _comm, ctypes.POINTER(ctypes.c_int))
+_Device = _declare("attnCommDevice", _comm, ctypes.POINTER(ctypes.c_int))
 _Send = _declare("attnSend", _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _comm, _p)
 _Recv = _declare("attnRecv", _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _comm, _p)
 _GroupStart = _declare("attnGroupStart")
@@ -481,6 +482,13 @@ class Comm:
         n = ctypes.c_int()
         _check(_Count(self._h, ctypes.byref(n)), self._h, "attnCommCount")
         return n.value
+
+    @property
+    def device(self):
+        """The CUDA device ordinal, or DEVICE_HOST (-1) for host memory."""
+        d = ctypes.c_int()
+        _check(_Device(self._h, ctypes.byref(d)), self._h, "attnCommDevice")
+        return d.value
 
     def async_error(self):
         e = ctypes.c_int()

@@ -140,10 +140,16 @@ TEST(Init, CountAndUserRank) {
       ATTN_EXPECT_OK(comms[r], attnCommUserRank(comms[r], &rank));
       EXPECT_EQ(count, n);
       EXPECT_EQ(rank, r);
+      int device = 7;
+      ATTN_EXPECT_OK(comms[r], attnCommDevice(comms[r], &device));
+      EXPECT_EQ(device, ATTN_DEVICE_HOST);
       EXPECT_EQ(attnCommCount(comms[r], nullptr), attnInvalidArgument);
       EXPECT_EQ(attnCommUserRank(comms[r], nullptr), attnInvalidArgument);
+      EXPECT_EQ(attnCommDevice(comms[r], nullptr), attnInvalidArgument);
     }
     EXPECT_EQ(attnCommCount(nullptr, nullptr), attnInvalidArgument);
+    int device = 7;
+    EXPECT_EQ(attnCommDevice(nullptr, &device), attnInvalidArgument);
     for (auto c : comms) EXPECT_EQ(attnCommDestroy(c), attnSuccess);
   }
 }

@@ -101,6 +101,9 @@ TEST(DeviceComm, CollectivesOnDeviceBuffersAreStreamOrdered) {
       attnResult_t async;
       ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
       EXPECT_EQ(async, attnSuccess);
+      int device = -5;
+      ASSERT_EQ(attnCommDevice(comm, &device), attnSuccess);
+      EXPECT_EQ(device, 0);
       cudaFree(send);
       cudaFree(gathered);
       cudaFree(reduced);

@@ -278,6 +278,14 @@ attnResult_t attnCommUserRank(const attnComm_t comm, int* rank) {
   return attnSuccess;
 }
 
+attnResult_t attnCommDevice(const attnComm_t comm, int* device) {
+  ErrorContext ctx("-");
+  ATTN_REQUIRE(comm != nullptr, "communicator is NULL");
+  ATTN_REQUIRE(device != nullptr, "device is NULL");
+  *device = comm->config.device;
+  return attnSuccess;
+}
+
 }  // extern "C"
 
 namespace attn {

@@ -37,7 +37,7 @@ class Collectives(unittest.TestCase):
             count = 7
 
             def body(r, c):
-                self.assertEqual((c.rank, c.size), (r, n))
+                self.assertEqual((c.rank, c.size, c.device), (r, n, ac.DEVICE_HOST))
                 x = np.arange(count, dtype=np.float32) + 100 * r
                 y = np.zeros(count * n, np.float32)
                 c.all_gather(x, y)
