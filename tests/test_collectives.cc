@@ -284,10 +284,26 @@ TEST_P(ForcedReduce, EveryRootN4) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algos, ForcedReduce,
-                         ::testing::Combine(::testing::Values("chain", "scatter"), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values("tree", "chain", "scatter"), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {
                            return std::get<0>(info.param) + (std::get<1>(info.param) ? "_processes_tcp" : "_threads");
                          });
+
+// The binomial tree where n is not a power of two (ranks whose subtrees are
+// cut short) and every rank is the root once.
+TEST(ForcedReduce, TreeOddSizesEveryRoot) {
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", "tree"}});
+  for (int n : {3, 5, 6, 7}) {
+    RunThreads(n, [](int rank, int n, attnComm_t& comm) {
+      for (int root = 0; root < n; ++root) {
+        CheckReduce(comm, rank, n, attnFloat64, attnSum, 777, root, root % 2 == 0);
+        CheckReduce(comm, rank, n, attnFloat16, attnAvg, 64, root, false, /*nullRecvOnNonRoot=*/true);
+        CheckReduce(comm, rank, n, attnUint8, attnMax, 1, root, true);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    });
+  }
+}
 
 // ---------------------------------------------------------------------------
 // At least 4 MiB per buffer.

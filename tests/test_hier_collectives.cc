@@ -237,28 +237,36 @@ TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
 }
 
 // ATTN_STAGE_MAX: the default, a value, and 0 for "never stage".
-TEST(AlgoSelect, ReduceScatterOnlyForMidSizesOnSingleCopyLinks) {
+TEST(AlgoSelect, ReduceTreeForSmallScatterForMidSizesOnSingleCopyLinks) {
+  using attn::ReduceAlgo;
   using attn::ReduceSetting;
+  auto choose = [](ReduceSetting s, int n, bool singleCopy, size_t bytes) {
+    return attn::chooseReduceAlgo(s, n, singleCopy, bytes);
+  };
   const size_t mid = size_t(512) << 10;
-  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, true, mid));
-  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kAuto, 3, true, attn::kReduceScatterMin));
-  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kAuto, 3, true, attn::kReduceScatterMax));
-  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, false, mid));  // another host, or tcp
-  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 2, true, mid));   // nothing to spread
-  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, true, attn::kReduceScatterMin - 1));
-  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kAuto, 4, true, attn::kReduceScatterMax + 1));
-  EXPECT_TRUE(attn::chooseReduceScatter(ReduceSetting::kScatter, 2, false, 1));
-  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kScatter, 1, true, mid));  // one rank: a copy
-  EXPECT_FALSE(attn::chooseReduceScatter(ReduceSetting::kChain, 4, true, mid));
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, true, 1), ReduceAlgo::kTree);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 3, false, attn::kReduceTreeMax), ReduceAlgo::kTree);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 2, true, 1), ReduceAlgo::kChain);  // the same one hop
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, false, attn::kReduceTreeMax + 1), ReduceAlgo::kChain);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, true, mid), ReduceAlgo::kScatter);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 3, true, attn::kReduceScatterMin), ReduceAlgo::kScatter);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 3, true, attn::kReduceScatterMax), ReduceAlgo::kScatter);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, false, mid), ReduceAlgo::kChain);  // another host, or tcp
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 2, true, mid), ReduceAlgo::kChain);   // nothing to spread
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, true, attn::kReduceScatterMax + 1), ReduceAlgo::kChain);
+  EXPECT_EQ(choose(ReduceSetting::kScatter, 2, false, 1), ReduceAlgo::kScatter);
+  EXPECT_EQ(choose(ReduceSetting::kTree, 2, false, mid), ReduceAlgo::kTree);
+  EXPECT_EQ(choose(ReduceSetting::kScatter, 1, true, mid), ReduceAlgo::kChain);  // one rank: a copy
+  EXPECT_EQ(choose(ReduceSetting::kChain, 4, true, 1), ReduceAlgo::kChain);
   ReduceSetting s;
   for (const auto& [v, want] : std::vector<std::pair<std::string, ReduceSetting>>{
-           {"", ReduceSetting::kAuto}, {"auto", ReduceSetting::kAuto}, {"chain", ReduceSetting::kChain},
-           {"scatter", ReduceSetting::kScatter}}) {
+           {"", ReduceSetting::kAuto}, {"auto", ReduceSetting::kAuto}, {"tree", ReduceSetting::kTree},
+           {"chain", ReduceSetting::kChain}, {"scatter", ReduceSetting::kScatter}}) {
     ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", v}});
     ASSERT_EQ(attn::readReduceSetting(&s), attnSuccess) << v;
     EXPECT_EQ(s, want) << v;
   }
-  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", "tree"}});
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", "ring"}});
   EXPECT_EQ(attn::readReduceSetting(&s), attnInvalidArgument);
 }
 

@@ -43,15 +43,25 @@ attnResult_t readAllToAllSetting(AllToAllSetting* out) {
 attnResult_t readReduceSetting(ReduceSetting* out) {
   std::optional<std::string> v = envString("ATTN_REDUCE_ALGO");
   if (!v || v->empty() || *v == "auto") { *out = ReduceSetting::kAuto; return attnSuccess; }
+  if (*v == "tree") { *out = ReduceSetting::kTree; return attnSuccess; }
   if (*v == "chain") { *out = ReduceSetting::kChain; return attnSuccess; }
   if (*v == "scatter") { *out = ReduceSetting::kScatter; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_REDUCE_ALGO='%s' is not one of chain, scatter, auto", v->c_str());
+  return setError(attnInvalidArgument, "ATTN_REDUCE_ALGO='%s' is not one of tree, chain, scatter, auto",
+                  v->c_str());
 }
 
-bool chooseReduceScatter(ReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
-  if (nranks < 2 || s == ReduceSetting::kChain) return false;
-  if (s == ReduceSetting::kScatter) return true;
-  return nranks > 2 && singleCopy && bytes >= kReduceScatterMin && bytes <= kReduceScatterMax;
+ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
+  if (nranks < 2) return ReduceAlgo::kChain;  // one rank: a copy
+  switch (s) {
+    case ReduceSetting::kTree: return ReduceAlgo::kTree;
+    case ReduceSetting::kChain: return ReduceAlgo::kChain;
+    case ReduceSetting::kScatter: return ReduceAlgo::kScatter;
+    case ReduceSetting::kAuto: break;
+  }
+  if (nranks > 2 && bytes <= kReduceTreeMax) return ReduceAlgo::kTree;
+  if (nranks > 2 && singleCopy && bytes >= kReduceScatterMin && bytes <= kReduceScatterMax)
+    return ReduceAlgo::kScatter;
+  return ReduceAlgo::kChain;
 }
 
 AllToAllSchedule chooseAllToAllSchedule(AllToAllSetting s, bool allShm, size_t maxBlock) {
@@ -212,19 +222,21 @@ AllToAllSchedule pickAllToAllSchedule(attnComm* comm, AllToAllSetting s, size_t 
   return a;
 }
 
-bool pickReduceScatter(attnComm* comm, ReduceSetting s, size_t bytes) {
+ReduceAlgo pickReduceAlgo(attnComm* comm, ReduceSetting s, size_t bytes) {
   const CollTopo& t = collTopo(comm);
-  const bool scatter = chooseReduceScatter(s, comm->nranks, t.singleCopy, bytes);
-  const unsigned bit = 1u << (scatter ? 1 : 0);
+  const ReduceAlgo a = chooseReduceAlgo(s, comm->nranks, t.singleCopy, bytes);
+  const unsigned bit = 1u << static_cast<unsigned>(a);
   if (!(comm->collTopo->loggedReduce & bit)) {
     comm->collTopo->loggedReduce |= bit;
-    ATTN_INFO(kLogColl, "Reduce: %s (%s; %zu bytes)", scatter ? "reduce-scatter + gather" : "chain",
-              s != ReduceSetting::kAuto ? "ATTN_REDUCE_ALGO"
-              : t.singleCopy            ? "one host, single-copy shm"
-                                        : "not all peers on this host by shm",
-              bytes);
+    const char* name = a == ReduceAlgo::kTree ? "binomial tree"
+                       : a == ReduceAlgo::kScatter ? "reduce-scatter + gather" : "chain";
+    const char* why = s != ReduceSetting::kAuto      ? "ATTN_REDUCE_ALGO"
+                      : a == ReduceAlgo::kTree        ? "small message"
+                      : t.singleCopy                  ? "one host, single-copy shm"
+                                                      : "not all peers on this host by shm";
+    ATTN_INFO(kLogColl, "Reduce: %s (%s; %zu bytes)", name, why, bytes);
   }
-  return scatter;
+  return a;
 }
 
 std::vector<Block> blocksByRing(const Ring& ring, const std::vector<Block>& byRank) {

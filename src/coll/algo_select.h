@@ -138,19 +138,24 @@ attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, c
 // pipelined chain.
 constexpr size_t kDirectBroadcastMin = size_t(32) << 10;
 attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, size_t elemSize);
-// Reduce: ATTN_REDUCE_ALGO=chain|scatter|auto (default auto), read at every
-// call. chain: the pipelined chain along the proximity ring, turned so
-// that it ends at the root. scatter: a reduce-scatter (the all-reduce's
-// algorithm) and a gather of the slices to the root. auto: scatter where it
-// measured faster (3+ ranks on one host over shm, kReduceScatterMin to
-// kReduceScatterMax bytes: perf/RESULTS.md §1), else the chain.
-enum class ReduceSetting { kAuto, kChain, kScatter };
-constexpr size_t kReduceScatterMin = size_t(128) << 10;
+// Reduce: ATTN_REDUCE_ALGO=tree|chain|scatter|auto (default auto), read at
+// every call. tree: a binomial tree over the proximity order, log2(n)
+// message steps. chain: the pipelined chain along the proximity ring,
+// turned so that it ends at the root. scatter: a reduce-scatter (the
+// all-reduce's algorithm) and a gather of the slices to the root. auto,
+// where each measured fastest (perf/RESULTS.md §1, Reduce): the tree up to
+// kReduceTreeMax bytes between 3+ ranks; above it scatter up to
+// kReduceScatterMax bytes between 3+ ranks on one host over shm; else the
+// chain.
+enum class ReduceSetting { kAuto, kTree, kChain, kScatter };
+enum class ReduceAlgo { kTree, kChain, kScatter };
+constexpr size_t kReduceTreeMax = size_t(256) << 10;
+constexpr size_t kReduceScatterMin = kReduceTreeMax + 1;
 constexpr size_t kReduceScatterMax = size_t(2) << 20;
 attnResult_t readReduceSetting(ReduceSetting* out);
-bool chooseReduceScatter(ReduceSetting s, int nranks, bool singleCopy, size_t bytes);
+ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t bytes);
 // The choice for this communicator (logs each new one once at INFO).
-bool pickReduceScatter(attnComm* comm, ReduceSetting s, size_t bytes);
+ReduceAlgo pickReduceAlgo(attnComm* comm, ReduceSetting s, size_t bytes);
 // reduce of `count` elements to `root`; `out` is the root's (ignored
 // elsewhere); attnAvg divides there.
 attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in, char* out, size_t count,

@@ -72,6 +72,12 @@ attnResult_t hierReduceScatterv(Engine& e, const Hierarchy& h, int me, const cha
                                 const std::vector<Block>& blocks, attnDataType_t type,
                                 attnRedOp_t op, size_t chunk);
 
+// Binomial-tree reduce to ring position 0 (the root): log2(n) message
+// steps, for small messages; `out` is written on the root only.
+attnResult_t treeReduce(Engine& e, const Ring& ring, const char* in, char* out, size_t count,
+                        attnDataType_t type, attnRedOp_t op);
+
+
 // Pipelined chain broadcast from ring position 0 along the ring. On the
 // root `buf` holds the data; elsewhere it receives it.
 attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes, size_t chunk);

@@ -162,17 +162,23 @@ static attnResult_t reduceScatterGather(attnComm* comm, int root, const char* in
 attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in, char* out, size_t count,
                        attnDataType_t type, attnRedOp_t op) {
   const size_t esz = dataTypeSize(type);
-  if (pickReduceScatter(comm, s, count * esz)) return reduceScatterGather(comm, root, in, out, count, type, op);
-  // The proximity ring, starting after the root so that it comes last.
+  const ReduceAlgo a = pickReduceAlgo(comm, s, count * esz);
+  if (a == ReduceAlgo::kScatter) return reduceScatterGather(comm, root, in, out, count, type, op);
+  // The proximity ring turned to start at the root (tree) or just after
+  // it, so that it comes last (chain).
   const CollTopo& t = collTopo(comm);
   const int n = comm->nranks;
   const int rootPos = int(std::find(t.ring.ranks.begin(), t.ring.ranks.end(), root) - t.ring.ranks.begin());
+  const int first = a == ReduceAlgo::kTree ? rootPos : rootPos + 1;
   Ring ring;
   ring.ranks.resize(size_t(n));
-  for (int i = 0; i < n; ++i) ring.ranks[size_t(i)] = t.ring.at(rootPos + 1 + i);
-  ring.pos = (t.ring.pos - rootPos - 1 + 2 * n) % n;
-  ATTN_CHECK(chainReduce(*comm->engine, ring, in, out, count, type, op == attnAvg ? attnSum : op,
-                         chunkBytes(esz) / 2));
+  for (int i = 0; i < n; ++i) ring.ranks[size_t(i)] = t.ring.at(first + i);
+  ring.pos = (t.ring.pos - first + 2 * n) % n;
+  const attnRedOp_t folded = op == attnAvg ? attnSum : op;
+  if (a == ReduceAlgo::kTree)
+    ATTN_CHECK(treeReduce(*comm->engine, ring, in, out, count, type, folded));
+  else
+    ATTN_CHECK(chainReduce(*comm->engine, ring, in, out, count, type, folded, chunkBytes(esz) / 2));
   if (op == attnAvg && comm->rank == root) cpu::divideInPlace(out, count, type, n);
   return attnSuccess;
 }
