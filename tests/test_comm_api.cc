@@ -22,10 +22,6 @@ using namespace attn_test;
 
 namespace {
 
-bool Contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
-}
-
 // ---------------------------------------------------------------------------
 // Library and errors
 

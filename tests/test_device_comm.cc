@@ -499,12 +499,7 @@ TEST(DeviceComm, ShrinkAbortEndsParkedStreamWorkAndTheSurvivorsGoOn) {
     std::atomic<int> survivorsDone{0};
     RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
       const int silent = 2;
-      if (rank == silent) {
-        while (survivorsDone.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        EXPECT_EQ(attnCommAbort(comm), attnSuccess);
-        comm = nullptr;
-        return;
-      }
+      if (rank == silent) return attn_test::IdleUntilThenAbort(survivorsDone, 2, comm);
       cudaStream_t s;
       ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
       const size_t count = 1 << 14;

@@ -29,18 +29,6 @@ using namespace attn_test;
 
 namespace {
 
-bool Contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
-}
-
-bool IsPeerFailure(attnResult_t r) { return r == attnRemoteError || r == attnTimeout; }
-
-attnConfig_t ConfigWithTimeout(int ms) {
-  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = ms;
-  return cfg;
-}
-
 // ---------------------------------------------------------------------------
 // A peer that never calls the collective: attnTimeout within the timeout.
 

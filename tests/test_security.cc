@@ -46,12 +46,6 @@ attnUniqueId Encode(const attn::UniqueIdData& d) {
   return id;
 }
 
-attnConfig_t ConfigWithTimeout(int ms) {
-  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = ms;
-  return cfg;
-}
-
 // The legitimate ranks: init with `id`, then exact collectives.
 void LegitRanksComplete(int n, const attnUniqueId& id, int timeoutMs = 20000) {
   RunThreadsRaw(n, [&](int rank) {

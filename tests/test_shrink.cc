@@ -20,18 +20,6 @@ using namespace attn_test;
 
 namespace {
 
-bool Contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
-}
-
-bool IsPeerFailure(attnResult_t r) { return r == attnRemoteError || r == attnTimeout; }
-
-attnConfig_t ConfigWithTimeout(int ms) {
-  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = ms;
-  return cfg;
-}
-
 // The new communicator has the survivors in their old order and carries
 // collectives and ring attention exactly.
 void CheckShrunk(attnComm_t parent, int oldRank, const std::vector<int>& excluded, attnComm_t shrunk) {
@@ -172,12 +160,7 @@ TEST(Shrink, AbortEndsAnOperationHungOnASilentRank) {
   std::atomic<int> survivorsDone{0};
   RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
     const int silent = 2;
-    if (rank == silent) {
-      while (survivorsDone.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      EXPECT_EQ(attnCommAbort(comm), attnSuccess);
-      comm = nullptr;
-      return;
-    }
+    if (rank == silent) return IdleUntilThenAbort(survivorsDone, 2, comm);
     std::atomic<bool> entered{false};
     attnResult_t hung = attnSuccess;
     std::thread stuck([&, c = comm] {
@@ -216,12 +199,7 @@ TEST(Shrink, AbortOnNonBlockingCommunicator) {
   std::atomic<int> survivorsDone{0};
   RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
     const int silent = 0;
-    if (rank == silent) {
-      while (survivorsDone.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      EXPECT_EQ(attnCommAbort(comm), attnSuccess);
-      comm = nullptr;
-      return;
-    }
+    if (rank == silent) return IdleUntilThenAbort(survivorsDone, 2, comm);
     TypedBuf b(attnFloat64, 4096);
     EXPECT_EQ(attnAllReduce(b.data(), b.data(), 4096, attnFloat64, attnSum, comm, nullptr), attnInProgress);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -918,4 +918,10 @@ int FindFreePort() {
   return port;
 }
 
+void IdleUntilThenAbort(const std::atomic<int>& done, int target, attnComm_t& comm) {
+  while (done.load() < target) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+  comm = nullptr;
+}
+
 }  // namespace attn_test

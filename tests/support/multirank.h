@@ -250,6 +250,20 @@ void CheckRingExchange(attnComm_t comm, int rank, int n, attnDataType_t t, size_
 
 // "attnSuccess"-style name of a result code (for messages).
 const char* ResultName(attnResult_t r);
+// What a dead or silent peer makes an operation return.
+inline bool IsPeerFailure(attnResult_t r) { return r == attnRemoteError || r == attnTimeout; }
+// ATTN_CONFIG_INITIALIZER with timeout_ms set.
+inline attnConfig_t ConfigWithTimeout(int ms) {
+  attnConfig_t cfg = ATTN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = ms;
+  return cfg;
+}
+// A rank that takes no part (a silent peer): waits until `done` reaches
+// `target`, then aborts its communicator (comm = nullptr).
+void IdleUntilThenAbort(const std::atomic<int>& done, int target, attnComm_t& comm);
+inline bool Contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
 
 }  // namespace attn_test
 
