@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -304,6 +306,76 @@ TEST(ForcedReduce, TreeOddSizesEveryRoot) {
     });
   }
 }
+
+// Both all-reduce algorithms forced (ATTN_ALLREDUCE_ALGO) at every N from 1
+// to 8: recursive doubling where N is not a power of two folds the first
+// ranks in pairs before and after; counts span empty to past the auto limit.
+class ForcedAllReduce : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ForcedAllReduce, EveryNThreads) {
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALLREDUCE_ALGO", GetParam()}});
+  for (int n = 1; n <= 8; ++n) {
+    RunThreads(n, [](int rank, int n, attnComm_t& comm) {
+      for (size_t count : {size_t(0), size_t(1), size_t(33), size_t(20001)}) {
+        CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, count % 2 == 1);
+        CheckAllReduce(comm, rank, n, attnBfloat16, attnAvg, count, false);
+        CheckAllReduce(comm, rank, n, attnInt64, attnMin, count, true);
+        CheckAllReduce(comm, rank, n, attnUint8, attnProd, count, false);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    });
+  }
+}
+
+// Between processes over tcp and over shm, N = 5 (three pairs fold).
+TEST_P(ForcedAllReduce, ProcessesN5) {
+  for (const char* transport : {"tcp", "shm"}) {
+    RunOptions opts;
+    opts.env = {{"ATTN_ALLREDUCE_ALGO", GetParam()}, {"ATTN_TRANSPORT", transport}};
+    opts.deadline_ms = 180000;
+    ScopedEnv env(opts.env);
+    RunProcesses(5, [](int rank, int n, attnComm_t& comm) {
+      for (size_t count : {size_t(7), size_t(4099), size_t(70001)}) {
+        CheckAllReduce(comm, rank, n, attnFloat32, attnSum, count, count == 7);
+        CheckAllReduce(comm, rank, n, attnFloat16, attnMax, count, true);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }, opts);
+  }
+}
+
+// Inputs whose sums round: every rank must still end with the same bits
+// (engines compare or reuse the result on every rank), and near the exact sum.
+TEST_P(ForcedAllReduce, EveryRankGetsTheSameBits) {
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALLREDUCE_ALGO", GetParam()}});
+  for (int n : {3, 4, 6}) {
+    RunThreads(n, [](int rank, int n, attnComm_t& comm) {
+      constexpr size_t kCount = 1000;
+      auto input = [](int r, size_t i) {
+        uint32_t h = uint32_t(r) * 2654435761u ^ uint32_t(i) * 40503u;
+        h ^= h >> 13;
+        h *= 0x5bd1e995u;
+        return (float(h % 2000003u) / 2000003.0f - 0.5f) * float(1 + (i % 7) * 1000);
+      };
+      std::vector<float> in(kCount), out(kCount), all(kCount * size_t(n));
+      for (size_t i = 0; i < kCount; ++i) in[i] = input(rank, i);
+      ASSERT_EQ(attnAllReduce(in.data(), out.data(), kCount, attnFloat32, attnSum, comm, nullptr), attnSuccess)
+          << attnGetLastError(comm);
+      ASSERT_EQ(attnAllGather(out.data(), all.data(), kCount, attnFloat32, comm, nullptr), attnSuccess)
+          << attnGetLastError(comm);
+      for (int r = 1; r < n; ++r)
+        ASSERT_EQ(std::memcmp(all.data(), all.data() + size_t(r) * kCount, kCount * sizeof(float)), 0)
+            << "rank " << r << "'s result differs from rank 0's";
+      for (size_t i = 0; i < kCount; ++i) {
+        double exact = 0, mag = 0;
+        for (int r = 0; r < n; ++r) exact += input(r, i), mag += std::fabs(input(r, i));
+        ASSERT_NEAR(out[i], exact, 1e-6 * mag * n + 1e-30) << "element " << i;
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algos, ForcedAllReduce, ::testing::Values("doubling", "scatter"));
 
 // ---------------------------------------------------------------------------
 // At least 4 MiB per buffer.

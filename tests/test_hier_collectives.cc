@@ -236,7 +236,6 @@ TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
             CollAlgo::kRing);
 }
 
-// ATTN_STAGE_MAX: the default, a value, and 0 for "never stage".
 TEST(AlgoSelect, ReduceTreeForSmallScatterForMidSizesOnSingleCopyLinks) {
   using attn::ReduceAlgo;
   using attn::ReduceSetting;
@@ -270,6 +269,34 @@ TEST(AlgoSelect, ReduceTreeForSmallScatterForMidSizesOnSingleCopyLinks) {
   EXPECT_EQ(attn::readReduceSetting(&s), attnInvalidArgument);
 }
 
+TEST(AlgoSelect, AllReduceDoublingForSmallMessages) {
+  using attn::AllReduceAlgo;
+  using attn::AllReduceSetting;
+  auto choose = [](AllReduceSetting s, int n, bool singleCopy, size_t bytes) {
+    return attn::chooseAllReduceAlgo(s, n, singleCopy, bytes);
+  };
+  EXPECT_EQ(choose(AllReduceSetting::kAuto, 4, true, 8), AllReduceAlgo::kDoubling);
+  EXPECT_EQ(choose(AllReduceSetting::kAuto, 5, true, attn::kAllReduceDoublingShmMax), AllReduceAlgo::kDoubling);
+  EXPECT_EQ(choose(AllReduceSetting::kAuto, 5, true, attn::kAllReduceDoublingShmMax + 1), AllReduceAlgo::kScatter);
+  EXPECT_EQ(choose(AllReduceSetting::kAuto, 5, false, attn::kAllReduceDoublingShmMax + 1), AllReduceAlgo::kDoubling);
+  EXPECT_EQ(choose(AllReduceSetting::kAuto, 2, false, attn::kAllReduceDoublingMax), AllReduceAlgo::kDoubling);
+  EXPECT_EQ(choose(AllReduceSetting::kAuto, 3, false, attn::kAllReduceDoublingMax + 1), AllReduceAlgo::kScatter);
+  EXPECT_EQ(choose(AllReduceSetting::kDoubling, 8, true, size_t(1) << 30), AllReduceAlgo::kDoubling);
+  EXPECT_EQ(choose(AllReduceSetting::kScatter, 8, false, 8), AllReduceAlgo::kScatter);
+  EXPECT_EQ(choose(AllReduceSetting::kScatter, 1, false, 8), AllReduceAlgo::kDoubling);  // one rank: a copy
+  AllReduceSetting s;
+  for (const auto& [v, want] : std::vector<std::pair<std::string, AllReduceSetting>>{
+           {"", AllReduceSetting::kAuto}, {"auto", AllReduceSetting::kAuto},
+           {"doubling", AllReduceSetting::kDoubling}, {"scatter", AllReduceSetting::kScatter}}) {
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALLREDUCE_ALGO", v}});
+    ASSERT_EQ(attn::readAllReduceSetting(&s), attnSuccess) << v;
+    EXPECT_EQ(s, want) << v;
+  }
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_ALLREDUCE_ALGO", "ring"}});
+  EXPECT_EQ(attn::readAllReduceSetting(&s), attnInvalidArgument);
+}
+
+// ATTN_STAGE_MAX: the default, a value, and 0 for "never stage".
 TEST(AlgoSelect, StageLimitFromEnvironment) {
   {
     ScopedEnv env(std::vector<std::pair<std::string, std::string>>{});

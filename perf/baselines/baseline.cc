@@ -13,9 +13,14 @@ namespace attnperf {
 
 namespace {
 // Values per collective, the same functions our *_perf binaries use.
-// reduce: count is the whole buffer, reduced to rank 0.
+// reduce, all_reduce, broadcast: count is the whole buffer (to rank 0, to
+// every rank, from rank 0).
+bool wholeBuffer(const std::string& c) {
+  return c == "reduce" || c == "all_reduce" || c == "broadcast";
+}
 double sendValue(const std::string& c, int r, int n, size_t count, size_t j) {
   if (c == "all_gather") return copyValue(attnFloat32, r, 0, j);
+  if (c == "broadcast") return r == 0 ? copyValue(attnFloat32, 0, 0, j) : -1.0;
   if (c == "alltoall") return copyValue(attnFloat32, r, int(j / count), j % count);
   (void)n;
   return reduceInput(attnSum, r, j);
@@ -23,18 +28,20 @@ double sendValue(const std::string& c, int r, int n, size_t count, size_t j) {
 double recvValue(const std::string& c, int r, int n, size_t count, size_t i) {
   if (c == "all_gather") return copyValue(attnFloat32, int(i / count), 0, i % count);
   if (c == "alltoall") return copyValue(attnFloat32, int(i / count), r, i % count);
-  if (c == "reduce") return reduceExpected(attnSum, n, i);
+  if (c == "broadcast") return copyValue(attnFloat32, 0, 0, i);
+  if (c == "reduce" || c == "all_reduce") return reduceExpected(attnSum, n, i);
   return reduceExpected(attnSum, n, size_t(r) * count + i);
 }
 }  // namespace
 
 bool baselineCollKnown(const std::string& c) {
-  return c == "all_gather" || c == "reduce_scatter" || c == "alltoall" || c == "reduce";
+  return c == "all_gather" || c == "reduce_scatter" || c == "alltoall" || wholeBuffer(c);
 }
 
 bool baselineOptionsOk(const Options& o) {
   if (!baselineCollKnown(o.coll)) {
-    fprintf(stderr, "-C must be all_gather, reduce_scatter, alltoall or reduce (got '%s')\n",
+    fprintf(stderr, "-C must be all_gather, reduce_scatter, alltoall, reduce, all_reduce or broadcast "
+            "(got '%s')\n",
             o.coll.c_str());
     return false;
   }
@@ -50,7 +57,8 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
   const int r = be.rank(), n = be.nranks();
   const std::string& coll = o.coll;
   const bool toAll = coll != "reduce_scatter";  // recv holds n blocks
-  const bool toRoot = coll == "reduce";         // one block, checked on rank 0
+  const bool whole = wholeBuffer(coll);         // one block of count elements
+  const bool toRoot = coll == "reduce";         // checked on rank 0 only
   std::vector<RankInfo> ranks = be.gatherRankInfo(localRankInfo(r));
 
   std::unique_ptr<Reporter> rep;
@@ -62,7 +70,9 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
     info.mode = mode;
     info.transport = transport;
     info.nranks = n;
-    info.busFactor = toRoot ? 1.0 : double(n - 1) / double(n);
+    info.busFactor = coll == "all_reduce" ? 2.0 * double(n - 1) / double(n)
+                     : whole            ? 1.0
+                                        : double(n - 1) / double(n);
     info.hasInPlace = false;
     rep = std::make_unique<Reporter>(info, o);
     rep->header(ranks);
@@ -75,9 +85,9 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
   int64_t wrongTotal = 0;
 
   for (size_t bytes : sizes) {
-    const size_t count = bytes / sizeof(float) / (toRoot ? 1 : size_t(n));
+    const size_t count = bytes / sizeof(float) / (whole ? 1 : size_t(n));
     if (count == 0) continue;
-    const size_t all = toRoot ? count : count * size_t(n);
+    const size_t all = whole ? count : count * size_t(n);
     const size_t nSend = coll == "all_gather" ? count : all;
     const size_t nRecv = toRoot ? (r == 0 ? all : 0) : toAll ? all : count;
     for (size_t j = 0; j < nSend; j++) send[j] = float(sendValue(coll, r, n, count, j));
@@ -88,7 +98,7 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
     row.bytes = all * sizeof(float);
     row.count = all;
     row.type = "float";
-    row.op = coll == "reduce_scatter" || toRoot ? "sum" : "none";
+    row.op = coll == "reduce_scatter" || coll == "reduce" || coll == "all_reduce" ? "sum" : "none";
     Measure& m = row.outOfPlace;
     if (o.check) {
       op.call();

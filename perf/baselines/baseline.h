@@ -2,7 +2,7 @@
 // Backend; sizes, fill/check patterns, timing and the table come from the
 // same code our perf binaries use, so rows compare one to one.
 // Baselines measure float32 sum only: all_gather, reduce_scatter, alltoall,
-// reduce (to rank 0).
+// reduce (to rank 0), all_reduce, broadcast (from rank 0).
 #pragma once
 
 #include <cstdint>
@@ -35,9 +35,10 @@ class Backend {
   virtual void maxInPlace(double* v, size_t n) = 0;
   virtual int64_t sum(int64_t v) = 0;
   virtual std::vector<RankInfo> gatherRankInfo(const RankInfo& mine) = 0;
-  // coll: all_gather | reduce_scatter | alltoall | reduce; count as in NCCL
-  // (per-rank block; reduce: the whole buffer, to rank 0). send/recv are
-  // sized n*count (reduce: count).
+  // coll: all_gather | reduce_scatter | alltoall | reduce | all_reduce |
+  // broadcast; count as in NCCL (per-rank block; reduce, all_reduce,
+  // broadcast: the whole buffer). send/recv are sized n*count (the
+  // whole-buffer ones: count). broadcast: the result lands in recv.
   virtual BaselineOp prepare(const std::string& coll, float* send, float* recv,
                              size_t count) = 0;
 };

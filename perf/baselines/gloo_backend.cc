@@ -7,6 +7,7 @@
 #include "gloo/allreduce.h"
 #include "gloo/alltoall.h"
 #include "gloo/barrier.h"
+#include "gloo/broadcast.h"
 #include "gloo/config.h"
 #include "gloo/math.h"
 #include "gloo/reduce.h"
@@ -97,6 +98,25 @@ BaselineOp GlooBackend::prepare(const std::string& coll, float* s, float* r, siz
       o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       o.setTag(tag);
       gloo::reduce(o);
+    };
+  } else if (coll == "all_reduce") {
+    op.call = [=] {
+      gloo::AllreduceOptions o(ctx);
+      o.setInput(s, count);
+      o.setOutput(r, count);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      o.setTag(tag);
+      gloo::allreduce(o);
+    };
+  } else if (coll == "broadcast") {
+    // One buffer, as in MPI_Bcast: the root's input, every rank's output.
+    op.result = s;
+    op.call = [=] {
+      gloo::BroadcastOptions o(ctx);
+      o.setOutput(s, count);
+      o.setRoot(0);
+      o.setTag(tag);
+      gloo::broadcast(o);
     };
   } else if (coll == "alltoall") {
     op.call = [=] {

@@ -73,6 +73,16 @@ class MpiBackend : public Backend {
       op.call = [=] {
         mpiCheck(MPI_Reduce(s, r, c, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD), "MPI_Reduce");
       };
+    else if (coll == "all_reduce")
+      op.call = [=] {
+        mpiCheck(MPI_Allreduce(s, r, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+      };
+    else if (coll == "broadcast") {
+      // MPI_Bcast has one buffer: the root's send buffer, every other
+      // rank's receives (it holds -1s until the first call).
+      op.result = s;
+      op.call = [=] { mpiCheck(MPI_Bcast(s, c, MPI_FLOAT, 0, MPI_COMM_WORLD), "MPI_Bcast"); };
+    }
     else
       op.call = [=] {
         mpiCheck(MPI_Alltoall(s, c, MPI_FLOAT, r, c, MPI_FLOAT, MPI_COMM_WORLD), "MPI_Alltoall");

@@ -64,6 +64,23 @@ ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t
   return ReduceAlgo::kChain;
 }
 
+attnResult_t readAllReduceSetting(AllReduceSetting* out) {
+  std::optional<std::string> v = envString("ATTN_ALLREDUCE_ALGO");
+  if (!v || v->empty() || *v == "auto") { *out = AllReduceSetting::kAuto; return attnSuccess; }
+  if (*v == "doubling") { *out = AllReduceSetting::kDoubling; return attnSuccess; }
+  if (*v == "scatter") { *out = AllReduceSetting::kScatter; return attnSuccess; }
+  return setError(attnInvalidArgument, "ATTN_ALLREDUCE_ALGO='%s' is not one of doubling, scatter, auto",
+                  v->c_str());
+}
+
+AllReduceAlgo chooseAllReduceAlgo(AllReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
+  if (nranks < 2) return AllReduceAlgo::kDoubling;  // one rank: a copy
+  if (s == AllReduceSetting::kDoubling) return AllReduceAlgo::kDoubling;
+  if (s == AllReduceSetting::kScatter) return AllReduceAlgo::kScatter;
+  const size_t max = singleCopy ? kAllReduceDoublingShmMax : kAllReduceDoublingMax;
+  return bytes <= max ? AllReduceAlgo::kDoubling : AllReduceAlgo::kScatter;
+}
+
 AllToAllSchedule chooseAllToAllSchedule(AllToAllSetting s, bool allShm, size_t maxBlock) {
   if (s == AllToAllSetting::kStepped) return AllToAllSchedule::kStepped;
   if (s == AllToAllSetting::kConcurrent) return AllToAllSchedule::kConcurrent;
@@ -235,6 +252,22 @@ ReduceAlgo pickReduceAlgo(attnComm* comm, ReduceSetting s, size_t bytes) {
                       : t.singleCopy                  ? "one host, single-copy shm"
                                                       : "not all peers on this host by shm";
     ATTN_INFO(kLogColl, "Reduce: %s (%s; %zu bytes)", name, why, bytes);
+  }
+  return a;
+}
+
+AllReduceAlgo pickAllReduceAlgo(attnComm* comm, AllReduceSetting s, size_t bytes) {
+  const CollTopo& t = collTopo(comm);
+  const AllReduceAlgo a = chooseAllReduceAlgo(s, comm->nranks, t.singleCopy, bytes);
+  const unsigned bit = 1u << static_cast<unsigned>(a);
+  if (!(comm->collTopo->loggedAllReduce & bit)) {
+    comm->collTopo->loggedAllReduce |= bit;
+    ATTN_INFO(kLogColl, "AllReduce: %s (%s; %zu bytes)",
+              a == AllReduceAlgo::kDoubling ? "recursive doubling" : "reduce-scatter + all-gather",
+              s != AllReduceSetting::kAuto ? "ATTN_ALLREDUCE_ALGO"
+              : a == AllReduceAlgo::kDoubling ? "small message"
+                                             : "large message",
+              bytes);
   }
   return a;
 }

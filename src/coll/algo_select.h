@@ -89,6 +89,7 @@ struct CollTopo {
   unsigned logged = 0;  // (collective, algorithm) pairs already logged
   unsigned loggedAllToAll = 0;  // all-to-all schedules already logged
   unsigned loggedReduce = 0;    // reduce algorithms already logged
+  unsigned loggedAllReduce = 0;  // all-reduce algorithms already logged
   // The staged direct all-gather's copy of this rank's block: peers keep
   // their mapping of it from call to call. Collectives on one communicator
   // run one at a time, so one buffer serves them all.
@@ -160,9 +161,27 @@ ReduceAlgo pickReduceAlgo(attnComm* comm, ReduceSetting s, size_t bytes);
 // elsewhere); attnAvg divides there.
 attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in, char* out, size_t count,
                        attnDataType_t type, attnRedOp_t op);
-// all-reduce of `count` elements: reduce-scatter, then all-gather, both by
-// the same algorithm. attnAvg divides this rank's share in between.
-attnResult_t runAllReduce(attnComm* comm, AlgoSetting s, const char* in, char* out, size_t count,
-                          attnDataType_t type, attnRedOp_t op);
+// All-reduce: ATTN_ALLREDUCE_ALGO=doubling|scatter|auto (default auto), read
+// at every call. doubling: recursive doubling over the proximity order,
+// ceil(log2 n) steps that each move the whole buffer (small messages: the
+// cost is the number of steps). scatter: a reduce-scatter then an
+// all-gather, each by ATTN_ALGO's algorithm (large messages: each rank
+// moves 2(n-1)/n of the buffer). auto, where each measured fastest
+// (perf/RESULTS.md §1, All-reduce): doubling up to kAllReduceDoublingShmMax
+// bytes on one host over single-copy shm, up to kAllReduceDoublingMax
+// elsewhere (tcp), else scatter.
+enum class AllReduceSetting { kAuto, kDoubling, kScatter };
+enum class AllReduceAlgo { kDoubling, kScatter };
+constexpr size_t kAllReduceDoublingShmMax = size_t(32) << 10;
+constexpr size_t kAllReduceDoublingMax = size_t(256) << 10;
+attnResult_t readAllReduceSetting(AllReduceSetting* out);
+AllReduceAlgo chooseAllReduceAlgo(AllReduceSetting s, int nranks, bool singleCopy, size_t bytes);
+// The choice for this communicator (logs each new one once at INFO).
+AllReduceAlgo pickAllReduceAlgo(attnComm* comm, AllReduceSetting s, size_t bytes);
+// all-reduce of `count` elements by the algorithm pickAllReduceAlgo names;
+// `s` is ATTN_ALGO for the scatter one. attnAvg divides at the end
+// (doubling) or each rank's share in between (scatter).
+attnResult_t runAllReduce(attnComm* comm, AllReduceSetting ar, AlgoSetting s, const char* in, char* out,
+                          size_t count, attnDataType_t type, attnRedOp_t op);
 
 }  // namespace attn

@@ -77,6 +77,12 @@ attnResult_t hierReduceScatterv(Engine& e, const Hierarchy& h, int me, const cha
 attnResult_t treeReduce(Engine& e, const Ring& ring, const char* in, char* out, size_t count,
                         attnDataType_t type, attnRedOp_t op);
 
+// Recursive-doubling all-reduce over the ring's positions (every rank gets
+// op over every rank's `in` in `out`, which may alias it): ceil(log2 n)
+// exchanges of the whole buffer, for small messages. attnAvg is the
+// caller's (sum, then divide).
+attnResult_t doublingAllReduce(Engine& e, const Ring& ring, const char* in, char* out, size_t count,
+                               attnDataType_t type, attnRedOp_t op);
 
 // Pipelined chain broadcast from ring position 0 along the ring. On the
 // root `buf` holds the data; elsewhere it receives it.

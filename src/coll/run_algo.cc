@@ -1,7 +1,8 @@
 // Bodies of the public all-gather / reduce-scatter / all-reduce / broadcast /
 // reduce: choose the flat ring (proximity order), the hierarchical or the
-// direct algorithm (the chain or the direct one for broadcast; the chain for
-// reduce), then run it.
+// direct algorithm (recursive doubling or reduce-scatter + all-gather for
+// all-reduce; the chain or the direct one for broadcast; the tree, chain or
+// scatter for reduce), then run it.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -183,9 +184,15 @@ attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in
   return attnSuccess;
 }
 
-attnResult_t runAllReduce(attnComm* comm, AlgoSetting s, const char* in, char* out, size_t count,
-                          attnDataType_t type, attnRedOp_t op) {
+attnResult_t runAllReduce(attnComm* comm, AllReduceSetting ar, AlgoSetting s, const char* in, char* out,
+                          size_t count, attnDataType_t type, attnRedOp_t op) {
   const size_t esz = dataTypeSize(type);
+  if (pickAllReduceAlgo(comm, ar, count * esz) == AllReduceAlgo::kDoubling) {
+    ATTN_CHECK(doublingAllReduce(*comm->engine, collTopo(comm).ring, in, out, count, type,
+                                 op == attnAvg ? attnSum : op));
+    if (op == attnAvg) cpu::divideInPlace(out, count, type, comm->nranks);
+    return attnSuccess;
+  }
   std::vector<Block> blocks = splitEvenly(count, comm->nranks, esz);
   CollAlgo a = pickAlgo(comm, s, kAllReduceIdx, "AllReduce", count * esz);
   const Block& mine = blocks[comm->rank];

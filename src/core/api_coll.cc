@@ -284,11 +284,12 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
   AlgoSetting algo;
+  AllReduceSetting arAlgo;
   ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
+  ATTN_CHECK(call.finish(readAllReduceSetting(&arAlgo)));
   return call.finish(dispatch(comm, "AllReduce", [=] {
     ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
-    // Reduce-scatter into this rank's block of recvbuff, then all-gather.
-    return runAllReduce(comm, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
+    return runAllReduce(comm, arAlgo, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
                         count, datatype, op);
   }));
 }
