@@ -377,6 +377,45 @@ TEST_P(ForcedAllReduce, EveryRankGetsTheSameBits) {
 
 INSTANTIATE_TEST_SUITE_P(Algos, ForcedAllReduce, ::testing::Values("doubling", "scatter"));
 
+// Every broadcast algorithm forced (ATTN_BROADCAST_ALGO) at every N from 1
+// to 8, every root: the tree where N is not a power of two has subtrees cut
+// short; counts reach past several chain chunks.
+class ForcedBroadcast : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ForcedBroadcast, EveryNEveryRootThreads) {
+  RunOptions opts;
+  opts.env = {{"ATTN_BROADCAST_ALGO", GetParam()}, {"ATTN_CHUNK_SIZE", "8192"}};
+  ScopedEnv env(opts.env);
+  for (int n = 1; n <= 8; ++n) {
+    RunThreads(n, [](int rank, int n, attnComm_t& comm) {
+      for (int root = 0; root < n; ++root)
+        for (size_t count : {size_t(0), size_t(1), size_t(4097)}) {
+          CheckBroadcast(comm, rank, n, attnFloat32, count, root, root % 2 == 0);
+          CheckBroadcast(comm, rank, n, attnBfloat16, count, root, false, /*nullSendOnNonRoot=*/true);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+    }, opts);
+  }
+}
+
+TEST_P(ForcedBroadcast, ProcessesN5) {
+  for (const char* transport : {"tcp", "shm"}) {
+    RunOptions opts;
+    opts.env = {{"ATTN_BROADCAST_ALGO", GetParam()}, {"ATTN_TRANSPORT", transport}};
+    opts.deadline_ms = 180000;
+    ScopedEnv env(opts.env);
+    RunProcesses(5, [](int rank, int n, attnComm_t& comm) {
+      for (int root : {0, 3})
+        for (size_t count : {size_t(5), size_t(70001)}) {
+          CheckBroadcast(comm, rank, n, attnInt32, count, root, root == 3);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+    }, opts);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algos, ForcedBroadcast, ::testing::Values("tree", "chain", "direct"));
+
 // ---------------------------------------------------------------------------
 // At least 4 MiB per buffer.
 

@@ -296,6 +296,38 @@ TEST(AlgoSelect, AllReduceDoublingForSmallMessages) {
   EXPECT_EQ(attn::readAllReduceSetting(&s), attnInvalidArgument);
 }
 
+TEST(AlgoSelect, BroadcastDirectForSmallFewTreeForSmallManyStagedDirectBetweenProcesses) {
+  using attn::BroadcastAlgo;
+  using attn::BroadcastSetting;
+  const size_t stage = attn::kStageMaxBlock, small = attn::kBroadcastSmallMax;
+  const int many = attn::kBroadcastDirectMaxRanks + 1;
+  auto choose = [&](BroadcastSetting s, int n, bool processes, size_t bytes) {
+    return attn::chooseBroadcastAlgo(s, n, processes, bytes, stage);
+  };
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, 4, false, 8), BroadcastAlgo::kDirect);
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, attn::kBroadcastDirectMaxRanks, true, small), BroadcastAlgo::kDirect);
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, many, false, 8), BroadcastAlgo::kTree);
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, many, true, small), BroadcastAlgo::kTree);
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, many, true, small + 1), BroadcastAlgo::kDirect);
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, 4, true, stage), BroadcastAlgo::kDirect);
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, 4, true, stage + 1), BroadcastAlgo::kChain);
+  EXPECT_EQ(choose(BroadcastSetting::kAuto, 4, false, small + 1), BroadcastAlgo::kChain);  // threads, or hosts
+  EXPECT_EQ(attn::chooseBroadcastAlgo(BroadcastSetting::kAuto, 4, true, small + 1, 0), BroadcastAlgo::kChain);
+  EXPECT_EQ(choose(BroadcastSetting::kTree, 2, true, stage), BroadcastAlgo::kTree);
+  EXPECT_EQ(choose(BroadcastSetting::kChain, 4, true, 8), BroadcastAlgo::kChain);
+  EXPECT_EQ(choose(BroadcastSetting::kDirect, many, false, stage + 1), BroadcastAlgo::kDirect);
+  BroadcastSetting s;
+  for (const auto& [v, want] : std::vector<std::pair<std::string, BroadcastSetting>>{
+           {"", BroadcastSetting::kAuto}, {"auto", BroadcastSetting::kAuto}, {"tree", BroadcastSetting::kTree},
+           {"chain", BroadcastSetting::kChain}, {"direct", BroadcastSetting::kDirect}}) {
+    ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_BROADCAST_ALGO", v}});
+    ASSERT_EQ(attn::readBroadcastSetting(&s), attnSuccess) << v;
+    EXPECT_EQ(s, want) << v;
+  }
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_BROADCAST_ALGO", "ring"}});
+  EXPECT_EQ(attn::readBroadcastSetting(&s), attnInvalidArgument);
+}
+
 // ATTN_STAGE_MAX: the default, a value, and 0 for "never stage".
 TEST(AlgoSelect, StageLimitFromEnvironment) {
   {

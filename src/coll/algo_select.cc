@@ -73,6 +73,30 @@ attnResult_t readAllReduceSetting(AllReduceSetting* out) {
                   v->c_str());
 }
 
+attnResult_t readBroadcastSetting(BroadcastSetting* out) {
+  std::optional<std::string> v = envString("ATTN_BROADCAST_ALGO");
+  if (!v || v->empty() || *v == "auto") { *out = BroadcastSetting::kAuto; return attnSuccess; }
+  if (*v == "tree") { *out = BroadcastSetting::kTree; return attnSuccess; }
+  if (*v == "chain") { *out = BroadcastSetting::kChain; return attnSuccess; }
+  if (*v == "direct") { *out = BroadcastSetting::kDirect; return attnSuccess; }
+  return setError(attnInvalidArgument, "ATTN_BROADCAST_ALGO='%s' is not one of tree, chain, direct, auto",
+                  v->c_str());
+}
+
+BroadcastAlgo chooseBroadcastAlgo(BroadcastSetting s, int nranks, bool peersAreProcesses, size_t bytes,
+                                  size_t stageMax) {
+  switch (s) {
+    case BroadcastSetting::kTree: return BroadcastAlgo::kTree;
+    case BroadcastSetting::kChain: return BroadcastAlgo::kChain;
+    case BroadcastSetting::kDirect: return BroadcastAlgo::kDirect;
+    case BroadcastSetting::kAuto: break;
+  }
+  if (bytes <= kBroadcastSmallMax)
+    return nranks <= kBroadcastDirectMaxRanks ? BroadcastAlgo::kDirect : BroadcastAlgo::kTree;
+  if (peersAreProcesses && bytes <= stageMax) return BroadcastAlgo::kDirect;
+  return BroadcastAlgo::kChain;
+}
+
 AllReduceAlgo chooseAllReduceAlgo(AllReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
   if (nranks < 2) return AllReduceAlgo::kDoubling;  // one rank: a copy
   if (s == AllReduceSetting::kDoubling) return AllReduceAlgo::kDoubling;
@@ -267,6 +291,24 @@ AllReduceAlgo pickAllReduceAlgo(attnComm* comm, AllReduceSetting s, size_t bytes
               s != AllReduceSetting::kAuto ? "ATTN_ALLREDUCE_ALGO"
               : a == AllReduceAlgo::kDoubling ? "small message"
                                              : "large message",
+              bytes);
+  }
+  return a;
+}
+
+BroadcastAlgo pickBroadcastAlgo(attnComm* comm, BroadcastSetting s, size_t bytes) {
+  const CollTopo& t = collTopo(comm);
+  const BroadcastAlgo a = chooseBroadcastAlgo(s, comm->nranks, t.peersAreProcesses, bytes, readStageMaxBlock());
+  const unsigned bit = 1u << static_cast<unsigned>(a);
+  if (!(comm->collTopo->loggedBroadcast & bit)) {
+    comm->collTopo->loggedBroadcast |= bit;
+    ATTN_INFO(kLogColl, "Broadcast: %s (%s; %zu bytes)",
+              a == BroadcastAlgo::kTree ? "binomial tree" : a == BroadcastAlgo::kDirect ? "direct" : "chain",
+              s != BroadcastSetting::kAuto   ? "ATTN_BROADCAST_ALGO"
+              : bytes <= kBroadcastSmallMax  ? (a == BroadcastAlgo::kTree ? "small message, many ranks"
+                                                                          : "small message, few ranks")
+              : a == BroadcastAlgo::kDirect  ? "processes of one host, single-copy shm"
+                                             : "peers not processes of one host, or past ATTN_STAGE_MAX",
               bytes);
   }
   return a;

@@ -90,6 +90,7 @@ struct CollTopo {
   unsigned loggedAllToAll = 0;  // all-to-all schedules already logged
   unsigned loggedReduce = 0;    // reduce algorithms already logged
   unsigned loggedAllReduce = 0;  // all-reduce algorithms already logged
+  unsigned loggedBroadcast = 0;  // broadcast algorithms already logged
   // The staged direct all-gather's copy of this rank's block: peers keep
   // their mapping of it from call to call. Collectives on one communicator
   // run one at a time, so one buffer serves them all.
@@ -132,13 +133,30 @@ attnResult_t runAllGather(attnComm* comm, AlgoSetting s, const char* coll, char*
 attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, const char* in,
                               char* out, const std::vector<Block>& byRank, attnDataType_t type,
                               attnRedOp_t op);
-// broadcast of `bytes` from `root`: on the root `buf` holds them on entry.
-// Direct (every rank reads the root at once, the root's data staged into
-// shareable memory) where the staged all-gather would be, and the message
-// is at least kDirectBroadcastMin and at most ATTN_STAGE_MAX; else the
-// pipelined chain.
-constexpr size_t kDirectBroadcastMin = size_t(32) << 10;
-attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, size_t elemSize);
+// Broadcast: ATTN_BROADCAST_ALGO=tree|chain|direct|auto (default auto),
+// read at every call. tree: a binomial tree over the proximity order,
+// ceil(log2 n) message steps. chain: pipelined along the ring in rank order
+// from the root. direct: the root sends to every rank at once, one message
+// step (between processes of one host its data staged into shareable
+// memory, so the N-1 reads are memcpy from mappings in parallel). auto,
+// where each measured fastest (perf/RESULTS.md §1, Broadcast): up to
+// kBroadcastSmallMax bytes direct between at most kBroadcastDirectMaxRanks
+// ranks and the tree beyond (the root's n-1 sends grow with n, the tree's
+// steps with log2 n); above it direct where the staged all-gather would be
+// (peersAreProcesses) up to ATTN_STAGE_MAX; else the chain.
+enum class BroadcastSetting { kAuto, kTree, kChain, kDirect };
+enum class BroadcastAlgo { kTree, kChain, kDirect };
+constexpr size_t kBroadcastSmallMax = size_t(32) << 10;
+constexpr int kBroadcastDirectMaxRanks = 16;
+attnResult_t readBroadcastSetting(BroadcastSetting* out);
+BroadcastAlgo chooseBroadcastAlgo(BroadcastSetting s, int nranks, bool peersAreProcesses, size_t bytes,
+                                  size_t stageMax);
+// The choice for this communicator (logs each new one once at INFO).
+BroadcastAlgo pickBroadcastAlgo(attnComm* comm, BroadcastSetting s, size_t bytes);
+// broadcast of `bytes` from `root` by pickBroadcastAlgo's algorithm: on
+// the root `buf` holds them on entry.
+attnResult_t runBroadcast(attnComm* comm, BroadcastSetting s, int root, char* buf, size_t bytes,
+                          size_t elemSize);
 // Reduce: ATTN_REDUCE_ALGO=tree|chain|scatter|auto (default auto), read at
 // every call. tree: a binomial tree over the proximity order, log2(n)
 // message steps. chain: the pipelined chain along the proximity ring,

@@ -83,7 +83,6 @@ attnResult_t treeReduce(Engine& e, const Ring& ring, const char* in, char* out, 
 // caller's (sum, then divide).
 attnResult_t doublingAllReduce(Engine& e, const Ring& ring, const char* in, char* out, size_t count,
                                attnDataType_t type, attnRedOp_t op);
-
 // Pipelined chain broadcast from ring position 0 along the ring. On the
 // root `buf` holds the data; elsewhere it receives it.
 attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes, size_t chunk);
@@ -93,6 +92,9 @@ attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes
 // divide). Partials wait in a window of chunk slots in the engine's scratch.
 attnResult_t chainReduce(Engine& e, const Ring& ring, const char* in, char* out, size_t count,
                          attnDataType_t type, attnRedOp_t op, size_t chunk);
+// Binomial-tree broadcast from ring position 0: ceil(log2 n) message
+// steps, for small messages. On the root `buf` holds the data.
+attnResult_t treeBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes);
 // Direct broadcast: the root sends `bytes` from `src` to every rank at once;
 // the others receive them into `buf`.
 attnResult_t directBroadcast(Engine& e, int root, const char* src, char* buf, size_t bytes);

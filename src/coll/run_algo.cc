@@ -106,18 +106,28 @@ attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, c
   return reduceScatterWith(comm, a, in, out, byRank, type, op);
 }
 
-attnResult_t runBroadcast(attnComm* comm, int root, char* buf, size_t bytes, size_t elemSize) {
+attnResult_t runBroadcast(attnComm* comm, BroadcastSetting s, int root, char* buf, size_t bytes,
+                          size_t elemSize) {
   CollTopo& t = collTopo(comm);
   const int n = comm->nranks, me = comm->rank;
-  // The same on every rank: peers' pids, the size, the (alike) limit.
-  if (t.peersAreProcesses && bytes >= kDirectBroadcastMin && bytes <= readStageMaxBlock()) {
+  // The same on every rank: the setting, peers' pids, the size, the limit.
+  const BroadcastAlgo a = pickBroadcastAlgo(comm, s, bytes);
+  if (a == BroadcastAlgo::kDirect) {
     const char* src = buf;
     if (me == root) ATTN_CHECK(sourceFor(comm, t, buf, bytes, &src));
     return directBroadcast(*comm->engine, root, src, buf, bytes);
   }
+  // The ring turned to start at the root: in proximity order (tree), or in
+  // rank order from the root (chain).
   Ring ring;
-  ring.ranks.resize(n);
-  for (int i = 0; i < n; ++i) ring.ranks[i] = (root + i) % n;
+  ring.ranks.resize(size_t(n));
+  if (a == BroadcastAlgo::kTree) {
+    const int rootPos = int(std::find(t.ring.ranks.begin(), t.ring.ranks.end(), root) - t.ring.ranks.begin());
+    for (int i = 0; i < n; ++i) ring.ranks[size_t(i)] = t.ring.at(rootPos + i);
+    ring.pos = (t.ring.pos - rootPos + n) % n;
+    return treeBroadcast(*comm->engine, ring, buf, bytes);
+  }
+  for (int i = 0; i < n; ++i) ring.ranks[size_t(i)] = (root + i) % n;
   ring.pos = (me - root + n) % n;
   return chainBroadcast(*comm->engine, ring, buf, bytes, chunkBytes(elemSize) / 2);
 }

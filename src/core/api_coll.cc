@@ -341,11 +341,13 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     d.sliceOp = [=](char* in, char* o, size_t c) { return attnBroadcast(in, o, c, datatype, root, comm, nullptr); };
     return call.finish(deviceEnqueue(comm, stream, std::move(d)));
   }
+  BroadcastSetting algo;
+  ATTN_CHECK(call.finish(readBroadcastSetting(&algo)));
   return call.finish(dispatch(comm, "Broadcast", [=] {
     ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
     char* buf = static_cast<char*>(recvbuff);
     if (me == root && sendbuff != recvbuff) std::memmove(buf, sendbuff, bytes);
-    return runBroadcast(comm, root, buf, bytes, esz);
+    return runBroadcast(comm, algo, root, buf, bytes, esz);
   }));
 }
 
