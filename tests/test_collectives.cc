@@ -286,15 +286,17 @@ TEST_P(ForcedReduce, EveryRootN4) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algos, ForcedReduce,
-                         ::testing::Combine(::testing::Values("tree", "chain", "scatter"), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values("tree", "chain", "scatter", "direct"), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {
                            return std::get<0>(info.param) + (std::get<1>(info.param) ? "_processes_tcp" : "_threads");
                          });
 
 // The binomial tree where n is not a power of two (ranks whose subtrees are
-// cut short) and every rank is the root once.
-TEST(ForcedReduce, TreeOddSizesEveryRoot) {
-  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", "tree"}});
+// cut short), and the direct reduce, with every rank the root once.
+class ForcedReduceOddSizes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ForcedReduceOddSizes, EveryRoot) {
+  ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", GetParam()}});
   for (int n : {3, 5, 6, 7}) {
     RunThreads(n, [](int rank, int n, attnComm_t& comm) {
       for (int root = 0; root < n; ++root) {
@@ -306,6 +308,8 @@ TEST(ForcedReduce, TreeOddSizesEveryRoot) {
     });
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Algos, ForcedReduceOddSizes, ::testing::Values("tree", "direct"));
 
 // Both all-reduce algorithms forced (ATTN_ALLREDUCE_ALGO) at every N from 1
 // to 8: recursive doubling where N is not a power of two folds the first

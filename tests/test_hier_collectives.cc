@@ -236,14 +236,19 @@ TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
             CollAlgo::kRing);
 }
 
-TEST(AlgoSelect, ReduceTreeForSmallScatterForMidSizesOnSingleCopyLinks) {
+TEST(AlgoSelect, ReduceDirectOrTreeForSmallScatterForMidSizesOnSingleCopyLinks) {
   using attn::ReduceAlgo;
   using attn::ReduceSetting;
   auto choose = [](ReduceSetting s, int n, bool singleCopy, size_t bytes) {
     return attn::chooseReduceAlgo(s, n, singleCopy, bytes);
   };
   const size_t mid = size_t(512) << 10;
-  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, true, 1), ReduceAlgo::kTree);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, true, 1), ReduceAlgo::kDirect);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, attn::kReduceDirectMaxRanks, true, attn::kReduceDirectMax),
+            ReduceAlgo::kDirect);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, attn::kReduceDirectMaxRanks + 1, true, 1), ReduceAlgo::kTree);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, true, attn::kReduceDirectMax + 1), ReduceAlgo::kTree);
+  EXPECT_EQ(choose(ReduceSetting::kAuto, 4, false, 1), ReduceAlgo::kTree);  // another host, or tcp
   EXPECT_EQ(choose(ReduceSetting::kAuto, 3, false, attn::kReduceTreeMax), ReduceAlgo::kTree);
   EXPECT_EQ(choose(ReduceSetting::kAuto, 2, true, 1), ReduceAlgo::kChain);  // the same one hop
   EXPECT_EQ(choose(ReduceSetting::kAuto, 4, false, attn::kReduceTreeMax + 1), ReduceAlgo::kChain);
@@ -257,10 +262,12 @@ TEST(AlgoSelect, ReduceTreeForSmallScatterForMidSizesOnSingleCopyLinks) {
   EXPECT_EQ(choose(ReduceSetting::kTree, 2, false, mid), ReduceAlgo::kTree);
   EXPECT_EQ(choose(ReduceSetting::kScatter, 1, true, mid), ReduceAlgo::kChain);  // one rank: a copy
   EXPECT_EQ(choose(ReduceSetting::kChain, 4, true, 1), ReduceAlgo::kChain);
+  EXPECT_EQ(choose(ReduceSetting::kDirect, 40, false, attn::kReduceScatterMax), ReduceAlgo::kDirect);
   ReduceSetting s;
   for (const auto& [v, want] : std::vector<std::pair<std::string, ReduceSetting>>{
            {"", ReduceSetting::kAuto}, {"auto", ReduceSetting::kAuto}, {"tree", ReduceSetting::kTree},
-           {"chain", ReduceSetting::kChain}, {"scatter", ReduceSetting::kScatter}}) {
+           {"chain", ReduceSetting::kChain}, {"scatter", ReduceSetting::kScatter},
+           {"direct", ReduceSetting::kDirect}}) {
     ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_REDUCE_ALGO", v}});
     ASSERT_EQ(attn::readReduceSetting(&s), attnSuccess) << v;
     EXPECT_EQ(s, want) << v;

@@ -46,7 +46,8 @@ attnResult_t readReduceSetting(ReduceSetting* out) {
   if (*v == "tree") { *out = ReduceSetting::kTree; return attnSuccess; }
   if (*v == "chain") { *out = ReduceSetting::kChain; return attnSuccess; }
   if (*v == "scatter") { *out = ReduceSetting::kScatter; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_REDUCE_ALGO='%s' is not one of tree, chain, scatter, auto",
+  if (*v == "direct") { *out = ReduceSetting::kDirect; return attnSuccess; }
+  return setError(attnInvalidArgument, "ATTN_REDUCE_ALGO='%s' is not one of tree, chain, scatter, direct, auto",
                   v->c_str());
 }
 
@@ -56,8 +57,11 @@ ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t
     case ReduceSetting::kTree: return ReduceAlgo::kTree;
     case ReduceSetting::kChain: return ReduceAlgo::kChain;
     case ReduceSetting::kScatter: return ReduceAlgo::kScatter;
+    case ReduceSetting::kDirect: return ReduceAlgo::kDirect;
     case ReduceSetting::kAuto: break;
   }
+  if (nranks > 2 && singleCopy && nranks <= kReduceDirectMaxRanks && bytes <= kReduceDirectMax)
+    return ReduceAlgo::kDirect;
   if (nranks > 2 && bytes <= kReduceTreeMax) return ReduceAlgo::kTree;
   if (nranks > 2 && singleCopy && bytes >= kReduceScatterMin && bytes <= kReduceScatterMax)
     return ReduceAlgo::kScatter;
@@ -269,9 +273,12 @@ ReduceAlgo pickReduceAlgo(attnComm* comm, ReduceSetting s, size_t bytes) {
   const unsigned bit = 1u << static_cast<unsigned>(a);
   if (!(comm->collTopo->loggedReduce & bit)) {
     comm->collTopo->loggedReduce |= bit;
-    const char* name = a == ReduceAlgo::kTree ? "binomial tree"
-                       : a == ReduceAlgo::kScatter ? "reduce-scatter + gather" : "chain";
+    const char* name = a == ReduceAlgo::kTree      ? "binomial tree"
+                       : a == ReduceAlgo::kDirect  ? "direct"
+                       : a == ReduceAlgo::kScatter ? "reduce-scatter + gather"
+                                                   : "chain";
     const char* why = s != ReduceSetting::kAuto      ? "ATTN_REDUCE_ALGO"
+                      : a == ReduceAlgo::kDirect      ? "small message, few ranks on one host over shm"
                       : a == ReduceAlgo::kTree        ? "small message"
                       : t.singleCopy                  ? "one host, single-copy shm"
                                                       : "not all peers on this host by shm";

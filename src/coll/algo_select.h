@@ -157,17 +157,21 @@ BroadcastAlgo pickBroadcastAlgo(attnComm* comm, BroadcastSetting s, size_t bytes
 // the root `buf` holds them on entry.
 attnResult_t runBroadcast(attnComm* comm, BroadcastSetting s, int root, char* buf, size_t bytes,
                           size_t elemSize);
-// Reduce: ATTN_REDUCE_ALGO=tree|chain|scatter|auto (default auto), read at
-// every call. tree: a binomial tree over the proximity order, log2(n)
-// message steps. chain: the pipelined chain along the proximity ring,
-// turned so that it ends at the root. scatter: a reduce-scatter (the
-// all-reduce's algorithm) and a gather of the slices to the root. auto,
-// where each measured fastest (perf/RESULTS.md §1, Reduce): the tree up to
-// kReduceTreeMax bytes between 3+ ranks; above it scatter up to
-// kReduceScatterMax bytes between 3+ ranks on one host over shm; else the
-// chain.
-enum class ReduceSetting { kAuto, kTree, kChain, kScatter };
-enum class ReduceAlgo { kTree, kChain, kScatter };
+// Reduce: ATTN_REDUCE_ALGO=direct|tree|chain|scatter|auto (default auto),
+// read at every call. direct: every rank sends its input to the root, which
+// folds them all (one message step). tree: a binomial tree over the
+// proximity order, log2(n) message steps. chain: the pipelined chain along
+// the proximity ring, turned so that it ends at the root. scatter: a
+// reduce-scatter (the all-reduce's algorithm) and a gather of the slices to
+// the root. auto, where each measured fastest (perf/RESULTS.md §1, Reduce),
+// between 3+ ranks: direct up to kReduceDirectMax bytes between at most
+// kReduceDirectMaxRanks ranks of one host over single-copy shm; the tree up
+// to kReduceTreeMax bytes; above it scatter up to kReduceScatterMax bytes on
+// one host over shm; else the chain.
+enum class ReduceSetting { kAuto, kTree, kChain, kScatter, kDirect };
+enum class ReduceAlgo { kTree, kChain, kScatter, kDirect };
+constexpr size_t kReduceDirectMax = size_t(128) << 10;
+constexpr int kReduceDirectMaxRanks = 16;
 constexpr size_t kReduceTreeMax = size_t(256) << 10;
 constexpr size_t kReduceScatterMin = kReduceTreeMax + 1;
 constexpr size_t kReduceScatterMax = size_t(2) << 20;

@@ -83,6 +83,13 @@ attnResult_t treeReduce(Engine& e, const Ring& ring, const char* in, char* out, 
 // caller's (sum, then divide).
 attnResult_t doublingAllReduce(Engine& e, const Ring& ring, const char* in, char* out, size_t count,
                                attnDataType_t type, attnRedOp_t op);
+
+// Direct reduce: every rank sends `in` to `root`, which folds the n inputs
+// in rank order into `out` (may alias `in`); one message step, for small
+// messages between few ranks. attnAvg is the caller's.
+attnResult_t directReduce(Engine& e, int root, const char* in, char* out, size_t count, attnDataType_t type,
+                          attnRedOp_t op);
+
 // Pipelined chain broadcast from ring position 0 along the ring. On the
 // root `buf` holds the data; elsewhere it receives it.
 attnResult_t chainBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes, size_t chunk);

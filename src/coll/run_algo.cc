@@ -175,6 +175,12 @@ attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in
   const size_t esz = dataTypeSize(type);
   const ReduceAlgo a = pickReduceAlgo(comm, s, count * esz);
   if (a == ReduceAlgo::kScatter) return reduceScatterGather(comm, root, in, out, count, type, op);
+  const attnRedOp_t folded = op == attnAvg ? attnSum : op;
+  if (a == ReduceAlgo::kDirect) {
+    ATTN_CHECK(directReduce(*comm->engine, root, in, out, count, type, folded));
+    if (op == attnAvg && comm->rank == root) cpu::divideInPlace(out, count, type, comm->nranks);
+    return attnSuccess;
+  }
   // The proximity ring turned to start at the root (tree) or just after
   // it, so that it comes last (chain).
   const CollTopo& t = collTopo(comm);
@@ -185,7 +191,6 @@ attnResult_t runReduce(attnComm* comm, ReduceSetting s, int root, const char* in
   ring.ranks.resize(size_t(n));
   for (int i = 0; i < n; ++i) ring.ranks[size_t(i)] = t.ring.at(first + i);
   ring.pos = (t.ring.pos - first + 2 * n) % n;
-  const attnRedOp_t folded = op == attnAvg ? attnSum : op;
   if (a == ReduceAlgo::kTree)
     ATTN_CHECK(treeReduce(*comm->engine, ring, in, out, count, type, folded));
   else
