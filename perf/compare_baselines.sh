@@ -1,7 +1,8 @@
 #!/bin/bash
 # compare_baselines.sh: attncomm vs Open MPI vs Gloo, side by side.
 #
-# For all_gather, reduce_scatter and alltoall (float, sum), NRANKS ranks as
+# For all_gather, reduce_scatter and alltoall (float, sum; also all_reduce,
+# broadcast and reduce through COLLS), NRANKS ranks as
 # local processes and sizes MINB..MAXB, runs REPS times each:
 #   attn-shm  our *_perf -p N with ATTN_TRANSPORT=shm
 #   attn-shm-R  the same with buffers from attnMemAlloc (-R 1): peers map
@@ -23,6 +24,7 @@
 #        COLLS="all_gather reduce_scatter alltoall"
 #        RESULTS=DIR (keep the JSON/logs there; default a temp dir)
 #        RUN_TIMEOUT=900 (seconds per run)
+#        METRIC=busbw|time (the table's figure; time in us suits small sizes)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT_MD="${1:-}"
@@ -31,6 +33,7 @@ ITERS="${ITERS:-20}" WARMUP="${WARMUP:-5}" CHECK="${CHECK:-1}"
 CONFIGS="${CONFIGS:-attn-shm attn-shm-R attn-tcp mpi-shm mpi-tcp gloo-tcp}"
 COLLS="${COLLS:-all_gather reduce_scatter alltoall}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-900}"
+METRIC="${METRIC:-busbw}"
 
 if [[ -z ${BUILD_DIR:-} ]]; then
   for d in "$HERE/../build-perf" "$HERE/../build"; do
@@ -113,8 +116,10 @@ for rep in $(seq 1 "$REPS"); do
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-args=(--order "${CONFIGS// /,}"
-      --title "busbw (GB/s), $NRANKS ranks, median of $REPS runs (each: median over $ITERS iterations of max over ranks)"
+what="busbw (GB/s)"
+[[ $METRIC == time ]] && what="time (us; ratios: how many times faster)"
+args=(--order "${CONFIGS// /,}" --metric "$METRIC"
+      --title "$what, $NRANKS ranks, median of $REPS runs (each: median over $ITERS iterations of max over ranks)"
       --ratio "attn-shm:mpi-shm" --ratio "attn-shm-4k:mpi-shm" --ratio "attn-shm-R:mpi-shm" --ratio "attn-tcp:mpi-tcp|gloo-tcp")
 [[ -n $OUT_MD ]] && args+=(--out "$OUT_MD")
 python3 "$HERE/summarize.py" "${args[@]}" "$RESULTS"

@@ -2,14 +2,16 @@
 """Side-by-side markdown table of perf JSON files (ours and baselines).
 
 Usage: summarize.py [--out FILE] [--title TEXT] [--order cfg1,cfg2,...]
-                    [--ratio NUM:DEN ...] PATH...
+                    [--ratio NUM:DEN ...] [--metric busbw|time] PATH...
 
 PATH is a JSON file written with -J, or a directory of them. A file's
 configuration is the part of its name before the first '.', e.g.
 attn-shm.all_gather.r2.json -> "attn-shm"; repetitions of one configuration
-are combined by taking the median busbw per size (out-of-place).
-A --ratio NUM:DEN column shows median(NUM)/median(DEN); DEN may be
-"a|b" for the better of two baselines.
+are combined by taking the median busbw per size (out-of-place), or with
+--metric time the median time in microseconds (small messages, whose busbw
+rounds to nothing). A --ratio NUM:DEN column shows how many times faster
+NUM is than DEN: median(NUM)/median(DEN) for busbw, the inverse for time;
+DEN may be "a|b" for the better of two baselines.
 """
 import argparse
 import glob
@@ -19,8 +21,8 @@ import statistics
 import sys
 
 
-def load(paths):
-    """(cfg, coll, size) -> list of (busbw, wrong); plus per-cfg metadata."""
+def load(paths, metric="busbw"):
+    """(cfg, coll, size) -> list of (metric value, wrong); plus per-cfg metadata."""
     files = []
     for p in paths:
         files += sorted(glob.glob(os.path.join(p, "*.json"))) if os.path.isdir(p) else [p]
@@ -39,7 +41,8 @@ def load(paths):
             if not m:
                 continue
             key = (cfg, j["collective"], row["size"])
-            data.setdefault(key, []).append((m["busbw"], m.get("wrong", -1)))
+            value = m["time_us"] if metric == "time" else m["busbw"]
+            data.setdefault(key, []).append((value, m.get("wrong", -1)))
     return data, meta, bad
 
 
@@ -98,9 +101,10 @@ def main():
     ap.add_argument("--title", default="busbw (GB/s), median over repetitions")
     ap.add_argument("--order", default="")
     ap.add_argument("--ratio", action="append", default=[])
+    ap.add_argument("--metric", choices=["busbw", "time"], default="busbw")
     a = ap.parse_args()
 
-    data, meta, bad = load(a.paths)
+    data, meta, bad = load(a.paths, a.metric)
     cfgs = [c for c in a.order.split(",") if c in meta] if a.order else []
     cfgs += sorted(c for c in meta if c not in cfgs)
     colls = []
@@ -135,7 +139,10 @@ def main():
                 dens = [meds.get(d) for d in den.split("|")]
                 dens = [d for d in dens if d]
                 n = meds.get(num)
-                cells.append(f"{n / max(dens):.2f}x" if n and dens else "-")
+                if a.metric == "time":  # the best baseline is the fastest
+                    cells.append(f"{min(dens) / n:.2f}x" if n and dens else "-")
+                else:
+                    cells.append(f"{n / max(dens):.2f}x" if n and dens else "-")
             out.append(f"| {coll} | {size_label(s)} | " + " | ".join(cells) + " |")
     out += cpu_table(a.paths, cfgs)
     text = "\n".join(out) + "\n"
