@@ -17,20 +17,12 @@
 
 #include "kernels/cpu/reduce.h"
 #include "src/coll/coll.h"
-#include "src/core/datatype.h"
 #include "src/core/error.h"
+#include "src/core/datatype.h"
 
 namespace attn {
 
 namespace {
-attnResult_t checkBytes(const Request& r, int peer, size_t bytes) {
-  if (r.bytes == bytes) return attnSuccess;
-  return setError(attnInvalidUsage,
-                  "all-reduce: peer %d sent %zu bytes where %zu were expected "
-                  "(ranks called the collective with different counts?)",
-                  peer, r.bytes, bytes);
-}
-
 // Sends `send` to and receives `bytes` into `recv` from `peer` at once.
 attnResult_t swapWith(Engine& e, int peer, const char* send, char* recv, size_t bytes) {
   Request rr, sr;
@@ -38,7 +30,7 @@ attnResult_t swapWith(Engine& e, int peer, const char* send, char* recv, size_t 
   ATTN_CHECK(e.isend(peer, send, bytes, &sr));
   ATTN_CHECK(e.wait(&sr));
   ATTN_CHECK(e.wait(&rr));
-  return checkBytes(rr, peer, bytes);
+  return checkWholeMessage(rr, "all-reduce", peer, bytes);
 }
 }  // namespace
 
@@ -59,20 +51,14 @@ attnResult_t doublingAllReduce(Engine& e, const Ring& ring, const char* in, char
   // the even one, then waits for the result.
   if (v < 2 * rem && (v & 1)) {
     const int partner = ring.ranks[v - 1];
-    Request sr, rr;
+    Request sr;
     ATTN_CHECK(e.isend(partner, in, bytes, &sr));
     ATTN_CHECK(e.wait(&sr));
-    ATTN_CHECK(e.irecv(partner, out, bytes, &rr));
-    ATTN_CHECK(e.wait(&rr));
-    return checkBytes(rr, partner, bytes);
+    return recvWholeMessage(e, partner, out, bytes, "all-reduce");
   }
   const char* acc = in;  // this rank's partial result so far
   if (v < 2 * rem) {
-    const int partner = ring.ranks[v + 1];
-    Request rr;
-    ATTN_CHECK(e.irecv(partner, tmp, bytes, &rr));
-    ATTN_CHECK(e.wait(&rr));
-    ATTN_CHECK(checkBytes(rr, partner, bytes));
+    ATTN_CHECK(recvWholeMessage(e, ring.ranks[v + 1], tmp, bytes, "all-reduce"));
     cpu::reduce2(out, acc, tmp, count, type, op);
     acc = out;
   }

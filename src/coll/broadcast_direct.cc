@@ -13,17 +13,7 @@ namespace attn {
 attnResult_t directBroadcast(Engine& e, int root, const char* src, char* buf, size_t bytes) {
   const int n = e.nranks(), me = e.rank();
   if (n == 1 || bytes == 0) return attnSuccess;
-  if (me != root) {
-    Request req;
-    ATTN_CHECK(e.irecv(root, buf, bytes, &req));
-    ATTN_CHECK(e.wait(&req));
-    if (req.bytes != bytes)
-      return setError(attnInvalidUsage,
-                      "broadcast: root %d sent %zu bytes where %zu were expected "
-                      "(ranks called the collective with different counts?)",
-                      root, req.bytes, bytes);
-    return attnSuccess;
-  }
+  if (me != root) return recvWholeMessage(e, root, buf, bytes, "broadcast");
   std::unique_ptr<Request[]> reqs(new Request[n - 1]);
   for (int s = 1; s < n; ++s) ATTN_CHECK(e.isend((root + s) % n, src, bytes, &reqs[s - 1]));
   return e.waitAll(reqs.get(), n - 1);

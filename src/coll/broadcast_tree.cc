@@ -15,17 +15,7 @@ attnResult_t treeBroadcast(Engine& e, const Ring& ring, char* buf, size_t bytes)
   if (n == 1 || bytes == 0) return attnSuccess;
   int mask = 1;
   while (mask < n && !(v & mask)) mask <<= 1;
-  if (v != 0) {
-    const int parent = ring.ranks[v - mask];
-    Request req;
-    ATTN_CHECK(e.irecv(parent, buf, bytes, &req));
-    ATTN_CHECK(e.wait(&req));
-    if (req.bytes != bytes)
-      return setError(attnInvalidUsage,
-                      "broadcast: peer %d sent %zu bytes where %zu were expected "
-                      "(ranks called the collective with different counts?)",
-                      parent, req.bytes, bytes);
-  }
+  if (v != 0) ATTN_CHECK(recvWholeMessage(e, ring.ranks[v - mask], buf, bytes, "broadcast"));
   // Children: v + m for every m below v's lowest set bit (every m for the
   // root) that stays inside the ring, the farthest first.
   Request reqs[32];  // at most one child per bit of an int

@@ -30,6 +30,12 @@ struct Ring {
   static Ring identity(int rank, int nranks);
 };
 
+// attnInvalidUsage naming `coll` and `peer` unless the completed receive
+// `r` brought exactly `bytes` (the ranks' counts differ otherwise).
+attnResult_t checkWholeMessage(const Request& r, const char* coll, int peer, size_t bytes);
+// Receives one message of exactly `bytes` from `peer` into `buf`.
+attnResult_t recvWholeMessage(Engine& e, int peer, void* buf, size_t bytes, const char* coll);
+
 // Pipeline granularity for large messages (ATTN_CHUNK_SIZE, bytes).
 size_t chunkBytes(size_t elemSize);
 

@@ -8,8 +8,8 @@
 
 #include "kernels/cpu/reduce.h"
 #include "src/coll/coll.h"
-#include "src/core/datatype.h"
 #include "src/core/error.h"
+#include "src/core/datatype.h"
 
 namespace attn {
 
@@ -38,11 +38,7 @@ attnResult_t directReduce(Engine& e, int root, const char* in, char* out, size_t
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     ATTN_CHECK(e.wait(&reqs[size_t(p)]));
-    if (reqs[size_t(p)].bytes != bytes)
-      return setError(attnInvalidUsage,
-                      "reduce: peer %d sent %zu bytes where %zu were expected "
-                      "(ranks called the collective with different counts?)",
-                      p, reqs[size_t(p)].bytes, bytes);
+    ATTN_CHECK(checkWholeMessage(reqs[size_t(p)], "reduce", p, bytes));
   }
   cpu::reduce2(out, input(0), input(1), count, type, op);
   for (int p = 2; p < n; ++p) cpu::reduceInto(out, input(p), count, type, op);

@@ -10,8 +10,8 @@
 
 #include "kernels/cpu/reduce.h"
 #include "src/coll/coll.h"
-#include "src/core/datatype.h"
 #include "src/core/error.h"
+#include "src/core/datatype.h"
 
 namespace attn {
 
@@ -44,11 +44,7 @@ attnResult_t treeReduce(Engine& e, const Ring& ring, const char* in, char* out, 
   char* acc = v == 0 ? out : slots + children.size() * bytes;
   for (size_t i = 0; i < children.size(); ++i) {
     ATTN_CHECK(e.wait(&reqs[i]));
-    if (reqs[i].bytes != bytes)
-      return setError(attnInvalidUsage,
-                      "reduce: peer %d sent %zu bytes where %zu were expected "
-                      "(ranks called the collective with different counts?)",
-                      ring.ranks[children[i]], reqs[i].bytes, bytes);
+    ATTN_CHECK(checkWholeMessage(reqs[i], "reduce", ring.ranks[children[i]], bytes));
     cpu::reduce2(acc, partial, slots + i * bytes, count, type, op);
     partial = acc;
   }
