@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "src/core/comm.h"
 #include "src/core/env.h"
@@ -19,36 +23,47 @@ double rateAt(const std::vector<double>& v, size_t i) {
   return v.empty() ? 1e9 : v[std::min(i, v.size() - 1)];
 }
 
+// An ATTN_*_ALGO-style setting: unset, empty or "auto" gives `autoValue`;
+// one of `choices` its value; anything else attnInvalidArgument naming them.
+template <typename T>
+attnResult_t readChoice(const char* name, T autoValue,
+                        std::initializer_list<std::pair<const char*, T>> choices, T* out) {
+  std::optional<std::string> v = envString(name);
+  if (!v || v->empty() || *v == "auto") {
+    *out = autoValue;
+    return attnSuccess;
+  }
+  std::string names;
+  for (const auto& [word, value] : choices) {
+    if (*v == word) {
+      *out = value;
+      return attnSuccess;
+    }
+    names += std::string(word) + ", ";
+  }
+  return setError(attnInvalidArgument, "%s='%s' is not one of %sauto", name, v->c_str(), names.c_str());
+}
+
 }  // namespace
 
 attnResult_t readAlgoSetting(AlgoSetting* out) {
-  std::optional<std::string> v = envString("ATTN_ALGO");
-  if (!v || v->empty() || *v == "auto") { *out = AlgoSetting::kAuto; return attnSuccess; }
-  if (*v == "ring") { *out = AlgoSetting::kRing; return attnSuccess; }
-  if (*v == "hier") { *out = AlgoSetting::kHier; return attnSuccess; }
-  if (*v == "direct") { *out = AlgoSetting::kDirect; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_ALGO='%s' is not one of ring, hier, direct, auto",
-                  v->c_str());
+  return readChoice("ATTN_ALGO", AlgoSetting::kAuto,
+                    {{"ring", AlgoSetting::kRing}, {"hier", AlgoSetting::kHier}, {"direct", AlgoSetting::kDirect}},
+                    out);
 }
 
 attnResult_t readAllToAllSetting(AllToAllSetting* out) {
-  std::optional<std::string> v = envString("ATTN_ALLTOALL");
-  if (!v || v->empty() || *v == "auto") { *out = AllToAllSetting::kAuto; return attnSuccess; }
-  if (*v == "concurrent") { *out = AllToAllSetting::kConcurrent; return attnSuccess; }
-  if (*v == "stepped") { *out = AllToAllSetting::kStepped; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_ALLTOALL='%s' is not one of concurrent, stepped, auto",
-                  v->c_str());
+  return readChoice("ATTN_ALLTOALL", AllToAllSetting::kAuto,
+                    {{"concurrent", AllToAllSetting::kConcurrent}, {"stepped", AllToAllSetting::kStepped}}, out);
 }
 
 attnResult_t readReduceSetting(ReduceSetting* out) {
-  std::optional<std::string> v = envString("ATTN_REDUCE_ALGO");
-  if (!v || v->empty() || *v == "auto") { *out = ReduceSetting::kAuto; return attnSuccess; }
-  if (*v == "tree") { *out = ReduceSetting::kTree; return attnSuccess; }
-  if (*v == "chain") { *out = ReduceSetting::kChain; return attnSuccess; }
-  if (*v == "scatter") { *out = ReduceSetting::kScatter; return attnSuccess; }
-  if (*v == "direct") { *out = ReduceSetting::kDirect; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_REDUCE_ALGO='%s' is not one of tree, chain, scatter, direct, auto",
-                  v->c_str());
+  return readChoice("ATTN_REDUCE_ALGO", ReduceSetting::kAuto,
+                    {{"tree", ReduceSetting::kTree},
+                     {"chain", ReduceSetting::kChain},
+                     {"scatter", ReduceSetting::kScatter},
+                     {"direct", ReduceSetting::kDirect}},
+                    out);
 }
 
 ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
@@ -69,22 +84,16 @@ ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t
 }
 
 attnResult_t readAllReduceSetting(AllReduceSetting* out) {
-  std::optional<std::string> v = envString("ATTN_ALLREDUCE_ALGO");
-  if (!v || v->empty() || *v == "auto") { *out = AllReduceSetting::kAuto; return attnSuccess; }
-  if (*v == "doubling") { *out = AllReduceSetting::kDoubling; return attnSuccess; }
-  if (*v == "scatter") { *out = AllReduceSetting::kScatter; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_ALLREDUCE_ALGO='%s' is not one of doubling, scatter, auto",
-                  v->c_str());
+  return readChoice("ATTN_ALLREDUCE_ALGO", AllReduceSetting::kAuto,
+                    {{"doubling", AllReduceSetting::kDoubling}, {"scatter", AllReduceSetting::kScatter}}, out);
 }
 
 attnResult_t readBroadcastSetting(BroadcastSetting* out) {
-  std::optional<std::string> v = envString("ATTN_BROADCAST_ALGO");
-  if (!v || v->empty() || *v == "auto") { *out = BroadcastSetting::kAuto; return attnSuccess; }
-  if (*v == "tree") { *out = BroadcastSetting::kTree; return attnSuccess; }
-  if (*v == "chain") { *out = BroadcastSetting::kChain; return attnSuccess; }
-  if (*v == "direct") { *out = BroadcastSetting::kDirect; return attnSuccess; }
-  return setError(attnInvalidArgument, "ATTN_BROADCAST_ALGO='%s' is not one of tree, chain, direct, auto",
-                  v->c_str());
+  return readChoice("ATTN_BROADCAST_ALGO", BroadcastSetting::kAuto,
+                    {{"tree", BroadcastSetting::kTree},
+                     {"chain", BroadcastSetting::kChain},
+                     {"direct", BroadcastSetting::kDirect}},
+                    out);
 }
 
 BroadcastAlgo chooseBroadcastAlgo(BroadcastSetting s, int nranks, bool peersAreProcesses, size_t bytes,
