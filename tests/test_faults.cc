@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -379,6 +380,81 @@ TEST(CheckMismatchProcesses, CountN3) {
     comm = nullptr;
   }, opts);
 }
+
+// Without ATTN_CHECK, ranks that call a collective with different counts
+// are a usage error the library need not name in advance, but it must still
+// not hang, crash or write outside the buffers: every rank returns within the
+// timeout, some rank with an error, and no buffer's guards are touched. One
+// case per forced algorithm, the odd rank's count one above and one below,
+// on threads and on processes over tcp and shm.
+using UncheckedParam = std::tuple<std::string, std::string>;  // env variable, value
+class UncheckedCountMismatch : public ::testing::TestWithParam<UncheckedParam> {};
+
+void UncheckedMismatchBody(int rank, int n, attnComm_t& comm, const std::string& var, int delta,
+                           std::atomic<int64_t>& failures) {
+  const size_t count = rank == n - 1 ? size_t(2048 + delta) : 2048;
+  TypedBuf send(attnFloat32, 2049), recv(attnFloat32, 2049);
+  send.Fill(1);
+  attnResult_t r = attnSuccess;
+  if (var == "ATTN_ALLREDUCE_ALGO")
+    r = attnAllReduce(send.data(), recv.data(), count, attnFloat32, attnSum, comm, nullptr);
+  else if (var == "ATTN_BROADCAST_ALGO")
+    r = attnBroadcast(send.data(), recv.data(), count, attnFloat32, 0, comm, nullptr);
+  else
+    r = attnReduce(send.data(), recv.data(), count, attnFloat32, attnSum, 0, comm, nullptr);
+  const std::string what = "delta " + std::to_string(delta) + ", rank " + std::to_string(rank) + ": " +
+                           ResultName(r) + ": " + attnGetLastError(comm);
+  if (r != attnSuccess) {
+    ++failures;
+    EXPECT_TRUE(r == attnInvalidUsage || r == attnTimeout || r == attnRemoteError) << what;
+    EXPECT_STRNE(attnGetLastError(comm), "") << what;
+  }
+  EXPECT_TRUE(send.GuardsIntact()) << what;
+  EXPECT_TRUE(recv.GuardsIntact()) << what << ": write outside the receive buffer";
+  attnCommAbort(comm);
+  comm = nullptr;
+}
+
+// transport "": ranks as threads; else processes over that transport.
+void RunUncheckedMismatch(const UncheckedParam& param, const std::string& transport) {
+  const auto& [var, value] = param;
+  for (const int delta : {+1, -1}) {
+    attnConfig_t cfg = ConfigWithTimeout(2000);
+    RunOptions opts;
+    opts.env = {{var, value}, {"ATTN_CHUNK_SIZE", "4096"}};
+    if (!transport.empty()) opts.env.push_back({"ATTN_TRANSPORT", transport});
+    opts.config = &cfg;
+    opts.deadline_ms = 60000;
+    ScopedEnv env(opts.env);  // the algorithm settings are read at every call
+    SharedCounters failures(1);
+    auto body = [&](int rank, int n, attnComm_t& comm) {
+      UncheckedMismatchBody(rank, n, comm, var, delta, failures[0]);
+    };
+    if (transport.empty())
+      RunThreads(4, body, opts);
+    else
+      RunProcesses(4, body, opts);
+    EXPECT_GT(failures[0].load(), 0) << var << "=" << value << ", delta " << delta << ": no rank noticed";
+  }
+}
+
+TEST_P(UncheckedCountMismatch, EveryRankReturnsThreads) { RunUncheckedMismatch(GetParam(), ""); }
+TEST_P(UncheckedCountMismatch, EveryRankReturnsProcessesTcp) { RunUncheckedMismatch(GetParam(), "tcp"); }
+TEST_P(UncheckedCountMismatch, EveryRankReturnsProcessesShm) { RunUncheckedMismatch(GetParam(), "shm"); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Algos, UncheckedCountMismatch,
+    ::testing::Values(UncheckedParam{"ATTN_ALLREDUCE_ALGO", "doubling"}, UncheckedParam{"ATTN_ALLREDUCE_ALGO", "scatter"},
+                      UncheckedParam{"ATTN_BROADCAST_ALGO", "tree"}, UncheckedParam{"ATTN_BROADCAST_ALGO", "chain"},
+                      UncheckedParam{"ATTN_BROADCAST_ALGO", "direct"}, UncheckedParam{"ATTN_REDUCE_ALGO", "tree"},
+                      UncheckedParam{"ATTN_REDUCE_ALGO", "chain"}, UncheckedParam{"ATTN_REDUCE_ALGO", "direct"}),
+    [](const ::testing::TestParamInfo<UncheckedParam>& info) {
+      const std::string& var = std::get<0>(info.param);
+      const std::string coll = var == "ATTN_ALLREDUCE_ALGO" ? "AllReduce" : var == "ATTN_BROADCAST_ALGO" ? "Broadcast" : "Reduce";
+      std::string algo = std::get<1>(info.param);
+      algo[0] = char(std::toupper(algo[0]));
+      return coll + algo;
+    });
 
 // With checks on, matching collectives still give exact results.
 TEST(CheckMismatch, MatchingCallsStillExact) {
