@@ -178,7 +178,7 @@ extern "C" attnResult_t attnKvPoolDestroy(attnKvPool_t pool) {
 // Local calls: the pool's front is the caller's, so they run on its thread.
 template <typename F>
 attnResult_t localCall(attnKvPool_t pool, attnStream_t stream, F f) {
-  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : std::string("-"));
+  ErrorContext ctx(pool && pool->impl ? pool->impl->comm()->prefix : ErrorContext::none());
   clearThreadLastError();
   ATTN_REQUIRE(pool != nullptr && pool->impl, "pool is NULL");
   ATTN_REQUIRE(stream == nullptr || pool->impl->onDevice(),

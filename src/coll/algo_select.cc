@@ -197,9 +197,8 @@ TierRates tierRatesFor(const attnComm* comm) {
 }
 
 CollTopo& collTopo(attnComm* comm) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> g(mu);
-  if (!comm->collTopo) {
+  // Every collective asks: once made, this is one acquire load, not a lock.
+  std::call_once(comm->collTopoOnce, [comm] {
     auto t = std::make_shared<CollTopo>();
     const int n = comm->nranks;
     std::vector<TierKeys> keys(n);
@@ -229,7 +228,7 @@ CollTopo& collTopo(attnComm* comm) {
         t->peersAreProcesses = false;
     ATTN_INFO(kLogColl, "hierarchy %s; ring in proximity order", t->hier.describe().c_str());
     comm->collTopo = std::move(t);
-  }
+  });
   return *comm->collTopo;
 }
 

@@ -4,7 +4,9 @@
 // the caller's group, or on the executor (non-blocking communicators).
 #pragma once
 
+#include <exception>
 #include <functional>
+#include <new>
 #include <string>
 
 #include "src/core/comm.h"
@@ -14,7 +16,7 @@ namespace attn {
 
 class ApiCall {
  public:
-  explicit ApiCall(attnComm* comm) : comm_(comm), ctx_(comm ? comm->prefix : std::string("-")) {
+  explicit ApiCall(attnComm* comm) : comm_(comm), ctx_(comm ? comm->prefix : ErrorContext::none()) {
     clearThreadLastError();
     if (comm_) comm_->activeCalls.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -48,10 +50,34 @@ attnResult_t waitForQueuedOperations(attnComm* comm);
 using CommOp = std::function<attnResult_t()>;
 // Runs op, turning a C++ exception (e.g. std::bad_alloc) into an error code:
 // nothing throws across the C API.
-attnResult_t runGuarded(const CommOp& op);
-// Runs `op` on `comm`: queued into the open group, submitted to the executor
-// (non-blocking comm: returns attnInProgress), or run now.
-attnResult_t dispatch(attnComm* comm, const char* name, CommOp op);
+template <class Op>
+attnResult_t runGuarded(Op&& op) {
+  try {
+    return op();
+  } catch (const std::bad_alloc&) {
+    return setError(attnSystemError, "out of memory");
+  } catch (const std::exception& e) {
+    return setError(attnInternalError, "unexpected exception: %s", e.what());
+  }
+}
+
+// Whether an operation on `comm` runs now on the calling thread: not inside
+// a group, and the communicator blocking (or this is its device proxy).
+bool runsNow(attnComm* comm);
+// The other cases: queues `op` into the open group, or submits it to the
+// executor of a non-blocking communicator (returns attnInProgress).
+attnResult_t dispatchQueued(attnComm* comm, CommOp op);
+void traceDispatch(const char* name);
+
+// Runs `op` on `comm`: now, in the caller's group, or on the executor. A
+// template so that the common case, a blocking call, runs the lambda as it
+// is, without wrapping it in a std::function (a heap allocation per call).
+template <class Op>
+attnResult_t dispatch(attnComm* comm, const char* name, Op&& op) {
+  if (!runsNow(comm)) return dispatchQueued(comm, CommOp(std::forward<Op>(op)));
+  traceDispatch(name);
+  return runGuarded(op);
+}
 
 // Group bookkeeping (src/core/group.cc).
 bool inGroup();

@@ -38,32 +38,24 @@ attnResult_t waitForQueuedOperations(attnComm* comm) {
   return checkCommUsable(comm);
 }
 
-attnResult_t runGuarded(const CommOp& op) {
-  try {
-    return op();
-  } catch (const std::bad_alloc&) {
-    return setError(attnSystemError, "out of memory");
-  } catch (const std::exception& e) {
-    return setError(attnInternalError, "unexpected exception: %s", e.what());
-  }
+bool runsNow(attnComm* comm) {
+  return !inGroup() && (comm->config.blocking || onDeviceProxy(comm));
 }
 
-attnResult_t dispatch(attnComm* comm, const char* name, CommOp raw) {
+attnResult_t dispatchQueued(attnComm* comm, CommOp raw) {
   CommOp op = [raw = std::move(raw)] { return runGuarded(raw); };
   if (inGroup()) {
     groupAddColl(comm, std::move(op));
     return attnSuccess;
   }
-  if (!comm->config.blocking && !onDeviceProxy(comm)) {
-    comm->executor->submit([comm, op = std::move(op)] {
-      ApiCall call(comm);
-      return call.finish(op());
-    });
-    return attnInProgress;
-  }
-  ATTN_TRACE(kLogColl, "%s", name);
-  return op();
+  comm->executor->submit([comm, op = std::move(op)] {
+    ApiCall call(comm);
+    return call.finish(op());
+  });
+  return attnInProgress;
 }
+
+void traceDispatch(const char* name) { ATTN_TRACE(kLogColl, "%s", name); }
 
 }  // namespace attn
 

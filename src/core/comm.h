@@ -54,8 +54,10 @@ struct attnComm {
 
   // Attention collectives' state (src/attn), made on first use.
   std::shared_ptr<attn::AttnState> attnState;
-  // Hierarchy and proximity ring of the collectives (src/coll), made on first use.
+  // Hierarchy and proximity ring of the collectives (src/coll), made once on
+  // first use; later calls read it without a lock.
   std::shared_ptr<attn::CollTopo> collTopo;
+  std::once_flag collTopoOnce;
 
   std::mutex errMu;
   std::string lastError;

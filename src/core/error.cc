@@ -8,7 +8,8 @@
 namespace attn {
 namespace {
 thread_local std::string tlsLastError;
-thread_local std::string tlsContext = "-";
+const std::string kNoContext = "-";
+thread_local const std::string* tlsContext = &kNoContext;
 }  // namespace
 
 attnResult_t setError(attnResult_t code, const char* fmt, ...) {
@@ -17,7 +18,7 @@ attnResult_t setError(attnResult_t code, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  tlsLastError = tlsContext == "-" ? std::string(msg) : tlsContext + ": " + msg;
+  tlsLastError = *tlsContext == kNoContext ? std::string(msg) : *tlsContext + ": " + msg;
   ATTN_WARN(kLogAll, "%s (%s)", msg, attnGetErrorString(code));
   return code;
 }
@@ -29,11 +30,14 @@ attnResult_t restoreError(attnResult_t code, const std::string& why) {
   return code;
 }
 
-ErrorContext::ErrorContext(const std::string& prefix) : saved_(tlsContext) {
-  tlsContext = prefix;
+ErrorContext::ErrorContext(const std::string& prefix) : saved_(tlsContext) { tlsContext = &prefix; }
+ErrorContext::ErrorContext(std::string&& prefix) : saved_(tlsContext), owned_(std::move(prefix)) {
+  tlsContext = &owned_;
 }
+ErrorContext::ErrorContext(const char* prefix) : ErrorContext(std::string(prefix)) {}
 ErrorContext::~ErrorContext() { tlsContext = saved_; }
-const std::string& ErrorContext::current() { return tlsContext; }
+const std::string& ErrorContext::current() { return *tlsContext; }
+const std::string& ErrorContext::none() { return kNoContext; }
 
 void traceError(const char* file, int line, attnResult_t code) {
   ATTN_TRACE(kLogAll, "%s:%d -> %s", file, line, attnGetErrorString(code));

@@ -22,16 +22,24 @@ attnResult_t restoreError(attnResult_t code, const std::string& why);
 
 // Names the rank that the current thread acts for, so messages say
 // "rank 3 (host h, pid p): ...". Scoped: restores the previous context.
+// Every API call makes one, so the common case copies nothing: a named
+// string (a communicator's prefix) is borrowed and must outlive the scope;
+// a temporary or a literal is kept in the context itself.
 class ErrorContext {
  public:
   explicit ErrorContext(const std::string& prefix);
+  explicit ErrorContext(std::string&& prefix);
+  explicit ErrorContext(const char* prefix);
   ~ErrorContext();
   ErrorContext(const ErrorContext&) = delete;
   ErrorContext& operator=(const ErrorContext&) = delete;
   static const std::string& current();
+  // The context of a thread that acts for no rank ("-").
+  static const std::string& none();
 
  private:
-  std::string saved_;
+  const std::string* saved_;
+  std::string owned_;
 };
 
 // Leaves a file:line trail at TRACE level as an error unwinds.
