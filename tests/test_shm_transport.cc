@@ -228,7 +228,16 @@ attnResult_t drive(World& w, const std::vector<Request*>& reqs, int deadlineMs =
       if (idlePasses % 32 == 0) sched_yield();
     } else {
       if (Clock::now() > end) return attnTimeout;
-      w.transport->waitForActivity(1000);
+      // As the engine does: ask to be rung, look once more, then sleep.
+      w.transport->armWait();
+      bool moved = false;
+      for (auto& c : w.conns) {
+        bool p = false;
+        if (c && !c->idle()) c->progress(&p);
+        moved |= p;
+      }
+      if (!moved) w.transport->waitForActivity(1000);
+      w.transport->disarmWait();
     }
   }
   for (Request* r : reqs)
@@ -745,6 +754,7 @@ TEST_P(ShmTransportTest, WaitSleepsAndWakes) {
     Request r;
     w.conn(1)->postRecv(&got, sizeof(got), &r);
     bool p;
+    w.transport->armWait();   // the peer rings only a watched bell
     w.conn(1)->progress(&p);  // notes the bell before the sleep
     RANK_CHECK(w.boot->barrier() == attnSuccess, "barrier");
     rusage ru0, ru1;
@@ -757,6 +767,7 @@ TEST_P(ShmTransportTest, WaitSleepsAndWakes) {
     }
     double wall = msSince(t0);
     getrusage(RUSAGE_THREAD, &ru1);
+    w.transport->disarmWait();
     double cpu = (ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) * 1e3 +
                  (ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e3 +
                  (ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) * 1e3 +
@@ -764,6 +775,52 @@ TEST_P(ShmTransportTest, WaitSleepsAndWakes) {
     RANK_CHECK(!r.pending() && got == 5, "not received");
     RANK_CHECK(wall < 1500, "woke after %.0f ms (the send came at ~300 ms)", wall);
     RANK_CHECK(cpu < 0.25 * wall, "burnt %.1f ms CPU in %.0f ms of waiting", cpu, wall);
+    return "";
+  });
+  expectOk(res);
+}
+
+// Peers ring a doorbell only while its owner watches it (armWait). A rank
+// that sleeps after every message, armed then polling once more as the
+// engine does, must never miss a message that landed around the arming: in
+// a ping-pong of 2000 messages each way no sleep may run to its full (long)
+// timeout, and every message arrives in order.
+TEST_P(ShmTransportTest, ArmedSleepNeverMissesAMessage) {
+  auto res = run(2, [&](World& w) -> std::string {
+    RANK_CHECK(w.connectAll() == attnSuccess, "connect failed");
+    const int peer = 1 - w.rank;
+    Connection* c = w.conn(peer);
+    int fullSleeps = 0;
+    // Sleeps until `req` is done, always through an armed wait.
+    auto sleepUntil = [&](Request& req) {
+      while (req.pending()) {
+        w.transport->armWait();
+        bool p = false;
+        c->progress(&p);
+        if (!p && req.pending()) {
+          const auto t0 = Clock::now();
+          w.transport->waitForActivity(2000000);
+          if (msSince(t0) >= 1900) ++fullSleeps;
+        }
+        w.transport->disarmWait();
+      }
+    };
+    for (int i = 0; i < 2000; ++i) {
+      int out = i * 2 + w.rank, in = -1;
+      Request s, r;
+      if (w.rank == 0) {
+        c->postSend(&out, sizeof(out), &s);
+        c->postRecv(&in, sizeof(in), &r);
+      } else {
+        c->postRecv(&in, sizeof(in), &r);
+        sleepUntil(r);
+        c->postSend(&out, sizeof(out), &s);
+      }
+      sleepUntil(r);
+      sleepUntil(s);
+      RANK_CHECK(r.state.load() == Request::kDone && in == i * 2 + peer, "message %d: got %d", i, in);
+      RANK_CHECK(fullSleeps == 0, "a sleep ran its full 2 s at message %d: a ring was missed", i);
+    }
     return "";
   });
   expectOk(res);

@@ -175,11 +175,26 @@ attnResult_t Engine::idleWait(int* spins, std::chrono::steady_clock::time_point*
   std::vector<Transport*> busy = busyTransports();
   if (busy.empty()) {
     std::this_thread::yield();
-  } else {
-    int slice = busy.size() == 1 ? kSleepSliceUs : 100;
-    for (Transport* t : busy) t->waitForActivity(slice);
+    return attnSuccess;
+  }
+  bool progressed = false;
+  ATTN_CHECK(armedWait(busy, busy.size() == 1 ? kSleepSliceUs : 100, &progressed));
+  if (progressed) {
+    *spins = 0;
+    *lastProgress = now;
   }
   return attnSuccess;
+}
+
+attnResult_t Engine::armedWait(const std::vector<Transport*>& busy, int sliceUs, bool* progressed) {
+  // Ask to be woken, then look once more: what landed before the peers saw
+  // the request rang nobody (Transport::armWait).
+  for (Transport* t : busy) t->armWait();
+  attnResult_t r = progress(progressed);
+  if (r == attnSuccess && !*progressed)
+    for (Transport* t : busy) t->waitForActivity(sliceUs);
+  for (Transport* t : busy) t->disarmWait();
+  return r;
 }
 
 std::vector<Transport*> Engine::busyTransports() {
@@ -216,8 +231,7 @@ attnResult_t Engine::progressOrSleep(int waitUs, bool* progressed) {
   // re-locks at once can starve the poster for tens of milliseconds).
   std::vector<Transport*> busy = busyTransports();
   const int slice = busy.size() <= 1 ? waitUs : std::max(1, waitUs / static_cast<int>(busy.size()));
-  for (Transport* t : busy) t->waitForActivity(slice);
-  return attnSuccess;
+  return armedWait(busy, slice, progressed);
 }
 
 attnResult_t Engine::wait(Request* req) { return waitAll(req, 1); }

@@ -98,6 +98,9 @@ class Engine {
   attnResult_t timeoutError();
   // The transports with unfinished work on some connection (locks mu_).
   std::vector<Transport*> busyTransports();
+  // armWait on `busy`, one more progress pass, waitForActivity(sliceUs) on
+  // each unless that pass moved something, disarmWait.
+  attnResult_t armedWait(const std::vector<Transport*>& busy, int sliceUs, bool* progressed);
 
   int rank_, nranks_, timeoutMs_;
   const std::atomic<bool>* abortFlag_;

@@ -126,6 +126,16 @@ class Transport {
   // have happened on one of this transport's connections. Spurious early
   // returns are allowed. Must not be called concurrently with progress().
   virtual void waitForActivity(int timeoutUs) = 0;
+
+  // A transport whose peers signal only a rank that asked for it (shm rings
+  // a doorbell only while its owner waits on it; a polling rank sees the
+  // change itself) needs to know when a rank is about to sleep. The engine
+  // calls armWait(), then polls its connections once more (catching what
+  // arrived before peers saw the request), then waitForActivity() unless that
+  // poll moved something, then disarmWait(). Calls pair up; several threads
+  // may be armed at once.
+  virtual void armWait() {}
+  virtual void disarmWait() {}
 };
 
 // Factories: transports/<name>/ implements these.

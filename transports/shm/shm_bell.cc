@@ -64,6 +64,11 @@ bool futexWaitMany(Bell* const* bells, const uint32_t* expected, size_t n, int t
 }  // namespace
 
 void ringBell(Bell* bell) {
+  // The change we announce is stored; the fence orders it before the load of
+  // watchers, and pairs with the one in watchBell: either the owner's poll
+  // after arming sees the change, or we see it armed and bump.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (bell->watchers.load(std::memory_order_relaxed) == 0) return;
   // seq_cst on both sides pairs with the sleeper's sleepers++ / seq check:
   // either we see the sleeper, or it sees the new seq and does not sleep.
   bell->seq.fetch_add(1, std::memory_order_seq_cst);
@@ -71,6 +76,13 @@ void ringBell(Bell* bell) {
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell->seq), FUTEX_WAKE, INT_MAX, nullptr,
             nullptr, 0);
 }
+
+void watchBell(Bell* bell) {
+  bell->watchers.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void unwatchBell(Bell* bell) { bell->watchers.fetch_sub(1, std::memory_order_release); }
 
 bool spinOnBells(Bell* const* bells, const uint32_t* expected, size_t n, int spinUs) {
   if (spinUs <= 0) return moved(bells, expected, n);

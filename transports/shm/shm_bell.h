@@ -14,8 +14,14 @@
 
 namespace attn::shm {
 
-// Bumps the bell and wakes its sleepers, if any (no syscall otherwise).
+// Bumps the bell and wakes its sleepers, if any (no syscall otherwise); does
+// nothing while no thread of the owner watches it. Call after the change.
 void ringBell(Bell* bell);
+
+// The owner's side: between watchBell and unwatchBell peers ring this bell.
+// After watchBell, poll once more before waiting on it.
+void watchBell(Bell* bell);
+void unwatchBell(Bell* bell);
 
 // Sleeps until bells[i]->seq != expected[i] for some i, or `timeoutUs`
 // passes. Returns at once when that is already so; spurious returns happen.

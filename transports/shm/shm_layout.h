@@ -5,13 +5,13 @@
 #pragma once
 
 #include <atomic>
-#include <cstddef>
+#include <cstddef>  // offsetof
 #include <cstdint>
 
 namespace attn::shm {
 
 constexpr uint32_t kChannelMagic = 0x41534843;  // "ASHC"
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 
@@ -42,28 +42,43 @@ enum SlotKind : uint32_t {
 
 
 // A futex word that peers bump after changing something this rank may be
-// waiting for. `sleepers` lets a ringer skip the wake syscall when nobody
-// sleeps.
+// waiting for. They bump it only while `watchers` (threads of this rank
+// between armWait and disarmWait) is non-zero: a rank that polls sees the
+// change itself, and an atomic add on a line the other core reads is the
+// dearest part of a small message. `sleepers` lets a ringer skip the wake
+// syscall when nobody sleeps.
 struct alignas(kCacheLine) Bell {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> sleepers;
+  std::atomic<uint32_t> watchers;
 };
 
-// Written by the sender before it publishes the slot (head), read by the
-// receiver after it sees it.
-struct alignas(kCacheLine) SlotHeader {
-  uint64_t msgIndex;    // the sender's message number (0, 1, ...)
-  uint64_t msgBytes;    // size of the whole message
-  uint64_t offset;      // inline: where this chunk goes in the message
-  uint64_t chunkBytes;  // inline: bytes in this slot
-  uint64_t addr;        // direct: the sender's buffer address
-  uint32_t kind;        // SlotKind
-  int32_t regionFd;     // mapped: the region's descriptor in the sender
-  int64_t regionPid;    // mapped: the region's name (shareable_memory.h) ...
+// Bytes of a chunk that travel inside its slot header rather than in the
+// slot's data area (see SlotHeader).
+constexpr size_t kSlotInlineBytes = 144;
+
+// Written by the sender, then published by `seq` (and head); read by the
+// receiver after it sees `seq`. A small message is one cache-line pair: the
+// receiver polls `seq` in the same lines as the fields and, up to
+// kSlotInlineBytes, the data (`small`), instead of missing on head, the
+// header and the data area in turn.
+struct alignas(2 * kCacheLine) SlotHeader {
+  std::atomic<uint64_t> seq;  // slot number + 1 once published (stored last)
+  uint64_t msgIndex;          // the sender's message number (0, 1, ...)
+  uint64_t msgBytes;          // size of the whole message
+  uint64_t offset;            // inline: where this chunk goes in the message
+  uint64_t chunkBytes;        // inline: bytes in this slot
+  uint32_t kind;              // SlotKind
+  int32_t regionFd;           // mapped: the region's descriptor in the sender
+  uint8_t small[kSlotInlineBytes];  // inline chunks up to kSlotInlineBytes
+  uint64_t addr;              // direct: the sender's buffer address
+  int64_t regionPid;          // mapped: the region's name (shareable_memory.h) ...
   uint64_t regionSerial;
   uint64_t regionBytes;   // ... its size ...
   uint64_t regionOffset;  // ... and where the message starts in it
 };
+static_assert(sizeof(SlotHeader) == 4 * kCacheLine, "slot headers are two cache-line pairs");
+static_assert(offsetof(SlotHeader, small) + 80 <= 2 * kCacheLine, "80 inline bytes share the first pair");
 
 struct ChannelHeader {
   // Set by the creator (the sender) before the name is shared; constant after.
@@ -78,9 +93,9 @@ struct ChannelHeader {
   // Set by the receiver during connect, before its ack.
   alignas(kCacheLine) std::atomic<uint32_t> directMode;
 
-  // Producer and consumer counters on their own lines (no false sharing).
-  alignas(kCacheLine) std::atomic<uint64_t> head;  // slots published (sender)
-  alignas(kCacheLine) std::atomic<uint64_t> tail;  // slots consumed (receiver)
+  // Slots consumed (receiver), on a line of its own. Slots published are
+  // told by each slot's seq.
+  alignas(kCacheLine) std::atomic<uint64_t> tail;
 
   alignas(kCacheLine) std::atomic<uint32_t> senderClosed;    // CloseReason
   std::atomic<uint32_t> receiverClosed;                      // CloseReason

@@ -66,10 +66,11 @@ attnResult_t Receiver::copyMappedPiece(Op& op, const uint8_t* src, std::string* 
 }
 
 attnResult_t Receiver::progress(bool* progressed, std::string* why) {
-  const uint64_t head = ch_.hdr->head.load(std::memory_order_acquire);
-  while (!q_.empty() && tail_ < head) {
+  while (!q_.empty()) {
     Op& op = q_.front();
     const SlotHeader& s = ch_.slot(tail_);
+    // acquire: pairs with the sender's release of seq (Sender::publish).
+    if (s.seq.load(std::memory_order_acquire) != tail_ + 1) break;
     if (!op.started) {
       if (s.offset != 0 || s.msgIndex != op.index) {
         *why = "shm ring from peer " + std::to_string(peer_) + " out of sequence";
@@ -92,7 +93,9 @@ attnResult_t Receiver::progress(bool* progressed, std::string* why) {
         *why = "shm ring from peer " + std::to_string(peer_) + " holds a malformed chunk";
         return attnInternalError;
       }
-      if (s.chunkBytes) std::memcpy(op.buf + op.got, ch_.slotData(tail_), s.chunkBytes);
+      if (s.chunkBytes)
+        std::memcpy(op.buf + op.got, s.chunkBytes <= kSlotInlineBytes ? s.small : ch_.slotData(tail_),
+                    s.chunkBytes);
       op.got += s.chunkBytes;
       consumeSlot();
     } else {

@@ -35,9 +35,10 @@ void Sender::post(const void* buf, size_t bytes, Request* req) {
   toSend_.push_back(op);
 }
 
-void Sender::publish() {
+void Sender::publish(SlotHeader& s) {
+  // release: the fields and data above are visible to whoever sees seq.
+  s.seq.store(head_ + 1, std::memory_order_release);
   ++head_;
-  ch_.hdr->head.store(head_, std::memory_order_release);
   ringBell(peerBell_);
 }
 
@@ -70,18 +71,18 @@ void Sender::progress(bool* progressed) {
         s.regionOffset = reinterpret_cast<uintptr_t>(op.buf) - op.region.base;
       }
       op.slot = head_;
-      publish();
+      publish(s);
       inFlight_.push_back(op);
       toSend_.pop_front();
     } else {
       size_t n = op.bytes - op.sent < ch_.slotBytes ? op.bytes - op.sent : ch_.slotBytes;
-      if (n) std::memcpy(ch_.slotData(head_), op.buf + op.sent, n);
+      if (n) std::memcpy(n <= kSlotInlineBytes ? s.small : ch_.slotData(head_), op.buf + op.sent, n);
       s.offset = op.sent;
       s.chunkBytes = n;
       s.addr = 0;
       s.kind = kSlotInline;
       op.sent += n;
-      publish();
+      publish(s);
       if (op.sent == op.bytes) {
         op.req->complete(op.bytes);
         toSend_.pop_front();

@@ -62,7 +62,7 @@ class Sender {
     uint64_t slot = 0;    // direct: the slot that carries the address
     ShareableRegion region;  // fd >= 0: direct, from this region
   };
-  void publish();
+  void publish(SlotHeader& s);
 
   Channel ch_;
   Bell* peerBell_;

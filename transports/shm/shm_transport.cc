@@ -1,5 +1,6 @@
 // The shared-memory transport: connect() builds one ShmConnection per peer
-// on this host; waitForActivity() sleeps on this rank's doorbell.
+// on this host; waitForActivity() sleeps on this rank's doorbell, which
+// peers ring only between armWait() and disarmWait() (shm_bell.h).
 //
 // Connect handshake (collective; every rank with shm peers runs it with
 // each of them):
@@ -70,6 +71,8 @@ class ShmTransport final : public Transport {
   attnResult_t connect(const TransportContext& ctx, const std::vector<int>& peers,
                        std::vector<std::unique_ptr<Connection>>* conns) override;
   void waitForActivity(int timeoutUs) override;
+  void armWait() override;
+  void disarmWait() override;
 
  private:
   Config cfg_;
@@ -193,6 +196,14 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
   }
   bells_.push_back(std::move(bell));
   return attnSuccess;
+}
+
+void ShmTransport::armWait() {
+  for (auto& b : bells_) watchBell(b->bell);
+}
+
+void ShmTransport::disarmWait() {
+  for (auto& b : bells_) unwatchBell(b->bell);
 }
 
 void ShmTransport::waitForActivity(int timeoutUs) {
