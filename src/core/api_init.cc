@@ -76,7 +76,7 @@ attnResult_t newComm(attnComm** out, int nranks, const attnUniqueId& id, int ran
   auto comm = std::make_unique<attnComm>();
   ATTN_CHECK(resolveConfig(config, inherit, &comm->config));
   attnComm* c = comm.release();
-  c->prefix = "rank " + std::to_string(rank);
+  c->prefix = rankPrefix(rank);
   c->rank = rank;
   c->nranks = nranks;
   c->executor = std::make_unique<Executor>([c](attnResult_t r) {

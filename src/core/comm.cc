@@ -39,13 +39,17 @@ bool sameHost(const attnComm* comm, int peer) {
   return comm->peers[peer].hostHash == comm->peers[comm->rank].hostHash;
 }
 
+std::string rankPrefix(int rank) {
+  const std::string host = hostIdentity();
+  return "rank " + std::to_string(rank) + " (host " + host.substr(0, host.find('/')) + ", pid " +
+         std::to_string(getpid()) + ")";
+}
+
 attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int rank) {
   comm->rank = rank;
   comm->nranks = nranks;
   comm->id = id;
   const std::string host = hostIdentity();
-  comm->prefix = "rank " + std::to_string(rank) + " (host " + host.substr(0, host.find('/')) +
-                 ", pid " + std::to_string(getpid()) + ")";
   ErrorContext ctx(comm->prefix);
 
   ATTN_CHECK(Bootstrap::create(id, rank, nranks, comm->config.timeoutMs, &comm->abortFlag,

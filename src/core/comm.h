@@ -74,6 +74,10 @@ struct AttnState;
 
 namespace attn {
 
+// What error messages and log lines name a rank by: "rank 3 (host h, pid p)".
+// Set before init starts and never changed after: API calls on other
+// threads read it (ErrorContext borrows it) while a non-blocking init runs.
+std::string rankPrefix(int rank);
 // Joins the communicator: bootstrap, peer exchange, transport selection and
 // connection. Fills comm; collective over the ranks.
 attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int rank);
