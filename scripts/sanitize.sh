@@ -23,14 +23,14 @@ export ASAN_OPTIONS=detect_leaks=1
 # threads (which do not exist in the child) and exit with _exit. Forking
 # with threads: the harness forks ranks from a test process that has them.
 export TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 report_thread_leaks=0 die_after_fork=0"
-# python_api: the interpreter would need the sanitizer runtime preloaded.
-skip='^python_api$'
+# python_*: the interpreter would need the sanitizer runtime preloaded.
+skip='^python_'
 if [ "$kind" = thread ]; then
-  # CountsOverflowingSizeAreRejected forks dozens of rank processes from a
-  # threaded parent; TSan's children then meet the parent's thread ids
+  # CountsOverflowingSizeAreRejected and RootsWorkInAForkedChild fork from
+  # a threaded parent; TSan's children then meet the parent's thread ids
   # ("dup thread"), which it does not support. EveryTypeOpCountAndForm is
   # one thread of arithmetic that runs for over 15 minutes under TSan.
-  skip="$skip|^ArgumentValidation.CountsOverflowingSizeAreRejected$|^CpuReduce.EveryTypeOpCountAndForm$"
+  skip="$skip|^ArgumentValidation.CountsOverflowingSizeAreRejected$|^Bootstrap.RootsWorkInAForkedChild$|^CpuReduce.EveryTypeOpCountAndForm$"
 fi
 (cd "$dir" && ctest --output-on-failure --timeout 900 -j "${CTEST_JOBS:-2}" -E "$skip")
 
