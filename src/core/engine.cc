@@ -13,7 +13,7 @@ namespace attn {
 namespace {
 constexpr int kSpinsBeforeSleep = 200;
 constexpr int kSleepSliceUs = 1000;
-constexpr int kPollsPerYield = 8;
+constexpr int kPollsPerYield = 1;
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -162,9 +162,10 @@ attnResult_t Engine::idleWait(int* spins, std::chrono::steady_clock::time_point*
     cpuRelax();
     // Ranks often outnumber cores (several per GPU, or a test box): the
     // peer we wait for may be queued behind us on this core. Yielding every
-    // kPollsPerYield idle polls instead of every 32 cut a 4-process 8-byte
-    // all-reduce on 2 cores by a third, and left 2 processes unchanged
-    // (perf/RESULTS.md §1, Small messages).
+    // 8 idle polls instead of every 32 cut a 4-process 8-byte all-reduce on
+    // 2 cores by a third; yielding on every one took 4 thread ranks on 2
+    // cores 1.26-1.37x further and left 2 ranks unchanged, where the yield
+    // finds nobody to run (perf/RESULTS.md §1, Small messages).
     if ((*spins % kPollsPerYield) == 0) sched_yield();
     return attnSuccess;
   }
