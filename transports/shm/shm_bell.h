@@ -38,8 +38,10 @@ bool spinOnBells(Bell* const* bells, const uint32_t* expected, size_t n, int spi
 // must still wake us. So progress() notes the bell's value *before* it looks
 // at shared state (observe), and the sleep waits for the bell to move past
 // that value. A pass that made progress disarms it, so the next pass notes
-// a fresh value. Atomics only because the engine may call waitForActivity
-// from another thread than progress().
+// a fresh value. Peers ring only while the bell is watched (watchBell, from
+// the transport's armWait); what changed before that rang nobody, and the
+// poll the engine makes after arming finds it. Atomics only because the
+// engine may call waitForActivity from another thread than progress().
 struct LocalBell {
   std::shared_ptr<Segment> seg;
   Bell* bell = nullptr;
