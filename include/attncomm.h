@@ -260,7 +260,8 @@ ATTN_API attnResult_t attnCommSplit(attnComm_t comm, int color, int key,
  * config may be NULL (inherit comm's options). Errors: a rank out of range
  * or listed twice, the caller's own rank listed, every rank listed, or an
  * unknown flag -> attnInvalidArgument; survivors passing different lists
- * -> attnInvalidUsage on every survivor, naming a rank whose list differs;
+ * -> attnInvalidUsage on every survivor as soon as the lists meet (not at
+ * the timeout), naming a rank whose list differs;
  * a survivor that does not answer -> attnTimeout / attnRemoteError. */
 ATTN_API attnResult_t attnCommShrink(attnComm_t comm, const int* excludeRanks,
                                      int excludeCount, attnComm_t* newcomm,

@@ -141,6 +141,39 @@ TEST_P(ShrinkKilled, SurvivorsShrinkAndGoOn) {
     if (r != victim) EXPECT_TRUE(results[r].passed()) << results[r].Describe();
 }
 
+// The same, but rank 3 first also excludes rank 1: every survivor fails
+// with attnInvalidUsage, though the failing ranks also try to tell the
+// dead victim; then they agree.
+TEST_P(ShrinkKilled, SurvivorsThatDisagreeFailThenShrink) {
+  const std::string transport = std::get<0>(GetParam());
+  const int victim = std::get<1>(GetParam());
+  const int n = 4;
+  attnConfig_t cfg = ConfigWithTimeout(5000);
+  RunOptions opts;
+  opts.config = &cfg;
+  opts.deadline_ms = 120000;
+  opts.env = {{"ATTN_TRANSPORT", transport}};
+  auto results = RunProcessesCollect(n, [&](int rank, int n, attnComm_t& comm) {
+    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 1025, false);
+    if (rank == victim) raise(SIGKILL);
+    const std::vector<int> agreed = {victim}, odd = {std::min(victim, 1), std::max(victim, 1)};
+    const std::vector<int>& first = rank == 3 ? odd : agreed;
+    attnComm_t shrunk = nullptr;
+    attnResult_t r = attnCommShrink(comm, first.data(), static_cast<int>(first.size()), &shrunk, nullptr,
+                                    ATTN_SHRINK_ABORT);
+    EXPECT_EQ(r, attnInvalidUsage) << ResultName(r) << ": " << attnGetLastError(comm);
+    EXPECT_TRUE(Contains(attnGetLastError(comm), "different exclude lists")) << attnGetLastError(comm);
+    ATTN_ASSERT_OK(comm, attnCommShrink(comm, agreed.data(), 1, &shrunk, nullptr, ATTN_SHRINK_DEFAULT));
+    CheckShrunk(comm, rank, agreed, shrunk);
+    EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
+    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+    comm = nullptr;
+  }, opts);
+  ASSERT_EQ(results.size(), size_t(n));
+  for (int r = 0; r < n; ++r)
+    if (r != victim) EXPECT_TRUE(results[r].passed()) << results[r].Describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ShrinkKilled,
                          ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Values(0, 2)),
                          [](const ::testing::TestParamInfo<KillParam>& info) {
@@ -268,31 +301,88 @@ TEST(Shrink, BadArgumentsAreRefusedAndHarmless) {
   });
 }
 
-// Survivors that pass different lists all fail (none is left waiting), and
-// a second, agreeing call then succeeds.
-TEST(Shrink, DisagreeingSurvivorsAllFailThenAgree) {
+// Survivors that pass different lists all fail with attnInvalidUsage,
+// never by the timeout (20 s here: a rank left waiting would return
+// attnTimeout instead), and a second, agreeing call then succeeds. The
+// lists pick different leaders, leaders that exclude their followers,
+// followers that exclude their leader.
+struct DisagreeCase {
+  const char* name;
+  std::vector<std::vector<int>> lists;  // per rank; {-1}: the rank does not call
+  std::vector<int> agreed;              // the second call's list
+};
+
+void PrintTo(const DisagreeCase& c, std::ostream* os) { *os << c.name; }
+
+class ShrinkDisagree : public ::testing::TestWithParam<DisagreeCase> {};
+
+TEST_P(ShrinkDisagree, EverySurvivorFailsThenTheyAgree) {
+  const DisagreeCase& dc = GetParam();
+  const int n = static_cast<int>(dc.lists.size());
   attnConfig_t cfg = ConfigWithTimeout(20000);
   RunOptions opts;
   opts.config = &cfg;
   std::atomic<int> survivorsDone{0};
-  RunThreads(4, [&](int rank, int n, attnComm_t& comm) {
-    if (rank == 3) {
-      while (survivorsDone.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const int survivors = n - static_cast<int>(dc.agreed.size());
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+    const std::vector<int>& mine = dc.lists[rank];
+    attnComm_t shrunk = nullptr;
+    if (mine != std::vector<int>{-1}) {
+      attnResult_t r = attnCommShrink(comm, mine.data(), static_cast<int>(mine.size()), &shrunk, nullptr, 0);
+      EXPECT_EQ(r, attnInvalidUsage) << "rank " << rank << ": " << ResultName(r) << ": " << attnGetLastError(comm);
+      EXPECT_TRUE(Contains(attnGetLastError(comm), "different exclude lists")) << attnGetLastError(comm);
+      EXPECT_EQ(shrunk, nullptr);
+    }
+    if (std::find(dc.agreed.begin(), dc.agreed.end(), rank) != dc.agreed.end()) {
+      while (survivorsDone.load() < survivors) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       return;
     }
-    // Rank 2 also excludes rank 1; the leader (rank 0) must notice.
-    const std::vector<int> agreed = {3}, odd = {1, 3};
-    const std::vector<int>& mine = rank == 2 ? odd : agreed;
-    attnComm_t shrunk = nullptr;
-    attnResult_t r = attnCommShrink(comm, mine.data(), static_cast<int>(mine.size()), &shrunk, nullptr, 0);
-    EXPECT_EQ(r, attnInvalidUsage) << ResultName(r) << ": " << attnGetLastError(comm);
-    EXPECT_TRUE(Contains(attnGetLastError(comm), "different exclude lists")) << attnGetLastError(comm);
-    EXPECT_TRUE(Contains(attnGetLastError(comm), "rank 2")) << attnGetLastError(comm);
-    EXPECT_EQ(shrunk, nullptr);
-    ATTN_ASSERT_OK(comm, attnCommShrink(comm, agreed.data(), 1, &shrunk, nullptr, 0));
-    CheckShrunk(comm, rank, agreed, shrunk);
+    ATTN_ASSERT_OK(comm, attnCommShrink(comm, dc.agreed.data(), static_cast<int>(dc.agreed.size()), &shrunk,
+                                        nullptr, 0));
+    CheckShrunk(comm, rank, dc.agreed, shrunk);
     EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
     ++survivorsDone;
+  }, opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Lists, ShrinkDisagree,
+    ::testing::Values(DisagreeCase{"FollowerExcludesOneMore", {{3}, {3}, {1, 3}, {-1}}, {3}},
+                      DisagreeCase{"LeaderExcludesOneMore", {{1, 3}, {3}, {3}, {-1}}, {3}},
+                      DisagreeCase{"OneExcludesTheLowest", {{}, {0}, {}, {}}, {}},
+                      DisagreeCase{"TwoLeaders", {{3}, {0}, {3}, {0}}, {}},
+                      DisagreeCase{"EveryListDiffers", {{1}, {2}, {3}, {0}}, {}},
+                      DisagreeCase{"TwoLeadersFiveRanks", {{4}, {0}, {4}, {0}, {0}}, {}},
+                      // Found by a model of the protocol: only the leader,
+                      // which excludes them, can tell ranks 1 and 3.
+                      DisagreeCase{"LeaderExcludesTwoFollowers", {{1, 3}, {3}, {}, {1, 2}}, {}},
+                      DisagreeCase{"ChainOfLeaders", {{}, {2, 3}, {0}, {1, 2}}, {}}),
+    [](const ::testing::TestParamInfo<DisagreeCase>& i) { return std::string(i.param.name); });
+
+// A rank that the others exclude but that calls anyway is refused by the
+// leader it picks, while the others form their communicator. Rank 1 calls
+// only after rank 3 has its answer, so the leader is still collecting.
+TEST(Shrink, AnExcludedRankThatCallsIsRefused) {
+  attnConfig_t cfg = ConfigWithTimeout(20000);
+  RunOptions opts;
+  opts.config = &cfg;
+  std::atomic<bool> refused{false};
+  RunThreads(4, [&](int rank, int, attnComm_t& comm) {
+    attnComm_t shrunk = nullptr;
+    if (rank == 3) {
+      attnResult_t r = attnCommShrink(comm, nullptr, 0, &shrunk, nullptr, 0);
+      EXPECT_EQ(r, attnInvalidUsage) << ResultName(r) << ": " << attnGetLastError(comm);
+      EXPECT_TRUE(Contains(attnGetLastError(comm), "rank 3's differs from rank 0's")) << attnGetLastError(comm);
+      EXPECT_EQ(shrunk, nullptr);
+      refused = true;
+      return;
+    }
+    if (rank == 1)
+      while (!refused.load()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const std::vector<int> excluded = {3};
+    ATTN_ASSERT_OK(comm, attnCommShrink(comm, excluded.data(), 1, &shrunk, nullptr, 0));
+    CheckShrunk(comm, rank, excluded, shrunk);
+    EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
   }, opts);
 }
 

@@ -4,11 +4,11 @@
 // broken); the survivors meet over the parent's bootstrap sockets, which
 // stay up between any two live ranks:
 //
-//   1. every survivor sends the leader (the lowest survivor) a digest of its
-//      exclude list;
-//   2. the leader checks they all match, starts a fresh bootstrap root and
-//      sends every survivor its unique id (or the rank whose list differs);
-//   3. the survivors join the new communicator, ranked in the old order.
+//   1. the survivors agree on a fresh unique id (shrink_agreement.h): the
+//      leader (the lowest survivor) checks that every survivor passed its
+//      list, starts a bootstrap root and sends them the id; survivors whose
+//      lists differ all fail fast;
+//   2. they join the new communicator, ranked in the old order.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -17,6 +17,7 @@
 
 #include "src/core/api_call.h"
 #include "src/core/log.h"
+#include "src/core/shrink_agreement.h"
 #include "src/device/device_route.h"
 
 namespace attn {
@@ -28,32 +29,9 @@ using namespace attn;
 
 namespace {
 
-// Bootstrap user tags at the top of the tag space, one pair per shrink of
-// the same parent (the shm transport and the topology use other ranges).
+// Bootstrap user tags at the top of the tag space, one per shrink of the
+// same parent (the shm transport and the topology use other ranges).
 constexpr uint32_t kShrinkTagBase = 0xA7500000u;
-
-struct ShrinkRequest {
-  uint64_t digest;  // of the sorted exclude list
-  int32_t count;
-  int32_t rank;     // the sender's old rank (a check)
-};
-
-struct ShrinkReply {
-  int32_t ok;          // 1: join `id`; 0: `mismatchRank` passed another list
-  int32_t mismatchRank;
-  attnUniqueId id;
-};
-
-uint64_t listDigest(const std::vector<int>& sorted) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (int r : sorted) {
-    for (int b = 0; b < 4; ++b) {
-      h ^= static_cast<uint8_t>(static_cast<uint32_t>(r) >> (8 * b));
-      h *= 1099511628211ull;
-    }
-  }
-  return h;
-}
 
 attnResult_t checkExcludeList(const attnComm* comm, const int* excludeRanks, int excludeCount,
                               std::vector<int>* sorted) {
@@ -86,42 +64,6 @@ void stopParentOperations(attnComm* comm) {
   comm->engine->breakWith(attnRemoteError, "operations stopped by attnCommShrink (ATTN_SHRINK_ABORT)");
 }
 
-// Steps 1 and 2 above. On return every survivor holds the same id, or all
-// of them fail.
-attnResult_t agreeOnNewId(attnComm* comm, const std::vector<int>& survivors,
-                          const std::vector<int>& excluded, uint32_t seq, attnUniqueId* id) {
-  Bootstrap& boot = *comm->bootstrap;
-  const uint32_t tagRequest = kShrinkTagBase + 2 * seq, tagReply = tagRequest + 1;
-  const int leader = survivors.front();
-  const ShrinkRequest mine{listDigest(excluded), static_cast<int32_t>(excluded.size()), comm->rank};
-  ShrinkReply reply{};
-  if (comm->rank != leader) {
-    ATTN_CHECK(boot.send(leader, tagRequest, &mine, sizeof(mine)));
-    ATTN_CHECK(boot.recv(leader, tagReply, &reply, sizeof(reply)));
-  } else {
-    reply.ok = 1;
-    reply.mismatchRank = -1;
-    for (size_t i = 1; i < survivors.size(); ++i) {
-      ShrinkRequest theirs{};
-      ATTN_CHECK(boot.recv(survivors[i], tagRequest, &theirs, sizeof(theirs)));
-      if (reply.ok && (theirs.digest != mine.digest || theirs.count != mine.count ||
-                       theirs.rank != survivors[i])) {
-        reply.ok = 0;
-        reply.mismatchRank = survivors[i];
-      }
-    }
-    if (reply.ok) ATTN_CHECK(bootstrapCreateRoot(&reply.id));
-    for (size_t i = 1; i < survivors.size(); ++i)
-      ATTN_CHECK(boot.send(survivors[i], tagReply, &reply, sizeof(reply)));
-  }
-  if (!reply.ok)
-    return setError(attnInvalidUsage,
-                    "attnCommShrink: the survivors passed different exclude lists (rank %d's "
-                    "differs from rank %d's)", reply.mismatchRank, leader);
-  *id = reply.id;
-  return attnSuccess;
-}
-
 attnResult_t commShrink(attnComm* comm, const int* excludeRanks, int excludeCount,
                         attnComm_t* newcomm, attnConfig_t* config, int flags) {
   ATTN_REQUIRE(newcomm != nullptr, "newcomm is NULL");
@@ -150,7 +92,7 @@ attnResult_t commShrink(attnComm* comm, const int* excludeRanks, int excludeCoun
     if (!std::binary_search(excluded.begin(), excluded.end(), r)) survivors.push_back(r);
   const uint32_t seq = comm->shrinkSeq++;
   attnUniqueId id;
-  ATTN_CHECK(agreeOnNewId(comm, survivors, excluded, seq, &id));
+  ATTN_CHECK(agreeOnShrinkId(*comm->bootstrap, comm->rank, comm->nranks, excluded, kShrinkTagBase + seq, &id));
   const int newRank =
       static_cast<int>(std::find(survivors.begin(), survivors.end(), comm->rank) - survivors.begin());
   ATTN_INFO(kLogInit, "attnCommShrink: %zu of %d ranks remain; rank %d becomes rank %d",

@@ -278,37 +278,64 @@ void SocketBootstrap::rxLoop() {
   for (auto& c : conns) closeSocket(&c.fd);
 }
 
+attnResult_t SocketBootstrap::takeLocked(const Key& key, void* data, size_t bytes) {
+  auto it = mail_.find(key);
+  std::vector<uint8_t> frame = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) mail_.erase(it);
+  const size_t got = frame.size() - sizeof(DataHeader);
+  if (got != bytes)
+    return setError(attnInvalidUsage,
+                    "bootstrap rank %d: message from peer %d (tag %u) has %zu bytes, expected %zu",
+                    rank_, std::get<0>(key), std::get<2>(key), got, bytes);
+  if (bytes) std::memcpy(data, frame.data() + sizeof(DataHeader), bytes);
+  return attnSuccess;
+}
+
+attnResult_t SocketBootstrap::waitFailsLocked(int peer, uint32_t tag, const Deadline& deadline) {
+  auto who = [&] { return peer >= 0 ? "peer " + std::to_string(peer) : std::string("any peer"); };
+  if (closed_.load())
+    return setError(attnRemoteError, "bootstrap rank %d: closed while waiting for %s", rank_, who().c_str());
+  if (abortFlag_ && abortFlag_->load())
+    return setError(attnRemoteError, "bootstrap rank %d: aborted while waiting for %s", rank_, who().c_str());
+  if (peer >= 0 && peerGone_[peer])
+    return setError(attnRemoteError, "bootstrap rank %d: peer %d closed its connection (tag %u not received)",
+                    rank_, peer, tag);
+  if (deadline.expired())
+    return setError(attnTimeout, "bootstrap rank %d: timed out waiting for %s (tag %u)", rank_, who().c_str(),
+                    tag);
+  return attnSuccess;
+}
+
 attnResult_t SocketBootstrap::recvFrom(int peer, uint32_t kind, uint32_t tag, void* data,
                                        size_t bytes, const Deadline& deadline) {
+  const Key key{peer, kind, tag};
   std::unique_lock<std::mutex> g(mu_);
   for (;;) {
-    auto it = mail_.find(Key{peer, kind, tag});
-    if (it != mail_.end() && !it->second.empty()) {
-      std::vector<uint8_t> frame = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) mail_.erase(it);
-      size_t got = frame.size() - sizeof(DataHeader);
-      if (got != bytes)
-        return setError(attnInvalidUsage,
-                        "bootstrap rank %d: message from peer %d (tag %u) has %zu bytes, "
-                        "expected %zu", rank_, peer, tag, got, bytes);
-      if (bytes) std::memcpy(data, frame.data() + sizeof(DataHeader), bytes);
-      return attnSuccess;
-    }
-    if (closed_.load())
-      return setError(attnRemoteError, "bootstrap rank %d: closed while waiting for peer %d",
-                      rank_, peer);
-    if (abortFlag_ && abortFlag_->load())
-      return setError(attnRemoteError, "bootstrap rank %d: aborted while waiting for peer %d",
-                      rank_, peer);
-    if (peerGone_[peer])
-      return setError(attnRemoteError,
-                      "bootstrap rank %d: peer %d closed its connection (tag %u not received)",
-                      rank_, peer, tag);
-    if (deadline.expired())
-      return setError(attnTimeout, "bootstrap rank %d: timed out waiting for peer %d (tag %u)",
-                      rank_, peer, tag);
+    if (mail_.count(key)) return takeLocked(key, data, bytes);
+    ATTN_CHECK(waitFailsLocked(peer, tag, deadline));
     // Short slices: the abort flag is set without notifying us.
+    cv_.wait_for(g, std::chrono::milliseconds(deadline.sliceMs(50)));
+  }
+}
+
+attnResult_t SocketBootstrap::recvAny(uint32_t tag, void* data, size_t bytes, const std::vector<int>& awaited,
+                                      int* from) {
+  ATTN_REQUIRE(data != nullptr || bytes == 0, "bootstrap recvAny: NULL data");
+  ATTN_REQUIRE(from != nullptr, "bootstrap recvAny: NULL sender");
+  for (int p : awaited)
+    ATTN_REQUIRE(p >= 0 && p < nranks_, "bootstrap recvAny: peer %d not in [0, %d)", p, nranks_);
+  const Deadline deadline = Deadline::afterMs(timeoutMs_);
+  std::unique_lock<std::mutex> g(mu_);
+  for (;;) {
+    for (int p = 0; p < nranks_; ++p) {
+      const Key key{p, kUserFrame, tag};
+      if (!mail_.count(key)) continue;
+      *from = p;
+      return takeLocked(key, data, bytes);
+    }
+    if (awaited.empty()) ATTN_CHECK(waitFailsLocked(-1, tag, deadline));
+    for (int p : awaited) ATTN_CHECK(waitFailsLocked(p, tag, deadline));
     cv_.wait_for(g, std::chrono::milliseconds(deadline.sliceMs(50)));
   }
 }
@@ -370,6 +397,22 @@ attnResult_t SocketBootstrap::send(int peer, uint32_t tag, const void* data, siz
   ATTN_REQUIRE(peer >= 0 && peer < nranks_, "bootstrap send: peer %d not in [0, %d)", peer, nranks_);
   ATTN_REQUIRE(data != nullptr || bytes == 0, "bootstrap send: NULL data");
   return sendTo(peer, kUserFrame, tag, data, bytes, Deadline::afterMs(timeoutMs_));
+}
+
+attnResult_t Bootstrap::sendWithin(int peer, uint32_t tag, const void* data, size_t bytes, int) {
+  return send(peer, tag, data, bytes);
+}
+
+attnResult_t SocketBootstrap::sendWithin(int peer, uint32_t tag, const void* data, size_t bytes, int timeoutMs) {
+  ATTN_REQUIRE(peer >= 0 && peer < nranks_, "bootstrap send: peer %d not in [0, %d)", peer, nranks_);
+  ATTN_REQUIRE(data != nullptr || bytes == 0, "bootstrap send: NULL data");
+  const int bound = timeoutMs_ > 0 ? std::min(timeoutMs, timeoutMs_) : timeoutMs;
+  return sendTo(peer, kUserFrame, tag, data, bytes, Deadline::afterMs(bound));
+}
+
+attnResult_t Bootstrap::recvAny(uint32_t tag, void*, size_t, const std::vector<int>&, int*) {
+  return setError(attnInternalError, "bootstrap rank %d: this bootstrap cannot receive from any peer (tag %u)",
+                  rank(), tag);
 }
 
 attnResult_t SocketBootstrap::recv(int peer, uint32_t tag, void* data, size_t bytes) {

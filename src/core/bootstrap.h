@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attncomm.h"
 
@@ -76,6 +77,16 @@ class Bootstrap {
   // matches the send of the same tag from that peer; size must match.
   virtual attnResult_t send(int peer, uint32_t tag, const void* data, size_t bytes) = 0;
   virtual attnResult_t recv(int peer, uint32_t tag, void* data, size_t bytes) = 0;
+  // send() that gives up after timeoutMs (a peer that may be dead, where
+  // send() would keep dialling for the whole bootstrap timeout).
+  virtual attnResult_t sendWithin(int peer, uint32_t tag, const void* data, size_t bytes, int timeoutMs);
+  // The next message with `tag` from whichever peer sent one (the lowest
+  // rank first when several wait); *from receives the sender. For protocols
+  // that must hear from ranks they did not expect (attnCommShrink). Fails
+  // when a peer in `awaited` is gone, on timeout or on abort. Test doubles
+  // that serve only connection setup need not provide it.
+  virtual attnResult_t recvAny(uint32_t tag, void* data, size_t bytes, const std::vector<int>& awaited,
+                               int* from);
   virtual attnResult_t barrier() = 0;
   // Unblocks waits (abort).
   virtual void close() = 0;

@@ -37,6 +37,9 @@ class SocketBootstrap : public Bootstrap {
   attnResult_t allGather(void* data, size_t bytesPerRank) override;
   attnResult_t send(int peer, uint32_t tag, const void* data, size_t bytes) override;
   attnResult_t recv(int peer, uint32_t tag, void* data, size_t bytes) override;
+  attnResult_t sendWithin(int peer, uint32_t tag, const void* data, size_t bytes, int timeoutMs) override;
+  attnResult_t recvAny(uint32_t tag, void* data, size_t bytes, const std::vector<int>& awaited,
+                       int* from) override;
   attnResult_t barrier() override;
   void close() override;
 
@@ -44,6 +47,8 @@ class SocketBootstrap : public Bootstrap {
   const SocketAddress& listenAddress() const { return listenAddr_; }
 
  private:
+  using Key = std::tuple<int, uint32_t, uint32_t>;  // (peer, kind, tag)
+
   SocketBootstrap(int rank, int nranks, int timeoutMs, const std::atomic<bool>* abortFlag);
   attnResult_t start(const UniqueIdData& id);
   attnResult_t joinRoot(const SocketAddress& root);
@@ -53,6 +58,11 @@ class SocketBootstrap : public Bootstrap {
                       const Deadline& deadline);
   attnResult_t recvFrom(int peer, uint32_t kind, uint32_t tag, void* data, size_t bytes,
                         const Deadline& deadline);
+  // Moves the oldest frame under `key` into data (its size must be `bytes`).
+  attnResult_t takeLocked(const Key& key, void* data, size_t bytes);
+  // Why a wait for `peer` cannot go on (closed, aborted, peer gone, past the
+  // deadline), or attnSuccess.
+  attnResult_t waitFailsLocked(int peer, uint32_t tag, const Deadline& deadline);
   attnResult_t dialLocked(int peer, const Deadline& deadline);
   void deliver(int from, std::vector<uint8_t>&& frame);
   void rxLoop();
@@ -78,7 +88,6 @@ class SocketBootstrap : public Bootstrap {
   std::unique_ptr<std::mutex[]> outMu_;
 
   // Mailbox filled by rxLoop.
-  using Key = std::tuple<int, uint32_t, uint32_t>;  // (peer, kind, tag)
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, std::deque<std::vector<uint8_t>>> mail_;
