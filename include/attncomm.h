@@ -601,6 +601,29 @@ ATTN_API attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k
  * (attnKvMigrate, attnKvAttention, attnKvRebalance). */
 ATTN_API attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req, attnStream_t stream);
 
+/* Collective over newcomm, which attnCommShrink made from the pool's
+ * communicator (called by every survivor, after attnCommShrink and before
+ * the old communicator is freed): the pool moves to newcomm, so the KV the
+ * survivors hold outlives the lost ranks. Ranks are renumbered as in
+ * newcomm. Waits for the collectives queued on the pool (those of a broken
+ * communicator end with an error).
+ *
+ * The blocks the excluded ranks held are gone: each own request that had
+ * one is released, as by attnKvRelease, and reported as lost. Blocks held
+ * here for the excluded ranks' requests are freed. The survivors then
+ * compare books: each owner tells each holder which of its blocks it holds;
+ * the holder frees blocks no owner claims (a migration or a release that
+ * the failure cut short) and names requests whose claimed blocks it lacks,
+ * which their owner releases and reports as lost as well.
+ *
+ * lost_reqs (may be NULL when max_lost is 0) receives at most max_lost of
+ * this rank's lost requests in increasing order; *num_lost (may be NULL)
+ * how many there were. The caller re-runs their prefill. Bad input on one
+ * rank (NULL pool, a newcomm not shrunk from the pool's communicator) fails
+ * the call on every rank before any pool moves. */
+ATTN_API attnResult_t attnKvPoolShrink(attnKvPool_t pool, attnComm_t newcomm, int64_t* lost_reqs,
+                                       int max_lost, int* num_lost);
+
 /* This rank's pool and requests, for the planner's heartbeat: every local
  * call made so far counted, collectives still queued not. */
 typedef struct {

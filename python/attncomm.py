@@ -228,6 +228,7 @@ class _KvModel(ctypes.Structure):
 _kvpool = _p  # attnKvPool_t
 _KvPoolCreate = _declare("attnKvPoolCreate", _comm, ctypes.POINTER(_KvPoolConfig), ctypes.POINTER(_kvpool))
 _KvPoolDestroy = _declare("attnKvPoolDestroy", _kvpool)
+_KvPoolShrink = _declare("attnKvPoolShrink", _kvpool, _comm, _i64p, ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 _KvAppend = _declare("attnKvAppend", _kvpool, ctypes.c_int64, _p, _p, _i32p, ctypes.c_int, _p)
 _KvRelease = _declare("attnKvRelease", _kvpool, ctypes.c_int64, _p)
 _KvPoolGetStats = _declare("attnKvPoolGetStats", _kvpool, ctypes.POINTER(_KvPoolStats))
@@ -902,6 +903,20 @@ class KvPool:
         if self._h:
             h, self._h = self._h, _p()
             _check(_KvPoolDestroy(h), None, "attnKvPoolDestroy")
+
+    def shrink(self, newcomm):
+        """attnKvPoolShrink (collective over newcomm, which Comm.shrink made
+        from this pool's communicator): the pool moves to newcomm. Returns
+        the ids of this rank's requests that lost blocks with the excluded
+        ranks (released; prefill them again). Call it before the old
+        communicator is destroyed."""
+        most = max(1, self.stats()["num_requests"])  # lost requests are own requests
+        lost = _numpy().zeros(most, _numpy().int64)
+        count = ctypes.c_int()
+        _check(_KvPoolShrink(self._h, newcomm._h, lost.ctypes.data_as(_i64p), most, ctypes.byref(count)),
+               newcomm._h, "attnKvPoolShrink")
+        self.comm, self.nranks = newcomm, newcomm.size
+        return [int(x) for x in lost[:count.value]]
 
     def __enter__(self):
         return self

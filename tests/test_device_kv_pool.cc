@@ -7,6 +7,7 @@
 //   - local calls made while collectives are queued on the stream do not
 //     change what those collectives see, and the books catch up once the
 //     stream has run them;
+//   - a device pool follows its communicator through attnCommShrink;
 // Without a GPU the tests skip (the emulated runtime provides one in CI).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -344,6 +345,62 @@ TEST(DeviceKvPool, LocalCallsBehindQueuedCollectivesKeepTheirPlace) {
     EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
     EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
   }, OnGpu0(&cfg));
+}
+
+// A device pool follows attnCommShrink: rank 2 leaves; rank 0's request
+// with a block there is lost, rank 1's blocks at rank 0 stay, and blocks
+// move and attend exactly on the new device communicator.
+TEST(DeviceKvPool, FollowsAShrink) {
+  REQUIRE_GPU();
+  constexpr attnDataType_t t = attnFloat32;
+  constexpr int kBlock = 4, kVictim = 2;
+  attnConfig_t cfg;
+  attn_test::RunOptions opts = OnGpu0(&cfg);
+  cfg.timeout_ms = 10000;
+  RunThreads(3, [&](int rank, int, attnComm_t& comm) {
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    const attnKvPoolConfig_t pc = PoolCfg(kBlock, 32, t);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+    const Req mine = {100 + rank, 4 * kBlock + 1, 2};
+    ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, mine.id, 0, mine.len, mine.len));
+    std::vector<attnKvMove_t> moves;
+    if (rank == 0) moves = {{0, 1, 0, 100, 2}, {0, 2, 0, 100, 1}};
+    if (rank == 1) moves = {{1, 0, 1, 101, 1}};
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+    ExpectExact(DeviceAttentionCall(pool, comm, st, rank, {mine}, t, true).Check(), t, "lent out");
+    if (rank == kVictim) {
+      ATTN_EXPECT_OK(comm, attnKvPoolDestroy(pool));
+      EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+      EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+      comm = nullptr;
+      return;
+    }
+    attnComm_t shrunk = nullptr;
+    ATTN_ASSERT_OK(comm, attnCommShrink(comm, &kVictim, 1, &shrunk, nullptr, ATTN_SHRINK_ABORT));
+    int64_t lost = -1;
+    int numLost = -1;
+    ATTN_ASSERT_OK(shrunk, attnKvPoolShrink(pool, shrunk, &lost, 1, &numLost));
+    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+    comm = shrunk;
+    EXPECT_EQ(numLost, rank == 0 ? 1 : 0);
+    if (rank == 0) EXPECT_EQ(lost, 100);
+    attnKvPoolStats_t stats{};
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &stats));
+    EXPECT_EQ(stats.lent_in_blocks, rank == 0 ? 1 : 0) << "rank " << rank;
+    const std::vector<Req> kept = rank == 0 ? std::vector<Req>{} : std::vector<Req>{mine};
+    ExpectExact(DeviceAttentionCall(pool, comm, st, rank, kept, t, true).Check(), t, "after the shrink");
+    moves.clear();
+    if (rank == 0) moves = {{0, 1, 1, 101, 1}};
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+    ExpectExact(DeviceAttentionCall(pool, comm, st, rank, kept, t, true).Check(), t, "returned");
+    ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &stats));
+    EXPECT_EQ(stats.lent_in_blocks + stats.lent_out_blocks, 0) << "rank " << rank;
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+  }, opts);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "src/attn/kv_migrate.h"
 #include "src/attn/kv_plan.h"
 #include "src/attn/kv_pool.h"
+#include "src/attn/kv_shrink.h"
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
 #include "src/core/comm.h"
@@ -164,6 +165,30 @@ extern "C" attnResult_t attnKvPoolCreate(attnComm_t comm, const attnKvPoolConfig
     h->impl = std::make_unique<KvPool>(comm, *config);
     ATTN_CHECK(h->impl->allocate());
     *pool = h.release();
+    return attnSuccess;
+  }));
+}
+
+extern "C" attnResult_t attnKvPoolShrink(attnKvPool_t pool, attnComm_t newcomm, int64_t* lost_reqs, int max_lost,
+                                        int* num_lost) {
+  ApiCall call(newcomm);
+  if (num_lost) *num_lost = 0;
+  ATTN_CHECK(call.finish(checkCommUsable(newcomm)));
+  ATTN_CHECK(call.finish(waitForQueuedOperations(newcomm)));
+  return call.finish(runGuarded([&]() -> attnResult_t {
+    attnResult_t local = pool && pool->impl ? attnSuccess : setError(attnInvalidArgument, "pool is NULL");
+    if (local == attnSuccess && (max_lost < 0 || (max_lost > 0 && !lost_reqs)))
+      local = setError(attnInvalidArgument, "lost_reqs %p with max_lost = %d", (void*)lost_reqs, max_lost);
+    if (local == attnSuccess && newcomm->shrunkFrom != pool->impl->comm())
+      local = setError(attnInvalidUsage, "attnKvPoolShrink: newcomm was not made by attnCommShrink from the "
+                       "pool's communicator");
+    if (local == attnSuccess && deviceRoute(newcomm) != pool->impl->onDevice())
+      local = setError(attnInvalidUsage, "attnKvPoolShrink: a %s pool cannot move to a %s communicator",
+                       pool->impl->onDevice() ? "device" : "host", deviceRoute(newcomm) ? "device" : "host");
+    std::vector<int64_t> lost;
+    ATTN_CHECK(kvPoolShrink(local == attnSuccess ? pool->impl.get() : nullptr, newcomm, local, &lost));
+    if (lost_reqs) std::copy_n(lost.begin(), std::min<size_t>(lost.size(), size_t(max_lost)), lost_reqs);
+    if (num_lost) *num_lost = int(lost.size());
     return attnSuccess;
   }));
 }

@@ -307,6 +307,41 @@ attnResult_t KvPool::placement(int64_t req, int64_t* holders, int64_t* tokens) {
   return attnSuccess;
 }
 
+void KvPool::moveToShrunk(attnComm* shrunk, const std::vector<int>& parentRanks, std::vector<int64_t>* lost) {
+  std::vector<int> newOf(size_t(nranks()), -1);
+  for (size_t r = 0; r < parentRanks.size(); ++r) newOf[size_t(parentRanks[r])] = int(r);
+  std::vector<int64_t> gone;
+  {
+    std::lock_guard<std::mutex> g(booksMu);
+    for (const auto& [id, r] : own)
+      for (const KvBlockLoc& b : r.blocks)
+        if (newOf[size_t(b.holder)] < 0) {
+          gone.push_back(id);
+          break;
+        }
+  }
+  // With the old numbering: the surviving holders are told like any release.
+  for (int64_t id : gone) release(id);
+  lost->insert(lost->end(), gone.begin(), gone.end());
+
+  std::lock_guard<std::mutex> g(booksMu);
+  for (auto& [id, r] : own)
+    for (KvBlockLoc& b : r.blocks) b.holder = newOf[size_t(b.holder)];
+  std::map<KvReqKey, std::vector<KvLentBlock>> kept;
+  for (auto& [key, blocks] : lentIn) {
+    if (newOf[size_t(key.first)] < 0) {
+      for (const KvLentBlock& b : blocks) giveSlot(b.slot);
+    } else {
+      kept[{newOf[size_t(key.first)], key.second}] = std::move(blocks);
+    }
+  }
+  lentIn = std::move(kept);
+  std::vector<std::vector<int64_t>> released(parentRanks.size());
+  for (size_t r = 0; r < parentRanks.size(); ++r) released[r] = std::move(releasedAt[size_t(parentRanks[r])]);
+  releasedAt = std::move(released);
+  comm_ = shrunk;
+}
+
 void KvPool::writeReleases(int peer, WireOut& out) const {
   const std::vector<int64_t>& r = releasedAt[size_t(peer)];
   out.put(uint32_t(r.size()));

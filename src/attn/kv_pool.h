@@ -135,6 +135,13 @@ class KvPool {
   void releasesDelivered();
   attnResult_t readReleases(int peer, class WireIn& in);
 
+  // After attnCommShrink (kv_shrink.cc), with no collective queued: moves
+  // the pool to `shrunk`, whose rank r was rank parentRanks[r] of the
+  // pool's communicator. Own requests with a block on an excluded rank are
+  // released and appended to *lost; blocks held for excluded owners are
+  // freed; the rest is renumbered.
+  void moveToShrunk(attnComm* shrunk, const std::vector<int>& parentRanks, std::vector<int64_t>* lost);
+
   // The books. Collectives change them on the thread they run on, holding
   // booksMu (local readers may be on another thread); nothing else changes
   // them while a collective is queued.

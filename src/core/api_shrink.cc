@@ -97,8 +97,13 @@ attnResult_t commShrink(attnComm* comm, const int* excludeRanks, int excludeCoun
       static_cast<int>(std::find(survivors.begin(), survivors.end(), comm->rank) - survivors.begin());
   ATTN_INFO(kLogInit, "attnCommShrink: %zu of %d ranks remain; rank %d becomes rank %d",
             survivors.size(), comm->nranks, comm->rank, newRank);
-  return newCommInternal(newcomm, static_cast<int>(survivors.size()), id, newRank, config,
-                         config ? nullptr : &comm->config);
+  const attnResult_t r = newCommInternal(newcomm, static_cast<int>(survivors.size()), id, newRank, config,
+                                         config ? nullptr : &comm->config);
+  if (*newcomm) {  // also while a non-blocking one is still joining
+    (*newcomm)->shrunkFrom = comm;
+    (*newcomm)->parentRanks = survivors;
+  }
+  return r;
 }
 
 }  // namespace

@@ -43,6 +43,10 @@ struct attnComm {
   std::atomic<int> activeCalls{0};  // API calls inside this comm (abort waits)
   uint64_t collSeq = 0;             // collectives issued (signature checks)
   uint32_t shrinkSeq = 0;           // attnCommShrink calls (their bootstrap tags)
+  // Made by attnCommShrink: the parent (compared, never dereferenced) and
+  // each rank's rank in it, for attnKvPoolShrink.
+  const attnComm* shrunkFrom = nullptr;
+  std::vector<int> parentRanks;
 
   // Non-blocking communicators run their operations here.
   std::unique_ptr<attn::Executor> executor;

@@ -130,6 +130,40 @@ class Collectives(unittest.TestCase):
 
         on_ranks(comms, body)
 
+    def test_kv_pool_follows_a_shrink(self):
+        n = 3
+        comms = ac.Comm.init_all(n)
+        lost = 2
+        bt, hkv, d = 4, 2, 8
+
+        def tokens(owner, req, count):
+            rng = np.random.default_rng(1000 * owner + req)
+            return (rng.standard_normal((count, hkv, d)).astype(np.float32),
+                    rng.standard_normal((count, hkv, d)).astype(np.float32), np.arange(count, dtype=np.int32))
+
+        def body(r, c):
+            pool = ac.KvPool(c, bt, hkv, d, np.float32, 32)
+            k, v, pos = tokens(r, 10 + r, 3 * bt)
+            pool.append(10 + r, k, v, pos)
+            # Rank 0 lends a block to rank 1 and one to rank 2 (the one lost).
+            pool.migrate([(0, 1, 0, 10, 1), (0, 2, 0, 10, 1)] if r == 0 else [])
+            if r == lost:
+                pool.close()
+                c.abort()
+                return
+            small = c.shrink([lost], abort=True)
+            self.assertEqual(pool.shrink(small), [10] if r == 0 else [])
+            c.abort()
+            try:
+                st = pool.stats()
+                self.assertEqual((st["num_requests"], st["lent_in_blocks"]), (0, 0) if r == 0 else (1, 0))
+                pool.migrate([])  # collectives run on the new communicator
+            finally:
+                pool.close()
+                small.destroy()
+
+        on_ranks(comms, body)
+
     def test_ranks_as_processes_meet_through_a_unique_id(self):
         n = 3
         uid = ac.UniqueId()
