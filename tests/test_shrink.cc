@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,20 +110,35 @@ TEST(Shrink, AfterTheFirstRankAbortsTheNextLeads) { DeadThreadRank(0, ATTN_SHRIN
 // Processes: the victim is SIGKILLed after a healthy collective. Over shm
 // and tcp; rank 0 (the lowest, the shrink's natural leader) and a middle one.
 using KillParam = std::tuple<const char*, int>;
-class ShrinkKilled : public ::testing::TestWithParam<KillParam> {};
+class ShrinkKilled : public ::testing::TestWithParam<KillParam> {
+ protected:
+  // Four processes over the parameter's transport run `survive` after a
+  // healthy all-reduce, except the victim, which is SIGKILLed there. Every
+  // survivor must pass.
+  void RunWithVictim(const std::function<void(int rank, attnComm_t& comm, int victim)>& survive) {
+    const int victim = std::get<1>(GetParam());
+    const int n = 4;
+    attnConfig_t cfg = ConfigWithTimeout(5000);
+    RunOptions opts;
+    opts.config = &cfg;
+    opts.deadline_ms = 120000;
+    opts.env = {{"ATTN_TRANSPORT", std::get<0>(GetParam())}};
+    auto results = RunProcessesCollect(n, [&](int rank, int n, attnComm_t& comm) {
+      CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 1025, false);
+      if (rank == victim) raise(SIGKILL);
+      survive(rank, comm, victim);
+      EXPECT_EQ(attnCommAbort(comm), attnSuccess);
+      comm = nullptr;
+    }, opts);
+    ASSERT_EQ(results.size(), size_t(n));
+    EXPECT_TRUE(results[victim].signaled && results[victim].signal == SIGKILL) << results[victim].Describe();
+    for (int r = 0; r < n; ++r)
+      if (r != victim) EXPECT_TRUE(results[r].passed()) << results[r].Describe();
+  }
+};
 
 TEST_P(ShrinkKilled, SurvivorsShrinkAndGoOn) {
-  const std::string transport = std::get<0>(GetParam());
-  const int victim = std::get<1>(GetParam());
-  const int n = 4;
-  attnConfig_t cfg = ConfigWithTimeout(5000);
-  RunOptions opts;
-  opts.config = &cfg;
-  opts.deadline_ms = 120000;
-  opts.env = {{"ATTN_TRANSPORT", transport}};
-  auto results = RunProcessesCollect(n, [&](int rank, int n, attnComm_t& comm) {
-    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 65537, false);
-    if (rank == victim) raise(SIGKILL);
+  RunWithVictim([](int rank, attnComm_t& comm, int victim) {
     TypedBuf b(attnFloat32, 65537);
     attnResult_t r = attnSuccess;
     for (int it = 0; it < 1000 && r == attnSuccess; ++it)
@@ -132,30 +148,14 @@ TEST_P(ShrinkKilled, SurvivorsShrinkAndGoOn) {
     ATTN_ASSERT_OK(comm, attnCommShrink(comm, &victim, 1, &shrunk, nullptr, ATTN_SHRINK_DEFAULT));
     CheckShrunk(comm, rank, {victim}, shrunk);
     EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
-    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
-    comm = nullptr;
-  }, opts);
-  ASSERT_EQ(results.size(), size_t(n));
-  EXPECT_TRUE(results[victim].signaled && results[victim].signal == SIGKILL) << results[victim].Describe();
-  for (int r = 0; r < n; ++r)
-    if (r != victim) EXPECT_TRUE(results[r].passed()) << results[r].Describe();
+  });
 }
 
-// The same, but rank 3 first also excludes rank 1: every survivor fails
-// with attnInvalidUsage, though the failing ranks also try to tell the
-// dead victim; then they agree.
+// Rank 3 first also excludes rank 1: every survivor fails with
+// attnInvalidUsage, though the failing ranks also try to tell the dead
+// victim; then they agree.
 TEST_P(ShrinkKilled, SurvivorsThatDisagreeFailThenShrink) {
-  const std::string transport = std::get<0>(GetParam());
-  const int victim = std::get<1>(GetParam());
-  const int n = 4;
-  attnConfig_t cfg = ConfigWithTimeout(5000);
-  RunOptions opts;
-  opts.config = &cfg;
-  opts.deadline_ms = 120000;
-  opts.env = {{"ATTN_TRANSPORT", transport}};
-  auto results = RunProcessesCollect(n, [&](int rank, int n, attnComm_t& comm) {
-    CheckAllReduce(comm, rank, n, attnFloat32, attnSum, 1025, false);
-    if (rank == victim) raise(SIGKILL);
+  RunWithVictim([](int rank, attnComm_t& comm, int victim) {
     const std::vector<int> agreed = {victim}, odd = {std::min(victim, 1), std::max(victim, 1)};
     const std::vector<int>& first = rank == 3 ? odd : agreed;
     attnComm_t shrunk = nullptr;
@@ -166,12 +166,7 @@ TEST_P(ShrinkKilled, SurvivorsThatDisagreeFailThenShrink) {
     ATTN_ASSERT_OK(comm, attnCommShrink(comm, agreed.data(), 1, &shrunk, nullptr, ATTN_SHRINK_DEFAULT));
     CheckShrunk(comm, rank, agreed, shrunk);
     EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
-    EXPECT_EQ(attnCommAbort(comm), attnSuccess);
-    comm = nullptr;
-  }, opts);
-  ASSERT_EQ(results.size(), size_t(n));
-  for (int r = 0; r < n; ++r)
-    if (r != victim) EXPECT_TRUE(results[r].passed()) << results[r].Describe();
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShrinkKilled,
