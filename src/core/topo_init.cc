@@ -66,7 +66,10 @@ void logSummary(const attnComm* comm, const FabricModel& m) {
   for (int i = 0; i < kTierCount; ++i)
     tiers += std::string(i ? ", " : "") + tierName(Tier(i)) + " " + formatBandwidth(m.tiers[i].bandwidth) +
              " " + formatLatency(m.tiers[i].latency);
-  for (size_t i = 0; i < m.order().size() && i < 64; ++i) order += (i ? " " : "") + std::to_string(m.order()[i]);
+  for (size_t i = 0; i < m.order().size() && i < 64; ++i) {
+    if (i) order += ' ';
+    order += std::to_string(m.order()[i]);
+  }
   if (m.order().size() > 64) order += " ...";
   ATTN_INFO(kLogTopo, "topology: %d rank(s), %zu host(s), %zu rack(s); topo rank %d; tiers: %s; order: %s",
             m.nranks(), m.groups().hosts.size(), m.groups().racks.size(), m.topoRank(comm->rank),

@@ -43,8 +43,12 @@ void Sender::publish(SlotHeader& s) {
 }
 
 void Sender::progress(bool* progressed) {
-  // acquire: the receiver finished with a slot before it moved tail past it.
-  const uint64_t tail = ch_.hdr->tail.load(std::memory_order_acquire);
+  // The tail is on a line the receiver writes: read it only when waiting
+  // for a direct send to be read or for room in the ring.
+  if (!inFlight_.empty() || (!toSend_.empty() && head_ - tailSeen_ >= ch_.nslots))
+    // acquire: the receiver finished with a slot before it moved tail past it.
+    tailSeen_ = ch_.hdr->tail.load(std::memory_order_acquire);
+  const uint64_t tail = tailSeen_;
   while (!inFlight_.empty() && tail > inFlight_.front().slot) {
     inFlight_.front().req->complete(inFlight_.front().bytes);
     inFlight_.pop_front();

@@ -71,6 +71,7 @@ class Sender {
   int peer_;
   HugePageAdvisor* hugePages_;
   uint64_t head_ = 0;
+  uint64_t tailSeen_ = 0;    // the receiver's tail when last read
   uint64_t posted_ = 0;      // messages posted so far
   std::deque<Op> toSend_;    // not yet (fully) in the ring
   std::deque<Op> inFlight_;  // direct sends the receiver has not read yet
