@@ -6,16 +6,24 @@
 //     under the new numbering and attention over it is exact; blocks then
 //     move on the new communicator and lost requests can be prefilled again;
 //   - a release not yet delivered to a holder is settled by the books'
-//     comparison (the holder frees the blocks);
+//     comparison (the holder frees the blocks); a holder that lacks a
+//     block its owner claims makes the owner drop the request as lost
+//     (books tampered with through the internal pool, as a migration cut
+//     between send and booking would leave them);
 //   - bad input fails on every rank and leaves the pool where it was.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "attncomm.h"
+#include "src/attn/kv_migrate.h"
+#include "src/attn/kv_pool.h"
+#include "src/attn/kv_shrink.h"
 #include "tests/support/attn_fixtures.h"
 #include "tests/support/kv_fixtures.h"
 #include "tests/support/multirank.h"
@@ -193,6 +201,45 @@ TEST(KvPoolShrink, AnUndeliveredReleaseIsSettled) {
     ExpectAttentionExact(pool, shrunk, rank, rank == 0 ? std::vector<Req>{} : std::vector<Req>{Long(rank)},
                          "after the shrink");
     ATTN_EXPECT_OK(shrunk, attnKvPoolDestroy(pool));
+    EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
+  }, AttnRunOptions());
+}
+
+// The owner lends 3 blocks of request 100 to rank 1, whose books then lose
+// one of them (as if the failure had cut the migration between the send
+// and its booking). The shrink reports 100 lost at the owner, and rank 1
+// frees the other two in the pool's next collective.
+TEST(KvPoolShrink, AHolderThatLacksAClaimedBlockLosesTheRequest) {
+  RunThreads(3, [&](int rank, int, attnComm_t& comm) {
+    auto pool = std::make_unique<attn::KvPool>(comm, PoolCfg(kBt, 32));
+    ASSERT_EQ(pool->allocate(), attnSuccess);
+    for (const Req& r : {Long(rank), Short(rank)}) {
+      const KvTokens x = RequestTokens(attnFloat32, rank, r.id, r.len);
+      ASSERT_EQ(pool->append(r.id, x.k.data(), x.v.data(), x.pos.data(), r.len, nullptr), attnSuccess);
+    }
+    std::vector<attnKvMove_t> moves;
+    if (rank == 0) moves = {{0, 1, 0, 100, 3}};
+    std::vector<int64_t> granted;
+    ASSERT_EQ(attn::kvMigrate(*pool, moves, attnSuccess, &granted), attnSuccess);
+    if (rank == 1) {
+      std::lock_guard<std::mutex> g(pool->booksMu);
+      std::vector<attn::KvLentBlock>& held = pool->lentIn.at({0, 100});
+      ASSERT_EQ(held.size(), 3u);
+      pool->giveSlot(held.back().slot);
+      held.pop_back();
+    }
+    attnComm_t shrunk = nullptr;
+    ATTN_ASSERT_OK(comm, attnCommShrink(comm, nullptr, 0, &shrunk, nullptr, ATTN_SHRINK_DEFAULT));
+    std::vector<int64_t> lost;
+    ASSERT_EQ(attn::kvPoolShrink(pool.get(), shrunk, attnSuccess, &lost), attnSuccess) << attnGetLastError(shrunk);
+    EXPECT_EQ(lost, rank == 0 ? std::vector<int64_t>{100} : std::vector<int64_t>{}) << "rank " << rank;
+    EXPECT_EQ(pool->owns(100), false);
+    // The release reaches rank 1 with the next collective.
+    ASSERT_EQ(attn::kvMigrate(*pool, {}, attnSuccess, &granted), attnSuccess) << attnGetLastError(shrunk);
+    EXPECT_TRUE(pool->lentIn.empty()) << "rank " << rank;
+    const int64_t own = rank == 0 ? 2 : 7 + 2;  // rank 0 keeps only request 200
+    EXPECT_EQ(pool->config().capacity_blocks - pool->freeBlocks(), own) << "rank " << rank;
+    pool.reset();
     EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
   }, AttnRunOptions());
 }
