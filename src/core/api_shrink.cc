@@ -11,7 +11,6 @@
 //   2. they join the new communicator, ranked in the old order.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <thread>
 #include <vector>
 
