@@ -24,6 +24,7 @@ std::vector<Isa> supportedIsas() {
   std::vector<Isa> v{Isa::kGeneric};
   if (detectedIsa() >= Isa::kAvx2) v.push_back(Isa::kAvx2);
   if (detectedIsa() >= Isa::kAvx512) v.push_back(Isa::kAvx512);
+  if (detectedIsa() >= Isa::kAvx512Bf16) v.push_back(Isa::kAvx512Bf16);
   return v;
 }
 

@@ -123,8 +123,9 @@ class ScratchArena {
   AttnScratch& get(int head_dim, int dpad, int heads) {
     const size_t R = kAttnMaxTileRows, K = kAttnKeyTile, D = size_t(head_dim), H = size_t(heads);
     const size_t floats = D * R + K * R + 2 * R * dpad + 3 * R + H * K * (D + dpad) + dpad;
-    const size_t bytes = floats * sizeof(float) + R * sizeof(int32_t) +
-                         2 * H * K * sizeof(const float*) + 16 * 64;  // + alignment slack
+    const size_t bytes = floats * sizeof(float) + R * dpad * sizeof(uint16_t) +
+                         R * sizeof(int32_t) + 3 * H * K * sizeof(const void*) +
+                         18 * 64;  // + alignment slack
     if (bytes > cap_) {
       mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
       cap_ = bytes;
@@ -137,6 +138,7 @@ class ScratchArena {
     };
     sc_.qt = reinterpret_cast<float*>(take(D * R * sizeof(float)));
     sc_.qr = reinterpret_cast<float*>(take(R * dpad * sizeof(float)));
+    sc_.qr16 = reinterpret_cast<uint16_t*>(take(R * dpad * sizeof(uint16_t)));
     sc_.s = reinterpret_cast<float*>(take(K * R * sizeof(float)));
     sc_.acc = reinterpret_cast<float*>(take(R * dpad * sizeof(float)));
     sc_.m = reinterpret_cast<float*>(take(R * sizeof(float)));
@@ -148,6 +150,7 @@ class ScratchArena {
     sc_.qpos = reinterpret_cast<int32_t*>(take(R * sizeof(int32_t)));
     sc_.krow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
     sc_.vrow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
+    sc_.krow16 = reinterpret_cast<const uint16_t**>(take(H * K * sizeof(const uint16_t*)));
     return sc_;
   }
 

@@ -122,9 +122,8 @@ void scoreTile(const float* const* krow, int nkeys, const float* qt, int c0, int
 // only those rows' lanes of each vector.
 template <class I>
 void scoreDot(const float* const* krow, int nkeys, const float* qr, int dpad, int r0, int r1,
-              int dvec, float* s) {
+              int dvec, float* s, int ss) {
   using V = typename I::V;
-  constexpr int R = I::kRows;
   constexpr int KJ = sizeof(V) >= 64 ? 4 : 2;  // 16 or 8 accumulators: fit the register file
   static_assert(I::kSJ % KJ == 0);
   for (int j = 0; j < nkeys; j += KJ)
@@ -148,18 +147,59 @@ void scoreDot(const float* const* krow, int nkeys, const float* qr, int dpad, in
       }
 #pragma GCC unroll 4
       for (int a = 0; a < KJ; ++a)
-        I::hsum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3], s + (j + a) * R + r);
+        I::hsum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3], s + (j + a) * ss + r);
     }
+}
+
+// Whether the traits multiply bf16 directly (SimdAvx512Bf16).
+template <class I>
+constexpr bool kHasBf16Dot = requires { I::kBf16PerVector; };
+
+// scoreDot for bf16 K rows read in place and bf16 Q rows as given (qr,
+// stride dpad), head_dim a multiple of kBf16PerVector: each instruction
+// takes two products per lane, so the scores cost half the fp32 FMAs, and K
+// is never widened. The scale (with log2 e) is applied to the sums.
+template <class I>
+void scoreDotBf16(const uint16_t* const* krow, int nkeys, const uint16_t* qr, int dpad, int r0,
+                  int r1, int head_dim, float scale, float* s, int ss) {
+  if constexpr (kHasBf16Dot<I>) {
+    using V = typename I::V;
+    using VB = typename I::VB;
+    constexpr int KJ = 4;  // 16 accumulators + 4 Q + 1 K registers
+    static_assert(I::kSJ % KJ == 0);
+    for (int j = 0; j < nkeys; j += KJ)
+      for (int r = r0; r < r1; r += 4) {
+        V acc[KJ][4];
+#pragma GCC unroll 4
+        for (int a = 0; a < KJ; ++a)
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) acc[a][i] = I::zero();
+        const uint16_t* q = qr + size_t(r) * dpad;
+        for (int d = 0; d < head_dim; d += I::kBf16PerVector) {
+          VB qv[4];
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) qv[i] = I::loadBf16(q + size_t(i) * dpad + d);
+#pragma GCC unroll 4
+          for (int a = 0; a < KJ; ++a) {
+            const VB kv = I::loadBf16(krow[j + a] + d);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) acc[a][i] = I::dotBf16(acc[a][i], kv, qv[i]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int a = 0; a < KJ; ++a)
+          I::hsum4Scaled(acc[a][0], acc[a][1], acc[a][2], acc[a][3], scale, s + (j + a) * ss + r);
+      }
+  }
 }
 
 // Online softmax step over keys [0, nkeys) for row vectors [c0, nvec): masks,
 // updates the running max m and denominator l, turns S^T into P^T and leaves
 // the factor that rescales the rows' previous output in alpha.
 template <class I>
-void softmaxTile(AttnScratch& sc, int nkeys, int c0, int nvec, bool masked,
+void softmaxTile(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, bool masked,
                  const int32_t* kpos) {
   using V = typename I::V;
-  constexpr int R = I::kRows;
   for (int c = c0; c < nvec; ++c) {
     float* col = sc.s + c * I::W;
     const V m_old = I::load(sc.m + c * I::W);
@@ -167,20 +207,20 @@ void softmaxTile(AttnScratch& sc, int nkeys, int c0, int nvec, bool masked,
     if (masked) {
       const int32_t* qpos = sc.qpos + c * I::W;
       for (int j = 0; j < nkeys; ++j) {
-        const V s = I::maskCausal(I::load(col + j * R), kpos[j], qpos);
-        I::store(col + j * R, s);
+        const V s = I::maskCausal(I::load(col + j * ss), kpos[j], qpos);
+        I::store(col + j * ss, s);
         mx = I::max(mx, s);
       }
     } else {
-      for (int j = 0; j < nkeys; ++j) mx = I::max(mx, I::load(col + j * R));
+      for (int j = 0; j < nkeys; ++j) mx = I::max(mx, I::load(col + j * ss));
     }
     const V m_new = I::max(m_old, mx);
     const V base = I::zeroIfNegInf(m_new);  // rows with nothing seen: exp2(-inf - 0) = 0
     const V alpha = I::exp2(I::sub(m_old, base));
     V sum = I::zero();
     for (int j = 0; j < nkeys; ++j) {
-      const V p = I::exp2(I::sub(I::load(col + j * R), base));
-      I::store(col + j * R, p);
+      const V p = I::exp2(I::sub(I::load(col + j * ss), base));
+      I::store(col + j * ss, p);
       sum = I::add(sum, p);
     }
     I::store(sc.l + c * I::W, I::fma(I::load(sc.l + c * I::W), alpha, sum));
@@ -192,10 +232,9 @@ void softmaxTile(AttnScratch& sc, int nkeys, int c0, int nvec, bool masked,
 // acc[r][c] = alpha[r] * acc[r][c] + sum_j P^T[j][r] * V[j][c] for PR rows and
 // C vectors of head_dim starting at column `col`.
 template <class I, int PR, int C>
-inline void pvBlock(const float* p, const float* const* vrow, int nkeys, const float* alpha,
-                    float* acc, int dpad, int col) {
+inline void pvBlock(const float* p, int ss, const float* const* vrow, int nkeys,
+                    const float* alpha, float* acc, int dpad, int col) {
   using V = typename I::V;
-  constexpr int R = I::kRows;
   V a[PR][C];
 #pragma GCC unroll 8
   for (int r = 0; r < PR; ++r) {
@@ -210,7 +249,7 @@ inline void pvBlock(const float* p, const float* const* vrow, int nkeys, const f
     for (int c = 0; c < C; ++c) v[c] = I::load(vr + c * I::W);
 #pragma GCC unroll 8
     for (int r = 0; r < PR; ++r) {
-      const V pb = I::set1(p[j * R + r]);
+      const V pb = I::set1(p[j * ss + r]);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) a[r][c] = I::fma(pb, v[c], a[r][c]);
     }
@@ -224,16 +263,16 @@ inline void pvBlock(const float* p, const float* const* vrow, int nkeys, const f
 // Head-dim chunks outside: the chunk of V (keys x kPC vectors) stays in L1
 // while the rows go by.
 template <class I>
-void pvTile(AttnScratch& sc, const float* const* vrow, int nkeys, int r0, int nrows, int dvec,
-            int dpad) {
+void pvTile(AttnScratch& sc, int ss, const float* const* vrow, int nkeys, int r0, int nrows,
+            int dvec, int dpad) {
   int c = 0;
   for (; c + I::kPC <= dvec; c += I::kPC)
     for (int r = r0; r < nrows; r += I::kPR)
-      pvBlock<I, I::kPR, I::kPC>(sc.s + r, vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
+      pvBlock<I, I::kPR, I::kPC>(sc.s + r, ss, vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
                                  dpad, c * I::W);
   withCount<I::kPC>(dvec - c, [&]<int N>() {
     for (int r = r0; r < nrows; r += I::kPR)
-      pvBlock<I, I::kPR, N>(sc.s + r, vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
+      pvBlock<I, I::kPR, N>(sc.s + r, ss, vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
                             dpad, c * I::W);
   });
 }
@@ -255,20 +294,25 @@ inline size_t outRow(const AttnCall& c, const AttnTask& t, const RowLayout& L, i
 }
 
 // Q rows of the task -> sc.qt (scaled, transposed), or sc.qr (scaled) for
-// the dot-product path, positions -> sc.qpos.
+// the dot-product path, or sc.qr16 (bf16 as given) for the bf16 one,
+// positions -> sc.qpos.
 // Returns the task's query position range in qmin/qmax, and the largest
 // position of each vector of rows in vqmax.
 template <class I>
 void loadQueries(const AttnCall& c, const AttnTask& t, const RowLayout& L, bool dot,
-                 AttnScratch& sc, int32_t& qmin, int32_t& qmax, int32_t* vqmax) {
+                 bool bf16_dot, AttnScratch& sc, int32_t& qmin, int32_t& qmax,
+                 int32_t* vqmax) {
   const auto& p = *c.p;
   const int D = p.head_dim, R = I::kRows;
   qmin = std::numeric_limits<int32_t>::max();
   qmax = std::numeric_limits<int32_t>::min();
   for (int m = 0; m < L.cols(); ++m) {
     float* qr = sc.qr + size_t(m) * c.dpad;
+    uint16_t* qr16 = sc.qr16 + size_t(m) * c.dpad;
     if (m % L.block >= L.per_head) {  // padding columns: computed, never stored
-      if (dot)
+      if (bf16_dot)
+        for (int d = 0; d < c.dpad; ++d) qr16[d] = 0;
+      else if (dot)
         for (int d = 0; d < c.dpad; ++d) qr[d] = 0.0f;
       else
         for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = 0.0f;
@@ -276,11 +320,15 @@ void loadQueries(const AttnCall& c, const AttnTask& t, const RowLayout& L, bool 
       continue;
     }
     const size_t oh = outRow(c, t, L, m);
-    const float* q = rowAsFloat(p.q, p.dtype, oh * D, D, sc.row);
-    if (dot)  // rows as they are (dot products); D is a multiple of the vector here
-      for (int d = 0; d < D; ++d) qr[d] = q[d] * c.scale_log2;
-    else  // transposed (broadcast kernel)
-      for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = q[d] * c.scale_log2;
+    if (bf16_dot) {  // unscaled: the scale is applied to the scores
+      std::memcpy(qr16, static_cast<const uint16_t*>(p.q) + oh * D, size_t(D) * sizeof(uint16_t));
+    } else {
+      const float* q = rowAsFloat(p.q, p.dtype, oh * D, D, sc.row);
+      if (dot)  // rows as they are (dot products); D is a multiple of the vector here
+        for (int d = 0; d < D; ++d) qr[d] = q[d] * c.scale_log2;
+      else  // transposed (broadcast kernel)
+        for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = q[d] * c.scale_log2;
+    }
     const int32_t pos = p.causal ? p.q_pos[oh / size_t(p.num_q_heads)] : 0;
     sc.qpos[m] = pos;
     qmin = pos < qmin ? pos : qmin;
@@ -331,11 +379,12 @@ inline void prefetchRows(const attn::cpu::AttnProblem& p, int head, int k0, int 
 // Points sc.krow / sc.vrow ([head][key]) at fp32 rows of keys [k0, k0 + n)
 // of the task's kv heads: into the call's packed copy when there is one, else
 // copied (and converted from fp16/bf16) into the tile buffers in memory order,
-// V zero-padded to dpad. Each head's krow is extended to `nkeys_pad` by
-// repeating its last key (masked later).
+// V zero-padded to dpad. With bf16_k, sc.krow16 points at the bf16 K rows in
+// place instead. Each head's krow is extended to `nkeys_pad` by repeating its
+// last key (masked later).
 template <class I>
 void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int n,
-              int nkeys_pad) {
+              int nkeys_pad, bool bf16_k) {
   const auto& p = *c.p;
   const int D = p.head_dim, K = kAttnKeyTile;
   if (c.kpack != nullptr) {
@@ -364,18 +413,27 @@ void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int
       const size_t first = attn::cpu::keyRow(p, k0 + j) * stride + size_t(t.kv_head) * D;
       for (int b = 0; b < t.kv_heads; ++b) {  // one key's heads lie side by side
         const size_t at = first + size_t(b) * D;
-        float* kb = sc.kbuf + (size_t(b) * K + j) * D;
         float* vb = sc.vbuf + (size_t(b) * K + j) * c.dpad;
-        copyRowAsFloat(kb, p.k, p.dtype, at, D);
+        if (bf16_k) {
+          sc.krow16[b * K + j] = static_cast<const uint16_t*>(p.k) + at;
+        } else {
+          float* kb = sc.kbuf + (size_t(b) * K + j) * D;
+          copyRowAsFloat(kb, p.k, p.dtype, at, D);
+          sc.krow[b * K + j] = kb;
+        }
         copyRowAsFloat(vb, p.v, p.dtype, at, D);
         for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
-        sc.krow[b * K + j] = kb;
         sc.vrow[b * K + j] = vb;
       }
     }
   }
   for (int b = 0; b < t.kv_heads; ++b)
-    for (int j = n; j < nkeys_pad; ++j) sc.krow[b * K + j] = sc.krow[b * K + n - 1];
+    for (int j = n; j < nkeys_pad; ++j) {
+      if (bf16_k)
+        sc.krow16[b * K + j] = sc.krow16[b * K + n - 1];
+      else
+        sc.krow[b * K + j] = sc.krow[b * K + n - 1];
+    }
 }
 
 template <class I>
@@ -416,16 +474,23 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
   // Few rows per head (decode): scores as dot products; the rows past the
   // last group of 4 are never scored, so their S^T lanes start at 0.
   const bool dot = L.per_head <= kDotRows<I> && p.head_dim % I::W == 0;
+  // bf16 K and Q multiplied as they are (AVX512_BF16), K read in place.
+  const bool bf16_dot = kHasBf16Dot<I> && dot && p.dtype == attnBfloat16 &&
+                        c.kpack == nullptr && p.head_dim % (2 * I::W) == 0;
   const int dot_rows = roundUp(L.per_head, 4);
+  // Row stride of S^T: the broadcast kernel fills whole kRows rows, the dot
+  // products only the task's rows, which stay dense (kRows floats apart, the
+  // 64 keys' scores would fall into a few L1 sets).
+  const int ss = dot ? L.cols() : I::kRows;
   int32_t qmin, qmax, vqmax[attn::cpu::kAttnMaxTileRows / I::W];
-  loadQueries<I>(c, t, L, dot, sc, qmin, qmax, vqmax);
+  loadQueries<I>(c, t, L, dot, bf16_dot, sc, qmin, qmax, vqmax);
   initState<I>(c, t, L, sc);
   const int dvec = (p.head_dim + I::W - 1) / I::W;
   const bool in_place = c.kpack == nullptr && p.dtype == attnFloat32 && p.head_dim % I::W == 0;
   if (dot)
     for (int b = 0; b < t.kv_heads; ++b)
       for (int j = 0; j < kAttnKeyTile; ++j)
-        for (int r = b * L.block + dot_rows; r < (b + 1) * L.block; ++r) sc.s[j * I::kRows + r] = 0;
+        for (int r = b * L.block + dot_rows; r < (b + 1) * L.block; ++r) sc.s[j * ss + r] = 0;
   bool computed = false;
   for (int k0 = seg.k_begin; k0 < seg.k_end; k0 += kAttnKeyTile) {
     const int n = seg.k_end - k0 < kAttnKeyTile ? seg.k_end - k0 : kAttnKeyTile;
@@ -448,7 +513,7 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
     (masked ? st.masked : st.full) += t.kv_heads;
     computed = true;
     const int nkeys_pad = roundUp(n, I::kSJ);
-    loadKeys<I>(c, t, sc, k0, n, nkeys_pad);
+    loadKeys<I>(c, t, sc, k0, n, nkeys_pad, bf16_dot);
     const int next = std::min(seg.k_end - (k0 + n), kAttnKeyTile);
     for (int b = 0; b < t.kv_heads; ++b) {
       int c0 = b * bvec;  // leading row vectors this key tile cannot reach
@@ -457,13 +522,16 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
         while (c0 < c1 && vqmax[c0] < kmin) ++c0;
       if (in_place) prefetchRows(p, t.kv_head + b, k0 + n, next);
       if (c0 == c1) continue;
-      if (dot)
+      if (bf16_dot)
+        scoreDotBf16<I>(sc.krow16 + b * kAttnKeyTile, nkeys_pad, sc.qr16, c.dpad, c0 * I::W,
+                        b * L.block + dot_rows, p.head_dim, c.scale_log2, sc.s, ss);
+      else if (dot)
         scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W,
-                    b * L.block + dot_rows, dvec, sc.s);
+                    b * L.block + dot_rows, dvec, sc.s, ss);
       else
         scoreTile<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qt, c0, c1, p.head_dim, sc.s);
-      softmaxTile<I>(sc, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
-      pvTile<I>(sc, sc.vrow + b * kAttnKeyTile, n, c0 * I::W,
+      softmaxTile<I>(sc, ss, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
+      pvTile<I>(sc, ss, sc.vrow + b * kAttnKeyTile, n, c0 * I::W,
                 roundUp(b * L.block + nrows, I::kPR), dvec, c.dpad);
     }
   }

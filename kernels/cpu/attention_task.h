@@ -43,6 +43,7 @@ struct AttnTask {
 struct AttnScratch {
   float* qt;     // [head_dim][rows]   scaled Q tile, transposed
   float* qr;     // [rows][dpad]       scaled Q rows (the dot-product score path)
+  uint16_t* qr16;  // [rows][dpad]     bf16 Q rows as given (the bf16 dot-product path)
   float* s;      // [key tile][rows]   scores, then probabilities (S^T)
   float* acc;    // [rows][dpad]       unnormalised output
   float* m;      // [rows]             running max (base 2)
@@ -54,6 +55,7 @@ struct AttnScratch {
   int32_t* qpos;        // [rows]
   const float** krow;   // [head][key tile]
   const float** vrow;   // [head][key tile]
+  const uint16_t** krow16;  // [head][key tile]  bf16 K rows in place (bf16 dot products)
 };
 
 struct AttnTileStats {

@@ -14,7 +14,7 @@ Isa probe() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return Isa::kAvx512;
+    return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
     return Isa::kAvx2;
@@ -29,6 +29,7 @@ Isa fromEnv(Isa detected) {
   if (s == nullptr) return detected;
   if (std::strcmp(s, "generic") == 0) return Isa::kGeneric;
   if (std::strcmp(s, "avx2") == 0) return lower(Isa::kAvx2, detected);
+  if (std::strcmp(s, "avx512") == 0) return lower(Isa::kAvx512, detected);
   return detected;
 }
 
@@ -56,6 +57,7 @@ Isa forceIsa(Isa isa) {
 
 const char* isaName(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16: return "avx512bf16";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx2: return "avx2";
     default: return "generic";

@@ -5,15 +5,17 @@
 namespace attn::cpu {
 
 enum class Isa : int {
-  kGeneric = 0,  // portable C++ (SSE2 on x86-64), no target attributes
-  kAvx2 = 1,     // AVX2 + FMA + F16C
-  kAvx512 = 2,   // AVX-512 F/BW/DQ/VL + FMA + F16C
+  kGeneric = 0,     // portable C++ (SSE2 on x86-64), no target attributes
+  kAvx2 = 1,        // AVX2 + FMA + F16C
+  kAvx512 = 2,      // AVX-512 F/BW/DQ/VL + FMA + F16C
+  kAvx512Bf16 = 3,  // kAvx512 + AVX512_BF16 (bf16 dot products for bf16 decode)
 };
 
 // The best level this CPU supports.
 Isa detectedIsa();
 // The level kernels use now: detectedIsa() unless lowered by forceIsa or by
-// ATTN_CPU_ISA=generic|avx2|avx512 (read once; never raised above detected).
+// ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 (read once; never raised above
+// detected).
 Isa activeIsa();
 // Lowers (or restores) the level for tests; returns the level now active.
 Isa forceIsa(Isa isa);

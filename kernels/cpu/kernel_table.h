@@ -39,9 +39,11 @@ struct KernelTable {
 const KernelTable& genericKernels();
 const KernelTable& avx2Kernels();    // generic where the build is not x86-64
 const KernelTable& avx512Kernels();  // likewise
+const KernelTable& avx512Bf16Kernels();  // likewise
 
 inline const KernelTable& kernelsFor(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16: return avx512Bf16Kernels();
     case Isa::kAvx512: return avx512Kernels();
     case Isa::kAvx2: return avx2Kernels();
     default: return genericKernels();

@@ -83,6 +83,28 @@ struct SimdAvx512 {
 };
 #endif
 
+#if defined(ATTN_KERNEL_AVX512_BF16)
+// AVX-512 plus AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids): the same
+// kernel, except that bf16 decode scores multiply bf16 K and Q as they are,
+// two products per fp32 lane per instruction (the products of two bf16 are
+// exact in fp32; inputs below 2^-126 count as 0).
+struct SimdAvx512Bf16 : SimdAvx512 {
+  static constexpr int kBf16PerVector = 32;
+  using VB = __m512bh;
+  static VB loadBf16(const uint16_t* p) { return (VB)_mm512_loadu_si512(p); }
+  // acc + a[2i] * b[2i] + a[2i+1] * b[2i+1] in lane i.
+  static V dotBf16(V acc, VB a, VB b) { return _mm512_dpbf16_ps(acc, a, b); }
+  // out[0..3] = scale * the lane sums of a, b, c, d.
+  static void hsum4Scaled(V a, V b, V c, V d, float scale, float* out) {
+    const __m256 ab = _mm256_hadd_ps(foldHalves(a), foldHalves(b));
+    const __m256 abcd = _mm256_hadd_ps(ab, _mm256_hadd_ps(foldHalves(c), foldHalves(d)));
+    const __m128 sums =
+        _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+    _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+  }
+};
+#endif
+
 #if defined(ATTN_KERNEL_AVX2) || defined(ATTN_KERNEL_AVX512)
 struct SimdAvx2 {
   static constexpr int W = 8;
