@@ -261,7 +261,8 @@ ATTN_API attnResult_t attnCommSplit(attnComm_t comm, int color, int key,
  * or listed twice, the caller's own rank listed, every rank listed, or an
  * unknown flag -> attnInvalidArgument; survivors passing different lists
  * -> attnInvalidUsage on every survivor as soon as the lists meet (not at
- * the timeout), naming a rank whose list differs;
+ * the timeout), naming a rank whose list differs; an excluded rank that
+ * calls anyway -> attnInvalidUsage, also after the others formed theirs;
  * a survivor that does not answer -> attnTimeout / attnRemoteError. */
 ATTN_API attnResult_t attnCommShrink(attnComm_t comm, const int* excludeRanks,
                                      int excludeCount, attnComm_t* newcomm,

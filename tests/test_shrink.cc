@@ -381,4 +381,42 @@ TEST(Shrink, AnExcludedRankThatCallsIsRefused) {
   }, opts);
 }
 
+// An excluded rank that calls only after the survivors formed their
+// communicator finds the leader's notice and fails at once with
+// attnInvalidUsage, not by the timeout (20 s: a rank left waiting would
+// return attnTimeout). Whether the latecomer would follow rank 0 or, being
+// rank 0, lead in its own view.
+class ShrinkLateExcluded : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShrinkLateExcluded, IsToldItWasExcluded) {
+  const int late = GetParam();
+  attnConfig_t cfg = ConfigWithTimeout(20000);
+  RunOptions opts;
+  opts.config = &cfg;
+  std::atomic<int> formed{0};
+  std::atomic<bool> told{false};
+  RunThreads(4, [&](int rank, int, attnComm_t& comm) {
+    attnComm_t shrunk = nullptr;
+    if (rank == late) {
+      while (formed.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      attnResult_t r = attnCommShrink(comm, nullptr, 0, &shrunk, nullptr, 0);
+      EXPECT_EQ(r, attnInvalidUsage) << ResultName(r) << ": " << attnGetLastError(comm);
+      const std::string expect = "rank " + std::to_string(late) + " is excluded from the communicator";
+      EXPECT_TRUE(Contains(attnGetLastError(comm), expect)) << attnGetLastError(comm);
+      EXPECT_EQ(shrunk, nullptr);
+      told = true;
+      return;
+    }
+    const std::vector<int> excluded = {late};
+    ATTN_ASSERT_OK(comm, attnCommShrink(comm, excluded.data(), 1, &shrunk, nullptr, 0));
+    ++formed;
+    CheckShrunk(comm, rank, excluded, shrunk);
+    EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
+    while (!told.load()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }, opts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ShrinkLateExcluded, ::testing::Values(0, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) { return "Rank" + std::to_string(i.param); });
+
 }  // namespace

@@ -22,7 +22,7 @@ enum MsgType : int32_t {
 // How long a failing rank tries to reach each excluded rank.
 constexpr int kExcludedTryMs = 100;
 
-enum Outcome : int32_t { kAgreed = 0, kListsDiffer = 1, kUnreachable = 2, kNoRoot = 3 };
+enum Outcome : int32_t { kAgreed = 0, kListsDiffer = 1, kUnreachable = 2, kNoRoot = 3, kExcluded = 4 };
 
 // One fixed-size message for every step, so that any of them can be
 // received from any peer with one recvAny.
@@ -32,7 +32,8 @@ struct ShrinkMsg {
   int32_t count;    // kRequest: length of the sender's exclude list
   int32_t outcome;  // kVerdict
   int32_t rankA;    // kVerdict, kListsDiffer: rank A's list differs from rank B's;
-  int32_t rankB;    //   kUnreachable: rank B could not reach rank A
+  int32_t rankB;    //   kUnreachable: rank B could not reach rank A;
+                    //   kExcluded: the group rank A leads formed without rank B
   uint64_t digest;  // kRequest: of the sender's sorted exclude list
   attnUniqueId id;  // kVerdict, kAgreed
 };
@@ -111,6 +112,10 @@ class Agreement {
         return setError(attnRemoteError, "attnCommShrink: rank %d could not hear from survivor rank %d%s", b, a,
                         cause.c_str());
       }
+      case kExcluded:
+        return setError(attnInvalidUsage,
+                        "attnCommShrink: rank %d is excluded from the communicator that the survivors led by "
+                        "rank %d formed (excluded ranks do not call attnCommShrink)", b, a);
       default:
         return setError(attnRemoteError, "attnCommShrink: the leader, rank %d, could not start the new "
                         "communicator's bootstrap", b);
@@ -138,8 +143,28 @@ class Agreement {
   // A failure verdict from a survivor of this list: its lists differ from
   // some survivor's, so ours cannot all agree.
   attnResult_t passOn(const ShrinkMsg& got) {
-    return got.outcome == kListsDiffer || got.outcome == kUnreachable ? failWith(got.outcome, got.rankA, got.rankB)
-                                                                       : failWith(kNoRoot, -1, got.rankB);
+    switch (got.outcome) {
+      case kListsDiffer:
+      case kUnreachable:
+      case kExcluded:
+        return failWith(got.outcome, got.rankA, got.rankB);
+      default:
+        return failWith(kNoRoot, -1, got.rankB);
+    }
+  }
+
+  // An excluded rank that calls anyway (the API forbids it) after the
+  // group formed would hear from nobody and wait for the timeout: the
+  // notice waits in its mailbox and fails its call at once. Each gets a
+  // short try, as it may be dead; the survivors already have the id.
+  void tellTheExcluded() {
+    ShrinkMsg notice = message(kVerdict);
+    notice.outcome = kExcluded;
+    notice.rankA = rank_;
+    for (int x : excluded_) {
+      notice.rankB = x;
+      if (boot_.sendWithin(x, tag_, &notice, sizeof(notice), kExcludedTryMs) != attnSuccess) clearThreadLastError();
+    }
   }
 
   attnResult_t lead() {
@@ -175,6 +200,7 @@ class Agreement {
     for (size_t i = 1; i < survivors_.size(); ++i)
       if (post(survivors_[i], verdict_) != attnSuccess)
         ATTN_WARN(kLogInit, "attnCommShrink: the unique id did not reach rank %d", survivors_[i]);
+    tellTheExcluded();
     clearThreadLastError();
     return attnSuccess;
   }
