@@ -59,6 +59,71 @@ inline void copyRowAsFloat(float* __restrict dst, const void* base, attnDataType
   for (int i = 0; i < n; ++i) dst[i] = src[i];  // inline vector moves, no libc call
 }
 
+// K and V rows of one kv head in the next key tile, asked for
+// (into L2) a few keys at a time by the score loop of the current tile, so
+// the requests spread over its compute. A decode step does ~100 cycles of
+// work per key, so the out-of-order window spans less than one key and
+// cannot hide a miss; the hardware prefetchers stop at each 4 KiB page and
+// left about one line in twelve to a demand miss: a bf16 8/1 step took
+// 1.5-1.7x its time without this (perf/RESULTS.md §11).
+struct TilePrefetch {
+  const char* k = nullptr;  // null: nothing to ask for
+  const char* v = nullptr;
+  size_t stride = 0;                  // bytes from one key's row to the next
+  const int64_t* rows = nullptr;      // paged K/V (AttnProblem::k_rows), or null
+  int64_t first = 0;                  // the tile's first key
+  int n = 0;                          // its keys
+  int lines = 0;                      // cache lines of one head's K (and V) row
+
+  // Keys [j, j + count) of the tile (indices past its end are ignored).
+  // Always inlined: GCC counts __builtin_prefetch as free of side effects,
+  // so it marks an out-of-line caller pure and drops the void call whole
+  // (which is what became of the fp32 path's earlier prefetch).
+  __attribute__((always_inline)) inline void keys(int j, int count) const {
+    if (k == nullptr) return;
+    const int end = j + count < n ? j + count : n;
+    for (; j < end; ++j) {
+      const size_t row = rows != nullptr ? size_t(rows[first + j]) : size_t(first + j);
+      const char* kr = k + row * stride;
+      const char* vr = v + row * stride;
+      for (int l = 0; l < lines; ++l) {
+        __builtin_prefetch(kr + 64 * l, 0, 2);
+        __builtin_prefetch(vr + 64 * l, 0, 2);
+      }
+    }
+  }
+};
+
+// For score loops that ask for nothing: the fp32 path compiles as it would
+// without prefetching (an empty TilePrefetch measured 6% slower there).
+struct NoPrefetch {
+  void keys(int, int) const {}
+};
+
+// The score loop asks for the next key tile's rows of the same head when
+// K and V are fp16/bf16 and the task's next tile (K and V of all its kv
+// heads) fits this budget: the rows must wait in L2 (1 MiB on Zen 4) beside
+// the current tile's. fp32 rows, read in place, measured from 0.87x to
+// 1.11x with it, so they go without.
+constexpr size_t kPrefetchTileBytes = size_t(256) << 10;
+
+// The TilePrefetch of kv head `head` for keys [k0, k_end) of the segment
+// (fp16/bf16 input).
+inline TilePrefetch tilePrefetch(const AttnCall& c, int head, int k0, int k_end) {
+  TilePrefetch f;
+  f.n = k_end - k0 < kAttnKeyTile ? k_end - k0 : kAttnKeyTile;
+  if (f.n <= 0) return f;
+  const auto& p = *c.p;
+  const size_t row_bytes = size_t(p.head_dim) * sizeof(uint16_t);
+  f.k = static_cast<const char*>(p.k) + head * row_bytes;
+  f.v = static_cast<const char*>(p.v) + head * row_bytes;
+  f.stride = size_t(p.num_kv_heads) * row_bytes;
+  f.lines = int((row_bytes + 63) / 64);
+  f.rows = p.k_rows;
+  f.first = k0;
+  return f;
+}
+
 // out[j][c] = sum_d K[j][d] * Qt[d][c] for J keys and C vectors of rows.
 template <class I, int J, int C>
 inline void scoreBlock(const float* const* krow, const float* qt, int rows, int head_dim,
@@ -120,13 +185,14 @@ void scoreTile(const float* const* krow, int nkeys, const float* qt, int c0, int
 // K rows and Q rows (qr, stride dpad) are both read in order and every lane
 // works. For a head's few decode rows the broadcast kernel above would fill
 // only those rows' lanes of each vector.
-template <class I>
+template <class I, class Prefetch>
 void scoreDot(const float* const* krow, int nkeys, const float* qr, int dpad, int r0, int r1,
-              int dvec, float* s, int ss) {
+              int dvec, float* s, int ss, const Prefetch& pf) {
   using V = typename I::V;
   constexpr int KJ = sizeof(V) >= 64 ? 4 : 2;  // 16 or 8 accumulators: fit the register file
   static_assert(I::kSJ % KJ == 0);
-  for (int j = 0; j < nkeys; j += KJ)
+  for (int j = 0; j < nkeys; j += KJ) {
+    pf.keys(j, KJ);
     for (int r = r0; r < r1; r += 4) {
       V acc[KJ][4];
 #pragma GCC unroll 4
@@ -149,6 +215,7 @@ void scoreDot(const float* const* krow, int nkeys, const float* qr, int dpad, in
       for (int a = 0; a < KJ; ++a)
         I::hsum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3], s + (j + a) * ss + r);
     }
+  }
 }
 
 // Whether the traits multiply bf16 directly (SimdAvx512Bf16).
@@ -161,13 +228,14 @@ constexpr bool kHasBf16Dot = requires { I::kBf16PerVector; };
 // is never widened. The scale (with log2 e) is applied to the sums.
 template <class I>
 void scoreDotBf16(const uint16_t* const* krow, int nkeys, const uint16_t* qr, int dpad, int r0,
-                  int r1, int head_dim, float scale, float* s, int ss) {
+                  int r1, int head_dim, float scale, float* s, int ss, const TilePrefetch& pf) {
   if constexpr (kHasBf16Dot<I>) {
     using V = typename I::V;
     using VB = typename I::VB;
     constexpr int KJ = 4;  // 16 accumulators + 4 Q + 1 K registers
     static_assert(I::kSJ % KJ == 0);
-    for (int j = 0; j < nkeys; j += KJ)
+    for (int j = 0; j < nkeys; j += KJ) {
+      pf.keys(j, KJ);
       for (int r = r0; r < r1; r += 4) {
         V acc[KJ][4];
 #pragma GCC unroll 4
@@ -190,6 +258,7 @@ void scoreDotBf16(const uint16_t* const* krow, int nkeys, const uint16_t* qr, in
         for (int a = 0; a < KJ; ++a)
           I::hsum4Scaled(acc[a][0], acc[a][1], acc[a][2], acc[a][3], scale, s + (j + a) * ss + r);
       }
+    }
   }
 }
 
@@ -359,23 +428,6 @@ void initState(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScr
   }
 }
 
-// Asks for K and V rows [k0, k0 + n) of one kv head (fp32 input read in
-// place) while this tile computes: the next tile's rows, one head's at a
-// time, so the requests spread over the tile's compute.
-inline void prefetchRows(const attn::cpu::AttnProblem& p, int head, int k0, int n) {
-  const size_t stride = size_t(p.num_kv_heads) * p.head_dim * sizeof(float);
-  const size_t bytes = size_t(p.head_dim) * sizeof(float);
-  const char* kb = static_cast<const char*>(p.k) + head * bytes;
-  const char* vb = static_cast<const char*>(p.v) + head * bytes;
-  for (int j = 0; j < n; ++j) {
-    const size_t at = attn::cpu::keyRow(p, k0 + j) * stride;
-    for (size_t b = 0; b < bytes; b += 64) {
-      __builtin_prefetch(kb + at + b, 0, 3);
-      __builtin_prefetch(vb + at + b, 0, 3);
-    }
-  }
-}
-
 // Points sc.krow / sc.vrow ([head][key]) at fp32 rows of keys [k0, k0 + n)
 // of the task's kv heads: into the call's packed copy when there is one, else
 // copied (and converted from fp16/bf16) into the tile buffers in memory order,
@@ -482,11 +534,14 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
   // products only the task's rows, which stay dense (kRows floats apart, the
   // 64 keys' scores would fall into a few L1 sets).
   const int ss = dot ? L.cols() : I::kRows;
+  // Only the dot-product (decode) paths stream K/V faster than they compute.
+  const bool prefetch = dot && c.kpack == nullptr && p.dtype != attnFloat32 &&
+                        size_t(t.kv_heads) * kAttnKeyTile * 2 * p.head_dim * sizeof(uint16_t) <=
+                            kPrefetchTileBytes;
   int32_t qmin, qmax, vqmax[attn::cpu::kAttnMaxTileRows / I::W];
   loadQueries<I>(c, t, L, dot, bf16_dot, sc, qmin, qmax, vqmax);
   initState<I>(c, t, L, sc);
   const int dvec = (p.head_dim + I::W - 1) / I::W;
-  const bool in_place = c.kpack == nullptr && p.dtype == attnFloat32 && p.head_dim % I::W == 0;
   if (dot)
     for (int b = 0; b < t.kv_heads; ++b)
       for (int j = 0; j < kAttnKeyTile; ++j)
@@ -514,20 +569,23 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
     computed = true;
     const int nkeys_pad = roundUp(n, I::kSJ);
     loadKeys<I>(c, t, sc, k0, n, nkeys_pad, bf16_dot);
-    const int next = std::min(seg.k_end - (k0 + n), kAttnKeyTile);
     for (int b = 0; b < t.kv_heads; ++b) {
       int c0 = b * bvec;  // leading row vectors this key tile cannot reach
       const int c1 = c0 + bvec;
       if (masked)  // rows are usually in position order: skip the early ones
         while (c0 < c1 && vqmax[c0] < kmin) ++c0;
-      if (in_place) prefetchRows(p, t.kv_head + b, k0 + n, next);
       if (c0 == c1) continue;
+      const TilePrefetch pf =
+          prefetch ? tilePrefetch(c, t.kv_head + b, k0 + kAttnKeyTile, seg.k_end) : TilePrefetch{};
       if (bf16_dot)
         scoreDotBf16<I>(sc.krow16 + b * kAttnKeyTile, nkeys_pad, sc.qr16, c.dpad, c0 * I::W,
-                        b * L.block + dot_rows, p.head_dim, c.scale_log2, sc.s, ss);
+                        b * L.block + dot_rows, p.head_dim, c.scale_log2, sc.s, ss, pf);
+      else if (dot && prefetch)
+        scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W,
+                    b * L.block + dot_rows, dvec, sc.s, ss, pf);
       else if (dot)
         scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W,
-                    b * L.block + dot_rows, dvec, sc.s, ss);
+                    b * L.block + dot_rows, dvec, sc.s, ss, NoPrefetch{});
       else
         scoreTile<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qt, c0, c1, p.head_dim, sc.s);
       softmaxTile<I>(sc, ss, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
