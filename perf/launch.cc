@@ -75,6 +75,14 @@ bool launchedExternally() {
   return false;
 }
 
+RankBody abortingOnFailure(RankBody body) {
+  return [body = std::move(body)](attnComm_t comm) {
+    const int rc = body(comm);
+    if (rc != 0) attnCommAbort(comm);
+    return rc;
+  };
+}
+
 int launchThreads(int nranks, const RankBody& body, int device) {
   std::vector<attnComm_t> comms(size_t(nranks), nullptr);
   const std::vector<int> devices(size_t(nranks), device);

@@ -18,6 +18,11 @@ bool launchedExternally();
 
 // `device`: ATTN_DEVICE_HOST for host communicators, else the CUDA device
 // every rank's communicator uses (ranks may share it).
+// `body`, except that a rank whose body fails (returns non-zero) aborts its
+// communicator, so peers waiting on it fail at once instead of at the
+// timeout. For bodies that never free their communicator themselves.
+RankBody abortingOnFailure(RankBody body);
+
 int launchThreads(int nranks, const RankBody& body, int device = ATTN_DEVICE_HOST);
 int launchProcesses(int nranks, const RankBody& body, int device = ATTN_DEVICE_HOST);
 int launchExternal(const RankBody& body, int device = ATTN_DEVICE_HOST);

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   if (int rc = checkDeviceFlag(o.device, "kv_attn_perf")) return rc;
   const size_t es = o.dtype == attnFloat32 ? 4 : 2;
   const int64_t blocks = (o.length + o.blockTokens - 1) / o.blockTokens;
-  RankBody body = [&](attnComm_t comm) -> int {
+  RankBody body = abortingOnFailure([&](attnComm_t comm) -> int {
     int me, n;
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
@@ -286,6 +286,6 @@ int main(int argc, char** argv) {
     }
     attnKvPoolDestroy(pool);
     return rc;
-  };
+  });
   return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);
 }

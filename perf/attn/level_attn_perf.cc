@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
   if (int rc = checkDeviceFlag(o.device, "level_attn_perf")) return rc;
   const int nranks = o.procs ? o.procs : o.threads;
-  RankBody body = [&](attnComm_t comm) -> int {
+  RankBody body = abortingOnFailure([&](attnComm_t comm) -> int {
     int me, n, slot;
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
       fclose(json);
     }
     return status;
-  };
+  });
   if (launchedExternally()) return launchExternal(body, o.device);
   return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);
 }

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   int code;
   if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
   const int nranks = o.procs ? o.procs : o.threads;
-  RankBody body = [&](attnComm_t comm) -> int {
+  RankBody body = abortingOnFailure([&](attnComm_t comm) -> int {
     int me, n;
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
       if (me == 0) report.add(T * o.seqs, (o.length - T) * o.seqs, o.seqs, rows);
     }
     return me == 0 ? report.finish(o.json) : 0;
-  };
+  });
   if (int rc = checkDeviceFlag(o.device, "ring_attn_perf")) return rc;
   if (launchedExternally()) return launchExternal(body, o.device);
   return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);
