@@ -13,6 +13,17 @@
 
 namespace attnperf {
 
+namespace {
+
+// An empty host tensor (a rank without queries) has a null data(); null
+// from place() means failure, so such a tensor gets a stand-in address.
+void* hostOrEmpty(void* host) {
+  static char empty;
+  return host != nullptr ? host : &empty;
+}
+
+}  // namespace
+
 #if ATTN_PERF_CUDA
 
 namespace {
@@ -71,7 +82,7 @@ bool RankDevice::open(int device, bool exportable) {
 }
 
 void* RankDevice::place(void* host, size_t bytes) {
-  if (device_ < 0) return host;
+  if (device_ < 0) return hostOrEmpty(host);
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
   const size_t n = std::max<size_t>(bytes, 1);
   void* p = nullptr;
@@ -122,7 +133,7 @@ int checkDeviceFlag(int device, const char* program) {
 
 RankDevice::~RankDevice() = default;
 bool RankDevice::open(int device, bool) { return device < 0; }
-void* RankDevice::place(void* host, size_t) { return host; }
+void* RankDevice::place(void* host, size_t) { return hostOrEmpty(host); }
 bool RankDevice::upload(void*, const void*, size_t) { return true; }
 bool RankDevice::download(void*, const void*, size_t) { return true; }
 bool RankDevice::finish(attnComm_t, const char*) { return true; }

@@ -36,7 +36,8 @@ class RankDevice {
   attnStream_t stream() const { return stream_; }
 
   // The twin of a host buffer: `bytes` of zeroed device memory, owned here
-  // (host memory: `host` itself).
+  // (host memory: `host` itself, or a stand-in address if it is null: an
+  // empty tensor). Null means failure.
   void* place(void* host, size_t bytes);
   // Copies between a host buffer and its twin (no-ops in host memory).
   bool upload(void* twin, const void* host, size_t bytes);

@@ -209,12 +209,8 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
   void* dv = dev.place(v.data(), v.size());
   void* dout = dev.place(out.data(), out.size());
   auto* dlse = static_cast<float*>(dev.place(lse.data(), sizeof(float) * lse.size()));
-  // A rank may hold no query (decode with fewer sequences than ranks): its
-  // empty host buffers are null, which the calls accept for zero rows.
-  const bool placed = (dq || q.empty()) && (dk || k.empty()) && (dv || v.empty()) && (dout || out.empty()) &&
-                      (dlse || lse.empty());
-  if (!placed || !dev.upload(dq, q.data(), q.size()) || !dev.upload(dk, k.data(), k.size()) ||
-      !dev.upload(dv, v.data(), v.size())) {
+  if (!dq || !dk || !dv || !dout || !dlse || !dev.upload(dq, q.data(), q.size()) ||
+      !dev.upload(dk, k.data(), k.size()) || !dev.upload(dv, v.data(), v.size())) {
     fprintf(stderr, "runModes: could not place the tensors\n");
     return 1;
   }

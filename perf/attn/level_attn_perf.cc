@@ -113,8 +113,10 @@ int main(int argc, char** argv) {
     auto* dimp = static_cast<float*>(dev.place(imp.data(), sizeof(float) * imp.size()));
     if (!dq || !dk || !dv || !dout || !dlse || !dimp || !dev.upload(dq, q.data(), q.size()) ||
         !dev.upload(dk, k.data(), k.size()) || !dev.upload(dv, v.data(), v.size()) ||
-        !dev.upload(dimp, imp.data(), sizeof(float) * imp.size()))
+        !dev.upload(dimp, imp.data(), sizeof(float) * imp.size())) {
+      fprintf(stderr, "level_attn_perf: rank %d could not place its tensors\n", me);
       return 1;
+    }
 
     std::vector<Variant> vars(1);
     vars[0].name = "pass-kv";
