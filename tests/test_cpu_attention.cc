@@ -633,5 +633,25 @@ TEST(CpuPack, GatherScatterRoundTripEveryType) {
   }
 }
 
+// Rows and positions of paged keys, from one entry per block: a partial
+// block in the middle, blocks out of slot order, and bad entries skipped.
+TEST(CpuPack, KeyTableExpandsBlocksIntoRowsAndPositions) {
+  const int bt = 4;
+  const size_t slots = 6;
+  std::vector<int32_t> slotPos(slots * bt);
+  for (size_t i = 0; i < slotPos.size(); ++i) slotPos[i] = int32_t(1000 + 7 * i);
+  const std::vector<KeyBlock> blocks = {
+      {5, 0, 4}, {1, 4, 2}, {3, 6, 4},  // 10 keys, slot 1 half full
+      {-1, 10, 4}, {6, 10, 4}, {2, 10, 5},  // slot out of range, too many tokens: skipped
+  };
+  std::vector<int64_t> rows(12, -7);
+  std::vector<int32_t> pos(12, -7);
+  gatherKeyTable(rows.data(), pos.data(), blocks.data(), blocks.size(), bt, slotPos.data(), slots);
+  const std::vector<int64_t> wantRows = {20, 21, 22, 23, 4, 5, 12, 13, 14, 15, -7, -7};
+  EXPECT_EQ(rows, wantRows);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(pos[i], slotPos[size_t(wantRows[i])]) << i;
+  EXPECT_EQ(pos[10], -7);
+}
+
 }  // namespace
 }  // namespace attn::cpu

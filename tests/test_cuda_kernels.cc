@@ -611,6 +611,44 @@ TEST(CudaPack, GatherScatterMatchCpu) {
   }
 }
 
+// The device key table equals the CPU's, for block sizes below, at and
+// above one warp (a block of threads walks a block's keys), with a partial
+// block between full ones and bad entries that must be skipped.
+TEST(CudaPack, KeyTableMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(6);
+  for (int bt : {1, 16, 33, 160}) {
+    SCOPED_TRACE("block_tokens " + std::to_string(bt));
+    const size_t slots = 40;
+    std::vector<int32_t> slotPos(slots * size_t(bt));
+    for (auto& p : slotPos) p = int32_t(rng() % 100000);
+    std::vector<int32_t> order(slots);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<cpu::KeyBlock> blocks;
+    int32_t at = 0;
+    for (size_t b = 0; b < 25; ++b) {
+      const int32_t tokens = b == 7 ? bt / 2 + 1 : bt;
+      blocks.push_back({order[b], at, tokens});
+      at += tokens;
+    }
+    blocks.push_back({int64_t(slots), at, bt});  // out of range
+    blocks.push_back({0, at, bt + 1});           // more tokens than a block
+    std::vector<int64_t> wantRows(size_t(at) + 8, -1);
+    std::vector<int32_t> wantPos(size_t(at) + 8, -1);
+    cpu::gatherKeyTable(wantRows.data(), wantPos.data(), blocks.data(), blocks.size(), bt, slotPos.data(), slots);
+    Dev gb(blocks), gp(slotPos), gr(wantRows.size() * 8), gq(wantPos.size() * 4);
+    gr.up(std::vector<int64_t>(wantRows.size(), -1).data(), wantRows.size() * 8);
+    gq.up(std::vector<int32_t>(wantPos.size(), -1).data(), wantPos.size() * 4);
+    ASSERT_EQ(gatherKeyTable(gr.as<int64_t>(), gq.as<int32_t>(), gb.as<cpu::KeyBlock>(), blocks.size(), bt,
+                             gp.as<int32_t>(), slots, nullptr),
+              attnSuccess);
+    sync();
+    EXPECT_EQ(gr.down<int64_t>(wantRows.size()), wantRows);
+    EXPECT_EQ(gq.down<int32_t>(wantPos.size()), wantPos);
+  }
+}
+
 // ---- reductions --------------------------------------------------------------------
 
 std::vector<char> randomOfType(attnDataType_t t, size_t n, std::mt19937& rng) {
@@ -726,6 +764,11 @@ TEST(CudaKernelsArgs, BadInputIsRefusedBeforeAnyLaunch) {
   EXPECT_EQ(reduce2(dummy, dummy, dummy, 4, attnFloat32, attnRedOp_t(9), nullptr), attnInvalidArgument);
   EXPECT_EQ(divideInPlace(dummy, 4, attnFloat32, 0, nullptr), attnInvalidArgument);
   EXPECT_EQ(gatherRows(nullptr, dummy, nullptr, 3, 3, 4, nullptr), attnInvalidArgument);
+  cpu::KeyBlock kb{0, 0, 1};
+  EXPECT_EQ(gatherKeyTable(nullptr, nullptr, &kb, 1, 4, nullptr, 1, nullptr), attnInvalidArgument);
+  EXPECT_EQ(gatherKeyTable(reinterpret_cast<int64_t*>(dummy), reinterpret_cast<int32_t*>(dummy), &kb, 1, 0,
+                           reinterpret_cast<int32_t*>(dummy), 1, nullptr),
+            attnInvalidArgument);
   EXPECT_EQ(convertFromFloat(dummy, attnInt8, dummy, 4, nullptr), attnInvalidArgument);
 }
 

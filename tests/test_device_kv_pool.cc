@@ -7,6 +7,8 @@
 //   - local calls made while collectives are queued on the stream do not
 //     change what those collectives see, and the books catch up once the
 //     stream has run them;
+//   - decode steps see every token's position, wherever its block is and
+//     whatever the slot held before (the GPU reads a mirror of them);
 //   - a device pool follows its communicator through attnCommShrink;
 // Without a GPU the tests skip (the emulated runtime provides one in CI).
 #include <cuda_runtime_api.h>
@@ -345,6 +347,56 @@ TEST(DeviceKvPool, LocalCallsBehindQueuedCollectivesKeepTheirPlace) {
     EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
     EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
   }, OnGpu0(&cfg));
+}
+
+// Decode on a device pool: tokens appended one at a time, attention after
+// each, with queries at the last half of the positions (causal, so a key
+// whose position the GPU reads wrong is seen or hidden wrongly). The GPU
+// reads a mirror of the host's positions, brought up to date per call; this
+// covers appends into a half-filled block, blocks received from a peer
+// (rank 1 holds the first two of rank 0's request), a slot that comes back
+// with other positions (the request's fourth block takes the first one's
+// slot after it was lent), and slots released and taken by other requests.
+TEST(DeviceKvPool, DecodeStepsSeeEveryPositionWhereverItsBlockIs) {
+  REQUIRE_GPU();
+  for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
+    attnConfig_t cfg;
+    RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+      cudaStream_t st = nullptr;
+      ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+      constexpr int kBlock = 4, kFinal = 3 * kBlock + 2;
+      constexpr int64_t kReq = 100;
+      const attnKvPoolConfig_t pc = PoolCfg(kBlock, 32, t);
+      attnKvPool_t pool = nullptr;
+      ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+      auto mine = [&](std::vector<Req> r) { return rank == 0 ? r : std::vector<Req>{}; };
+      int len = 2 * kBlock + 1;
+      if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, 0, len, kFinal));
+      std::vector<attnKvMove_t> moves;
+      if (rank == 0) moves = {{0, 1, 0, kReq, 2}};
+      ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+      ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine({{kReq, len, (len + 1) / 2}}), t, true).Check(), t,
+                  "two blocks lent");
+      for (; len < kFinal; ++len) {
+        if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, len, len + 1, kFinal));
+        const int n = len + 1;
+        ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine({{kReq, n, (n + 1) / 2}}), t, true).Check(), t,
+                    "decode step to " + std::to_string(n) + " tokens");
+      }
+      if (rank == 0) {
+        EXPECT_EQ(Holders(pool, 2, kReq), (std::vector<int64_t>{2, 2}));
+        ATTN_ASSERT_OK(comm, attnKvRelease(pool, kReq, AsStream(st)));
+        for (int at = 0; at < 7; at += kBlock)  // a block of each in turn
+          for (const auto& [id, n] : {std::pair<int64_t, int>{101, 6}, {102, 7}})
+            if (at < n) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, id, at, std::min(at + kBlock, n), n));
+      }
+      ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine({{101, 6, 3}, {102, 7, 4}}), t, true).Check(), t,
+                  "released slots taken by other requests");
+      ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+    }, OnGpu0(&cfg));
+  }
 }
 
 // A device pool follows attnCommShrink: rank 2 leaves; rank 0's request

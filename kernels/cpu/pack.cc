@@ -28,4 +28,15 @@ void scatterRows(void* dst, const void* src, const int32_t* idx, size_t n, size_
   }
 }
 
+void gatherKeyTable(int64_t* rows, int32_t* pos, const KeyBlock* blocks, size_t nblocks,
+                    int block_tokens, const int32_t* slot_pos, size_t slot_bound) {
+  for (size_t b = 0; b < nblocks; ++b) {
+    const KeyBlock& k = blocks[b];
+    if (k.slot < 0 || size_t(k.slot) >= slot_bound || k.tokens < 0 || k.tokens > block_tokens) continue;
+    const int64_t row0 = k.slot * block_tokens;
+    for (int32_t t = 0; t < k.tokens; ++t) rows[k.at + t] = row0 + t;
+    std::memcpy(pos + k.at, slot_pos + row0, size_t(k.tokens) * sizeof(int32_t));
+  }
+}
+
 }  // namespace attn::cpu

@@ -22,6 +22,7 @@
 #include "attncomm.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/merge.h"
+#include "kernels/cpu/pack.h"
 
 namespace attn::cuda {
 
@@ -114,6 +115,12 @@ constexpr int kMergeMaxPartsPerLaunch = 8;
                                       size_t bound, size_t row_bytes, cudaStream_t stream);
 [[nodiscard]] attnResult_t scatterRows(void* dst, const void* src, const int32_t* idx, size_t n,
                                        size_t bound, size_t row_bytes, cudaStream_t stream);
+// Contract of kernels/cpu/pack.h gatherKeyTable: the row table and the
+// positions of paged keys, from a device array of blocks and the pool's
+// positions on the device; one block of threads per pool block.
+[[nodiscard]] attnResult_t gatherKeyTable(int64_t* rows, int32_t* pos, const cpu::KeyBlock* blocks,
+                                          size_t nblocks, int block_tokens, const int32_t* slot_pos,
+                                          size_t slot_bound, cudaStream_t stream);
 
 // ---- reductions and conversions (reduce.cu) ---------------------------------
 // Contract of kernels/cpu/reduce.h: all 8 types; integers wrap; floating

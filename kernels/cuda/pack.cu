@@ -1,7 +1,9 @@
 // Gather / scatter of whole rows by a device index list (contract of
 // kernels/cpu/pack.h, plus a bound so a bad index is skipped, not a fault).
 // Each row is copied by a group of threads in the widest unit that the row
-// size and both pointers allow (16, 4 or 1 bytes).
+// size and both pointers allow (16, 4 or 1 bytes). And the key table of
+// paged K/V, expanded on the device from one entry per block, so the host
+// uploads a few bytes per block instead of 12 per key.
 #include "kernels/cuda/cuda_common.cuh"
 #include "src/core/error.h"
 
@@ -41,7 +43,30 @@ attnResult_t rows(void* dst, const void* src, const int32_t* idx, size_t n, size
   return go((unsigned char)0);
 }
 
+__global__ void keyTableKernel(int64_t* rows, int32_t* pos, const cpu::KeyBlock* blocks, size_t nblocks,
+                               int block_tokens, const int32_t* slot_pos, size_t slot_bound) {
+  for (size_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    const cpu::KeyBlock k = blocks[b];
+    if (k.slot < 0 || size_t(k.slot) >= slot_bound || k.tokens < 0 || k.tokens > block_tokens) continue;
+    const int64_t row0 = k.slot * block_tokens;
+    for (int32_t t = int32_t(threadIdx.x); t < k.tokens; t += int32_t(blockDim.x)) {
+      rows[k.at + t] = row0 + t;
+      pos[k.at + t] = slot_pos[row0 + t];
+    }
+  }
+}
+
 }  // namespace
+
+attnResult_t gatherKeyTable(int64_t* rows, int32_t* pos, const cpu::KeyBlock* blocks, size_t nblocks,
+                            int block_tokens, const int32_t* slot_pos, size_t slot_bound, cudaStream_t stream) {
+  if (nblocks == 0) return attnSuccess;
+  ATTN_REQUIRE(rows && pos && blocks && slot_pos, "cuda gatherKeyTable: null pointer");
+  ATTN_REQUIRE(block_tokens > 0, "cuda gatherKeyTable: block_tokens = %d", block_tokens);
+  const unsigned threads = block_tokens >= 128 ? 128u : unsigned((block_tokens + 31) / 32 * 32);
+  return launchKernel("gatherKeyTable launch", keyTableKernel, gridFor(nblocks, 1, 1u << 20), threads, 0, stream,
+                      rows, pos, blocks, nblocks, block_tokens, slot_pos, slot_bound);
+}
 
 attnResult_t gatherRows(void* dst, const void* src, const int32_t* idx, size_t n, size_t bound,
                         size_t row_bytes, cudaStream_t stream) {

@@ -19,6 +19,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/merge.h"
+#include "kernels/cpu/pack.h"
 #include "src/attn/attn_state.h"
 #include "src/attn/break_on_early_exit.h"
 #include "src/attn/kv_exchange.h"
@@ -52,10 +53,19 @@ attnResult_t accumulateSlots(KvPool& pool, const std::vector<int64_t>& slots,
                              const std::vector<int32_t>& slotTokens, const KvQueryHeader& h,
                              const void* q, const int32_t* qPos, int32_t rows, float* o, float* lse) {
   if (rows == 0 || slots.empty()) return attnSuccess;
-  KvKeys keys;
-  kvKeysOf(pool, slots, slotTokens, &keys);
-  const cpu::AttnProblem p = kvKeysProblem(pool, h, q, rows, qPos, keys,
-                                           keys.rows.empty() ? nullptr : keys.rows.data(), keys.pos.data());
+  const KvKeyLayout keys = kvKeyLayoutOf(pool, slots, slotTokens);
+  std::vector<int64_t> keyRows;
+  std::vector<int32_t> keyPos;
+  if (keys.paged) {
+    std::vector<cpu::KeyBlock> blocks;
+    kvKeyBlocks(slots, slotTokens, 0, &blocks);
+    keyRows.resize(size_t(keys.count));
+    keyPos.resize(size_t(keys.count));
+    cpu::gatherKeyTable(keyRows.data(), keyPos.data(), blocks.data(), blocks.size(), pool.config().block_tokens,
+                        pool.pos(0), size_t(pool.config().capacity_blocks));
+  }
+  const cpu::AttnProblem p = kvKeysProblem(pool, h, q, rows, qPos, keys, keyRows.data(),
+                                           keys.paged ? keyPos.data() : pool.pos(keys.first));
   return cpu::attentionAccumulate(p, o, lse, cpuExec(pool));
 }
 
@@ -157,35 +167,34 @@ attnResult_t makeKvAttnCompute(KvPool& pool, const KvAttnArgs& a, std::unique_pt
   return attnSuccess;
 }
 
-void kvKeysOf(KvPool& pool, const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens,
-              KvKeys* keys) {
-  const int64_t bt = pool.config().block_tokens;
+KvKeyLayout kvKeyLayoutOf(const KvPool& pool, const std::vector<int64_t>& slots,
+                          const std::vector<int32_t>& tokens) {
+  KvKeyLayout keys;
   int runs = 0;
   int64_t count = 0;
-  (void)forEachSlotRun(slots, tokens, int(bt), [&](int64_t first, int32_t nk) {
-    if (runs++ == 0) keys->first = first;
+  (void)forEachSlotRun(slots, tokens, pool.config().block_tokens, [&](int64_t first, int32_t nk) {
+    if (runs++ == 0) keys.first = first;
     count += nk;
     return attnSuccess;
   });
-  keys->count = int32_t(count);
-  keys->rows.clear();
-  keys->pos.resize(size_t(count));
-  int32_t* pos = keys->pos.data();
-  if (runs > 1) keys->rows.resize(size_t(count));
-  int64_t* row = keys->rows.data();
+  keys.count = int32_t(count);
+  keys.paged = runs > 1;
+  return keys;
+}
+
+void kvKeyBlocks(const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens, int32_t at,
+                 std::vector<cpu::KeyBlock>* blocks) {
   for (size_t i = 0; i < slots.size(); ++i) {
-    std::memcpy(pos, pool.pos(slots[i]), size_t(tokens[i]) * sizeof(int32_t));
-    pos += tokens[i];
-    if (runs > 1)
-      for (int32_t t = 0; t < tokens[i]; ++t) *row++ = slots[i] * bt + t;
+    blocks->push_back({slots[i], at, tokens[i]});
+    at += tokens[i];
   }
 }
 
 cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
-                               const int32_t* qPos, const KvKeys& keys, const int64_t* keyRows,
+                               const int32_t* qPos, const KvKeyLayout& keys, const int64_t* keyRows,
                                const int32_t* keyPos) {
   const attnKvPoolConfig_t& pc = pool.config();
-  const int64_t base = keys.rows.empty() ? keys.first : 0;
+  const int64_t base = keys.paged ? 0 : keys.first;
   cpu::AttnProblem p;
   p.q = q;
   p.k = pool.k(base);
@@ -200,7 +209,7 @@ cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void*
   p.causal = h.causal != 0;
   p.q_pos = qPos;
   p.k_pos = keyPos;
-  p.k_rows = keys.rows.empty() ? nullptr : keyRows;
+  p.k_rows = keys.paged ? keyRows : nullptr;
   return p;
 }
 

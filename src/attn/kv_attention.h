@@ -9,6 +9,7 @@
 
 #include "attncomm.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/pack.h"
 #include "src/attn/kv_pool.h"
 
 namespace attn {
@@ -67,26 +68,30 @@ class KvAttnCompute {
   virtual attnResult_t finish() = 0;
 };
 
-// A request's keys in this pool (its slots, in order), for one kernel call
-// however its blocks are scattered. When the slots are one run of
-// consecutive blocks the keys are contiguous rows from slot `first`'s and
-// `rows` stays empty; else `rows` holds each key's row counted from slot
-// 0's (paged K/V, cpu::AttnProblem::k_rows). `pos`: the keys' positions.
-struct KvKeys {
+// A request's keys in this pool (its slots, with their tokens), for one
+// kernel call however its blocks are scattered. When the slots are one run
+// of consecutive blocks the keys are contiguous rows from slot `first`'s,
+// and so are their positions in the pool. Otherwise they are `paged`: a
+// key table gives each key's row (cpu::AttnProblem::k_rows) and position,
+// expanded from one cpu::KeyBlock per slot (kvKeyBlocks) by
+// cpu::gatherKeyTable on the host or cuda::gatherKeyTable on the device.
+struct KvKeyLayout {
   int64_t first = 0;
   int32_t count = 0;
-  std::vector<int64_t> rows;
-  std::vector<int32_t> pos;
+  bool paged = false;
 };
-void kvKeysOf(KvPool& pool, const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens,
-              KvKeys* keys);
+KvKeyLayout kvKeyLayoutOf(const KvPool& pool, const std::vector<int64_t>& slots,
+                          const std::vector<int32_t>& tokens);
+// Appends the slots' blocks to `blocks`, their keys at table entries from
+// `at` on, in the slots' order.
+void kvKeyBlocks(const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens, int32_t at,
+                 std::vector<cpu::KeyBlock>* blocks);
 
-// `rows` queries (q and qPos in the memory the kernel reads) over `keys`,
-// whose row table and positions the kernel reads at keyRows (null when
-// keys.rows is empty) and keyPos: the host copies, or a device kernel's
-// uploaded ones.
+// `rows` queries (q and qPos in the memory the kernel reads) over the keys
+// of `keys`: contiguous rows from keys.first, or the table's rows at keyRows
+// (paged). keyPos: the keys' positions (the pool's, or the table's).
 cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
-                               const int32_t* qPos, const KvKeys& keys, const int64_t* keyRows,
+                               const int32_t* qPos, const KvKeyLayout& keys, const int64_t* keyRows,
                                const int32_t* keyPos);
 
 // Checks the arguments against the pool's front (the text names what is

@@ -100,7 +100,7 @@ attnResult_t fileBlocks(KvPool& pool, int from, const TryMove& t, const std::vec
   for (int64_t slot : slots) {
     int64_t i;
     std::memcpy(&i, ip, sizeof(i));
-    std::memcpy(pool.pos(slot), pp, pb);
+    pool.writePositions(slot, 0, pp, pool.config().block_tokens);
     ip += sizeof(i);
     pp += pb;
     if (t.owner == me) {

@@ -69,7 +69,12 @@ attnResult_t KvPool::allocate() {
   const size_t blocks = size_t(cfg_.capacity_blocks);
   const size_t bytes = blocks * blockBytes();
   if (deviceRoute(comm_)) {
-    ATTN_CHECK(makeKvDeviceMemory(comm_, bytes, &mem_));
+    // The mirror of the positions is indexed by 32-bit slots.
+    if (cfg_.capacity_blocks > INT32_MAX)
+      return setError(attnInvalidArgument, "config.capacity_blocks = %lld: a device pool holds at most %d blocks",
+                      (long long)cfg_.capacity_blocks, INT32_MAX);
+    ATTN_CHECK(makeKvDeviceMemory(comm_, bytes, blocks * size_t(cfg_.block_tokens) * sizeof(int32_t), &mem_));
+    posChanged_.assign(blocks, 0);
   } else {
     auto host = std::make_unique<HostKvMemory>();
     if (host->allocate(bytes) != attnSuccess)
@@ -77,7 +82,8 @@ attnResult_t KvPool::allocate() {
                       (long long)cfg_.capacity_blocks, blockBytes());
     mem_ = std::move(host);
   }
-  pos_.reset(new (std::nothrow) int32_t[std::max<size_t>(1, blocks * size_t(cfg_.block_tokens))]);
+  // Zeroed: a device pool uploads whole blocks, written rows or not.
+  pos_.reset(new (std::nothrow) int32_t[std::max<size_t>(1, blocks * size_t(cfg_.block_tokens))]());
   if (!pos_)
     return setError(attnSystemError, "cannot allocate the positions of a KV pool of %lld blocks",
                     (long long)cfg_.capacity_blocks);
@@ -155,7 +161,7 @@ attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int
     copied = mem_->copyIn(this->k(f.lastSlot) + at, kb + size_t(done) * rowBytes_, bytes, stream);
     if (copied == attnSuccess)
       copied = mem_->copyIn(this->v(f.lastSlot) + at, vb + size_t(done) * rowBytes_, bytes, stream);
-    std::memcpy(this->pos(f.lastSlot) + f.lastFill, pos + done, size_t(take) * sizeof(int32_t));
+    writePositions(f.lastSlot, f.lastFill, pos + done, take);
     f.lastFill += take;
     done += take;
   }
@@ -174,6 +180,35 @@ attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int
   std::lock_guard<std::mutex> g(booksMu);
   submitLocked(std::move(call));
   return attnSuccess;
+}
+
+void KvPool::writePositions(int64_t slot, int32_t at, const void* src, int32_t n) {
+  std::lock_guard<std::mutex> g(posMu_);
+  std::memcpy(pos(slot) + at, src, size_t(n) * sizeof(int32_t));
+  if (posChanged_.empty() || posChanged_[size_t(slot)]) return;
+  posChanged_[size_t(slot)] = 1;
+  changedSlots_.push_back(int32_t(slot));
+}
+
+void KvPool::takeChangedPositions(std::vector<int32_t>* slots, std::vector<int32_t>* positions) {
+  const size_t bt = size_t(cfg_.block_tokens);
+  std::lock_guard<std::mutex> g(posMu_);
+  slots->swap(changedSlots_);
+  changedSlots_.clear();
+  positions->resize(slots->size() * bt);
+  for (size_t i = 0; i < slots->size(); ++i) {
+    posChanged_[size_t((*slots)[i])] = 0;
+    std::memcpy(positions->data() + i * bt, pos((*slots)[i]), bt * sizeof(int32_t));
+  }
+}
+
+void KvPool::positionsNotMirrored(const std::vector<int32_t>& slots) {
+  std::lock_guard<std::mutex> g(posMu_);
+  for (int32_t slot : slots)
+    if (!posChanged_[size_t(slot)]) {
+      posChanged_[size_t(slot)] = 1;
+      changedSlots_.push_back(slot);
+    }
 }
 
 attnResult_t KvPool::release(int64_t req) {

@@ -7,7 +7,9 @@
 // Memory is three arrays indexed by slot (K, V, positions), so the keys of
 // consecutive slots are contiguous and one kernel call covers a run of them.
 // K and V are host memory or, on a device communicator, GPU memory
-// (KvMemory); positions always stay on the host, where the books are.
+// (KvMemory); positions are kept on the host, where the books are, and a
+// device pool mirrors them on the GPU: blocks whose positions changed are
+// uploaded, together, before the next device computation reads them.
 //
 // Two views of the requests, because collectives may be queued (a device
 // stream, a non-blocking communicator) while the caller goes on:
@@ -68,6 +70,9 @@ class KvMemory {
   virtual attnResult_t copyIn(char* dst, const void* src, size_t bytes, attnStream_t stream) = 0;
   // One call's copies are enqueued (device: remembered for destroy).
   virtual attnResult_t copiesDone(attnStream_t) { return attnSuccess; }
+  // Device pools: the mirror of the pool's positions (by row) in device
+  // memory; null on the host.
+  virtual int32_t* positions() { return nullptr; }
 };
 
 // A local call waiting for queued collectives to run before it reaches the
@@ -99,6 +104,17 @@ class KvPool {
   char* k(int64_t slot) { return mem_->k() + size_t(slot) * blockBytes(); }
   char* v(int64_t slot) { return mem_->v() + size_t(slot) * blockBytes(); }
   int32_t* pos(int64_t slot) { return pos_.get() + size_t(slot) * size_t(cfg_.block_tokens); }
+  // Writes positions [at, at + n) of a slot (only rows no queued collective
+  // reads); a device pool marks the block for its mirror.
+  void writePositions(int64_t slot, int32_t at, const void* src, int32_t n);
+  // Device pools: the mirror (null on the host), and the blocks whose
+  // positions were written since the last call, taken: their slots, and
+  // block_tokens positions each in `pos`. The device code uploads them
+  // before a computation reads the mirror.
+  int32_t* devicePositions() { return mem_->positions(); }
+  void takeChangedPositions(std::vector<int32_t>* slots, std::vector<int32_t>* pos);
+  // Marks them changed again (their upload failed).
+  void positionsNotMirrored(const std::vector<int32_t>& slots);
 
   // The free list; safe from any thread.
   int64_t freeBlocks() const;
@@ -172,6 +188,11 @@ class KvPool {
   size_t rowBytes_ = 0;
   std::unique_ptr<KvMemory> mem_;
   std::unique_ptr<int32_t[]> pos_;
+  // Device pools: blocks whose positions the mirror lacks. posMu_ also
+  // orders a write of pos_ against the upload that reads it.
+  std::mutex posMu_;
+  std::vector<uint8_t> posChanged_;  // per slot
+  std::vector<int32_t> changedSlots_;
   mutable std::mutex freeMu_;
   std::vector<int64_t> free_;  // a stack: the lowest slots are taken first
 

@@ -3,14 +3,17 @@
 // kernels. Runs on the communicator's proxy thread, on the compute stream of
 // its DeviceAttnState, whose buffers it borrows for the call:
 //  - R.acc: this rank's fp32 accumulator (O, then LSE);
-//  - R.metaStage -> R.meta: positions of this rank's queries, and the key
-//    tables (kv_attention.h KvKeys: positions, and rows where the blocks
-//    are scattered) of its requests;
-//  - R.hostOut -> R.block[0]: one peer's queries, their positions and the
-//    key tables of its requests; R.visit: the partial computed for that peer;
-//  - R.part: a reply being folded.
-// Positions live on the host with the books and go up with each call. Each
-// request is one kernel launch, however its blocks are scattered.
+//  - R.part: first the blocks of positions that changed since the last call,
+//    uploaded into the pool's mirror; later a reply being folded;
+//  - R.metaStage -> R.meta: positions of this rank's queries, the key blocks
+//    of its paged requests, and the key table expanded from them;
+//  - R.hostOut -> R.block[0]: one peer's queries, their positions, the key
+//    blocks of its paged requests and their table; R.visit: the partial
+//    computed for that peer.
+// What goes up per call is a few bytes per block (cpu::KeyBlock), not a
+// row and a position per key: the device expands the table from the
+// pool's mirror of the positions. Each request is one kernel launch,
+// however its blocks are scattered.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,33 +31,57 @@ namespace {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-// The key tables of several requests, packed for one upload: each
-// request's row table (8-byte entries) then its positions.
-struct KeyTables {
-  std::vector<KvKeys> keys;
-  std::vector<size_t> rowsAt, posAt;  // byte offsets from the section's start
-  size_t bytes = 0;
-  void add(KvPool& pool, const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens) {
-    keys.emplace_back();
-    kvKeysOf(pool, slots, tokens, &keys.back());
-    const KvKeys& k = keys.back();
-    rowsAt.push_back(bytes);
-    bytes += k.rows.size() * sizeof(int64_t);
-    posAt.push_back(bytes);
-    bytes = align256(bytes + k.pos.size() * sizeof(int32_t));
-  }
-  void write(char* dst) const {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::memcpy(dst + rowsAt[i], keys[i].rows.data(), keys[i].rows.size() * sizeof(int64_t));
-      std::memcpy(dst + posAt[i], keys[i].pos.data(), keys[i].pos.size() * sizeof(int32_t));
+// The keys of a call's requests. Those whose blocks are one run read the
+// mirror's positions in place; the paged ones share one key table, which
+// the device expands from their blocks (one launch for all of them).
+// Device layout of a section: the blocks (uploaded), the table's rows, its
+// positions.
+class DeviceKeyTables {
+ public:
+  explicit DeviceKeyTables(KvPool& pool) : pool_(pool) {}
+
+  void add(const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens) {
+    keys_.push_back(kvKeyLayoutOf(pool_, slots, tokens));
+    at_.push_back(entries_);
+    if (keys_.back().paged) {
+      kvKeyBlocks(slots, tokens, entries_, &blocks_);
+      entries_ += keys_.back().count;
     }
   }
-  // Request i's problem, its table read from `dev` (the uploaded section).
-  cpu::AttnProblem problem(KvPool& pool, size_t i, const KvQueryHeader& h, const void* q, int32_t rows,
-                           const int32_t* qPos, const char* dev) const {
-    return kvKeysProblem(pool, h, q, rows, qPos, keys[i], reinterpret_cast<const int64_t*>(dev + rowsAt[i]),
-                         reinterpret_cast<const int32_t*>(dev + posAt[i]));
+  const KvKeyLayout& keys(size_t i) const { return keys_[i]; }
+  bool any() const {
+    return std::any_of(keys_.begin(), keys_.end(), [](const KvKeyLayout& k) { return k.count > 0; });
   }
+  size_t uploadBytes() const { return blocks_.size() * sizeof(cpu::KeyBlock); }
+  size_t bytes() const { return rowsAt() + align256(size_t(entries_) * 8) + size_t(entries_) * 4; }
+  void write(char* host) const { std::memcpy(host, blocks_.data(), uploadBytes()); }
+
+  // Once the section's blocks are on the device at `dev`.
+  attnResult_t expand(char* dev, cudaStream_t s) const {
+    return cuda::gatherKeyTable(rows(dev), pos(dev), reinterpret_cast<const cpu::KeyBlock*>(dev), blocks_.size(),
+                                pool_.config().block_tokens, pool_.devicePositions(),
+                                size_t(pool_.config().capacity_blocks), s);
+  }
+  cpu::AttnProblem problem(size_t i, const KvQueryHeader& h, const void* q, int32_t rows, const int32_t* qPos,
+                           char* dev) const {
+    const KvKeyLayout& k = keys_[i];
+    const int32_t* keyPos = k.paged ? pos(dev) + at_[i]
+                                    : pool_.devicePositions() + size_t(k.first) * size_t(pool_.config().block_tokens);
+    return kvKeysProblem(pool_, h, q, rows, qPos, k, k.paged ? this->rows(dev) + at_[i] : nullptr, keyPos);
+  }
+
+ private:
+  size_t rowsAt() const { return align256(uploadBytes()); }
+  int64_t* rows(char* dev) const { return reinterpret_cast<int64_t*>(dev + rowsAt()); }
+  int32_t* pos(char* dev) const {
+    return reinterpret_cast<int32_t*>(dev + rowsAt() + align256(size_t(entries_) * 8));
+  }
+
+  KvPool& pool_;
+  std::vector<KvKeyLayout> keys_;
+  std::vector<int32_t> at_;  // paged: the request's first table entry
+  std::vector<cpu::KeyBlock> blocks_;
+  int32_t entries_ = 0;
 };
 
 class DeviceKvAttnCompute : public KvAttnCompute {
@@ -65,6 +92,7 @@ class DeviceKvAttnCompute : public KvAttnCompute {
   attnResult_t init() {
     ATTN_CHECK(R_.prepare(0));
     s_ = R_.compute;
+    ATTN_CHECK(syncPositions());
     const int64_t rows = a_.rows();
     ATTN_CHECK(R_.acc.reserve(size_t(rows) * hq_ * (d_ + 1) * sizeof(float) + 64, s_));
     accO_ = reinterpret_cast<float*>(R_.acc.get());
@@ -81,13 +109,14 @@ class DeviceKvAttnCompute : public KvAttnCompute {
                      std::vector<float>* result) override {
     const attnKvPoolConfig_t& pc = pool_.config();
     const size_t rb = size_t(h.numQHeads) * size_t(pc.head_dim) * dataTypeSize(pc.dtype);
-    KeyTables tables;
-    for (const KvServedRequest& r : reqs) tables.add(pool_, r.slots, r.tokens);
-    // Staged layout: queries, their positions, the key tables.
+    DeviceKeyTables tables(pool_);
+    for (const KvServedRequest& r : reqs) tables.add(r.slots, r.tokens);
+    // Staged layout: queries, their positions, the key blocks (then, on the
+    // device only, the table).
     const size_t qAt = 0, qPosAt = align256(size_t(rows) * rb), keysAt = align256(qPosAt + size_t(rows) * 4);
-    const size_t bytes = keysAt + tables.bytes + 64;
-    ATTN_CHECK(R_.hostOut.reserve(bytes));
-    ATTN_CHECK(R_.block[0].reserve(bytes, s_));
+    const size_t upload = keysAt + tables.uploadBytes();
+    ATTN_CHECK(R_.hostOut.reserve(upload + 64));
+    ATTN_CHECK(R_.block[0].reserve(keysAt + tables.bytes() + 64, s_));
     char* host = R_.hostOut.base();
     size_t row = 0;
     for (const KvServedRequest& r : reqs) {
@@ -97,7 +126,8 @@ class DeviceKvAttnCompute : public KvAttnCompute {
     }
     tables.write(host + keysAt);
     char* dev = R_.block[0].get();
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes - 64, cudaMemcpyHostToDevice, s_));
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, upload, cudaMemcpyHostToDevice, s_));
+    ATTN_CHECK(tables.expand(dev + keysAt, s_));
 
     const size_t od = size_t(pc.head_dim);
     const size_t resultBytes = size_t(rows) * h.numQHeads * (od + 1) * sizeof(float);
@@ -108,8 +138,8 @@ class DeviceKvAttnCompute : public KvAttnCompute {
     row = 0;
     for (size_t j = 0; j < reqs.size(); ++j) {
       const KvServedRequest& r = reqs[j];
-      if (r.rows > 0 && tables.keys[j].count > 0) {
-        const cpu::AttnProblem p = tables.problem(pool_, j, h, dev + qAt + row * rb, r.rows,
+      if (r.rows > 0 && tables.keys(j).count > 0) {
+        const cpu::AttnProblem p = tables.problem(j, h, dev + qAt + row * rb, r.rows,
                                                   reinterpret_cast<const int32_t*>(dev + qPosAt) + row,
                                                   dev + keysAt);
         ATTN_CHECK(cuda::attentionAccumulate(p, o + row * h.numQHeads * od, l + row * h.numQHeads, exec()));
@@ -124,30 +154,27 @@ class DeviceKvAttnCompute : public KvAttnCompute {
   }
 
   attnResult_t own(const std::vector<KvOwnWork>& work) override {
-    KeyTables tables;
-    bool any = false;
-    for (const KvOwnWork& w : work) {
-      tables.add(pool_, w.slots, w.tokens);
-      any = any || tables.keys.back().count > 0;
-    }
-    if (!any) return attnSuccess;
+    DeviceKeyTables tables(pool_);
+    for (const KvOwnWork& w : work) tables.add(w.slots, w.tokens);
+    if (!tables.any()) return attnSuccess;
     const int64_t rows = a_.rows();
     const size_t qPosAt = 0, keysAt = align256(size_t(rows) * 4);
-    const size_t bytes = keysAt + tables.bytes + 64;
-    ATTN_CHECK(R_.metaStage.reserve(bytes));
-    ATTN_CHECK(R_.meta.reserve(bytes, s_));
+    const size_t upload = keysAt + tables.uploadBytes();
+    ATTN_CHECK(R_.metaStage.reserve(upload + 64));
+    ATTN_CHECK(R_.meta.reserve(keysAt + tables.bytes() + 64, s_));
     char* host = R_.metaStage.base();
     if (a_.hasQPos) std::memcpy(host + qPosAt, a_.qPos.data(), size_t(rows) * 4);
     else std::memset(host + qPosAt, 0, size_t(rows) * 4);
     tables.write(host + keysAt);
     char* dev = R_.meta.get();
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes - 64, cudaMemcpyHostToDevice, s_));
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, upload, cudaMemcpyHostToDevice, s_));
+    ATTN_CHECK(tables.expand(dev + keysAt, s_));
     const KvQueryHeader mine{hq_, a_.cfg.causal, a_.cfg.softmax_scale, 0};
     const size_t qRowBytes = size_t(hq_) * size_t(d_) * dataTypeSize(a_.cfg.dtype);
     for (size_t j = 0; j < work.size(); ++j) {
       const int32_t r0 = work[j].r0;
-      if (work[j].rows == 0 || tables.keys[j].count == 0) continue;
-      const cpu::AttnProblem p = tables.problem(pool_, j, mine, static_cast<const char*>(a_.q) + size_t(r0) * qRowBytes,
+      if (work[j].rows == 0 || tables.keys(j).count == 0) continue;
+      const cpu::AttnProblem p = tables.problem(j, mine, static_cast<const char*>(a_.q) + size_t(r0) * qRowBytes,
                                                 work[j].rows, reinterpret_cast<const int32_t*>(dev + qPosAt) + r0,
                                                 dev + keysAt);
       ATTN_CHECK(cuda::attentionAccumulate(p, accO_ + size_t(r0) * hq_ * d_, accL_ + size_t(r0) * hq_, exec()));
@@ -189,6 +216,30 @@ class DeviceKvAttnCompute : public KvAttnCompute {
   }
 
  private:
+  // Brings the pool's mirror of the positions up to date: the blocks
+  // written since the last call go up together (pageable: the runtime takes
+  // them at the call) and are scattered into place.
+  attnResult_t syncPositions() {
+    std::vector<int32_t> slots, pos;
+    pool_.takeChangedPositions(&slots, &pos);
+    if (slots.empty()) return attnSuccess;
+    const attnResult_t r = uploadPositions(slots, pos);
+    if (r != attnSuccess) pool_.positionsNotMirrored(slots);
+    return r;
+  }
+  attnResult_t uploadPositions(const std::vector<int32_t>& slots, const std::vector<int32_t>& pos) {
+    const size_t posAt = align256(slots.size() * 4), bytes = posAt + pos.size() * 4;
+    std::vector<char> staged(bytes);
+    std::memcpy(staged.data(), slots.data(), slots.size() * 4);
+    std::memcpy(staged.data() + posAt, pos.data(), pos.size() * 4);
+    ATTN_CHECK(R_.part.reserve(bytes + 64, s_));
+    char* dev = R_.part.get();
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, staged.data(), bytes, cudaMemcpyHostToDevice, s_));
+    const size_t bt = size_t(pool_.config().block_tokens);
+    return cuda::scatterRows(pool_.devicePositions(), dev + posAt, reinterpret_cast<const int32_t*>(dev),
+                             slots.size(), size_t(pool_.config().capacity_blocks), bt * 4, s_);
+  }
+
   cuda::AttnCudaExec exec() const {
     cuda::AttnCudaExec ex;
     ex.stream = s_;

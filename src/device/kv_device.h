@@ -18,17 +18,18 @@ struct attnComm;
 namespace attn {
 
 #if ATTN_HAVE_CUDA
-// `bytes` each of K and V on comm's device, allocated and freed on a stream
-// of the pool's own (no device-wide synchronisation: ranks may share the
-// GPU). Appends copy in on the caller's stream.
-attnResult_t makeKvDeviceMemory(attnComm* comm, size_t bytes, std::unique_ptr<KvMemory>* out);
+// `bytes` each of K and V, and `posBytes` for the mirror of the positions,
+// on comm's device, allocated and freed on a stream of the pool's own (no
+// device-wide synchronisation: ranks may share the GPU). Appends copy in on
+// the caller's stream.
+attnResult_t makeKvDeviceMemory(attnComm* comm, size_t bytes, size_t posBytes, std::unique_ptr<KvMemory>* out);
 // On the proxy thread of a device pool's communicator:
 attnResult_t makeKvAttnComputeDevice(KvPool& pool, const KvAttnArgs& a, std::unique_ptr<KvAttnCompute>* out);
 std::unique_ptr<KvBlockIo> makeKvBlockIoDevice(KvPool& pool);
 // `bytes` at device address `src` into `host`.
 attnResult_t kvDeviceDownload(KvPool& pool, const void* src, size_t bytes, std::vector<char>* host);
 #else
-inline attnResult_t makeKvDeviceMemory(attnComm*, size_t, std::unique_ptr<KvMemory>*) {
+inline attnResult_t makeKvDeviceMemory(attnComm*, size_t, size_t, std::unique_ptr<KvMemory>*) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
 #endif

@@ -1,5 +1,7 @@
 // A device pool's K and V: two allocations on the communicator's GPU, and
-// the copies of appends enqueued on the caller's stream.
+// the copies of appends enqueued on the caller's stream. And the mirror of
+// the pool's positions, which kvAttention keeps up to date
+// (kv_attention_device.cc).
 //
 // Stream-ordered (made and freed on a stream of the pool's own) unless a
 // peer runs in another process on this host: then plain cudaMalloc memory,
@@ -38,11 +40,12 @@ class DeviceKvMemory : public KvMemory {
     if (stream_) {
       k_.reset(stream_);
       v_.reset(stream_);
+      pos_.reset(stream_);
       (void)cudaStreamDestroy(stream_);
     }
   }
 
-  attnResult_t allocate(size_t bytes, bool exportable) {
+  attnResult_t allocate(size_t bytes, size_t posBytes, bool exportable) {
     DeviceScope scope;
     ATTN_CHECK(scope.enter(device_));
     ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -53,6 +56,7 @@ class DeviceKvMemory : public KvMemory {
     }
     ATTN_CHECK(k_.reserve(std::max<size_t>(1, bytes), stream_));
     ATTN_CHECK(v_.reserve(std::max<size_t>(1, bytes), stream_));
+    ATTN_CHECK(pos_.reserve(std::max<size_t>(1, posBytes), stream_));
     // Usable from every stream once allocated.
     ATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return attnSuccess;
@@ -61,6 +65,7 @@ class DeviceKvMemory : public KvMemory {
   char* k() override { return k_.get(); }
   char* v() override { return v_.get(); }
   bool onDevice() const override { return true; }
+  int32_t* positions() override { return reinterpret_cast<int32_t*>(pos_.get()); }
 
   attnResult_t copyIn(char* dst, const void* src, size_t bytes, attnStream_t stream) override {
     DeviceScope scope;
@@ -82,7 +87,7 @@ class DeviceKvMemory : public KvMemory {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t lastCopy_ = nullptr;
   bool copied_ = false;
-  DeviceBuffer k_, v_;
+  DeviceBuffer k_, v_, pos_;
 };
 
 // Some peer is another process on this host.
@@ -95,9 +100,9 @@ bool peerProcessOnThisHost(const attnComm* comm) {
 
 }  // namespace
 
-attnResult_t makeKvDeviceMemory(attnComm* comm, size_t bytes, std::unique_ptr<KvMemory>* out) {
+attnResult_t makeKvDeviceMemory(attnComm* comm, size_t bytes, size_t posBytes, std::unique_ptr<KvMemory>* out) {
   auto mem = std::make_unique<DeviceKvMemory>(comm->config.device);
-  ATTN_CHECK(mem->allocate(bytes, peerProcessOnThisHost(comm)));
+  ATTN_CHECK(mem->allocate(bytes, posBytes, peerProcessOnThisHost(comm)));
   *out = std::move(mem);
   return attnSuccess;
 }

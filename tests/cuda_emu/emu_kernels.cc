@@ -4,6 +4,7 @@
 // exists to catch), then runs the kernels/cpu twin on the stream's thread.
 // The numerics are the CPU kernels'; the CUDA kernels themselves are tested
 // on a GPU only (test_cuda_kernels).
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/merge.h"
+#include "kernels/cpu/pack.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/core/datatype.h"
@@ -182,6 +184,31 @@ attnResult_t gatherRows(void* dst, const void* src, const int32_t* idx, size_t n
 attnResult_t scatterRows(void* dst, const void* src, const int32_t* idx, size_t n, size_t bound,
                          size_t row_bytes, cudaStream_t stream) {
   return rows("scatterRows", true, dst, src, idx, n, bound, row_bytes, stream);
+}
+
+attnResult_t gatherKeyTable(int64_t* rows, int32_t* pos, const cpu::KeyBlock* blocks, size_t nblocks,
+                            int block_tokens, const int32_t* slot_pos, size_t slot_bound, cudaStream_t stream) {
+  if (nblocks == 0) return attnSuccess;
+  ATTN_REQUIRE(rows && pos && blocks && slot_pos, "cuda gatherKeyTable: null pointer");
+  ATTN_REQUIRE(block_tokens > 0, "cuda gatherKeyTable: block_tokens = %d", block_tokens);
+  // The table's extent is in the blocks (device memory): checked when it runs.
+  return launch("gatherKeyTable", stream,
+                {{blocks, nblocks * sizeof(cpu::KeyBlock), "blocks"},
+                 {slot_pos, slot_bound * size_t(block_tokens) * 4, "slot_pos"}},
+                [=] {
+                  size_t entries = 0;
+                  for (size_t b = 0; b < nblocks; ++b) {
+                    const cpu::KeyBlock& k = blocks[b];
+                    if (k.slot >= 0 && size_t(k.slot) < slot_bound && k.tokens > 0 && k.tokens <= block_tokens)
+                      entries = std::max(entries, size_t(k.at) + size_t(k.tokens));
+                  }
+                  if (entries && (!attn_emu::deviceAccessible(rows, entries * 8) ||
+                                  !attn_emu::deviceAccessible(pos, entries * 4)))
+                    return setError(attnInvalidArgument, "gatherKeyTable: rows or pos (%zu entries) is not device memory",
+                                    entries);
+                  cpu::gatherKeyTable(rows, pos, blocks, nblocks, block_tokens, slot_pos, slot_bound);
+                  return attnSuccess;
+                });
 }
 
 attnResult_t reduce2(void* dst, const void* a, const void* b, size_t count, attnDataType_t type,
