@@ -124,8 +124,8 @@ class ScratchArena {
     const size_t R = kAttnMaxTileRows, K = kAttnKeyTile, D = size_t(head_dim), H = size_t(heads);
     const size_t floats = D * R + K * R + 2 * R * dpad + 3 * R + H * K * (D + dpad) + dpad;
     const size_t bytes = floats * sizeof(float) + R * dpad * sizeof(uint16_t) +
-                         R * sizeof(int32_t) + 3 * H * K * sizeof(const void*) +
-                         18 * 64;  // + alignment slack
+                         R * sizeof(int32_t) + 4 * H * K * sizeof(const void*) +
+                         19 * 64;  // + alignment slack
     if (bytes > cap_) {
       mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
       cap_ = bytes;
@@ -151,6 +151,7 @@ class ScratchArena {
     sc_.krow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
     sc_.vrow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
     sc_.krow16 = reinterpret_cast<const uint16_t**>(take(H * K * sizeof(const uint16_t*)));
+    sc_.vrow16 = reinterpret_cast<const uint16_t**>(take(H * K * sizeof(const uint16_t*)));
     return sc_;
   }
 

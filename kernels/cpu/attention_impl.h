@@ -265,7 +265,12 @@ void scoreDotBf16(const uint16_t* const* krow, int nkeys, const uint16_t* qr, in
 // Online softmax step over keys [0, nkeys) for row vectors [c0, nvec): masks,
 // updates the running max m and denominator l, turns S^T into P^T and leaves
 // the factor that rescales the rows' previous output in alpha.
-template <class I>
+// With kBf16Pairs (bf16 decode, AVX512_BF16), P is left as bf16 pairs for
+// pvTileBf16 instead: row j / 2 of S^T holds keys j and j + 1 (a 0 past the
+// last key). The denominator sums P unrounded, so the LSE stays that of the
+// scores; O's weights carry bf16 rounding (2^-9 relative, unbiased), as
+// flash attention's P·V on tensor cores does.
+template <class I, bool kBf16Pairs = false>
 void softmaxTile(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, bool masked,
                  const int32_t* kpos) {
   using V = typename I::V;
@@ -287,10 +292,20 @@ void softmaxTile(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, bool mask
     const V base = I::zeroIfNegInf(m_new);  // rows with nothing seen: exp2(-inf - 0) = 0
     const V alpha = I::exp2(I::sub(m_old, base));
     V sum = I::zero();
-    for (int j = 0; j < nkeys; ++j) {
-      const V p = I::exp2(I::sub(I::load(col + j * ss), base));
-      I::store(col + j * ss, p);
-      sum = I::add(sum, p);
+    if constexpr (kBf16Pairs) {
+      // Row j / 2 is written once rows j and j + 1 are read: in place.
+      for (int j = 0; j < nkeys; j += 2) {
+        const V p0 = I::exp2(I::sub(I::load(col + j * ss), base));
+        const V p1 = j + 1 < nkeys ? I::exp2(I::sub(I::load(col + (j + 1) * ss), base)) : I::zero();
+        I::store(col + (j / 2) * ss, _mm512_castsi512_ps(I::pairBf16(p0, p1)));
+        sum = I::add(sum, I::add(p0, p1));
+      }
+    } else {
+      for (int j = 0; j < nkeys; ++j) {
+        const V p = I::exp2(I::sub(I::load(col + j * ss), base));
+        I::store(col + j * ss, p);
+        sum = I::add(sum, p);
+      }
     }
     I::store(sc.l + c * I::W, I::fma(I::load(sc.l + c * I::W), alpha, sum));
     I::store(sc.m + c * I::W, m_new);
@@ -343,6 +358,69 @@ void pvTile(AttnScratch& sc, int ss, const float* const* vrow, int nkeys, int r0
     for (int r = r0; r < nrows; r += I::kPR)
       pvBlock<I, I::kPR, N>(sc.s + r, ss, vrow, nkeys, sc.alpha + r, sc.acc + size_t(r) * dpad,
                             dpad, c * I::W);
+  });
+}
+
+// pvBlock for bf16 V rows read in place and P as bf16 pairs (softmaxTile's
+// kBf16Pairs): one instruction takes two keys, and V is never widened. PR
+// rows x C2 chunks of 32 columns from `col`; the accumulators run in
+// pairRows' column order and go back to acc's at the end.
+template <class I, int PR, int C2>
+inline void pvBlockBf16(const float* p, int ss, const uint16_t* const* vrow, int npairs,
+                        const float* alpha, float* acc, int dpad, int col) {
+  if constexpr (kHasBf16Dot<I>) {
+    using V = typename I::V;
+    using VB = typename I::VB;
+    V a[PR][2 * C2];
+#pragma GCC unroll 8
+    for (int r = 0; r < PR; ++r) {
+      const V al = I::set1(alpha[r]);
+#pragma GCC unroll 4
+      for (int c = 0; c < C2; ++c) {
+        const float* at = acc + r * dpad + col + c * 32;
+        I::toPairOrder(I::mul(I::load(at), al), I::mul(I::load(at + 16), al), &a[r][2 * c], &a[r][2 * c + 1]);
+      }
+    }
+    for (int jp = 0; jp < npairs; ++jp) {
+      VB v[2 * C2];
+#pragma GCC unroll 4
+      for (int c = 0; c < C2; ++c)
+        I::pairRows(vrow[2 * jp] + col + c * 32, vrow[2 * jp + 1] + col + c * 32, &v[2 * c], &v[2 * c + 1]);
+#pragma GCC unroll 8
+      for (int r = 0; r < PR; ++r) {
+        const VB pb = I::broadcastPair(p + jp * ss + r);
+#pragma GCC unroll 8
+        for (int c = 0; c < 2 * C2; ++c) a[r][c] = I::dotBf16(a[r][c], v[c], pb);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < PR; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < C2; ++c) {
+        V n0, n1;
+        I::fromPairOrder(a[r][2 * c], a[r][2 * c + 1], &n0, &n1);
+        I::store(acc + r * dpad + col + c * 32, n0);
+        I::store(acc + r * dpad + col + c * 32 + 16, n1);
+      }
+  }
+}
+
+// pvTile for pvBlockBf16 (head_dim a multiple of 32): `nkeys` keys in
+// (nkeys + 1) / 2 pairs, vrow extended past an odd count (its P is 0).
+template <class I>
+void pvTileBf16(AttnScratch& sc, int ss, const uint16_t* const* vrow, int nkeys, int r0, int nrows,
+                int head_dim, int dpad) {
+  constexpr int C2 = I::kPC / 2;
+  const int npairs = (nkeys + 1) / 2, chunks = head_dim / 32;
+  int c = 0;
+  for (; c + C2 <= chunks; c += C2)
+    for (int r = r0; r < nrows; r += I::kPR)
+      pvBlockBf16<I, I::kPR, C2>(sc.s + r, ss, vrow, npairs, sc.alpha + r, sc.acc + size_t(r) * dpad, dpad,
+                                 c * 32);
+  withCount<C2>(chunks - c, [&]<int N>() {
+    for (int r = r0; r < nrows; r += I::kPR)
+      pvBlockBf16<I, I::kPR, N>(sc.s + r, ss, vrow, npairs, sc.alpha + r, sc.acc + size_t(r) * dpad, dpad,
+                                c * 32);
   });
 }
 
@@ -431,9 +509,9 @@ void initState(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScr
 // Points sc.krow / sc.vrow ([head][key]) at fp32 rows of keys [k0, k0 + n)
 // of the task's kv heads: into the call's packed copy when there is one, else
 // copied (and converted from fp16/bf16) into the tile buffers in memory order,
-// V zero-padded to dpad. With bf16_k, sc.krow16 points at the bf16 K rows in
-// place instead. Each head's krow is extended to `nkeys_pad` by repeating its
-// last key (masked later).
+// V zero-padded to dpad. With bf16_k, sc.krow16 and sc.vrow16 point at the
+// bf16 K and V rows in place instead. Each head's rows are extended to
+// `nkeys_pad` by repeating its last key (masked later, or weighted 0).
 template <class I>
 void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int n,
               int nkeys_pad, bool bf16_k) {
@@ -465,14 +543,15 @@ void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int
       const size_t first = attn::cpu::keyRow(p, k0 + j) * stride + size_t(t.kv_head) * D;
       for (int b = 0; b < t.kv_heads; ++b) {  // one key's heads lie side by side
         const size_t at = first + size_t(b) * D;
-        float* vb = sc.vbuf + (size_t(b) * K + j) * c.dpad;
-        if (bf16_k) {
+        if (bf16_k) {  // both used in place
           sc.krow16[b * K + j] = static_cast<const uint16_t*>(p.k) + at;
-        } else {
-          float* kb = sc.kbuf + (size_t(b) * K + j) * D;
-          copyRowAsFloat(kb, p.k, p.dtype, at, D);
-          sc.krow[b * K + j] = kb;
+          sc.vrow16[b * K + j] = static_cast<const uint16_t*>(p.v) + at;
+          continue;
         }
+        float* kb = sc.kbuf + (size_t(b) * K + j) * D;
+        copyRowAsFloat(kb, p.k, p.dtype, at, D);
+        sc.krow[b * K + j] = kb;
+        float* vb = sc.vbuf + (size_t(b) * K + j) * c.dpad;
         copyRowAsFloat(vb, p.v, p.dtype, at, D);
         for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
         sc.vrow[b * K + j] = vb;
@@ -481,9 +560,10 @@ void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int
   }
   for (int b = 0; b < t.kv_heads; ++b)
     for (int j = n; j < nkeys_pad; ++j) {
-      if (bf16_k)
+      if (bf16_k) {
         sc.krow16[b * K + j] = sc.krow16[b * K + n - 1];
-      else
+        sc.vrow16[b * K + j] = sc.vrow16[b * K + n - 1];
+      } else
         sc.krow[b * K + j] = sc.krow[b * K + n - 1];
     }
 }
@@ -588,9 +668,15 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
                     b * L.block + dot_rows, dvec, sc.s, ss, NoPrefetch{});
       else
         scoreTile<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qt, c0, c1, p.head_dim, sc.s);
-      softmaxTile<I>(sc, ss, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
-      pvTile<I>(sc, ss, sc.vrow + b * kAttnKeyTile, n, c0 * I::W,
-                roundUp(b * L.block + nrows, I::kPR), dvec, c.dpad);
+      if (bf16_dot) {
+        softmaxTile<I, kHasBf16Dot<I>>(sc, ss, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
+        pvTileBf16<I>(sc, ss, sc.vrow16 + b * kAttnKeyTile, n, c0 * I::W, roundUp(b * L.block + nrows, I::kPR),
+                      p.head_dim, c.dpad);
+      } else {
+        softmaxTile<I>(sc, ss, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
+        pvTile<I>(sc, ss, sc.vrow + b * kAttnKeyTile, n, c0 * I::W, roundUp(b * L.block + nrows, I::kPR), dvec,
+                  c.dpad);
+      }
     }
   }
   if (c.accumulate && !computed) return;  // leave the accumulator bit-exact

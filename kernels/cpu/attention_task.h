@@ -56,6 +56,7 @@ struct AttnScratch {
   const float** krow;   // [head][key tile]
   const float** vrow;   // [head][key tile]
   const uint16_t** krow16;  // [head][key tile]  bf16 K rows in place (bf16 dot products)
+  const uint16_t** vrow16;  // [head][key tile]  bf16 V rows in place (bf16 P·V)
 };
 
 struct AttnTileStats {

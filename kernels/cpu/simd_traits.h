@@ -94,6 +94,42 @@ struct SimdAvx512Bf16 : SimdAvx512 {
   static VB loadBf16(const uint16_t* p) { return (VB)_mm512_loadu_si512(p); }
   // acc + a[2i] * b[2i] + a[2i+1] * b[2i+1] in lane i.
   static V dotBf16(V acc, VB a, VB b) { return _mm512_dpbf16_ps(acc, a, b); }
+  // P·V two keys per instruction: P of keys j, j+1 rounded to bf16 and
+  // paired per lane (dword i = p0[i] | p1[i] << 16).
+  static __m512i pairBf16(V p0, V p1) {
+    alignas(64) static constexpr uint16_t kInterleave[32] = {
+        0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // words 0-15: p0, 16-31: p1
+    return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both);
+  }
+  // Two V rows' 32 bf16 columns [d, d + 32) paired per lane, as
+  // _mm512_unpack{lo,hi}_epi16 leave them: `lo` lane 4L + m holds column
+  // 8L + m, `hi` lane 4L + m column 8L + 4 + m (L = 0..3, m = 0..3).
+  static void pairRows(const uint16_t* v0, const uint16_t* v1, VB* lo, VB* hi) {
+    const __m512i x = _mm512_loadu_si512(v0), y = _mm512_loadu_si512(v1);
+    *lo = (VB)_mm512_unpacklo_epi16(x, y);
+    *hi = (VB)_mm512_unpackhi_epi16(x, y);
+  }
+  // Columns [d, d + 16) and [d + 16, d + 32) (n0, n1) into pairRows' lane
+  // order (lo, hi), and back.
+  static void toPairOrder(V n0, V n1, V* lo, V* hi) {
+    alignas(64) static constexpr int32_t kLo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    alignas(64) static constexpr int32_t kHi[16] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    *lo = _mm512_permutex2var_ps(n0, _mm512_load_si512(kLo), n1);
+    *hi = _mm512_permutex2var_ps(n0, _mm512_load_si512(kHi), n1);
+  }
+  static void fromPairOrder(V lo, V hi, V* n0, V* n1) {
+    alignas(64) static constexpr int32_t k0[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+    alignas(64) static constexpr int32_t k1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+    *n0 = _mm512_permutex2var_ps(lo, _mm512_load_si512(k0), hi);
+    *n1 = _mm512_permutex2var_ps(lo, _mm512_load_si512(k1), hi);
+  }
+  static VB broadcastPair(const float* p) {
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    return (VB)_mm512_set1_epi32(int32_t(bits));
+  }
   // out[0..3] = scale * the lane sums of a, b, c, d.
   static void hsum4Scaled(V a, V b, V c, V d, float scale, float* out) {
     const __m256 ab = _mm256_hadd_ps(foldHalves(a), foldHalves(b));
