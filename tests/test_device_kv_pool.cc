@@ -9,6 +9,7 @@
 //     stream has run them;
 //   - decode steps see every token's position, wherever its block is and
 //     whatever the slot held before (the GPU reads a mirror of them);
+//   - a holder serves several owners in one batch, each its own partial;
 //   - a device pool follows its communicator through attnCommShrink;
 // Without a GPU the tests skip (the emulated runtime provides one in CI).
 #include <cuda_runtime_api.h>
@@ -64,9 +65,9 @@ attnResult_t DeviceAppend(attnKvPool_t pool, cudaStream_t s, attnDataType_t t, i
 class DeviceAttentionCall {
  public:
   DeviceAttentionCall(attnKvPool_t pool, attnComm_t comm, cudaStream_t s, int rank, std::vector<Req> reqs,
-                      attnDataType_t t, bool causal)
+                      attnDataType_t t, bool causal, int hq = 4)
       : comm_(comm), s_(s), rank_(rank), reqs_(std::move(reqs)), t_(t), causal_(causal),
-        qs_(MakeKvQueries(rank, reqs_, t, causal)) {
+        qs_(MakeKvQueries(rank, reqs_, t, causal, hq)) {
     const size_t lseBytes = size_t(qs_.rows) * qs_.cfg.num_q_heads * sizeof(float);
     EXPECT_EQ(cudaMallocAsync(&q_, qs_.q.size() + 1, s), cudaSuccess);
     EXPECT_EQ(cudaMallocAsync(&out_, qs_.q.size() + 1, s), cudaSuccess);
@@ -392,6 +393,42 @@ TEST(DeviceKvPool, DecodeStepsSeeEveryPositionWhereverItsBlockIs) {
       }
       ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine({{101, 6, 3}, {102, 7, 4}}), t, true).Check(), t,
                   "released slots taken by other requests");
+      ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+    }, OnGpu0(&cfg));
+  }
+}
+
+// A holder that serves several owners in one call: ranks 1 and 2 lend
+// blocks of their requests to rank 0, which lends one of its own to rank 1.
+// Rank 0 then computes for both peers in one batch on the GPU, their
+// queries with different head counts (4 and 6 query heads over the 2 kv
+// heads) and so different row sizes, and each reply must carry its own
+// peer's partial.
+TEST(DeviceKvPool, OneHolderServesSeveralOwnersInOneBatch) {
+  REQUIRE_GPU();
+  for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
+    attnConfig_t cfg;
+    RunThreads(3, [&](int rank, int, attnComm_t& comm) {
+      cudaStream_t st = nullptr;
+      ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+      constexpr int kBlock = 4;
+      const attnKvPoolConfig_t pc = PoolCfg(kBlock, 32, t);
+      attnKvPool_t pool = nullptr;
+      ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+      const Req mine = {100 + rank, (4 + rank) * kBlock + rank, 3 + rank};
+      ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, mine.id, 0, mine.len, mine.len));
+      std::vector<attnKvMove_t> moves;
+      if (rank == 0) moves = {{0, 1, 0, mine.id, 1}};
+      else moves = {{rank, 0, rank, mine.id, 2}};
+      ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+      const int hq = 2 + 2 * rank;  // query heads over the 2 kv heads
+      ExpectExact(DeviceAttentionCall(pool, comm, st, rank, {mine}, t, true, hq).Check(), t,
+                  "rank " + std::to_string(rank) + ", served at rank 0 with the other owner's queries");
+      attnKvPoolStats_t stats{};
+      ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &stats));
+      EXPECT_EQ(stats.lent_in_blocks, rank == 0 ? 4 : rank == 1 ? 1 : 0) << "rank " << rank;
       ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
       EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
       EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);

@@ -77,17 +77,21 @@ class HostKvAttnCompute : public KvAttnCompute {
     cpu::initAccumulator(accO_.data(), accL_.data(), a.rows(), hq_, d_);
   }
 
-  attnResult_t serve(const KvQueryHeader& h, const std::vector<KvServedRequest>& reqs, int64_t rows,
-                     std::vector<float>* result) override {
+  attnResult_t serve(std::vector<KvServeBatch>& batches,
+                     const std::function<attnResult_t(size_t)>& ready) override {
     const size_t od = size_t(pool_.config().head_dim);
-    result->resize(size_t(rows) * h.numQHeads * (od + 1));
-    float* o = result->data();
-    float* l = result->data() + size_t(rows) * h.numQHeads * od;
-    cpu::initAccumulator(o, l, rows, h.numQHeads, int(od));
-    for (const KvServedRequest& r : reqs) {
-      ATTN_CHECK(accumulateSlots(pool_, r.slots, r.tokens, h, r.q, r.pos, r.rows, o, l));
-      o += size_t(r.rows) * h.numQHeads * od;
-      l += size_t(r.rows) * h.numQHeads;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const KvServeBatch& b = batches[i];
+      b.result->resize(size_t(b.rows) * b.h.numQHeads * (od + 1));
+      float* o = b.result->data();
+      float* l = b.result->data() + size_t(b.rows) * b.h.numQHeads * od;
+      cpu::initAccumulator(o, l, b.rows, b.h.numQHeads, int(od));
+      for (const KvServedRequest& r : b.reqs) {
+        ATTN_CHECK(accumulateSlots(pool_, r.slots, r.tokens, b.h, r.q, r.pos, r.rows, o, l));
+        o += size_t(r.rows) * b.h.numQHeads * od;
+        l += size_t(r.rows) * b.h.numQHeads;
+      }
+      ATTN_CHECK(ready(i));  // its reply leaves while the next is computed
     }
     return attnSuccess;
   }
@@ -315,8 +319,11 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
     replyFrom.push_back(p);
   }
 
-  // 2. Serve the peers' queries, first come first served.
-  std::vector<int> servedTo;
+  // 2. Serve the peers' queries, first come first served. The messages
+  // are read first (their position and query bytes stay in got.in), so the
+  // GPU can take every peer's work in one go.
+  std::vector<KvServeBatch> batches;
+  std::vector<std::vector<std::vector<int32_t>>> positions;  // per batch, per request (aligned copies)
   for (int p : got.arrival) {
     WireIn in(got.in[p]);
     ATTN_CHECK(pool.readReleases(p, in));
@@ -333,8 +340,13 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
       total += en.rows;
     }
     const size_t rb = size_t(h.numQHeads) * size_t(pool.config().head_dim) * dataTypeSize(pool.config().dtype);
-    std::vector<KvServedRequest> reqs(entries.size());
-    std::vector<std::vector<int32_t>> positions(entries.size());
+    KvServeBatch b;
+    b.peer = p;
+    b.h = h;
+    b.rows = total;
+    b.result = &served[p];
+    b.reqs.resize(entries.size());
+    std::vector<std::vector<int32_t>> pos(entries.size());
     for (size_t j = 0; j < entries.size(); ++j) {
       const QueryEntry& en = entries[j];
       const char* posBytes = in.take(size_t(en.rows) * sizeof(int32_t));
@@ -346,20 +358,26 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
         return setError(attnRemoteError,
                         "attnKvAttention: rank %d sent queries of its request %lld, of which this rank "
                         "holds no blocks", p, (long long)en.req);
-      positions[j].resize(size_t(en.rows));
-      std::memcpy(positions[j].data(), posBytes, positions[j].size() * sizeof(int32_t));
-      reqs[j].rows = en.rows;
-      reqs[j].pos = positions[j].data();
-      reqs[j].q = qBytes;
-      lentSlots(pool, it->second, &reqs[j].slots, &reqs[j].tokens);
+      pos[j].resize(size_t(en.rows));
+      std::memcpy(pos[j].data(), posBytes, pos[j].size() * sizeof(int32_t));
+      b.reqs[j].rows = en.rows;
+      b.reqs[j].pos = pos[j].data();  // the vector's buffer moves with it
+      b.reqs[j].q = qBytes;
+      lentSlots(pool, it->second, &b.reqs[j].slots, &b.reqs[j].tokens);
     }
     // The owner waits for a reply only when it sent query rows: an empty
     // one would stay unmatched and be taken by its next receive from us.
     if (total == 0) continue;
-    ATTN_CHECK(compute->serve(h, reqs, total, &served[p]));
-    ATTN_CHECK(e.isend(p, served[p].data(), served[p].size() * sizeof(float), &sreq[p]));
-    servedTo.push_back(p);
+    batches.push_back(std::move(b));
+    positions.push_back(std::move(pos));
   }
+  std::vector<int> servedTo;
+  ATTN_CHECK(compute->serve(batches, [&](size_t i) {
+    const int p = batches[i].peer;
+    const attnResult_t r = e.isend(p, served[p].data(), served[p].size() * sizeof(float), &sreq[p]);
+    if (r == attnSuccess) servedTo.push_back(p);
+    return r;
+  }));
 
   // 3. Our own blocks, then the replies as they arrive.
   std::vector<KvOwnWork> work;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,17 @@ struct KvServedRequest {
   std::vector<int32_t> tokens;
 };
 
+// One peer's queries to serve: its header, its requests here and their
+// rows in all; `result` receives fp32 O [rows, Hq, D] of every request in
+// turn, then LSE [rows, Hq] (host).
+struct KvServeBatch {
+  int peer = -1;
+  KvQueryHeader h{};
+  std::vector<KvServedRequest> reqs;
+  int64_t rows = 0;
+  std::vector<float>* result = nullptr;
+};
+
 // This rank's rows [r0, r0 + rows) of one request, over its blocks here.
 struct KvOwnWork {
   int32_t r0 = 0, rows = 0;
@@ -53,10 +65,12 @@ struct KvOwnWork {
 class KvAttnCompute {
  public:
   virtual ~KvAttnCompute() = default;
-  // One peer's queries over our blocks of its requests: fp32 O [rows, Hq, D]
-  // of every request in turn, then LSE [rows, Hq], into `result` (host).
-  virtual attnResult_t serve(const KvQueryHeader& h, const std::vector<KvServedRequest>& reqs,
-                             int64_t rows, std::vector<float>* result) = 0;
+  // The peers' queries over our blocks of their requests, each batch's
+  // partial into its `result`; ready(i) is called as batch i's is written
+  // (so its reply can leave): one by one on the host, all after one
+  // synchronisation on the GPU, where the batches run back to back.
+  virtual attnResult_t serve(std::vector<KvServeBatch>& batches,
+                             const std::function<attnResult_t(size_t)>& ready) = 0;
   // This rank's query rows over its own blocks here, every request of the
   // call at once (the GPU runs them while replies come in).
   virtual attnResult_t own(const std::vector<KvOwnWork>& work) = 0;

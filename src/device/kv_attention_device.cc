@@ -7,9 +7,10 @@
 //    uploaded into the pool's mirror; later a reply being folded;
 //  - R.metaStage -> R.meta: positions of this rank's queries, the key blocks
 //    of its paged requests, and the key table expanded from them;
-//  - R.hostOut -> R.block[0]: one peer's queries, their positions, the key
-//    blocks of its paged requests and their table; R.visit: the partial
-//    computed for that peer.
+//  - R.hostOut -> R.block[0]: every serving peer's queries, their
+//    positions, the key blocks of their paged requests and their table;
+//    R.visit: the partials computed for them (all peers in one go: one
+//    upload, one copy down, one synchronisation).
 // What goes up per call is a few bytes per block (cpu::KeyBlock), not a
 // row and a position per key: the device expands the table from the
 // pool's mirror of the positions. Each request is one kernel launch,
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/core/comm.h"
@@ -105,51 +107,77 @@ class DeviceKvAttnCompute : public KvAttnCompute {
     if (s_) (void)cudaStreamSynchronize(s_);
   }
 
-  attnResult_t serve(const KvQueryHeader& h, const std::vector<KvServedRequest>& reqs, int64_t rows,
-                     std::vector<float>* result) override {
+  attnResult_t serve(std::vector<KvServeBatch>& batches,
+                     const std::function<attnResult_t(size_t)>& ready) override {
+    if (batches.empty()) return attnSuccess;
     const attnKvPoolConfig_t& pc = pool_.config();
-    const size_t rb = size_t(h.numQHeads) * size_t(pc.head_dim) * dataTypeSize(pc.dtype);
+    const size_t od = size_t(pc.head_dim), elt = dataTypeSize(pc.dtype);
+    // Staged layout: every batch's queries, then their positions, then the
+    // key blocks of all their requests (then, on the device only, the key
+    // table). Results: each batch's O then LSE, one after another.
     DeviceKeyTables tables(pool_);
-    for (const KvServedRequest& r : reqs) tables.add(r.slots, r.tokens);
-    // Staged layout: queries, their positions, the key blocks (then, on the
-    // device only, the table).
-    const size_t qAt = 0, qPosAt = align256(size_t(rows) * rb), keysAt = align256(qPosAt + size_t(rows) * 4);
-    const size_t upload = keysAt + tables.uploadBytes();
+    std::vector<size_t> qAt(batches.size()), posAt(batches.size()), resAt(batches.size() + 1, 0);
+    size_t at = 0;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      qAt[i] = at;
+      at = align256(at + size_t(batches[i].rows) * size_t(batches[i].h.numQHeads) * od * elt);
+    }
+    for (size_t i = 0; i < batches.size(); ++i) {
+      posAt[i] = at;
+      at = align256(at + size_t(batches[i].rows) * 4);
+      for (const KvServedRequest& r : batches[i].reqs) tables.add(r.slots, r.tokens);
+      resAt[i + 1] = resAt[i] + size_t(batches[i].rows) * size_t(batches[i].h.numQHeads) * (od + 1);
+    }
+    const size_t keysAt = at, upload = keysAt + tables.uploadBytes();
     ATTN_CHECK(R_.hostOut.reserve(upload + 64));
     ATTN_CHECK(R_.block[0].reserve(keysAt + tables.bytes() + 64, s_));
     char* host = R_.hostOut.base();
-    size_t row = 0;
-    for (const KvServedRequest& r : reqs) {
-      std::memcpy(host + qAt + row * rb, r.q, size_t(r.rows) * rb);
-      std::memcpy(host + qPosAt + row * 4, r.pos, size_t(r.rows) * 4);
-      row += size_t(r.rows);
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const size_t rb = size_t(batches[i].h.numQHeads) * od * elt;
+      size_t row = 0;
+      for (const KvServedRequest& r : batches[i].reqs) {
+        std::memcpy(host + qAt[i] + row * rb, r.q, size_t(r.rows) * rb);
+        std::memcpy(host + posAt[i] + row * 4, r.pos, size_t(r.rows) * 4);
+        row += size_t(r.rows);
+      }
     }
     tables.write(host + keysAt);
     char* dev = R_.block[0].get();
     ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, upload, cudaMemcpyHostToDevice, s_));
     ATTN_CHECK(tables.expand(dev + keysAt, s_));
 
-    const size_t od = size_t(pc.head_dim);
-    const size_t resultBytes = size_t(rows) * h.numQHeads * (od + 1) * sizeof(float);
-    ATTN_CHECK(R_.visit.reserve(resultBytes + 64, s_));
-    float* o = reinterpret_cast<float*>(R_.visit.get());
-    float* l = o + size_t(rows) * h.numQHeads * od;
-    ATTN_CHECK(cuda::initAccumulator(o, l, rows, h.numQHeads, int(od), s_));
-    row = 0;
-    for (size_t j = 0; j < reqs.size(); ++j) {
-      const KvServedRequest& r = reqs[j];
-      if (r.rows > 0 && tables.keys(j).count > 0) {
-        const cpu::AttnProblem p = tables.problem(j, h, dev + qAt + row * rb, r.rows,
-                                                  reinterpret_cast<const int32_t*>(dev + qPosAt) + row,
-                                                  dev + keysAt);
-        ATTN_CHECK(cuda::attentionAccumulate(p, o + row * h.numQHeads * od, l + row * h.numQHeads, exec()));
+    const size_t resultFloats = resAt.back();
+    ATTN_CHECK(R_.visit.reserve(resultFloats * sizeof(float) + 64, s_));
+    float* res = reinterpret_cast<float*>(R_.visit.get());
+    size_t key = 0;  // the request's index in `tables`
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const KvServeBatch& b = batches[i];
+      const int hq = b.h.numQHeads;
+      const size_t rb = size_t(hq) * od * elt;
+      float* o = res + resAt[i];
+      float* l = o + size_t(b.rows) * hq * od;
+      ATTN_CHECK(cuda::initAccumulator(o, l, b.rows, hq, int(od), s_));
+      size_t row = 0;
+      for (const KvServedRequest& r : b.reqs) {
+        if (r.rows > 0 && tables.keys(key).count > 0) {
+          const cpu::AttnProblem p = tables.problem(key, b.h, dev + qAt[i] + row * rb, r.rows,
+                                                    reinterpret_cast<const int32_t*>(dev + posAt[i]) + row,
+                                                    dev + keysAt);
+          ATTN_CHECK(cuda::attentionAccumulate(p, o + row * hq * od, l + row * hq, exec()));
+        }
+        row += size_t(r.rows);
+        ++key;
       }
-      row += size_t(r.rows);
     }
-    result->resize(resultBytes / sizeof(float));
-    if (resultBytes)
-      ATTN_CUDA_CHECK(cudaMemcpyAsync(result->data(), o, resultBytes, cudaMemcpyDeviceToHost, s_));
+    // One copy down and one wait for all of them.
+    std::vector<float> all(resultFloats);
+    if (resultFloats)
+      ATTN_CUDA_CHECK(cudaMemcpyAsync(all.data(), res, resultFloats * sizeof(float), cudaMemcpyDeviceToHost, s_));
     ATTN_CUDA_CHECK(cudaStreamSynchronize(s_));
+    for (size_t i = 0; i < batches.size(); ++i) {
+      batches[i].result->assign(all.begin() + long(resAt[i]), all.begin() + long(resAt[i + 1]));
+      ATTN_CHECK(ready(i));
+    }
     return attnSuccess;
   }
 
