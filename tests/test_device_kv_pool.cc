@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,6 +116,26 @@ std::vector<int64_t> Holders(attnKvPool_t pool, int n, int64_t req) {
   return h;
 }
 
+// Runs `body` on n rank threads of device communicators on GPU 0, each with
+// a stream and a device pool (32 blocks of blockTokens, dtype t) of its
+// own; the pool, then the stream, are destroyed after it, even when an
+// assertion ended the body early.
+using PoolBody = std::function<void(int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool)>;
+void RunWithDevicePools(int n, int blockTokens, attnDataType_t t, const PoolBody& body) {
+  attnConfig_t cfg;
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    const attnKvPoolConfig_t pc = PoolCfg(blockTokens, 32, t);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+    body(rank, comm, st, pool);
+    ATTN_EXPECT_OK(comm, attnKvPoolDestroy(pool));
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
+  }, OnGpu0(&cfg));
+}
+
 struct Scenario {
   attnDataType_t dtype;
   bool causal;
@@ -196,15 +217,9 @@ TEST(DeviceKvPool, LendAndReturnKeepAttentionExactThreads) {
 // attention stays exact.
 TEST(DeviceKvPool, ScatteredBlocksAttendExactlyAtOwnerAndHolder) {
   REQUIRE_GPU();
+  constexpr int kBlock = 4;
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
-    attnConfig_t cfg;
-    RunThreads(2, [&](int rank, int, attnComm_t& comm) {
-      cudaStream_t st = nullptr;
-      ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
-      constexpr int kBlock = 4;
-      const attnKvPoolConfig_t pc = PoolCfg(kBlock, 32, t);
-      attnKvPool_t pool = nullptr;
-      ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+    RunWithDevicePools(2, kBlock, t, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
       const std::vector<Req> reqs = {{100, 6 * kBlock + 3, 2}, {101, 5 * kBlock, 1}};
       if (rank == 0)
         for (int at = 0; at < reqs[0].len; at += kBlock)
@@ -226,10 +241,7 @@ TEST(DeviceKvPool, ScatteredBlocksAttendExactlyAtOwnerAndHolder) {
         EXPECT_EQ(Holders(pool, 2, 100), (std::vector<int64_t>{5, 2}));
         EXPECT_EQ(Holders(pool, 2, 101), (std::vector<int64_t>{3, 2}));
       }
-      ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
-      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
-    }, OnGpu0(&cfg));
+    });
   }
 }
 
@@ -360,16 +372,10 @@ TEST(DeviceKvPool, LocalCallsBehindQueuedCollectivesKeepTheirPlace) {
 // slot after it was lent), and slots released and taken by other requests.
 TEST(DeviceKvPool, DecodeStepsSeeEveryPositionWhereverItsBlockIs) {
   REQUIRE_GPU();
+  constexpr int kBlock = 4, kFinal = 3 * kBlock + 2;
+  constexpr int64_t kReq = 100;
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
-    attnConfig_t cfg;
-    RunThreads(2, [&](int rank, int, attnComm_t& comm) {
-      cudaStream_t st = nullptr;
-      ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
-      constexpr int kBlock = 4, kFinal = 3 * kBlock + 2;
-      constexpr int64_t kReq = 100;
-      const attnKvPoolConfig_t pc = PoolCfg(kBlock, 32, t);
-      attnKvPool_t pool = nullptr;
-      ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+    RunWithDevicePools(2, kBlock, t, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
       auto mine = [&](std::vector<Req> r) { return rank == 0 ? r : std::vector<Req>{}; };
       int len = 2 * kBlock + 1;
       if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, 0, len, kFinal));
@@ -393,10 +399,7 @@ TEST(DeviceKvPool, DecodeStepsSeeEveryPositionWhereverItsBlockIs) {
       }
       ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine({{101, 6, 3}, {102, 7, 4}}), t, true).Check(), t,
                   "released slots taken by other requests");
-      ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
-      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
-    }, OnGpu0(&cfg));
+    });
   }
 }
 
@@ -408,15 +411,9 @@ TEST(DeviceKvPool, DecodeStepsSeeEveryPositionWhereverItsBlockIs) {
 // peer's partial.
 TEST(DeviceKvPool, OneHolderServesSeveralOwnersInOneBatch) {
   REQUIRE_GPU();
+  constexpr int kBlock = 4;
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
-    attnConfig_t cfg;
-    RunThreads(3, [&](int rank, int, attnComm_t& comm) {
-      cudaStream_t st = nullptr;
-      ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
-      constexpr int kBlock = 4;
-      const attnKvPoolConfig_t pc = PoolCfg(kBlock, 32, t);
-      attnKvPool_t pool = nullptr;
-      ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &pc, &pool));
+    RunWithDevicePools(3, kBlock, t, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
       const Req mine = {100 + rank, (4 + rank) * kBlock + rank, 3 + rank};
       ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, mine.id, 0, mine.len, mine.len));
       std::vector<attnKvMove_t> moves;
@@ -429,10 +426,7 @@ TEST(DeviceKvPool, OneHolderServesSeveralOwnersInOneBatch) {
       attnKvPoolStats_t stats{};
       ATTN_ASSERT_OK(comm, attnKvPoolGetStats(pool, &stats));
       EXPECT_EQ(stats.lent_in_blocks, rank == 0 ? 4 : rank == 1 ? 1 : 0) << "rank " << rank;
-      ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
-      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
-    }, OnGpu0(&cfg));
+    });
   }
 }
 
