@@ -288,4 +288,95 @@ TEST(CudaEmu, StreamOrderedPoolMemoryCannotBeExported) {
   EXPECT_EQ(at.type, cudaMemoryTypeUnregistered);
 }
 
+// A captured stream records its work; each launch of the graph runs it
+// again, in order, and the capture itself ran nothing.
+TEST(CudaEmu, CapturedWorkRunsAtEachGraphLaunch) {
+  REQUIRE_GPU();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  char* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 8), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d, 0, 8), cudaSuccess);
+  static std::atomic<int> hostCalls{0};
+  hostCalls = 0;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaStreamIsCapturing(s, &st), cudaSuccess);
+  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+  ASSERT_EQ(cudaMemsetAsync(d, 5, 8, s), cudaSuccess);
+  ASSERT_EQ(cudaLaunchHostFunc(s, [](void*) { ++hostCalls; }, nullptr), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_EQ(cudaStreamIsCapturing(s, &st), cudaSuccess);
+  EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+  char h = 1;
+  ASSERT_EQ(cudaMemcpy(&h, d, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h, 0);  // captured, not run
+  EXPECT_EQ(hostCalls.load(), 0);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int launch = 1; launch <= 3; ++launch) {
+    ASSERT_EQ(cudaMemset(d, 0, 8), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&h, d, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(h, 5);
+    EXPECT_EQ(hostCalls.load(), launch);
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// CUDA's capture-mode rules: a synchronising call from another thread
+// breaks a global-mode capture unless that thread is relaxed; waiting for
+// a capturing stream or an event recorded in a capture is refused.
+TEST(CudaEmu, CaptureModesDecideWhichCallsBreakACapture) {
+  REQUIRE_GPU();
+  cudaStream_t s, other;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t ev;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  auto syncFromAnotherThread = [&](bool relaxed) {
+    cudaError_t got = cudaSuccess;
+    std::thread([&] {
+      cudaStreamCaptureMode mode = relaxed ? cudaStreamCaptureModeRelaxed : cudaStreamCaptureModeGlobal;
+      EXPECT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+      got = cudaStreamSynchronize(other);
+    }).join();
+    return got;
+  };
+  cudaGraph_t graph = nullptr;
+  // Relaxed: the capture survives.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(syncFromAnotherThread(true), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, s), cudaSuccess);
+  EXPECT_EQ(cudaEventSynchronize(ev), cudaErrorStreamCaptureUnsupported);  // this thread captures, global mode
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  // Global: the other thread's call is refused and the capture is lost.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(syncFromAnotherThread(false), cudaErrorStreamCaptureUnsupported);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaStreamIsCapturing(s, &st), cudaSuccess);
+  EXPECT_EQ(st, cudaStreamCaptureStatusInvalidated);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  // Thread-local mode: other threads may synchronise; the capturing stream
+  // itself cannot be waited for, nor an event recorded in the capture.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(syncFromAnotherThread(false), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, s), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(ev), cudaErrorCapturedEvent);
+  EXPECT_EQ(cudaStreamWaitEvent(s, ev, 0), cudaSuccess);  // inside its own capture
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeRelaxed), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaEventDestroy(ev), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
 }  // namespace

@@ -264,6 +264,16 @@ bool Stream::reached(uint64_t mark) {
   return done_ >= mark;
 }
 
+std::shared_ptr<Capture> Stream::capture() {
+  std::lock_guard<std::mutex> g(mu_);
+  return capture_;
+}
+
+void Stream::setCapture(std::shared_ptr<Capture> c) {
+  std::lock_guard<std::mutex> g(mu_);
+  capture_ = std::move(c);
+}
+
 void Stream::retire() {
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -300,6 +310,10 @@ std::shared_ptr<Stream> resolve(cudaStream_t s) {
 cudaError_t enqueue(cudaStream_t s, Op op) {
   std::shared_ptr<Stream> st = resolve(s);
   if (!st) return fail(cudaErrorInvalidResourceHandle, "stream %p is not a live stream", (void*)s);
+  if (std::shared_ptr<Capture> c = st->capture()) {
+    c->add(std::move(op));
+    return cudaSuccess;
+  }
   // The legacy stream's implicit barriers, against the other blocking
   // streams of its device.
   std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> deps;
@@ -311,6 +325,12 @@ cudaError_t enqueue(cudaStream_t s, Op op) {
       for (auto& [raw, sp] : proc().streams)
         if (sp->blocking() && sp->device() == st->device()) others.push_back(sp);
     }
+    for (auto& o : others)
+      if (std::shared_ptr<Capture> c = o->capture()) {
+        c->invalidate();
+        return fail(cudaErrorStreamCaptureImplicit,
+                    "work on the legacy stream while blocking stream %p captures", (void*)o.get());
+      }
     for (auto& o : others) deps.emplace_back(o, o->mark());
   } else if (st->blocking()) {
     deps.emplace_back(legacy, legacy->mark());

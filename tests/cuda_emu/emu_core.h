@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace attn_emu {
 
@@ -62,6 +63,7 @@ bool unregisterMapping(uintptr_t base, Allocation* out);
 // ---- streams and events -----------------------------------------------------
 
 using Op = std::function<void()>;
+struct Capture;
 
 // One in-order queue of work run by its own thread: a CUDA stream.
 class Stream : public std::enable_shared_from_this<Stream> {
@@ -75,6 +77,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   void retire();  // cudaStreamDestroy: the thread exits once its queue is drained
   int device() const { return device_; }
   bool blocking() const { return blocking_; }
+  // The capture this stream records into (cudaStreamBeginCapture), or null.
+  std::shared_ptr<Capture> capture();
+  void setCapture(std::shared_ptr<Capture> c);
 
  private:
   void loop();
@@ -85,6 +90,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::deque<Op> queue_;
   uint64_t pushed_ = 0, done_ = 0;
   bool retired_ = false;
+  std::shared_ptr<Capture> capture_;
 };
 
 // The stream a handle names (NULL and cudaStreamLegacy: the device's legacy
@@ -93,7 +99,11 @@ class Stream : public std::enable_shared_from_this<Stream> {
 std::shared_ptr<Stream> resolve(cudaStream_t s);
 // Pushes `op` on `s` with the legacy default stream's implicit ordering:
 // legacy work waits for the blocking streams' earlier work and they wait for
-// its. Returns cudaErrorInvalidResourceHandle for a bad stream.
+// its. Returns cudaErrorInvalidResourceHandle for a bad stream. On a
+// capturing stream `op` is recorded into the capture instead, to run at
+// each launch of the graph; legacy-stream work while a blocking stream of
+// the device captures is cudaErrorStreamCaptureImplicit (and invalidates
+// that capture), as in CUDA.
 cudaError_t enqueue(cudaStream_t s, Op op);
 cudaStream_t createStream(bool blocking);
 cudaError_t destroyStream(cudaStream_t s);
@@ -109,10 +119,37 @@ struct Event {
   uint64_t recorded = 0, completed = 0;  // generations
   double completedAtMs = 0;
   bool timing = true;
+  // Last recorded inside this capture: a dependency of the graph, not a
+  // point the host can wait for (cudaErrorCapturedEvent).
+  std::shared_ptr<Capture> captured;
 };
 std::shared_ptr<Event> eventOf(cudaEvent_t e);  // null for a bad handle
 
 double nowMs();
+
+// ---- stream capture (emu_capture.cc) ----------------------------------------
+
+// One cudaStreamBeginCapture .. cudaStreamEndCapture sequence on one stream
+// (captures that fork into other streams are not emulated: joining another
+// stream through an event recorded in a capture is refused).
+struct Capture {
+  std::mutex mu;
+  std::vector<Op> ops;  // what each launch of the graph runs, in order
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id owner;
+  bool invalidated = false;
+  void add(Op op);
+  void invalidate();
+  bool isInvalidated();
+};
+
+// CUDA's rule for "potentially unsafe" calls (allocation, frees,
+// synchronous copies, synchronisation) during captures: forbidden, unless
+// the calling thread's mode (cudaThreadExchangeStreamCaptureMode) is
+// relaxed, while this thread has a non-relaxed capture open or, in global
+// mode, while any thread has a global one. A forbidden call invalidates
+// those captures and returns cudaErrorStreamCaptureUnsupported.
+cudaError_t unsafeCallAllowed(const char* what);
 
 // ---- kernels ------------------------------------------------------------------
 

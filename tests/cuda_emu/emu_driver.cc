@@ -1,5 +1,6 @@
 // The driver functions attncomm looks up at run time
-// (cudaGetDriverEntryPoint): stream memory waits and pointer attributes.
+// (cudaGetDriverEntryPoint): stream memory waits and writes, and pointer
+// attributes.
 #include <cuda.h>
 
 #include <chrono>
@@ -27,6 +28,16 @@ CUresult waitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsign
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   });
+  return e == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult writeValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  if (enter() != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  auto* word = reinterpret_cast<volatile uint32_t*>(addr);
+  if (!deviceAccessible(const_cast<uint32_t*>(word), sizeof(uint32_t))) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_STREAM_WRITE_VALUE_DEFAULT) return CUDA_ERROR_NOT_SUPPORTED;
+  cudaError_t e = enqueue(reinterpret_cast<cudaStream_t>(stream),
+                          [word, value] { __atomic_store_n(word, value, __ATOMIC_RELEASE); });
   return e == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
@@ -64,6 +75,7 @@ cudaError_t lookup(const char* symbol, void** fn, cudaDriverEntryPointQueryResul
   if (!symbol || !fn) return cudaErrorInvalidValue;
   *fn = nullptr;
   if (std::strcmp(symbol, "cuStreamWaitValue32") == 0) *fn = reinterpret_cast<void*>(&waitValue32);
+  if (std::strcmp(symbol, "cuStreamWriteValue32") == 0) *fn = reinterpret_cast<void*>(&writeValue32);
   if (std::strcmp(symbol, "cuPointerGetAttributes") == 0) *fn = reinterpret_cast<void*>(&pointerGetAttributes);
   if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;

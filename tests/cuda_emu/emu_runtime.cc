@@ -24,6 +24,21 @@ namespace {
     if (emu_e_ != cudaSuccess) return fail(emu_e_, "%s: runtime unusable", __func__); \
   } while (0)
 
+// EMU_ENTER for the calls CUDA counts as unsafe during captures.
+#define EMU_ENTER_UNSAFE()                                                       \
+  do {                                                                           \
+    EMU_ENTER();                                                                 \
+    if (cudaError_t emu_u_ = unsafeCallAllowed(__func__); emu_u_ != cudaSuccess) return emu_u_; \
+  } while (0)
+
+// A stream that captures cannot be waited for or queried from the host.
+cudaError_t refuseIfCapturing(const std::shared_ptr<Stream>& st, const char* what) {
+  std::shared_ptr<Capture> c = st->capture();
+  if (!c) return cudaSuccess;
+  c->invalidate();
+  return fail(cudaErrorStreamCaptureUnsupported, "%s of a capturing stream (it invalidates the capture)", what);
+}
+
 // ---- events -------------------------------------------------------------------
 
 struct EventTable {
@@ -224,7 +239,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
   synchronizeDevice(currentDevice());
   return enter();
 }
@@ -253,13 +268,13 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 // ---- memory -------------------------------------------------------------------
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc(null)");
   return allocate(MemKind::kDevice, bytes, p);
 }
 
 cudaError_t cudaFree(void* p) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
   // cudaFree waits for the whole device, as the real one does (the trap the
   // README warns of for ranks sharing a GPU shows up here too).
   synchronizeDevice(currentDevice());
@@ -284,7 +299,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
 }
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
   if (!p) return fail(cudaErrorInvalidValue, "cudaHostAlloc(null)");
   return allocate(MemKind::kPinned, bytes, p);
 }
@@ -292,7 +307,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
 
 cudaError_t cudaFreeHost(void* p) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
   synchronizeDevice(currentDevice());
   return release(p, MemKind::kPinned);
 }
@@ -344,7 +359,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
   if (cudaError_t e = copyAsync(dst, src, n, kind, nullptr); e != cudaSuccess) return e;
   (void)synchronizeStream(nullptr);
   return enter();
@@ -359,7 +374,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t s) {
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t n) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
   if (cudaError_t e = cudaMemsetAsync(p, value, n, nullptr); e != cudaSuccess) return e;
   (void)synchronizeStream(nullptr);
   return enter();
@@ -382,7 +397,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  EMU_ENTER();
+  EMU_ENTER_UNSAFE();
+  if (std::shared_ptr<Stream> st = resolve(s))
+    if (cudaError_t e = refuseIfCapturing(st, "cudaStreamSynchronize"); e != cudaSuccess) return e;
   if (cudaError_t e = synchronizeStream(s); e != cudaSuccess) return e;
   return enter();
 }
@@ -391,6 +408,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   EMU_ENTER();
   std::shared_ptr<Stream> st = resolve(s);
   if (!st) return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery(%p)", (void*)s);
+  if (cudaError_t e = refuseIfCapturing(st, "cudaStreamQuery"); e != cudaSuccess) return e;
   return st->reached(st->mark()) ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -398,12 +416,29 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int fla
   EMU_ENTER();
   std::shared_ptr<Event> e = eventOf(ev);
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on event %p", (void*)ev);
+  std::shared_ptr<Stream> st = resolve(s);
+  if (!st) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on stream %p", (void*)s);
   uint64_t gen;
+  std::shared_ptr<Capture> captured;
   {
     std::lock_guard<std::mutex> g(e->mu);
     gen = e->recorded;  // the most recent record at the time of the call
+    captured = e->captured;
   }
-  if (gen == 0) return resolve(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle, "stream %p", (void*)s);
+  const std::shared_ptr<Capture> mine = st->capture();
+  if (captured) {
+    if (captured == mine) return cudaSuccess;  // the capture is in order already
+    captured->invalidate();
+    return fail(cudaErrorStreamCaptureUnsupported,
+                "cudaStreamWaitEvent on an event recorded in another stream's capture (forking a capture into "
+                "another stream is not emulated)");
+  }
+  if (mine && gen != 0) {
+    mine->invalidate();
+    return fail(cudaErrorStreamCaptureIsolation,
+                "cudaStreamWaitEvent in a capture on an event recorded outside it");
+  }
+  if (gen == 0) return cudaSuccess;
   return enqueue(s, [e, gen] {
     std::unique_lock<std::mutex> g(e->mu);
     e->cv.wait(g, [&] { return e->completed >= gen; });
@@ -437,11 +472,19 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
   EMU_ENTER();
   std::shared_ptr<Event> e = eventOf(ev);
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord(%p)", (void*)ev);
-  if (!resolve(s)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord on stream %p", (void*)s);
+  std::shared_ptr<Stream> st = resolve(s);
+  if (!st) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord on stream %p", (void*)s);
+  if (std::shared_ptr<Capture> c = st->capture()) {
+    // A node of the graph: later waits in the capture are ordered anyway.
+    std::lock_guard<std::mutex> g(e->mu);
+    e->captured = std::move(c);
+    return cudaSuccess;
+  }
   uint64_t gen;
   {
     std::lock_guard<std::mutex> g(e->mu);
     gen = ++e->recorded;
+    e->captured = nullptr;
   }
   return enqueue(s, [e, gen] {
     {
@@ -457,8 +500,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   EMU_ENTER();
   std::shared_ptr<Event> e = eventOf(ev);
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(%p)", (void*)ev);
+  if (cudaError_t u = unsafeCallAllowed("cudaEventSynchronize"); u != cudaSuccess) return u;
   {
     std::unique_lock<std::mutex> g(e->mu);
+    if (e->captured) return fail(cudaErrorCapturedEvent, "cudaEventSynchronize on an event recorded in a capture");
     const uint64_t gen = e->recorded;
     e->cv.wait(g, [&] { return e->completed >= gen; });
   }
@@ -470,6 +515,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
   std::shared_ptr<Event> e = eventOf(ev);
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery(%p)", (void*)ev);
   std::lock_guard<std::mutex> g(e->mu);
+  if (e->captured) return fail(cudaErrorCapturedEvent, "cudaEventQuery on an event recorded in a capture");
   return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
