@@ -127,6 +127,7 @@ attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int
                  "must increase)", (long long)req, i, pos[i], last);
     last = pos[i];
   }
+  ATTN_CHECK(mem_->checkStream(stream));
   const int bt = cfg_.block_tokens;
   const int64_t room = r && r->lastSlot >= 0 ? bt - r->lastFill : 0;
   const int64_t needed = std::max<int64_t>(0, (int64_t(n) - room + bt - 1) / bt);

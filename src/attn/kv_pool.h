@@ -70,6 +70,10 @@ class KvMemory {
   virtual attnResult_t copyIn(char* dst, const void* src, size_t bytes, attnStream_t stream) = 0;
   // One call's copies are enqueued (device: remembered for destroy).
   virtual attnResult_t copiesDone(attnStream_t) { return attnSuccess; }
+  // Refuses a stream copies cannot be enqueued on. Device: a stream being
+  // captured into a CUDA graph, since the pool's books change at the call
+  // and the copies would happen only when the graph runs.
+  virtual attnResult_t checkStream(attnStream_t) { return attnSuccess; }
   // Device pools: the mirror of the pool's positions (by row) in device
   // memory; null on the host.
   virtual int32_t* positions() { return nullptr; }

@@ -74,6 +74,18 @@ class DeviceKvMemory : public KvMemory {
     return attnSuccess;
   }
 
+  attnResult_t checkStream(attnStream_t stream) override {
+    DeviceScope scope;
+    ATTN_CHECK(scope.enter(device_));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ATTN_CUDA_CHECK(cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture));
+    if (capture != cudaStreamCaptureStatusNone)
+      return setError(attnInvalidUsage,
+                      "attnKvAppend on a stream that is being captured into a CUDA graph: the pool records "
+                      "the tokens at the call, so the append cannot be replayed; append outside the capture");
+    return attnSuccess;
+  }
+
   attnResult_t copiesDone(attnStream_t stream) override {
     DeviceScope scope;
     ATTN_CHECK(scope.enter(device_));

@@ -15,23 +15,22 @@ namespace {
 
 thread_local bool tlsOnProxy = false;
 
-using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+// cuStreamWaitValue32 and cuStreamWriteValue32 have this signature.
+using StreamValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-// cuStreamWaitValue32 from the driver, found at run time so the library
-// does not link libcuda (absent on machines without a GPU driver).
-attnResult_t findWaitValue32(void** fn) {
+// A stream memory operation from the driver, found at run time so the
+// library does not link libcuda (absent on machines without a GPU driver).
+attnResult_t findStreamValue32(const char* name, void** fn) {
   cudaDriverEntryPointQueryResult found{};
 #if CUDART_VERSION >= 12050
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", fn, 12000,
-                                                   cudaEnableDefault, &found);
+  cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found);
 #else
-  cudaError_t e = cudaGetDriverEntryPoint("cuStreamWaitValue32", fn, cudaEnableDefault, &found);
+  cudaError_t e = cudaGetDriverEntryPoint(name, fn, cudaEnableDefault, &found);
 #endif
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || *fn == nullptr)
     return setError(attnUnhandledCudaError,
-                    "the CUDA driver has no cuStreamWaitValue32 (%s): device communicators need "
-                    "stream memory operations",
-                    e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found");
+                    "the CUDA driver has no %s (%s): device communicators need stream memory operations",
+                    name, e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found");
   return attnSuccess;
 }
 
@@ -112,7 +111,7 @@ attnResult_t StreamBridge::start(int device, OnError onError) {
   onError_ = std::move(onError);
   DeviceScope scope(device);
   ATTN_CUDA_CHECK(scope.error());
-  ATTN_CHECK(findWaitValue32(&waitValue32_));
+  ATTN_CHECK(findStreamValue32("cuStreamWaitValue32", &waitValue32_));
   ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking));
   ATTN_CHECK(counterWords().take(&counter_));
   const uint32_t base = __atomic_load_n(const_cast<uint32_t*>(counter_), __ATOMIC_SEQ_CST);
@@ -144,11 +143,18 @@ StreamBridge::~StreamBridge() {
     (void)cudaStreamDestroy(copyStream_);
   }
   if (counter_) counterWords().give(counter_);
+  for (auto& op : captured_) counterWords().give(op->flag);
 }
 
 attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
   DeviceScope scope(device_);
   ATTN_CUDA_CHECK(scope.error());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    return setError(attnInvalidUsage,
+                    "the caller's stream is in a CUDA graph capture that was already invalidated");
+  if (capture == cudaStreamCaptureStatusActive) return enqueueCaptured(stream, std::move(work));
   std::lock_guard<std::mutex> gate(parked::enqueueGate());  // no device-wide free while a stream parks
   std::lock_guard<std::mutex> g(mu_);
   if (aborted_ || stopping_)
@@ -163,7 +169,7 @@ attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
                     "cudaEventRecord on the caller's stream failed: %s (is the stream on device %d?)",
                     cudaGetErrorString(e), device_);
   }
-  auto wait = reinterpret_cast<WaitValue32Fn>(waitValue32_);
+  auto wait = reinterpret_cast<StreamValue32Fn>(waitValue32_);
   CUresult r = wait(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(counterDev_),
                     seq, CU_STREAM_WAIT_VALUE_GEQ);
   if (r != CUDA_SUCCESS) {
@@ -174,6 +180,56 @@ attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
   issued_.store(seq);
   cv_.notify_one();
   return attnSuccess;
+}
+
+attnResult_t StreamBridge::enqueueCaptured(cudaStream_t stream, Work work) {
+  auto op = std::make_unique<Captured>();
+  op->bridge = this;
+  op->work = std::move(work);
+  Captured* raw = op.get();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (aborted_ || stopping_)
+      return setError(attnInvalidUsage, "device communicator is aborted or being destroyed");
+    if (!writeValue32_) ATTN_CHECK(findStreamValue32("cuStreamWriteValue32", &writeValue32_));
+    ATTN_CHECK(counterWords().take(&op->flag));
+    captured_.push_back(std::move(op));  // the bridge gives the flag back, whatever follows
+  }
+  __atomic_store_n(const_cast<uint32_t*>(raw->flag), 0u, __ATOMIC_SEQ_CST);
+  ATTN_CUDA_CHECK(cudaHostGetDevicePointer(&raw->flagDev, const_cast<uint32_t*>(raw->flag), 0));
+  ATTN_CUDA_CHECK(cudaLaunchHostFunc(stream, &StreamBridge::submitCaptured, raw));
+  const auto flag = reinterpret_cast<CUdeviceptr>(raw->flagDev);
+  const auto cs = reinterpret_cast<CUstream>(stream);
+  if (CUresult r = reinterpret_cast<StreamValue32Fn>(waitValue32_)(cs, flag, 1, CU_STREAM_WAIT_VALUE_EQ);
+      r != CUDA_SUCCESS)
+    return setError(attnUnhandledCudaError, "cuStreamWaitValue32 in a graph capture failed with CUresult %d", (int)r);
+  if (CUresult r = reinterpret_cast<StreamValue32Fn>(writeValue32_)(cs, flag, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
+      r != CUDA_SUCCESS)
+    return setError(attnUnhandledCudaError, "cuStreamWriteValue32 in a graph capture failed with CUresult %d", (int)r);
+  ATTN_TRACE(kLogInit, "device operation captured into a CUDA graph (flag %p)", (void*)raw->flag);
+  return attnSuccess;
+}
+
+void StreamBridge::submitCaptured(void* p) {
+  auto* op = static_cast<Captured*>(p);
+  StreamBridge* b = op->bridge;
+  bool aborted;
+  {
+    std::lock_guard<std::mutex> g(b->mu_);
+    aborted = b->aborted_ || b->stopping_;
+    if (!aborted) {
+      b->capturedRunning_.fetch_add(1);
+      b->queue_.push_back(Item{0, nullptr, nullptr, op});
+    }
+  }
+  if (!aborted) {
+    b->cv_.notify_one();
+    return;
+  }
+  // Never block CUDA's callback thread: release the stream at once.
+  if (b->onError_ && !b->stopping_)
+    b->onError_(attnRemoteError, "communicator aborted before a captured operation ran");
+  __atomic_store_n(const_cast<uint32_t*>(op->flag), 1u, __ATOMIC_SEQ_CST);
 }
 
 void StreamBridge::abort() {
@@ -196,9 +252,28 @@ void StreamBridge::release(uint32_t seq) {
   __atomic_store_n(const_cast<uint32_t*>(counter_), seq, __ATOMIC_SEQ_CST);
 }
 
+attnResult_t StreamBridge::run(Item& it) {
+  // Captured work needs no event: its host function ran after the work
+  // before it on the stream.
+  if (!it.captured) {
+    if (cudaError_t e = cudaEventSynchronize(it.ready); e != cudaSuccess)
+      return setError(attnUnhandledCudaError, "waiting for the caller's stream failed: %s", cudaGetErrorString(e));
+  }
+  clearThreadLastError();
+  try {
+    return it.captured ? it.captured->work(copyStream_) : it.work(copyStream_);
+  } catch (const std::exception& ex) {
+    return setError(attnInternalError, "device operation threw: %s", ex.what());
+  }
+}
+
 void StreamBridge::proxyLoop() {
   tlsOnProxy = true;
   (void)cudaSetDevice(device_);
+  // The proxy synchronises its own streams: in relaxed mode that is allowed
+  // while the application captures a graph elsewhere.
+  cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&relaxed);
   for (;;) {
     Item it;
     bool aborted;
@@ -215,25 +290,21 @@ void StreamBridge::proxyLoop() {
     if (aborted) {
       r = attnRemoteError;
       why = "communicator aborted before this operation ran";
-    } else if (cudaError_t e = cudaEventSynchronize(it.ready); e != cudaSuccess) {
-      r = attnUnhandledCudaError;
-      why = std::string("waiting for the caller's stream failed: ") + cudaGetErrorString(e);
     } else {
-      clearThreadLastError();
-      try {
-        r = it.work(copyStream_);
-      } catch (const std::exception& ex) {
-        r = attnInternalError;
-        setError(r, "device operation threw: %s", ex.what());
-      }
+      r = run(it);
       if (r != attnSuccess) why = threadLastError();
     }
-    (void)cudaEventDestroy(it.ready);
+    if (it.ready) (void)cudaEventDestroy(it.ready);
     // Drop the work's captures before releasing: once idle, the proxy holds
-    // nothing its owner may free.
+    // nothing its owner may free. (A graph's work stays for its next launch.)
     it.work = nullptr;
     if (r != attnSuccess && onError_) onError_(r, why);
-    release(it.seq);
+    if (it.captured) {
+      capturedRunning_.fetch_sub(1);  // first, as in release()
+      __atomic_store_n(const_cast<uint32_t*>(it.captured->flag), 1u, __ATOMIC_SEQ_CST);
+    } else {
+      release(it.seq);
+    }
   }
 }
 

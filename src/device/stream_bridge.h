@@ -13,6 +13,18 @@
 //
 // A failed operation still releases the stream (its outputs are then
 // undefined) and is reported by attnCommGetAsyncError, as in NCCL.
+//
+// CUDA graphs: on a stream that is being captured, the operation becomes
+// three nodes of the graph instead: a host function that hands the work to
+// the proxy (it only queues: it never blocks CUDA's callback thread), a
+// wait until the proxy sets the operation's own flag word, and a write that
+// clears the flag for the next launch. Each launch of the graph runs the
+// work again, with the pointers and sizes it was captured with, as NCCL's
+// captured operations do. The work stays with the bridge until the
+// communicator is destroyed; a graph must not be launched after that, nor
+// launched twice at once (each operation has one flag). The proxy thread
+// runs in relaxed capture mode, so its own synchronisation never breaks an
+// application's capture on another stream.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,6 +38,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "attncomm.h"
 
@@ -47,13 +60,14 @@ class StreamBridge {
   int device() const { return device_; }
   // The library's copy stream (the one Work receives).
   cudaStream_t copyStream() const { return copyStream_; }
-  // Enqueues `work` on `stream` (NULL: the legacy default stream).
+  // Enqueues `work` on `stream` (NULL: the legacy default stream), or
+  // captures it when the stream is capturing a graph.
   attnResult_t enqueue(cudaStream_t stream, Work work);
   // Fails every queued operation (releasing its stream) and stops taking new
   // ones: attnCommAbort.
   void abort();
   // True while operations are queued or running.
-  bool busy() const { return completed_.load() != issued_.load(); }
+  bool busy() const { return completed_.load() != issued_.load() || capturedRunning_.load() != 0; }
   // Returns once every operation enqueued so far has finished (run or
   // failed) and dropped its work, captures included.
   void waitIdle() const;
@@ -62,14 +76,26 @@ class StreamBridge {
   static bool onProxyThread();
 
  private:
+  // An operation captured into a graph: run by the proxy at each launch.
+  struct Captured {
+    StreamBridge* bridge;
+    Work work;
+    volatile uint32_t* flag;  // pinned, mapped: 1 once a launch's work is done
+    void* flagDev;
+  };
   struct Item {
     uint32_t seq;
     cudaEvent_t ready;
     Work work;
+    Captured* captured = nullptr;  // instead of seq, ready and work
   };
   StreamBridge() = default;
   attnResult_t start(int device, OnError onError);
+  attnResult_t enqueueCaptured(cudaStream_t stream, Work work);
+  // The captured host function: queues one launch's run of `op`.
+  static void submitCaptured(void* op);
   void proxyLoop();
+  attnResult_t run(Item& it);
   void release(uint32_t seq);
 
   int device_ = -1;
@@ -78,6 +104,7 @@ class StreamBridge {
   volatile uint32_t* counter_ = nullptr;  // pinned, mapped, never freed; the proxy writes it
   void* counterDev_ = nullptr;            // its device address
   void* waitValue32_ = nullptr;           // cuStreamWaitValue32 from the driver
+  void* writeValue32_ = nullptr;          // cuStreamWriteValue32, found at the first capture
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -86,6 +113,8 @@ class StreamBridge {
   bool aborted_ = false;
   std::atomic<uint32_t> issued_{0};      // written under mu_
   std::atomic<uint32_t> completed_{0};
+  std::atomic<int> capturedRunning_{0};  // launches of captured work queued or running
+  std::vector<std::unique_ptr<Captured>> captured_;  // under mu_
   std::thread proxy_;
 };
 

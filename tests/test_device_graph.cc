@@ -1,0 +1,238 @@
+// Device communicators inside CUDA graphs: operations enqueued on a stream
+// that is being captured run at every launch of the graph, with the
+// buffers' contents of that launch; the proxy's own synchronisation never
+// breaks an application's capture; calls that cannot be replayed are
+// refused during a capture. Skips without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attncomm.h"
+#include "support/attn_fixtures.h"
+#include "support/device_attn.h"
+#include "support/gpu.h"
+#include "support/multirank.h"
+
+namespace {
+
+using attn_test::RunOptions;
+using attn_test::RunThreads;
+
+RunOptions OnGpu0(attnConfig_t* cfg) {
+  *cfg = ATTN_CONFIG_INITIALIZER;
+  cfg->device = 0;
+  RunOptions o;
+  o.config = cfg;
+  return o;
+}
+
+// Captures `body`'s calls on `s` (thread-local mode: rank threads of one
+// process capture at the same time) into an instantiated graph.
+template <class Body>
+cudaGraphExec_t Capture(cudaStream_t s, Body body) {
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  body();
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  return exec;
+}
+
+TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
+  REQUIRE_GPU();
+  for (int n : {2, 3}) {
+    attnConfig_t cfg;
+    RunThreads(n, [](int rank, int nranks, attnComm_t& comm) {
+      const size_t count = 333;
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      float *send, *sum, *all;
+      ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&send), count * sizeof(float), s), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&sum), count * sizeof(float), s), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&all), nranks * count * sizeof(float), s), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(sum, 0, count * sizeof(float), s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaGraphExec_t exec = Capture(s, [&] {
+        EXPECT_EQ(attnAllReduce(send, sum, count, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess)
+            << attnGetLastError(comm);
+        EXPECT_EQ(attnAllGather(send, all, count, attnFloat32, comm, (attnStream_t)s), attnSuccess)
+            << attnGetLastError(comm);
+      });
+      ASSERT_NE(exec, nullptr);
+      // Nothing ran at capture time.
+      std::vector<float> got(count, -1.f);
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), sum, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      EXPECT_EQ(got[0], 0.f);
+      std::vector<float> gathered(nranks * count);
+      for (int launch = 1; launch <= 3; ++launch) {
+        std::vector<float> mine(count);
+        for (size_t i = 0; i < count; ++i) mine[i] = float(launch * 100000 + rank * 1000 + int(i));
+        ASSERT_EQ(cudaMemcpyAsync(send, mine.data(), count * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(got.data(), sum, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(gathered.data(), all, gathered.size() * sizeof(float), cudaMemcpyDeviceToHost, s),
+                  cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          double expect = 0;
+          for (int r = 0; r < nranks; ++r) expect += launch * 100000.0 + r * 1000.0 + double(i);
+          ASSERT_EQ(got[i], float(expect)) << "launch " << launch << " element " << i;
+          for (int r = 0; r < nranks; ++r)
+            ASSERT_EQ(gathered[r * count + i], float(launch * 100000 + r * 1000 + int(i)));
+        }
+      }
+      attnResult_t async = attnInternalError;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+      for (float* p : {send, sum, all}) cudaFreeAsync(p, s);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaStreamDestroy(s);
+    }, OnGpu0(&cfg));
+  }
+}
+
+// Ring attention captured once and launched twice, its output cleared
+// before each launch: both launches compute exact attention.
+TEST(DeviceGraph, CapturedRingAttentionEqualsExactAttention) {
+  REQUIRE_GPU();
+  constexpr attnAttnConfig_t shape{8, 2, 64, attnBfloat16, 0.f, 1};
+  const attn_test::AttnCase c =
+      attn_test::MakeCase("graph", attn_test::PrefillSpec(shape, {200, 61}, {40, 0}), 5);
+  for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ}) {
+    attnConfig_t cfg;
+    RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
+      const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 3, -1);
+      const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+      const size_t outBytes = sh.q.size();
+      const attn_test::DeviceRun r =
+          attn_test::RunShardOnDevice(c, sh, comm, true, {}, [&](const attn_test::DeviceShard& d) {
+            attnResult_t rc = attnSuccess;
+            cudaGraphExec_t exec = Capture(d.stream, [&] {
+              rc = attnRingAttention(d.q, d.k, d.v, d.out, d.lse, &sh.layout, &c.cfg, mode, comm,
+                                     (attnStream_t)d.stream);
+            });
+            if (rc != attnSuccess || !exec) return rc != attnSuccess ? rc : attnInternalError;
+            for (int launch = 0; launch < 2; ++launch) {
+              EXPECT_EQ(cudaMemsetAsync(d.out, 0, outBytes + 1, d.stream), cudaSuccess);
+              EXPECT_EQ(cudaGraphLaunch(exec, d.stream), cudaSuccess);
+            }
+            EXPECT_EQ(cudaStreamSynchronize(d.stream), cudaSuccess);
+            EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+            return attnSuccess;
+          });
+      attn_test::ExpectExact(r, shape.dtype, attn_test::ModeName(mode));
+      attnResult_t async = attnInternalError;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+    }, OnGpu0(&cfg));
+  }
+}
+
+// An application captures a graph in global mode on its own stream while
+// the ranks' proxies run collectives (and synchronise their copy streams):
+// the capture must survive, since the proxies run in relaxed mode.
+TEST(DeviceGraph, ProxySynchronisationDoesNotBreakAnApplicationsCapture) {
+  REQUIRE_GPU();
+  std::atomic<int> ready{0};  // ranks set up (communicator, buffers)
+  std::atomic<int> phase{0};  // 1: the capture is open; 2: the ranks are done; 3: it is closed
+  cudaError_t ended = cudaErrorUnknown;
+  std::thread app([&] {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void* scratch = nullptr;
+    ASSERT_EQ(cudaMallocAsync(&scratch, 64, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    while (ready.load() != 2) std::this_thread::yield();
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(scratch, 1, 64, s), cudaSuccess);
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+    cudaGraph_t graph = nullptr;
+    ended = cudaStreamEndCapture(s, &graph);
+    phase = 3;
+    if (graph) cudaGraphDestroy(graph);
+    cudaFreeAsync(scratch, s);
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  });
+  attnConfig_t cfg;
+  std::atomic<int> done{0};
+  RunThreads(2, [&](int rank, int nranks, attnComm_t& comm) {
+    // Set up before the capture opens, check after it closed: these
+    // threads are in global mode themselves.
+    const size_t count = 4096;
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float* buf = nullptr;
+    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&buf), count * sizeof(float), s), cudaSuccess);
+    std::vector<float> mine(count, float(rank + 1)), got(count, 0.f);
+    ASSERT_EQ(cudaMemcpyAsync(buf, mine.data(), count * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ++ready;
+    while (phase.load() != 1) std::this_thread::yield();
+    for (int i = 0; i < 3; ++i)
+      ASSERT_EQ(attnAllReduce(buf, buf, count, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess)
+          << attnGetLastError(comm);
+    ASSERT_EQ(cudaMemcpyAsync(got.data(), buf, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+    // Wait for the copy without a synchronising call while the capture is open.
+    while (cudaStreamQuery(s) == cudaErrorNotReady) std::this_thread::yield();
+    if (++done == nranks) phase = 2;
+    while (phase.load() != 3) std::this_thread::yield();
+    const float expect = float(nranks * (nranks + 1) / 2) * float(nranks) * float(nranks);  // 3 all-reduces
+    EXPECT_EQ(got[0], expect);
+    EXPECT_EQ(got[count - 1], expect);
+    cudaFreeAsync(buf, s);
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
+  app.join();
+  EXPECT_EQ(ended, cudaSuccess) << "the application's capture was broken: " << cudaGetErrorString(ended);
+}
+
+// An append changes the pool's books at the call: it cannot be replayed, so
+// it is refused during a capture, and the capture itself stays valid.
+TEST(DeviceGraph, KvAppendIsRefusedDuringACapture) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(1, [](int, int, attnComm_t& comm) {
+    const attnKvPoolConfig_t pc{4, 1, 8, attnFloat32, 8};
+    attnKvPool_t pool = nullptr;
+    ASSERT_EQ(attnKvPoolCreate(comm, &pc, &pool), attnSuccess) << attnGetLastError(comm);
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float* kv = nullptr;
+    int32_t* pos = nullptr;
+    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&kv), 3 * 8 * sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pos), 3 * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(kv, 0, 3 * 8 * sizeof(float), s), cudaSuccess);
+    for (int i = 0; i < 3; ++i) pos[i] = i;
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(attnKvAppend(pool, 7, kv, kv, pos, 3, (attnStream_t)s), attnInvalidUsage);
+    const std::string why = attnGetLastError(nullptr);
+    EXPECT_NE(why.find("captured into a CUDA graph"), std::string::npos) << why;
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    if (graph) cudaGraphDestroy(graph);
+    // The request was not recorded: the same append works now.
+    EXPECT_EQ(attnKvAppend(pool, 7, kv, kv, pos, 3, (attnStream_t)s), attnSuccess) << attnGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(attnKvPoolDestroy(pool), attnSuccess);
+    cudaFreeAsync(kv, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaFreeHost(pos);
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
+}
+
+}  // namespace
