@@ -34,14 +34,16 @@
  * (cudaStreamBeginCapture) becomes part of the graph and runs at every
  * launch of it, on the buffers it was captured with (their contents at that
  * launch), as NCCL's calls do. Every rank must launch its graphs so that
- * the calls run in the same order on all ranks. A graph must not be
- * launched after its communicator is destroyed or aborted, nor while
- * another launch of it is running. attnKvAppend is refused during a
- * capture (it records the tokens at the call). Ranks that are threads of
- * one process should capture in cudaStreamCaptureModeThreadLocal or
- * Relaxed: in Global mode another thread's cudaMalloc breaks the capture
- * (CUDA's rule). The library's own threads run in relaxed mode, so they
- * never break an application's capture.
+ * the calls run in the same order on all ranks, and must not launch a
+ * graph while another launch of it is running. A graph may outlive its
+ * communicator: once the communicator is destroyed, a launch runs nothing
+ * of it and releases the stream (outputs undefined). attnKvAppend is
+ * refused during a capture (it records the tokens at the call). Ranks that
+ * are threads of one process should capture in
+ * cudaStreamCaptureModeThreadLocal or Relaxed: in Global mode another
+ * thread's cudaMalloc breaks the capture (CUDA's rule). The library's own
+ * threads run in relaxed mode, so they never break an application's
+ * capture.
  *
  * Ordering: like NCCL, all ranks of a communicator must issue its collectives
  * in the same order; point-to-point messages between two ranks match in

@@ -379,4 +379,43 @@ TEST(CudaEmu, CaptureModesDecideWhichCallsBreakACapture) {
   EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
+// A user object retained by the graph being captured lives as long as the
+// graph, its instantiations and their launches; an invalidated capture
+// drops it at once.
+TEST(CudaEmu, GraphsHoldUserObjectsUntilTheLastReferenceGoes) {
+  REQUIRE_GPU();
+  static std::atomic<int> destroyed{0};
+  destroyed = 0;
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto captureOne = [&](bool invalidate) {
+    EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaGraph_t building = nullptr;
+    EXPECT_EQ(cudaStreamGetCaptureInfo(s, &st, nullptr, &building), cudaSuccess);
+    EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+    cudaUserObject_t obj = nullptr;
+    EXPECT_EQ(cudaUserObjectCreate(&obj, nullptr, [](void*) { ++destroyed; }, 1, cudaUserObjectNoDestructorSync),
+              cudaSuccess);
+    EXPECT_EQ(cudaGraphRetainUserObject(building, obj, 1, cudaGraphUserObjectMove), cudaSuccess);
+    if (invalidate) EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &graph), invalidate ? cudaErrorStreamCaptureInvalidated : cudaSuccess);
+    return graph;
+  };
+  EXPECT_EQ(captureOne(true), nullptr);
+  EXPECT_EQ(destroyed.load(), 1);
+  cudaGraph_t graph = captureOne(false);
+  ASSERT_NE(graph, nullptr);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(destroyed.load(), 1);  // the instantiation still holds it
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(destroyed.load(), 2);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 }  // namespace

@@ -7,11 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "attncomm.h"
+#include "src/device/retained_memory.h"
+#include "src/device/stream_bridge.h"
 #include "support/attn_fixtures.h"
 #include "support/device_attn.h"
 #include "support/gpu.h"
@@ -20,6 +24,7 @@
 namespace {
 
 using attn_test::RunOptions;
+using attn_test::RunProcesses;
 using attn_test::RunThreads;
 
 RunOptions OnGpu0(attnConfig_t* cfg) {
@@ -233,6 +238,64 @@ TEST(DeviceGraph, KvAppendIsRefusedDuringACapture) {
     cudaFreeHost(pos);
     cudaStreamDestroy(s);
   }, OnGpu0(&cfg));
+}
+
+// A graph may outlive its communicator: destroying the communicator frees
+// its device state at once (the graph keeps only its flags), a later
+// launch runs nothing and does not hang, and destroying the graph frees
+// the captured operations.
+void GraphOutlivesItsCommunicator(int nranks, attnComm_t& comm) {
+  namespace rm = attn::retained;
+  const int aliveBefore = attn::StreamBridge::capturedAlive();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  float* buf = nullptr;
+  ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&buf), 64 * sizeof(float), s), cudaSuccess);
+  std::vector<float> ones(64, 1.f), got(64, 0.f);
+  ASSERT_EQ(cudaMemcpyAsync(buf, ones.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraphExec_t exec = Capture(s, [&] {
+    EXPECT_EQ(attnAllReduce(buf, buf, 64, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess);
+    EXPECT_EQ(attnAllReduce(buf, buf, 64, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess);
+  });
+  ASSERT_NE(exec, nullptr);
+  EXPECT_EQ(attn::StreamBridge::capturedAlive(), aliveBefore + 2);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), buf, 64 * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(got[63], float(nranks * nranks));
+  ASSERT_EQ(attnCommDestroy(comm), attnSuccess);
+  comm = nullptr;
+  EXPECT_EQ(rm::stats().holds, 0) << "the captured work kept the communicator's device state alive";
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // released, not parked forever
+  EXPECT_EQ(attn::StreamBridge::capturedAlive(), aliveBefore + 2);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  // CUDA runs user-object destructors on a thread of its own.
+  for (int i = 0; i < 5000 && attn::StreamBridge::capturedAlive() != aliveBefore; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(attn::StreamBridge::capturedAlive(), aliveBefore);
+  cudaFreeAsync(buf, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaStreamDestroy(s);
+}
+
+// One host: the cuda_ipc backend.
+TEST(DeviceGraph, GraphsOutliveTheirCommunicatorSafely) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(1, [](int, int nranks, attnComm_t& comm) { GraphOutlivesItsCommunicator(nranks, comm); },
+             OnGpu0(&cfg));
+}
+
+// Two emulated hosts: the staged backend, whose work holds the device
+// state itself (the communicator must drop it from its graphs).
+TEST(DeviceGraph, GraphsOutliveTheirCommunicatorSafelyAcrossHosts) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  o.child_setup = [](int rank) { setenv("ATTN_HOSTID", rank == 0 ? "graph-host-a" : "graph-host-b", 1); };
+  RunProcesses(2, [](int, int nranks, attnComm_t& comm) { GraphOutlivesItsCommunicator(nranks, comm); }, o);
 }
 
 }  // namespace

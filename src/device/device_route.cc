@@ -43,7 +43,10 @@ void deviceAbort(attnComm* comm) {
 void deviceFree(attnComm* comm) {
   if (!comm->device) return;
   // Queued work reaches its state through comm->device: let it finish
-  // while that is still set (shared_ptr::reset clears it first).
+  // while that is still set (shared_ptr::reset clears it first). Work
+  // captured into graphs holds the state too: it is dropped here, so the
+  // state goes with the communicator even while its graphs live on.
+  comm->device->bridge->retireCaptured();
   comm->device->bridge->waitIdle();
   comm->device.reset();
 }

@@ -14,6 +14,7 @@ namespace attn {
 namespace {
 
 thread_local bool tlsOnProxy = false;
+std::atomic<int> liveCaptured{0};  // StreamBridge::capturedAlive
 
 // cuStreamWaitValue32 and cuStreamWriteValue32 have this signature.
 using StreamValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -109,6 +110,8 @@ attnResult_t StreamBridge::start(int device, OnError onError) {
                     device, count);
   device_ = device;
   onError_ = std::move(onError);
+  link_ = std::make_shared<CaptureLink>();
+  link_->bridge = this;
   DeviceScope scope(device);
   ATTN_CUDA_CHECK(scope.error());
   ATTN_CHECK(findStreamValue32("cuStreamWaitValue32", &waitValue32_));
@@ -126,6 +129,10 @@ attnResult_t StreamBridge::start(int device, OnError onError) {
 }
 
 StreamBridge::~StreamBridge() {
+  if (link_) {
+    std::lock_guard<std::mutex> g(link_->mu);
+    link_->bridge = nullptr;  // graphs that outlive us run nothing
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     stopping_ = true;
@@ -143,7 +150,6 @@ StreamBridge::~StreamBridge() {
     (void)cudaStreamDestroy(copyStream_);
   }
   if (counter_) counterWords().give(counter_);
-  for (auto& op : captured_) counterWords().give(op->flag);
 }
 
 attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
@@ -183,17 +189,42 @@ attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
 }
 
 attnResult_t StreamBridge::enqueueCaptured(cudaStream_t stream, Work work) {
-  auto op = std::make_unique<Captured>();
-  op->bridge = this;
-  op->work = std::move(work);
-  Captured* raw = op.get();
   {
     std::lock_guard<std::mutex> g(mu_);
     if (aborted_ || stopping_)
       return setError(attnInvalidUsage, "device communicator is aborted or being destroyed");
     if (!writeValue32_) ATTN_CHECK(findStreamValue32("cuStreamWriteValue32", &writeValue32_));
-    ATTN_CHECK(counterWords().take(&op->flag));
-    captured_.push_back(std::move(op));  // the bridge gives the flag back, whatever follows
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+#if CUDART_VERSION >= 13000
+  ATTN_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph));
+#else
+  ATTN_CUDA_CHECK(cudaStreamGetCaptureInfo_v2(stream, &status, nullptr, &graph));
+#endif
+  // The graph owns the operation from here: the user object frees it with
+  // the graph, or at once if it cannot be handed over.
+  auto* raw = new Captured{link_, std::move(work), nullptr, nullptr};
+  if (attnResult_t r = counterWords().take(&raw->flag); r != attnSuccess) {
+    delete raw;
+    return r;
+  }
+  liveCaptured.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> g(link_->mu);
+    link_->live.insert(raw);
+  }
+  cudaUserObject_t owner = nullptr;
+  if (cudaError_t e = cudaUserObjectCreate(&owner, raw, &StreamBridge::freeCaptured, 1,
+                                           cudaUserObjectNoDestructorSync);
+      e != cudaSuccess) {
+    freeCaptured(raw);
+    return setError(attnUnhandledCudaError, "cudaUserObjectCreate failed: %s", cudaGetErrorString(e));
+  }
+  if (cudaError_t e = cudaGraphRetainUserObject(graph, owner, 1, cudaGraphUserObjectMove); e != cudaSuccess) {
+    (void)cudaUserObjectRelease(owner, 1);
+    return setError(attnUnhandledCudaError, "cudaGraphRetainUserObject on the graph being captured failed: %s",
+                    cudaGetErrorString(e));
   }
   __atomic_store_n(const_cast<uint32_t*>(raw->flag), 0u, __ATOMIC_SEQ_CST);
   ATTN_CUDA_CHECK(cudaHostGetDevicePointer(&raw->flagDev, const_cast<uint32_t*>(raw->flag), 0));
@@ -210,11 +241,31 @@ attnResult_t StreamBridge::enqueueCaptured(cudaStream_t stream, Work work) {
   return attnSuccess;
 }
 
-void StreamBridge::submitCaptured(void* p) {
+int StreamBridge::capturedAlive() { return liveCaptured.load(); }
+
+void StreamBridge::freeCaptured(void* p) {
+  // On a CUDA thread, once no graph holds the operation: no CUDA calls. The
+  // work, if the bridge has not dropped it, holds the device state, but
+  // never its last reference: the communicator's goes only after
+  // retireCaptured, which waits for this lock.
   auto* op = static_cast<Captured*>(p);
-  StreamBridge* b = op->bridge;
-  bool aborted;
   {
+    std::lock_guard<std::mutex> g(op->link->mu);
+    op->link->live.erase(op);
+    op->work = nullptr;
+  }
+  counterWords().give(op->flag);
+  delete op;
+  liveCaptured.fetch_sub(1);
+}
+
+void StreamBridge::submitCaptured(void* p) {
+  // On CUDA's callback thread: queue the work, never block.
+  auto* op = static_cast<Captured*>(p);
+  std::lock_guard<std::mutex> link(op->link->mu);
+  StreamBridge* b = op->link->bridge;
+  bool aborted = b == nullptr;
+  if (b) {
     std::lock_guard<std::mutex> g(b->mu_);
     aborted = b->aborted_ || b->stopping_;
     if (!aborted) {
@@ -226,10 +277,20 @@ void StreamBridge::submitCaptured(void* p) {
     b->cv_.notify_one();
     return;
   }
-  // Never block CUDA's callback thread: release the stream at once.
-  if (b->onError_ && !b->stopping_)
-    b->onError_(attnRemoteError, "communicator aborted before a captured operation ran");
+  // Aborted, or the communicator is gone: release the stream at once.
+  if (b && b->onError_) b->onError_(attnRemoteError, "communicator aborted before a captured operation ran");
   __atomic_store_n(const_cast<uint32_t*>(op->flag), 1u, __ATOMIC_SEQ_CST);
+}
+
+void StreamBridge::retireCaptured() {
+  {
+    std::lock_guard<std::mutex> g(link_->mu);
+    link_->bridge = nullptr;
+  }
+  waitIdle();
+  std::vector<Work> dropped;  // destroyed here, after the lock
+  std::lock_guard<std::mutex> g(link_->mu);
+  for (Captured* op : link_->live) dropped.push_back(std::move(op->work));
 }
 
 void StreamBridge::abort() {

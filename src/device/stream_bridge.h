@@ -20,9 +20,13 @@
 // wait until the proxy sets the operation's own flag word, and a write that
 // clears the flag for the next launch. Each launch of the graph runs the
 // work again, with the pointers and sizes it was captured with, as NCCL's
-// captured operations do. The work stays with the bridge until the
-// communicator is destroyed; a graph must not be launched after that, nor
-// launched twice at once (each operation has one flag). The proxy thread
+// captured operations do. The graph owns each captured operation and its
+// flag (a CUDA user object): they go when the graph and its instantiations
+// are destroyed. The work inside (which holds the communicator's device
+// state) is dropped earlier, by retireCaptured when the communicator is
+// freed; a launch after that runs nothing and releases its stream (outputs
+// undefined), and a graph must not be launched twice at once (each
+// operation has one flag). The proxy thread
 // runs in relaxed capture mode, so its own synchronisation never breaks an
 // application's capture on another stream.
 #pragma once
@@ -36,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,20 +71,35 @@ class StreamBridge {
   // Fails every queued operation (releasing its stream) and stops taking new
   // ones: attnCommAbort.
   void abort();
+  // Operations captured into graphs that still exist, in the process (tests).
+  static int capturedAlive();
   // True while operations are queued or running.
   bool busy() const { return completed_.load() != issued_.load() || capturedRunning_.load() != 0; }
   // Returns once every operation enqueued so far has finished (run or
   // failed) and dropped its work, captures included.
   void waitIdle() const;
+  // Before the communicator goes: later launches of its graphs run
+  // nothing; waits for the launches queued, then drops the captured work
+  // on this thread (the graphs keep only their flags).
+  void retireCaptured();
   // The calling thread is a bridge's proxy thread (API calls made there run
   // on host memory directly).
   static bool onProxyThread();
 
  private:
-  // An operation captured into a graph: run by the proxy at each launch.
+  struct Captured;
+  // What a bridge and its captured operations share, so graphs may outlive
+  // the bridge: the bridge (null once retired) and its live operations.
+  struct CaptureLink {
+    std::mutex mu;
+    StreamBridge* bridge = nullptr;
+    std::set<Captured*> live;
+  };
+  // An operation captured into a graph: run by the proxy at each launch;
+  // owned by the graph.
   struct Captured {
-    StreamBridge* bridge;
-    Work work;
+    std::shared_ptr<CaptureLink> link;
+    Work work;                // empty once the bridge retired it
     volatile uint32_t* flag;  // pinned, mapped: 1 once a launch's work is done
     void* flagDev;
   };
@@ -94,6 +114,8 @@ class StreamBridge {
   attnResult_t enqueueCaptured(cudaStream_t stream, Work work);
   // The captured host function: queues one launch's run of `op`.
   static void submitCaptured(void* op);
+  // The graph's user object destructor: frees `op` and its flag.
+  static void freeCaptured(void* op);
   void proxyLoop();
   attnResult_t run(Item& it);
   void release(uint32_t seq);
@@ -114,7 +136,7 @@ class StreamBridge {
   std::atomic<uint32_t> issued_{0};      // written under mu_
   std::atomic<uint32_t> completed_{0};
   std::atomic<int> capturedRunning_{0};  // launches of captured work queued or running
-  std::vector<std::unique_ptr<Captured>> captured_;  // under mu_
+  std::shared_ptr<CaptureLink> link_;
   std::thread proxy_;
 };
 

@@ -44,14 +44,38 @@ Captures& captures() {
 
 thread_local cudaStreamCaptureMode tlsMode = cudaStreamCaptureModeGlobal;
 
-// What a graph (or an instantiated one) runs: the capture's operations.
+// A cudaUserObject_t: its destructor runs when the last reference goes
+// (the caller's, or those of the graphs that retain it).
+struct UserObject {
+  void* ptr;
+  cudaHostFn_t destroy;
+  std::atomic<unsigned> refs;
+};
+
+void unref(void* object, unsigned n) {
+  auto* o = static_cast<UserObject*>(object);
+  if (o->refs.fetch_sub(n) != n) return;
+  o->destroy(o->ptr);
+  delete o;
+}
+
+// What a graph (and its instantiations, and their launches in flight)
+// holds: the capture's operations and the user objects it retains.
+struct Recording {
+  std::vector<Op> ops;
+  std::vector<std::pair<void*, unsigned>> objects;
+  ~Recording() {
+    for (auto& [o, n] : objects) unref(o, n);
+  }
+};
+
 struct Graph {
-  std::shared_ptr<const std::vector<Op>> ops;
+  std::shared_ptr<Recording> rec;
 };
 
 struct Graphs {
   std::mutex mu;
-  std::set<const Graph*> graphs, execs;
+  std::set<const Graph*> graphs, execs;  // live handles
 };
 Graphs& graphs() {
   static auto* g = new Graphs();
@@ -116,8 +140,12 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
     std::erase(captures().open, c);
   }
   std::lock_guard<std::mutex> g(c->mu);
+  auto rec = std::make_shared<Recording>();
+  rec->ops = std::move(c->ops);
+  rec->objects = std::move(c->userObjects);
+  // An invalidated capture's graph is discarded, with its references.
   if (c->invalidated) return fail(cudaErrorStreamCaptureInvalidated, "the capture on stream %p was invalidated", (void*)s);
-  auto* made = new Graph{std::make_shared<const std::vector<Op>>(std::move(c->ops))};
+  auto* made = new Graph{std::move(rec)};
   {
     std::lock_guard<std::mutex> gg(graphs().mu);
     graphs().graphs.insert(made);
@@ -149,7 +177,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
   std::lock_guard<std::mutex> g(graphs().mu);
   auto* from = reinterpret_cast<const Graph*>(graph);
   if (!graphs().graphs.count(from)) return fail(cudaErrorInvalidValue, "cudaGraphInstantiate of %p, not a graph", (void*)graph);
-  auto* made = new Graph{from->ops};
+  auto* made = new Graph{from->rec};
   graphs().execs.insert(made);
   *exec = reinterpret_cast<cudaGraphExec_t>(made);
   return cudaSuccess;
@@ -157,16 +185,17 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (cudaError_t e = enter(); e != cudaSuccess) return fail(e, "cudaGraphLaunch: runtime unusable");
-  std::shared_ptr<const std::vector<Op>> ops;
+  std::shared_ptr<const Recording> rec;
   {
     std::lock_guard<std::mutex> g(graphs().mu);
     auto* x = reinterpret_cast<const Graph*>(exec);
     if (!graphs().execs.count(x)) return fail(cudaErrorInvalidValue, "cudaGraphLaunch of %p, not an instantiated graph", (void*)exec);
-    ops = x->ops;
+    rec = x->rec;
   }
-  // One launch runs the recording in order, as one unit of the stream.
-  return enqueue(s, [ops] {
-    for (const Op& op : *ops) op();
+  // One launch runs the recording in order, as one unit of the stream, and
+  // keeps it (and its user objects) until it has run.
+  return enqueue(s, [rec] {
+    for (const Op& op : rec->ops) op();
   });
 }
 
@@ -183,6 +212,62 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   auto* x = reinterpret_cast<const Graph*>(graph);
   if (!graphs().graphs.erase(x)) return fail(cudaErrorInvalidValue, "cudaGraphDestroy of %p", (void*)graph);
   delete x;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, cudaStreamCaptureStatus* status, unsigned long long* id,
+                                     cudaGraph_t* graph, const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
+                                     size_t* ndeps) {
+  if (cudaError_t e = enter(); e != cudaSuccess) return fail(e, "cudaStreamGetCaptureInfo: runtime unusable");
+  if (!status) return fail(cudaErrorInvalidValue, "cudaStreamGetCaptureInfo(null status)");
+  if (deps || edges || ndeps) return fail(cudaErrorNotSupported, "cudaStreamGetCaptureInfo: dependencies are not emulated");
+  std::shared_ptr<Stream> st = resolve(s);
+  if (!st) return fail(cudaErrorInvalidResourceHandle, "cudaStreamGetCaptureInfo on %p", (void*)s);
+  std::shared_ptr<Capture> c = st->capture();
+  *status = !c ? cudaStreamCaptureStatusNone
+               : c->isInvalidated() ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  // The graph being built is named by its capture while it is open.
+  if (id) *id = c ? reinterpret_cast<uintptr_t>(c.get()) : 0;
+  if (graph) *graph = c ? reinterpret_cast<cudaGraph_t>(c.get()) : nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t cudaUserObjectCreate(cudaUserObject_t* out, void* ptr, cudaHostFn_t destroy, unsigned int refs,
+                                 unsigned int flags) {
+  if (!out || !destroy || refs == 0 || flags != cudaUserObjectNoDestructorSync)
+    return fail(cudaErrorInvalidValue, "cudaUserObjectCreate: bad arguments");
+  *out = reinterpret_cast<cudaUserObject_t>(new UserObject{ptr, destroy, refs});
+  return cudaSuccess;
+}
+
+cudaError_t cudaUserObjectRelease(cudaUserObject_t object, unsigned int count) {
+  if (!object || count == 0) return fail(cudaErrorInvalidValue, "cudaUserObjectRelease: bad arguments");
+  unref(object, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t object, unsigned int count,
+                                      unsigned int flags) {
+  if (!object || count == 0 || (flags & ~unsigned(cudaGraphUserObjectMove)))
+    return fail(cudaErrorInvalidValue, "cudaGraphRetainUserObject: bad arguments");
+  auto* o = reinterpret_cast<UserObject*>(object);
+  if (!(flags & cudaGraphUserObjectMove)) o->refs.fetch_add(count);
+  {
+    std::lock_guard<std::mutex> g(captures().mu);
+    for (const auto& c : captures().open)
+      if (reinterpret_cast<cudaGraph_t>(c.get()) == graph) {
+        std::lock_guard<std::mutex> cg(c->mu);
+        c->userObjects.emplace_back(o, count);
+        return cudaSuccess;
+      }
+  }
+  std::lock_guard<std::mutex> g(graphs().mu);
+  auto* x = reinterpret_cast<Graph*>(graph);
+  if (!graphs().graphs.count(x)) {
+    if (!(flags & cudaGraphUserObjectMove)) o->refs.fetch_sub(count);
+    return fail(cudaErrorInvalidValue, "cudaGraphRetainUserObject on %p, not a graph", (void*)graph);
+  }
+  x->rec->objects.emplace_back(o, count);
   return cudaSuccess;
 }
 

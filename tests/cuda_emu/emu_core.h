@@ -138,6 +138,9 @@ struct Capture {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::thread::id owner;
   bool invalidated = false;
+  // cudaGraphRetainUserObject on the graph being captured: (object, count),
+  // handed to the graph at the end of the capture.
+  std::vector<std::pair<void*, unsigned>> userObjects;
   void add(Op op);
   void invalidate();
   bool isInvalidated();
