@@ -238,6 +238,9 @@ ATTN_API attnResult_t attnCommInitFromEnv(attnComm_t* comm,
  *
  * The attncomm communicator does not own the NCCL one: attnCommDestroy
  * leaves it alive, and it must outlive the attncomm communicator.
+ * attnCommSplit and attnCommShrink of it give the child an NCCL
+ * communicator of its own (ncclCommSplit / ncclCommShrink, NCCL >= 2.27
+ * for the latter), owned and destroyed by the child.
  * Errors: NULL comm or nccl_comm -> attnInvalidArgument; a build without
  * NCCL -> attnNotSupported; NCCL failures -> the matching code (e.g.
  * attnUnhandledCudaError, attnSystemError) with NCCL's text in

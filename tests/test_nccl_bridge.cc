@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "src/device/nccl_bridge.h"
 #include "support/device_checks.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
@@ -188,6 +189,44 @@ TEST(NcclBridge, AGroupBecomesOneNcclGroup) {
     cudaStreamDestroy(s);
   });
   ASSERT_TRUE(why.empty()) << why;
+}
+
+// Split and shrink of an NCCL-backed communicator keep the NCCL backend:
+// the child gets its own NCCL communicator (ncclCommSplit, ncclCommShrink),
+// and every operation on it still matches.
+TEST(NcclBridge, SplitAndShrinkKeepTheNcclBackend) {
+  REQUIRE_GPU();
+  std::string skipped;
+  for (int n : {1, 2, 3}) {
+    const std::string why = RunOnNccl(n, [n](int rank, attnComm_t& comm, ncclComm_t) {
+      EXPECT_TRUE(attn::ncclBacked(comm));
+      // Two colors (rank 0 alone in color 0 when n > 1), reversed keys.
+      const int color = n > 1 && rank == 0 ? 0 : 1;
+      attnComm_t child = nullptr;
+      ASSERT_EQ(attnCommSplit(comm, color, n - rank, &child, nullptr), attnSuccess) << attnGetLastError(comm);
+      ASSERT_NE(child, nullptr);
+      EXPECT_TRUE(attn::ncclBacked(child));
+      int childRank = -1, childSize = 0;
+      ASSERT_EQ(attnCommUserRank(child, &childRank), attnSuccess);
+      ASSERT_EQ(attnCommCount(child, &childSize), attnSuccess);
+      attn_test::CheckDevSuite(child, childRank, childSize);
+      EXPECT_EQ(attnCommDestroy(child), attnSuccess);
+      // With several ranks, the last one leaves and the others shrink.
+      if (n == 1 || rank == n - 1) return;
+      const int gone = n - 1;
+      attnComm_t shrunk = nullptr;
+      ASSERT_EQ(attnCommShrink(comm, &gone, 1, &shrunk, nullptr, ATTN_SHRINK_DEFAULT), attnSuccess)
+          << attnGetLastError(comm);
+      EXPECT_TRUE(attn::ncclBacked(shrunk));
+      attn_test::CheckDevSuite(shrunk, rank, n - 1);
+      EXPECT_EQ(attnCommDestroy(shrunk), attnSuccess);
+    });
+    if (!why.empty()) {
+      if (n == 1) FAIL() << why;
+      skipped += (skipped.empty() ? "" : "; ") + why;
+    }
+  }
+  if (!skipped.empty()) GTEST_SKIP() << "NCCL refused ranks sharing one GPU: " << skipped;
 }
 
 #endif  // ATTN_HAVE_NCCL

@@ -18,3 +18,13 @@ extern "C" attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm, 
                         "NCCL at build time; see ATTN_ENABLE_NCCL)");
 }
 #endif
+
+#if !ATTN_HAVE_CUDA
+// Without the CUDA path nccl_comm.cc is not built; a split names the
+// bridge's (always empty) pointer type all the same.
+#include "src/device/nccl_bridge.h"
+namespace attn {
+struct NcclBridge {};
+void NcclBridgeDeleter::operator()(NcclBridge* b) const { delete b; }
+}  // namespace attn
+#endif

@@ -18,6 +18,7 @@
 #include "src/core/log.h"
 #include "src/core/shrink_agreement.h"
 #include "src/device/device_route.h"
+#include "src/device/nccl_bridge.h"
 
 namespace attn {
 attnResult_t newCommInternal(attnComm** out, int nranks, const attnUniqueId& id, int rank,
@@ -77,6 +78,11 @@ attnResult_t commShrink(attnComm* comm, const int* excludeRanks, int excludeCoun
   if (inGroup()) return setError(attnInvalidUsage, "attnCommShrink inside a group");
   std::vector<int> excluded;
   ATTN_CHECK(checkExcludeList(comm, excludeRanks, excludeCount, &excluded));
+  const bool nccl = ncclBacked(comm);
+  if (nccl && config && config->device != ATTN_CONFIG_UNDEF_INT && config->device != comm->config.device)
+    return setError(attnInvalidArgument,
+                    "config->device is %d, but a communicator shrunk from an NCCL-backed one stays on NCCL's "
+                    "device %d", config->device, comm->config.device);
 
   // A broken parent is expected here: only its bootstrap is used.
   if (flags & ATTN_SHRINK_ABORT) {
@@ -96,11 +102,16 @@ attnResult_t commShrink(attnComm* comm, const int* excludeRanks, int excludeCoun
       static_cast<int>(std::find(survivors.begin(), survivors.end(), comm->rank) - survivors.begin());
   ATTN_INFO(kLogInit, "attnCommShrink: %zu of %d ranks remain; rank %d becomes rank %d",
             survivors.size(), comm->nranks, comm->rank, newRank);
+  // An NCCL-backed parent: the survivors shrink its NCCL communicator too
+  // (every survivor has the id: all of them get here).
+  NcclBridgePtr ncclChild;
+  if (nccl) ATTN_CHECK(ncclShrinkChild(comm, excluded, (flags & ATTN_SHRINK_ABORT) != 0, &ncclChild));
   const attnResult_t r = newCommInternal(newcomm, static_cast<int>(survivors.size()), id, newRank, config,
                                          config ? nullptr : &comm->config);
   if (*newcomm) {  // also while a non-blocking one is still joining
     (*newcomm)->shrunkFrom = comm;
     (*newcomm)->parentRanks = survivors;
+    ncclAdopt(*newcomm, std::move(ncclChild));
   }
   return r;
 }

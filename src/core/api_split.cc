@@ -7,6 +7,7 @@
 
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
+#include "src/device/nccl_bridge.h"
 
 namespace attn {
 attnResult_t newCommInternal(attnComm** out, int nranks, const attnUniqueId& id, int rank,
@@ -18,6 +19,7 @@ using namespace attn;
 namespace {
 struct SplitCard {
   int32_t color;
+  int32_t ncclOk;  // an NCCL-backed parent, and this rank's child may stay on NCCL's device
   int64_t key;
   attnUniqueId id;  // filled by the leader of each color
 };
@@ -55,6 +57,9 @@ attnResult_t attn::commSplit(attnComm* comm, int color, int64_t key, attnComm_t*
   std::memset(cards.data(), 0, sizeof(SplitCard) * n);
   cards[me].color = color;
   cards[me].key = key;
+  const bool nccl = ncclBacked(comm);
+  cards[me].ncclOk = nccl && (!config || config->device == ATTN_CONFIG_UNDEF_INT ||
+                              config->device == comm->config.device);
   std::vector<Block> blocks(n);
   for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(SplitCard), sizeof(SplitCard)};
   ATTN_CHECK(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
@@ -71,9 +76,19 @@ attnResult_t attn::commSplit(attnComm* comm, int color, int64_t key, attnComm_t*
   if (leader) ATTN_CHECK(bootstrapCreateRoot(&cards[me].id));
   ATTN_CHECK(ringAllGatherv(e, ring, reinterpret_cast<char*>(cards.data()), blocks,
                            chunkBytes(1)));
+  const int newRank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  // An NCCL-backed parent: every rank takes part in NCCL's split; a color
+  // stays on NCCL when all its members may (the same answer on each).
+  NcclBridgePtr ncclChild;
+  if (nccl) {
+    const bool colorOnNccl = color != ATTN_SPLIT_NOCOLOR &&
+                             std::all_of(members.begin(), members.end(), [&](int r) { return cards[r].ncclOk != 0; });
+    ATTN_CHECK(ncclSplitChild(comm, colorOnNccl ? color : ATTN_SPLIT_NOCOLOR, newRank, &ncclChild));
+  }
   if (color == ATTN_SPLIT_NOCOLOR) return attnSuccess;
   const int leaderRank = *std::min_element(members.begin(), members.end());
-  const int newRank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
-  return newCommInternal(newcomm, static_cast<int>(members.size()), cards[leaderRank].id, newRank,
-                         config, config ? nullptr : &comm->config);
+  const attnResult_t r = newCommInternal(newcomm, static_cast<int>(members.size()), cards[leaderRank].id, newRank,
+                                         config, config ? nullptr : &comm->config);
+  if (*newcomm) ncclAdopt(*newcomm, std::move(ncclChild));  // also while a non-blocking one is still joining
+  return r;
 }

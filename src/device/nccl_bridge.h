@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "attncomm.h"
 #include "src/coll/signature.h"
@@ -20,7 +21,8 @@ struct attnComm;
 
 namespace attn {
 
-// The engine's ncclComm_t (not owned) and the barrier's scratch word.
+// The NCCL communicator (the engine's, not owned; or a split or shrunk
+// child's, owned) and the barrier's scratch word.
 struct NcclBridge;
 struct NcclBridgeDeleter {
   void operator()(NcclBridge* b) const;
@@ -40,6 +42,24 @@ attnResult_t ncclAsyncError(NcclBridge* nccl);
 // the signature exchange its peers run before their NCCL call (on this
 // thread, outside groups, as they do).
 attnResult_t ncclRefuse(attnComm* comm, const CollSignature& refused);
+
+// attnCommSplit and attnCommShrink of a communicator with the NCCL backend
+// give the child an NCCL communicator of its own, made from the parent's
+// (ncclCommSplit, ncclCommShrink) and owned by the child's bridge, so its
+// operations keep riding NCCL. Whether `comm` has the NCCL backend (the
+// same on every rank: attnCommInitFromNccl is collective).
+bool ncclBacked(const attnComm* comm);
+// Every rank of the parent calls it (NCCL's split is collective over the
+// parent): `color` ATTN_SPLIT_NOCOLOR for a rank that gets no NCCL child,
+// else its color and its rank in that color's new communicator.
+attnResult_t ncclSplitChild(attnComm* parent, int color, int newRank, NcclBridgePtr* child);
+// Every survivor calls it, with the same sorted `excluded`. *child stays
+// null where the NCCL library has no ncclCommShrink (before 2.27): the
+// shrunk communicator then runs on attncomm's own device path.
+attnResult_t ncclShrinkChild(attnComm* parent, const std::vector<int>& excluded, bool abort,
+                             NcclBridgePtr* child);
+// Gives a child made by newCommInternal its NCCL backend.
+void ncclAdopt(attnComm* comm, NcclBridgePtr child);
 #else
 inline attnResult_t ncclEnqueue(attnComm*, NcclBridge*, attnStream_t, DeviceOp&) {
   return setError(attnNotSupported, "this build has no NCCL");
@@ -47,6 +67,14 @@ inline attnResult_t ncclEnqueue(attnComm*, NcclBridge*, attnStream_t, DeviceOp&)
 inline attnResult_t ncclGroupFlush() { return attnSuccess; }
 inline attnResult_t ncclAsyncError(NcclBridge*) { return attnSuccess; }
 inline attnResult_t ncclRefuse(attnComm*, const CollSignature&) { return attnSuccess; }
+inline bool ncclBacked(const attnComm*) { return false; }
+inline attnResult_t ncclSplitChild(attnComm*, int, int, NcclBridgePtr*) {
+  return setError(attnNotSupported, "this build has no NCCL");
+}
+inline attnResult_t ncclShrinkChild(attnComm*, const std::vector<int>&, bool, NcclBridgePtr*) {
+  return setError(attnNotSupported, "this build has no NCCL");
+}
+inline void ncclAdopt(attnComm*, NcclBridgePtr) {}
 #endif
 
 }  // namespace attn

@@ -16,6 +16,7 @@
 #include "src/core/api_call.h"
 #include "src/core/comm.h"
 #include "src/core/datatype.h"
+#include "src/core/log.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_route.h"
 #include "src/device/device_scope.h"
@@ -26,14 +27,25 @@
 namespace attn {
 
 struct NcclBridge {
-  ncclComm_t nccl = nullptr;  // the engine's; it must outlive us
+  ncclComm_t nccl = nullptr;  // the engine's (it must outlive us), or owned
+  bool owned = false;         // a split or shrunk child's: destroyed with us
   int device = -1;
   // One zeroed uint32: barriers all-reduce it in place. From the process's
   // cache (retained_memory.h): cudaFree would wait for the whole device,
   // where other ranks' NCCL kernels may wait for this rank.
   retained::Block scratchBlock;
   void* scratch = nullptr;
-  ~NcclBridge() { retained::release(device, scratchBlock); }
+  ~NcclBridge() {
+    if (scratch) retained::release(device, scratchBlock);
+    if (!owned || !nccl) return;
+    // A communicator with an error (a peer died) is aborted: destroying it
+    // would wait for operations that cannot finish.
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(nccl, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress))
+      (void)ncclCommAbort(nccl);
+    else
+      (void)ncclCommDestroy(nccl);
+  }
 };
 
 void NcclBridgeDeleter::operator()(NcclBridge* b) const { delete b; }
@@ -364,7 +376,62 @@ attnResult_t initFromNccl(attnComm_t* comm, void* handle, const attnConfig_t* co
   return r;
 }
 
+// A child's NCCL communicator, once NCCL has finished making it.
+attnResult_t adoptChild(ncclComm_t parentNccl, ncclResult_t made, ncclComm_t child, int device, const char* what,
+                        NcclBridgePtr* out) {
+  made = settle(child ? child : parentNccl, made);
+  if (made != ncclSuccess) {
+    const attnResult_t r = ncclFailure(made, what, parentNccl);
+    if (child) (void)ncclCommAbort(child);
+    return r;
+  }
+  if (!child) return attnSuccess;  // this rank is in no child
+  NcclBridgePtr b;
+  if (attnResult_t r = makeBridge(child, device, &b); r != attnSuccess) {
+    (void)ncclCommAbort(child);
+    return r;
+  }
+  b->owned = true;
+  *out = std::move(b);
+  return attnSuccess;
+}
+
 }  // namespace
+
+bool ncclBacked(const attnComm* comm) { return comm->device && comm->device->nccl; }
+
+attnResult_t ncclSplitChild(attnComm* parent, int color, int newRank, NcclBridgePtr* child) {
+  NcclBridge& p = *parent->device->nccl;
+  DeviceScope dev;
+  ATTN_CHECK(dev.enter(p.device));
+  ncclComm_t made = nullptr;
+  // The key is the rank attncomm gave this rank: both children order alike.
+  const ncclResult_t r =
+      ncclCommSplit(p.nccl, color == ATTN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color, newRank, &made, nullptr);
+  return adoptChild(p.nccl, r, made, p.device, "ncclCommSplit", child);
+}
+
+attnResult_t ncclShrinkChild(attnComm* parent, const std::vector<int>& excluded, bool abort, NcclBridgePtr* child) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  NcclBridge& p = *parent->device->nccl;
+  DeviceScope dev;
+  ATTN_CHECK(dev.enter(p.device));
+  std::vector<int> list(excluded);
+  ncclComm_t made = nullptr;
+  const ncclResult_t r = ncclCommShrink(p.nccl, list.data(), static_cast<int>(list.size()), &made, nullptr,
+                                        abort ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  return adoptChild(p.nccl, r, made, p.device, "ncclCommShrink", child);
+#else
+  (void)parent, (void)excluded, (void)abort, (void)child;
+  ATTN_INFO(kLogInit, "attnCommShrink: NCCL %d has no ncclCommShrink; the shrunk communicator runs on attncomm's "
+            "device path", NCCL_VERSION_CODE);
+  return attnSuccess;
+#endif
+}
+
+void ncclAdopt(attnComm* comm, NcclBridgePtr child) {
+  if (child && comm->device) comm->device->nccl = std::move(child);
+}
 
 attnResult_t ncclAsyncError(NcclBridge* nccl) {
   ncclResult_t async = ncclSuccess;
