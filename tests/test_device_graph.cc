@@ -35,6 +35,12 @@ RunOptions OnGpu0(attnConfig_t* cfg) {
   return o;
 }
 
+void ExpectNoAsyncError(attnComm_t comm) {
+  attnResult_t async = attnInternalError;
+  ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+  EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+}
+
 // Captures `body`'s calls on `s` (thread-local mode: rank threads of one
 // process capture at the same time) into an instantiated graph.
 template <class Body>
@@ -95,9 +101,7 @@ TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
             ASSERT_EQ(gathered[r * count + i], float(launch * 100000 + r * 1000 + int(i)));
         }
       }
-      attnResult_t async = attnInternalError;
-      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
-      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+      ExpectNoAsyncError(comm);
       EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
       for (float* p : {send, sum, all}) cudaFreeAsync(p, s);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -136,9 +140,7 @@ TEST(DeviceGraph, CapturedRingAttentionEqualsExactAttention) {
             return attnSuccess;
           });
       attn_test::ExpectExact(r, shape.dtype, attn_test::ModeName(mode));
-      attnResult_t async = attnInternalError;
-      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
-      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+      ExpectNoAsyncError(comm);
     }, OnGpu0(&cfg));
   }
 }
