@@ -20,6 +20,7 @@
 #include "support/device_attn.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
+#include "transports/cuda_ipc/ipc_stats.h"
 
 namespace {
 
@@ -107,6 +108,82 @@ TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       cudaStreamDestroy(s);
     }, OnGpu0(&cfg));
+  }
+}
+
+// A chain of collectives captured as one graph, each reading the one
+// before: all-reduce, all-gather, reduce-scatter (max), broadcast,
+// all-to-all, in-place all-reduce. Three launches with new inputs, over
+// CUDA IPC and over pinned staging: every intermediate and the end
+// result are those of that launch's inputs.
+TEST(DeviceGraph, CapturedChainOfCollectivesRunsInOrderAtEachLaunch) {
+  REQUIRE_GPU();
+  for (const char* transport : {"", "shm,tcp"}) {
+    for (int n : {2, 3}) {
+      SCOPED_TRACE(std::string("ATTN_TRANSPORT=") + transport + ", " + std::to_string(n) + " ranks");
+      attnConfig_t cfg;
+      RunOptions o = OnGpu0(&cfg);
+      if (*transport) o.env = {{"ATTN_TRANSPORT", transport}};
+      const uint64_t ipcOps = attn::ipc::ipcCounters().ops.load();
+      RunThreads(n, [](int rank, int nranks, attnComm_t& comm) {
+        const size_t k = 37, c = k * size_t(nranks);  // c elements per rank, k per all-to-all block
+        const size_t bytes = c * sizeof(float);
+        cudaStream_t s;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        float *x, *y, *z, *w, *v, *u;
+        for (float** p : {&x, &y, &w, &v, &u})
+          ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(p), bytes, s), cudaSuccess);
+        ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&z), bytes * nranks, s), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        const auto st = (attnStream_t)s;
+        cudaGraphExec_t exec = Capture(s, [&] {
+          EXPECT_EQ(attnAllReduce(x, y, c, attnFloat32, attnSum, comm, st), attnSuccess);
+          EXPECT_EQ(attnAllGather(y, z, c, attnFloat32, comm, st), attnSuccess);
+          EXPECT_EQ(attnReduceScatter(z, w, c, attnFloat32, attnMax, comm, st), attnSuccess);
+          EXPECT_EQ(attnBroadcast(w, v, c, attnFloat32, nranks - 1, comm, st), attnSuccess);
+          EXPECT_EQ(attnAllToAll(v, u, k, attnFloat32, comm, st), attnSuccess);
+          EXPECT_EQ(attnAllReduce(u, u, c, attnFloat32, attnSum, comm, st), attnSuccess);
+        });
+        ASSERT_NE(exec, nullptr) << attnGetLastError(comm);
+        auto input = [&](int launch, int r, size_t i) { return float(launch * 1000 + r * 10 + int(i % 97)); };
+        for (int launch = 1; launch <= 3; ++launch) {
+          std::vector<float> in(c), gotZ(c * nranks), gotW(c), gotU(c);
+          for (size_t i = 0; i < c; ++i) in[i] = input(launch, rank, i);
+          ASSERT_EQ(cudaMemcpyAsync(x, in.data(), bytes, cudaMemcpyHostToDevice, s), cudaSuccess);
+          ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+          ASSERT_EQ(cudaMemcpyAsync(gotZ.data(), z, bytes * nranks, cudaMemcpyDeviceToHost, s), cudaSuccess);
+          ASSERT_EQ(cudaMemcpyAsync(gotW.data(), w, bytes, cudaMemcpyDeviceToHost, s), cudaSuccess);
+          ASSERT_EQ(cudaMemcpyAsync(gotU.data(), u, bytes, cudaMemcpyDeviceToHost, s), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+          auto sum = [&](size_t i) {  // y[i]: the first all-reduce
+            float t = 0;
+            for (int r = 0; r < nranks; ++r) t += input(launch, r, i);
+            return t;
+          };
+          for (size_t i = 0; i < c; ++i) {
+            for (int r = 0; r < nranks; ++r) ASSERT_EQ(gotZ[r * c + i], sum(i)) << "launch " << launch;
+            // Every rank gathered the same z, so block `rank`'s max over ranks is y.
+            ASSERT_EQ(gotW[i], sum(i)) << "launch " << launch;
+          }
+          // After the all-to-all rank q holds y[q*k + j] in every block p;
+          // the last all-reduce adds those over q.
+          for (int p = 0; p < nranks; ++p)
+            for (size_t j = 0; j < k; ++j) {
+              float expect = 0;
+              for (int q = 0; q < nranks; ++q) expect += sum(q * k + j);
+              ASSERT_EQ(gotU[p * k + j], expect) << "launch " << launch;
+            }
+        }
+        ExpectNoAsyncError(comm);
+        EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+        for (float* p : {x, y, z, w, v, u}) cudaFreeAsync(p, s);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        cudaStreamDestroy(s);
+      }, o);
+      // The backend named ran: GPU to GPU, or staged without cuda_ipc.
+      if (*transport) EXPECT_EQ(attn::ipc::ipcCounters().ops.load(), ipcOps);
+      else EXPECT_GT(attn::ipc::ipcCounters().ops.load(), ipcOps);
+    }
   }
 }
 
