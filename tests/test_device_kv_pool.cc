@@ -10,6 +10,8 @@
 //   - decode steps see every token's position, wherever its block is and
 //     whatever the slot held before (the GPU reads a mirror of them);
 //   - a holder serves several owners in one batch, each its own partial;
+//   - a decode step captured into a CUDA graph sees, at each launch, the
+//     tokens appended before it;
 //   - a device pool follows its communicator through attnCommShrink;
 // Without a GPU the tests skip (the emulated runtime provides one in CI).
 #include <cuda_runtime_api.h>
@@ -399,6 +401,62 @@ TEST(DeviceKvPool, DecodeStepsSeeEveryPositionWhereverItsBlockIs) {
       }
       ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine({{101, 6, 3}, {102, 7, 4}}), t, true).Check(), t,
                   "released slots taken by other requests");
+    });
+  }
+}
+
+// A decode step captured into a CUDA graph once and launched after every
+// append: each launch attends over the tokens the pool holds at that
+// launch, wherever their blocks are (two lent to the peer, which serves its
+// part from inside its own graph). Not causal, so the captured query
+// positions do not hide the new tokens.
+TEST(DeviceKvPool, CapturedDecodeStepSeesTheTokensAppendedBeforeEachLaunch) {
+  REQUIRE_GPU();
+  constexpr int kBlock = 4, kStart = 2 * kBlock + 1, kFinal = 3 * kBlock + 2;
+  constexpr int64_t kReq = 100;
+  for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
+    RunWithDevicePools(2, kBlock, t, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
+      if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, 0, kStart, kFinal));
+      std::vector<attnKvMove_t> moves;
+      if (rank == 0) moves = {{0, 1, 0, kReq, 2}};
+      ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+      const std::vector<Req> reqs = rank == 0 ? std::vector<Req>{{kReq, kStart, 1}} : std::vector<Req>{};
+      const KvQueries qs = MakeKvQueries(rank, reqs, t, false);
+      const size_t lseCount = size_t(qs.rows) * qs.cfg.num_q_heads;
+      void *q = nullptr, *out = nullptr, *lse = nullptr;
+      ASSERT_EQ(cudaMallocAsync(&q, qs.q.size() + 1, st), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(&out, qs.q.size() + 1, st), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(&lse, lseCount * sizeof(float) + 4, st), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(q, qs.q.data(), qs.q.size(), cudaMemcpyHostToDevice, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      const attnResult_t captured =
+          attnKvAttention(pool, int(qs.ids.size()), qs.ids.data(), qs.offs.data(), q, qs.qpos.data(), out,
+                          static_cast<float*>(lse), &qs.cfg, AsStream(st));
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+      ATTN_ASSERT_OK(comm, captured);
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+      for (int len = kStart; len <= kFinal; ++len) {
+        if (rank == 0 && len > kStart) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, len - 1, len, kFinal));
+        ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+        std::vector<uint8_t> gotOut(qs.q.size());
+        std::vector<float> gotLse(lseCount);
+        ASSERT_EQ(cudaMemcpyAsync(gotOut.data(), out, gotOut.size(), cudaMemcpyDeviceToHost, st), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(gotLse.data(), lse, lseCount * sizeof(float), cudaMemcpyDeviceToHost, st),
+                  cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+        if (rank != 0) continue;
+        ExpectExact(CompareKvAttention(qs, rank, {{kReq, len, 1}}, t, false, gotOut.data(), gotLse.data()), t,
+                    "launch over " + std::to_string(len) + " tokens");
+      }
+      attnResult_t async = attnInternalError;
+      EXPECT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+      for (void* p : {q, out, lse}) EXPECT_EQ(cudaFreeAsync(p, st), cudaSuccess);
     });
   }
 }
