@@ -32,8 +32,9 @@
  *
  * CUDA graphs: a call on a stream that is being captured
  * (cudaStreamBeginCapture) becomes part of the graph and runs at every
- * launch of it, on the buffers it was captured with (their contents at that
- * launch), as NCCL's calls do. Every rank must launch its graphs so that
+ * launch of it with the arguments it was captured with (pointers, counts,
+ * layouts), reading the buffers' contents, and a KV pool's blocks, as they
+ * are at that launch, as NCCL's calls do. Every rank must launch its graphs so that
  * the calls run in the same order on all ranks, and must not launch a
  * graph while another launch of it is running. A graph may outlive its
  * communicator: once the communicator is destroyed, a launch runs nothing
