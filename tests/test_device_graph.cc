@@ -58,6 +58,8 @@ cudaGraphExec_t Capture(cudaStream_t s, Body body) {
   return exec;
 }
 
+// An all-reduce, an all-gather and a group of sends and receives, captured
+// once and launched three times with new inputs.
 TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
   REQUIRE_GPU();
   for (int n : {2, 3}) {
@@ -66,8 +68,9 @@ TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
       const size_t count = 333;
       cudaStream_t s;
       ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-      float *send, *sum, *all;
+      float *send, *sum, *all, *fromLeft;
       ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&send), count * sizeof(float), s), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&fromLeft), count * sizeof(float), s), cudaSuccess);
       ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&sum), count * sizeof(float), s), cudaSuccess);
       ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&all), nranks * count * sizeof(float), s), cudaSuccess);
       ASSERT_EQ(cudaMemsetAsync(sum, 0, count * sizeof(float), s), cudaSuccess);
@@ -77,6 +80,12 @@ TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
             << attnGetLastError(comm);
         EXPECT_EQ(attnAllGather(send, all, count, attnFloat32, comm, (attnStream_t)s), attnSuccess)
             << attnGetLastError(comm);
+        // A ring exchange as one group.
+        EXPECT_EQ(attnGroupStart(), attnSuccess);
+        EXPECT_EQ(attnSend(send, count, attnFloat32, (rank + 1) % nranks, comm, (attnStream_t)s), attnSuccess);
+        EXPECT_EQ(attnRecv(fromLeft, count, attnFloat32, (rank + nranks - 1) % nranks, comm, (attnStream_t)s),
+                  attnSuccess);
+        EXPECT_EQ(attnGroupEnd(), attnSuccess) << attnGetLastError(comm);
       });
       ASSERT_NE(exec, nullptr);
       // Nothing ran at capture time.
@@ -84,7 +93,7 @@ TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
       ASSERT_EQ(cudaMemcpyAsync(got.data(), sum, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       EXPECT_EQ(got[0], 0.f);
-      std::vector<float> gathered(nranks * count);
+      std::vector<float> gathered(nranks * count), left(count);
       for (int launch = 1; launch <= 3; ++launch) {
         std::vector<float> mine(count);
         for (size_t i = 0; i < count; ++i) mine[i] = float(launch * 100000 + rank * 1000 + int(i));
@@ -93,22 +102,62 @@ TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
         ASSERT_EQ(cudaMemcpyAsync(got.data(), sum, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
         ASSERT_EQ(cudaMemcpyAsync(gathered.data(), all, gathered.size() * sizeof(float), cudaMemcpyDeviceToHost, s),
                   cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(left.data(), fromLeft, count * sizeof(float), cudaMemcpyDeviceToHost, s),
+                  cudaSuccess);
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        const int leftRank = (rank + nranks - 1) % nranks;
         for (size_t i = 0; i < count; ++i) {
           double expect = 0;
           for (int r = 0; r < nranks; ++r) expect += launch * 100000.0 + r * 1000.0 + double(i);
           ASSERT_EQ(got[i], float(expect)) << "launch " << launch << " element " << i;
           for (int r = 0; r < nranks; ++r)
             ASSERT_EQ(gathered[r * count + i], float(launch * 100000 + r * 1000 + int(i)));
+          ASSERT_EQ(left[i], float(launch * 100000 + leftRank * 1000 + int(i)));
         }
       }
       ExpectNoAsyncError(comm);
       EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-      for (float* p : {send, sum, all}) cudaFreeAsync(p, s);
+      for (float* p : {send, sum, all, fromLeft}) cudaFreeAsync(p, s);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       cudaStreamDestroy(s);
     }, OnGpu0(&cfg));
   }
+}
+
+// Many operations in one graph: each takes a flag word, and past the first
+// page of them the library allocates pinned memory during the capture,
+// which must not break it (the capturing thread is in thread-local mode).
+TEST(DeviceGraph, AGraphOfManyOperations) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(2, [](int rank, int nranks, attnComm_t& comm) {
+    constexpr int kOps = 150;
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float* buf = nullptr;
+    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&buf), sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaGraphExec_t exec = Capture(s, [&] {
+      for (int i = 0; i < kOps; ++i)
+        ASSERT_EQ(attnAllReduce(buf, buf, 1, attnFloat32, attnMax, comm, (attnStream_t)s), attnSuccess)
+            << attnGetLastError(comm);
+    });
+    ASSERT_NE(exec, nullptr);
+    for (int launch = 1; launch <= 2; ++launch) {
+      const float mine = float(launch * 10 + rank);
+      float got = -1.f;
+      ASSERT_EQ(cudaMemcpyAsync(buf, &mine, sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(&got, buf, sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      EXPECT_EQ(got, float(launch * 10 + nranks - 1));
+    }
+    ExpectNoAsyncError(comm);
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    cudaFreeAsync(buf, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaStreamDestroy(s);
+  }, OnGpu0(&cfg));
 }
 
 // A chain of collectives captured as one graph, each reading the one

@@ -74,6 +74,18 @@ CounterWords& counterWords() {
   return *words;
 }
 
+// The calling thread in relaxed capture mode for the scope: allocations it
+// makes for the library (pinned flag words) then never break the capture
+// the thread itself is making.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&saved_); }
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&saved_); }
+
+ private:
+  cudaStreamCaptureMode saved_ = cudaStreamCaptureModeRelaxed;
+};
+
 // Makes `device` current for the scope, restoring the caller's device.
 class DeviceScope {
  public:
@@ -205,9 +217,14 @@ attnResult_t StreamBridge::enqueueCaptured(cudaStream_t stream, Work work) {
   // The graph owns the operation from here: the user object frees it with
   // the graph, or at once if it cannot be handed over.
   auto* raw = new Captured{link_, std::move(work), nullptr, nullptr};
-  if (attnResult_t r = counterWords().take(&raw->flag); r != attnSuccess) {
+  attnResult_t took;
+  {
+    RelaxedCaptureMode relaxed;  // a new page of words is a cudaHostAlloc
+    took = counterWords().take(&raw->flag);
+  }
+  if (took != attnSuccess) {
     delete raw;
-    return r;
+    return took;
   }
   liveCaptured.fetch_add(1);
   {
