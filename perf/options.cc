@@ -35,6 +35,8 @@ void usage(const char* prog) {
           "  -R,--local_register 0|1  buffers from attnMemAlloc  [0]\n"
           "  -G,--device DEV        buffers on CUDA device DEV, every rank on it, one\n"
           "                         stream per rank (CUDA builds)  [host memory]\n"
+          "  -g,--cudagraph 0|1     with -G: capture each size's call into a CUDA\n"
+          "                         graph once and time launches of it  [0]\n"
           "Launched by mpirun/torchrun/emulate_hosts.sh (ATTN_RANK, RANK or\n"
           "OMPI_COMM_WORLD_RANK set), each process is one rank.\n",
           prog);
@@ -98,13 +100,14 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
       {"coll", required_argument, nullptr, 'C'},
       {"local_register", required_argument, nullptr, 'R'},
       {"device", required_argument, nullptr, 'G'},
+      {"cudagraph", required_argument, nullptr, 'g'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   *exitCode = 2;
   int c;
   bool ok = true;
   optind = 1;
-  while (ok && (c = getopt_long(argc, argv, "b:e:f:i:n:w:c:I:d:o:r:t:p:A:T:J:C:R:G:h",
+  while (ok && (c = getopt_long(argc, argv, "b:e:f:i:n:w:c:I:d:o:r:t:p:A:T:J:C:R:G:g:h",
                                 kLong, nullptr)) != -1) {
     int v = 0;
     switch (c) {
@@ -127,6 +130,7 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
       case 'C': o->coll = optarg; break;
       case 'R': ok = toInt(optarg, &o->registered) && o->registered <= 1; break;
       case 'G': ok = toInt(optarg, &o->device); break;
+      case 'g': ok = toInt(optarg, &v) && v <= 1; o->cudaGraph = v != 0; break;
       case 'h': *exitCode = 0; ok = false; break;
       default: ok = false; break;
     }
@@ -143,6 +147,10 @@ bool parseOptions(int argc, char** argv, Options* o, int* exitCode) {
   }
   if (ok && o->threads && o->procs) {
     fprintf(stderr, "%s: give -t or -p, not both\n", argv[0]);
+    ok = false;
+  }
+  if (ok && o->cudaGraph && o->device < 0) {
+    fprintf(stderr, "%s: -g 1 (CUDA graphs) needs -G (device buffers)\n", argv[0]);
     ok = false;
   }
   if (ok && o->device >= 0 && o->registered) {

@@ -31,6 +31,7 @@ struct Options {
   std::string coll;                    // -C (baselines: which collective)
   int registered = 0;                  // -R 1: buffers from attnMemAlloc
   int device = ATTN_DEVICE_HOST;       // -G DEV: buffers on a CUDA device
+  bool cudaGraph = false;              // -g 1: each call launched as a captured CUDA graph
 };
 
 // Parses argv. On a bad or help flag prints usage to stderr and returns

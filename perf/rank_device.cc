@@ -64,6 +64,7 @@ int checkDeviceFlag(int device, const char* program) {
 
 RankDevice::~RankDevice() {
   if (device_ < 0) return;
+  if (graph_) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_));
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
   for (void* p : owned_) (void)(exportable_ ? cudaFree(p) : cudaFreeAsync(p, s));
   (void)cudaStreamSynchronize(s);
@@ -123,6 +124,36 @@ bool RankDevice::finish(attnComm_t comm, const char* what) {
   return false;
 }
 
+attnResult_t RankDevice::captureGraph(const std::function<attnResult_t()>& call) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  if (graph_) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_));
+  graph_ = nullptr;
+  // Thread-local: ranks that are threads capture at the same time.
+  if (!cudaOk(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"))
+    return attnUnhandledCudaError;
+  const attnResult_t r = call();
+  cudaGraph_t graph = nullptr;
+  const bool ended = cudaOk(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  if (r != attnSuccess) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    return r;
+  }
+  if (!ended) return attnUnhandledCudaError;
+  cudaGraphExec_t exec = nullptr;
+  const bool made = cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  (void)cudaGraphDestroy(graph);
+  if (!made) return attnUnhandledCudaError;
+  graph_ = exec;
+  return attnSuccess;
+}
+
+attnResult_t RankDevice::launchGraph() {
+  return cudaOk(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_), reinterpret_cast<cudaStream_t>(stream_)),
+                "cudaGraphLaunch")
+             ? attnSuccess
+             : attnUnhandledCudaError;
+}
+
 #else  // perf built without CUDA: only host memory
 
 int checkDeviceFlag(int device, const char* program) {
@@ -137,6 +168,8 @@ void* RankDevice::place(void* host, size_t) { return hostOrEmpty(host); }
 bool RankDevice::upload(void*, const void*, size_t) { return true; }
 bool RankDevice::download(void*, const void*, size_t) { return true; }
 bool RankDevice::finish(attnComm_t, const char*) { return true; }
+attnResult_t RankDevice::captureGraph(const std::function<attnResult_t()>&) { return attnNotSupported; }
+attnResult_t RankDevice::launchGraph() { return attnNotSupported; }
 
 #endif
 

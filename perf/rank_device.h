@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "attncomm.h"
@@ -42,6 +43,11 @@ class RankDevice {
   // Copies between a host buffer and its twin (no-ops in host memory).
   bool upload(void* twin, const void* host, size_t bytes);
   bool download(void* host, const void* twin, size_t bytes);
+  // -g: captures `call` (enqueued on the stream) into a CUDA graph, kept
+  // in place of the previous one; launchGraph() enqueues a launch of it.
+  // CUDA failures print why and answer attnUnhandledCudaError.
+  attnResult_t captureGraph(const std::function<attnResult_t()>& call);
+  attnResult_t launchGraph();
   // Waits until the stream is idle, then returns the communicator's
   // asynchronous error: a device operation that fails after its enqueue
   // reports there. `what` names the call in the message.
@@ -52,6 +58,7 @@ class RankDevice {
   bool exportable_ = false;
   attnStream_t stream_ = nullptr;
   std::vector<void*> owned_;
+  void* graph_ = nullptr;  // cudaGraphExec_t from captureGraph
 };
 
 }  // namespace attnperf

@@ -87,6 +87,10 @@ bool RankRunner::measure(Bench& b, bool inPlace, Measure* m) {
   const size_t recvOff = inPlace ? spec_.inPlaceRecvOffset(b) : 0;
   void* send = (inPlace ? devRecv_ : devSend_) + sendOff * elt;
   void* recv = devRecv_ + recvOff * elt;
+  // -g: the call is captured once; the check, the warm-up and the timed
+  // iterations launch the graph.
+  if (opts_.cudaGraph && !PERF_OK(dev_.captureGraph([&] { return spec_.run(b, send, recv); }))) return false;
+  auto call = [&] { return opts_.cudaGraph ? dev_.launchGraph() : spec_.run(b, send, recv); };
 
   if (opts_.check) {
     // -1 marks slots nobody wrote (patterns are never negative); then the
@@ -99,7 +103,7 @@ bool RankRunner::measure(Bench& b, bool inPlace, Measure* m) {
     if (!dev_.upload(devRecv_, recv_.get(), marked * elt) ||
         (!inPlace && !dev_.upload(devSend_, send_.get(), nSend * elt)))
       return false;
-    if (!PERF_RUN(spec_.run(b, send, recv))) return false;
+    if (!PERF_RUN(call())) return false;
     if (!dev_.download(hostRecv, recv, nRecv * elt)) return false;
     int64_t wrong = int64_t(countWrong(
         b.dtype, hostRecv, nRecv, [&](size_t i) { return spec_.recvValue(b, i); },
@@ -109,13 +113,13 @@ bool RankRunner::measure(Bench& b, bool inPlace, Measure* m) {
     m->wrong = wrong;
   }
   for (int i = 0; i < opts_.warmup; i++)
-    if (!PERF_RUN(spec_.run(b, send, recv))) return false;
+    if (!PERF_RUN(call())) return false;
 
   std::vector<double> t(size_t(opts_.iters));
   for (int i = 0; i < opts_.iters; i++) {
     if (!PERF_RUN(attnBarrier(comm_, dev_.stream()))) return false;
     const double t0 = nowUs();
-    if (!PERF_RUN(spec_.run(b, send, recv))) return false;
+    if (!PERF_RUN(call())) return false;
     t[size_t(i)] = nowUs() - t0;
   }
   // A call is as slow as its slowest rank.
@@ -183,6 +187,7 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
     info.library = lib;
     info.coll = spec_.name;
     info.mode = opts_.device >= 0 ? mode + ", cuda:" + std::to_string(opts_.device) : mode;
+    if (opts_.cudaGraph) info.mode += ", graph";
     info.transport = envOr(opts_.transports, "ATTN_TRANSPORT");
     info.algo = envOr(opts_.algo, "ATTN_ALGO");
     info.nranks = nranks_;

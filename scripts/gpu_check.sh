@@ -148,6 +148,11 @@ stage_perf() {
     run "$BUILD/perf/${coll}_perf" -G 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
   done
   run "$BUILD/perf/all_gather_perf" -G 0 -p 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
+  # Small all-reduces launched eagerly and as CUDA graphs (-g 1), one after
+  # the other: what a captured decode step pays per collective.
+  for g in 0 1 0 1; do
+    run "$BUILD/perf/all_reduce_perf" -G 0 -t 2 -g $g -b 8 -e 64K -f 8 -n 200 -w 20 -c 1
+  done
   # The staging backend (cuda_ipc off) in one piece, then pipelined:
   # collectives, and send/recv (src/device/staged_p2p.h).
   for chunk in 0 4194304; do
