@@ -368,6 +368,50 @@ TEST(DeviceGraph, KvAppendIsRefusedDuringACapture) {
   }, OnGpu0(&cfg));
 }
 
+// While a graph holds a communicator's captured operations, a launch may
+// park a stream at any moment, unannounced: the process's memory cache
+// then keeps what is past its cap instead of a device-wide free, and gives
+// it back once the graph is gone.
+TEST(DeviceGraph, TheMemoryCacheIsNotTrimmedWhileGraphsMayPark) {
+  REQUIRE_GPU();
+  namespace rm = attn::retained;
+  const size_t MiB = size_t(1) << 20;
+  const int aliveBefore = attn::StreamBridge::capturedAlive();
+  attnConfig_t cfg;
+  RunOptions o = OnGpu0(&cfg);
+  o.env = {{"ATTN_RETAINED_CACHE_MB", "1"}};  // read when a device communicator is made
+  RunThreads(1, [&](int, int, attnComm_t& comm) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float* x = nullptr;
+    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&x), 64 * sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaGraphExec_t exec = Capture(s, [&] {
+      EXPECT_EQ(attnAllReduce(x, x, 64, attnFloat32, attnSum, comm, (attnStream_t)s), attnSuccess);
+    });
+    ASSERT_NE(exec, nullptr);
+    const rm::Stats before = rm::stats();
+    rm::Block big;
+    ASSERT_EQ(rm::acquire(0, 4 * MiB, &big), attnSuccess);
+    rm::release(0, big);  // over the cap, but the graph may be launched
+    const rm::Stats kept = rm::stats();
+    EXPECT_EQ(kept.freed, before.freed) << "freed while a graph could park a stream";
+    EXPECT_GT(kept.trimsDeferred, before.trimsDeferred);
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    for (int i = 0; i < 5000 && attn::StreamBridge::capturedAlive() != aliveBefore; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    rm::Block small;
+    ASSERT_EQ(rm::acquire(0, 1000, &small), attnSuccess);
+    rm::release(0, small);
+    const rm::Stats after = rm::stats();
+    EXPECT_GT(after.freed, kept.freed) << "the graph is gone: the cache should trim to its cap";
+    EXPECT_LE(after.cachedBytes, MiB);
+    cudaFreeAsync(x, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaStreamDestroy(s);
+  }, o);
+}
+
 // A graph may outlive its communicator: destroying the communicator frees
 // its device state at once (the graph keeps only its flags), a later
 // launch runs nothing and does not hang, and destroying the graph frees

@@ -41,7 +41,7 @@ bool whileNoneParked(const std::function<void()>& fn) {
   {
     std::lock_guard<std::mutex> g(r.mu);
     for (const StreamBridge* b : r.bridges)
-      if (b->busy()) return false;
+      if (b->mayParkStreams()) return false;
   }
   fn();
   return true;

@@ -8,7 +8,9 @@
 // stream and the stream for the thread: neither ends. Such a free is safe
 // only while no bridge of the process has work queued or running, and
 // while none can start one: whileNoneParked checks the first and holds
-// off StreamBridge::enqueue for the second.
+// off StreamBridge::enqueue for the second. A launch of a CUDA graph that
+// holds a bridge's captured operations cannot be held off, so while such
+// graphs exist the bridge counts as parked.
 #pragma once
 
 #include <functional>

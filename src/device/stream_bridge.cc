@@ -260,6 +260,12 @@ attnResult_t StreamBridge::enqueueCaptured(cudaStream_t stream, Work work) {
 
 int StreamBridge::capturedAlive() { return liveCaptured.load(); }
 
+bool StreamBridge::mayParkStreams() const {
+  if (busy()) return true;
+  std::lock_guard<std::mutex> g(link_->mu);
+  return !link_->live.empty();
+}
+
 void StreamBridge::freeCaptured(void* p) {
   // On a CUDA thread, once no graph holds the operation: no CUDA calls. The
   // work, if the bridge has not dropped it, holds the device state, but

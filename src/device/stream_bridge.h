@@ -73,6 +73,10 @@ class StreamBridge {
   void abort();
   // Operations captured into graphs that still exist, in the process (tests).
   static int capturedAlive();
+  // Whether a stream may be parked on this bridge, now or at any moment
+  // (parked_streams.h): operations are queued or running, or graphs hold
+  // captured operations, whose launches park their streams unannounced.
+  bool mayParkStreams() const;
   // True while operations are queued or running.
   bool busy() const { return completed_.load() != issued_.load() || capturedRunning_.load() != 0; }
   // Returns once every operation enqueued so far has finished (run or
