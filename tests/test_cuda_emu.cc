@@ -418,4 +418,51 @@ TEST(CudaEmu, GraphsHoldUserObjectsUntilTheLastReferenceGoes) {
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+// A capture forks into a second stream through an event and joins back:
+// both streams' work is in the graph; only the stream that began the
+// capture may end it.
+TEST(CudaEmu, CapturesForkIntoOtherStreamsAndJoinBack) {
+  REQUIRE_GPU();
+  cudaStream_t s, t;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t fork, join;
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  char* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d, 0, 2), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d, 1, 1, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(fork, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(t, fork, 0), cudaSuccess);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaStreamIsCapturing(t, &st), cudaSuccess);
+  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+  ASSERT_EQ(cudaMemsetAsync(d + 1, 2, 1, t), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(join, t), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(s, join, 0), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(t, &graph), cudaErrorStreamCaptureUnmatched);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_EQ(cudaStreamIsCapturing(t, &st), cudaSuccess);
+  EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+  char h[2] = {9, 9};
+  ASSERT_EQ(cudaMemcpy(h, d, 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h[0], 0);
+  EXPECT_EQ(h[1], 0);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(h, d, 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h[0], 1);
+  EXPECT_EQ(h[1], 2);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  for (cudaEvent_t e : {fork, join}) EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  for (cudaStream_t x : {s, t}) EXPECT_EQ(cudaStreamDestroy(x), cudaSuccess);
+}
+
 }  // namespace

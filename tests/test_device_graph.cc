@@ -124,6 +124,56 @@ TEST(DeviceGraph, CapturedCollectivesRunAtEachLaunch) {
   }
 }
 
+// Sends on one stream and receives on another, in one group, inside a
+// capture that forks into the second stream and joins it back (as engines
+// capture several streams): the group's streams are joined inside the
+// graph, and every launch moves that launch's data.
+TEST(DeviceGraph, AGroupOverTwoStreamsInsideAForkedCapture) {
+  REQUIRE_GPU();
+  attnConfig_t cfg;
+  RunThreads(3, [](int rank, int nranks, attnComm_t& comm) {
+    const size_t count = 100;
+    cudaStream_t s, t;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+    cudaEvent_t fork, join;
+    ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    float *out, *in;
+    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&out), count * sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&in), count * sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks;
+    cudaGraphExec_t exec = Capture(s, [&] {
+      EXPECT_EQ(cudaEventRecord(fork, s), cudaSuccess);
+      EXPECT_EQ(cudaStreamWaitEvent(t, fork, 0), cudaSuccess);
+      EXPECT_EQ(attnGroupStart(), attnSuccess);
+      EXPECT_EQ(attnSend(out, count, attnFloat32, right, comm, (attnStream_t)s), attnSuccess);
+      EXPECT_EQ(attnRecv(in, count, attnFloat32, left, comm, (attnStream_t)t), attnSuccess);
+      EXPECT_EQ(attnGroupEnd(), attnSuccess) << attnGetLastError(comm);
+      EXPECT_EQ(cudaEventRecord(join, t), cudaSuccess);
+      EXPECT_EQ(cudaStreamWaitEvent(s, join, 0), cudaSuccess);
+    });
+    ASSERT_NE(exec, nullptr);
+    for (int launch = 1; launch <= 2; ++launch) {
+      std::vector<float> mine(count), got(count, -1.f);
+      for (size_t i = 0; i < count; ++i) mine[i] = float(launch * 1000 + rank * 100 + int(i));
+      ASSERT_EQ(cudaMemcpyAsync(out, mine.data(), count * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), in, count * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(got[i], float(launch * 1000 + left * 100 + int(i))) << "launch " << launch;
+    }
+    ExpectNoAsyncError(comm);
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    for (float* p : {out, in}) cudaFreeAsync(p, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    for (cudaEvent_t e : {fork, join}) cudaEventDestroy(e);
+    for (cudaStream_t x : {s, t}) cudaStreamDestroy(x);
+  }, OnGpu0(&cfg));
+}
+
 // Many operations in one graph: each takes a flag word, and past the first
 // page of them the library allocates pinned memory during the capture,
 // which must not break it (the capturing thread is in thread-local mode).

@@ -114,6 +114,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
     return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture on the legacy stream");
   if (st->capture()) return fail(cudaErrorIllegalState, "cudaStreamBeginCapture: stream %p already captures", (void*)s);
   auto c = std::make_shared<Capture>();
+  c->origin = st.get();
   c->mode = mode;
   c->owner = std::this_thread::get_id();
   {
@@ -132,9 +133,16 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   if (!st) return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture on %p", (void*)s);
   std::shared_ptr<Capture> c = st->capture();
   if (!c) return fail(cudaErrorIllegalState, "cudaStreamEndCapture: stream %p does not capture", (void*)s);
+  if (c->origin != st.get())
+    return fail(cudaErrorStreamCaptureUnmatched, "cudaStreamEndCapture on a stream forked into the capture");
   if (c->mode != cudaStreamCaptureModeRelaxed && c->owner != std::this_thread::get_id())
     return fail(cudaErrorStreamCaptureWrongThread, "cudaStreamEndCapture from another thread");
   st->setCapture(nullptr);
+  {
+    std::lock_guard<std::mutex> g(c->mu);
+    for (auto& w : c->forked)
+      if (std::shared_ptr<Stream> f = w.lock(); f && f->capture() == c) f->setCapture(nullptr);
+  }
   {
     std::lock_guard<std::mutex> g(captures().mu);
     std::erase(captures().open, c);

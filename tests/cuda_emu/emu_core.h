@@ -129,11 +129,15 @@ double nowMs();
 
 // ---- stream capture (emu_capture.cc) ----------------------------------------
 
-// One cudaStreamBeginCapture .. cudaStreamEndCapture sequence on one stream
-// (captures that fork into other streams are not emulated: joining another
-// stream through an event recorded in a capture is refused).
+// One cudaStreamBeginCapture .. cudaStreamEndCapture sequence. Another
+// stream that waits for an event recorded in it joins it (a fork); the
+// work of all its streams is recorded in issue order, which respects every
+// dependency, and a launch runs it in that order. (That forked streams
+// joined back before the end is not checked.)
 struct Capture {
   std::mutex mu;
+  const Stream* origin = nullptr;  // the stream that began it: only it may end it
+  std::vector<std::weak_ptr<Stream>> forked;
   std::vector<Op> ops;  // what each launch of the graph runs, in order
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::thread::id owner;

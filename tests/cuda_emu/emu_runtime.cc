@@ -428,10 +428,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int fla
   const std::shared_ptr<Capture> mine = st->capture();
   if (captured) {
     if (captured == mine) return cudaSuccess;  // the capture is in order already
-    captured->invalidate();
-    return fail(cudaErrorStreamCaptureUnsupported,
-                "cudaStreamWaitEvent on an event recorded in another stream's capture (forking a capture into "
-                "another stream is not emulated)");
+    if (mine) {
+      captured->invalidate();
+      mine->invalidate();
+      return fail(cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent joins two different captures");
+    }
+    // A fork: this stream's work now goes into the capture too.
+    {
+      std::lock_guard<std::mutex> g(captured->mu);
+      captured->forked.push_back(st);
+    }
+    st->setCapture(captured);
+    return cudaSuccess;
   }
   if (mine && gen != 0) {
     mine->invalidate();
