@@ -167,12 +167,18 @@ StreamBridge::~StreamBridge() {
 attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
   DeviceScope scope(device_);
   ATTN_CUDA_CHECK(scope.error());
+  // One query: whether the stream captures, and into which graph.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  ATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  cudaGraph_t graph = nullptr;
+#if CUDART_VERSION >= 13000
+  ATTN_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph));
+#else
+  ATTN_CUDA_CHECK(cudaStreamGetCaptureInfo_v2(stream, &capture, nullptr, &graph));
+#endif
   if (capture == cudaStreamCaptureStatusInvalidated)
     return setError(attnInvalidUsage,
                     "the caller's stream is in a CUDA graph capture that was already invalidated");
-  if (capture == cudaStreamCaptureStatusActive) return enqueueCaptured(stream, std::move(work));
+  if (capture == cudaStreamCaptureStatusActive) return enqueueCaptured(stream, graph, std::move(work));
   std::lock_guard<std::mutex> gate(parked::enqueueGate());  // no device-wide free while a stream parks
   std::lock_guard<std::mutex> g(mu_);
   if (aborted_ || stopping_)
@@ -200,20 +206,13 @@ attnResult_t StreamBridge::enqueue(cudaStream_t stream, Work work) {
   return attnSuccess;
 }
 
-attnResult_t StreamBridge::enqueueCaptured(cudaStream_t stream, Work work) {
+attnResult_t StreamBridge::enqueueCaptured(cudaStream_t stream, cudaGraph_t graph, Work work) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (aborted_ || stopping_)
       return setError(attnInvalidUsage, "device communicator is aborted or being destroyed");
     if (!writeValue32_) ATTN_CHECK(findStreamValue32("cuStreamWriteValue32", &writeValue32_));
   }
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaGraph_t graph = nullptr;
-#if CUDART_VERSION >= 13000
-  ATTN_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph));
-#else
-  ATTN_CUDA_CHECK(cudaStreamGetCaptureInfo_v2(stream, &status, nullptr, &graph));
-#endif
   // The graph owns the operation from here: the user object frees it with
   // the graph, or at once if it cannot be handed over.
   auto* raw = new Captured{link_, std::move(work), nullptr, nullptr};

@@ -115,7 +115,8 @@ class StreamBridge {
   };
   StreamBridge() = default;
   attnResult_t start(int device, OnError onError);
-  attnResult_t enqueueCaptured(cudaStream_t stream, Work work);
+  // `graph`: the one `stream` is capturing into.
+  attnResult_t enqueueCaptured(cudaStream_t stream, cudaGraph_t graph, Work work);
   // The captured host function: queues one launch's run of `op`.
   static void submitCaptured(void* op);
   // The graph's user object destructor: frees `op` and its flag.
