@@ -38,8 +38,8 @@
  * the calls run in the same order on all ranks, and must not launch a
  * graph while another launch of it is running. A graph may outlive its
  * communicator: once the communicator is destroyed, a launch runs nothing
- * of it and releases the stream (outputs undefined). attnKvAppend is
- * refused during a capture (it records the tokens at the call). Ranks that
+ * of it and releases the stream (outputs undefined). KV pool calls are
+ * captured too (see attnKvAppend). Ranks that
  * are threads of one process should capture in
  * cudaStreamCaptureModeThreadLocal or Relaxed: in Global mode another
  * thread's cudaMalloc breaks the capture (CUDA's rule). The library's own
@@ -611,7 +611,17 @@ ATTN_API attnResult_t attnKvPoolDestroy(attnKvPool_t pool);
  * global positions, increasing) to request req of this rank, creating it on
  * first use. Tokens fill the request's last block when it is here, then new
  * blocks of this rank's pool; attnInvalidUsage when the pool has too few
- * free blocks (nothing is appended then). */
+ * free blocks (nothing is appended then).
+ *
+ * CUDA graphs: an append on a stream that is being captured is captured
+ * (only the arguments' pointers and n are checked then): each launch of
+ * the graph appends the n tokens k and v hold at that launch, at the
+ * positions pos holds at that launch (a host array that must stay valid;
+ * write it before each launch). A launch that cannot append (positions,
+ * pool full, pool destroyed) appends nothing and is reported by
+ * attnCommGetAsyncError. The request's other calls (appends, release)
+ * must come after the stream has run the launches before them. A
+ * captured pool collective sees the pool as it is at its launch. */
 ATTN_API attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k, const void* v,
                                    const int32_t* pos, int n, attnStream_t stream);
 

@@ -1,8 +1,8 @@
 // Device communicators inside CUDA graphs: operations enqueued on a stream
 // that is being captured run at every launch of the graph, with the
 // buffers' contents of that launch; the proxy's own synchronisation never
-// breaks an application's capture; calls that cannot be replayed are
-// refused during a capture. Skips without a GPU.
+// breaks an application's capture; what fails at a launch is the
+// communicator's asynchronous error. Skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -382,40 +382,83 @@ TEST(DeviceGraph, ProxySynchronisationDoesNotBreakAnApplicationsCapture) {
   EXPECT_EQ(ended, cudaSuccess) << "the application's capture was broken: " << cudaGetErrorString(ended);
 }
 
-// An append changes the pool's books at the call: it cannot be replayed, so
-// it is refused during a capture, and the capture itself stays valid.
-TEST(DeviceGraph, KvAppendIsRefusedDuringACapture) {
+// A captured attnKvAppend runs at each launch, with the positions the host
+// array holds then (DeviceKvPool.CapturedDecodeStep… checks the tokens).
+// What fails at a launch appends nothing and is the communicator's
+// asynchronous error: positions that do not increase, a full pool, a pool
+// destroyed before the launch.
+TEST(DeviceGraph, CapturedKvAppendFailuresAreAsyncErrorsOfTheLaunch) {
   REQUIRE_GPU();
-  attnConfig_t cfg;
-  RunThreads(1, [](int, int, attnComm_t& comm) {
-    const attnKvPoolConfig_t pc{4, 1, 8, attnFloat32, 8};
-    attnKvPool_t pool = nullptr;
-    ASSERT_EQ(attnKvPoolCreate(comm, &pc, &pool), attnSuccess) << attnGetLastError(comm);
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    float* kv = nullptr;
-    int32_t* pos = nullptr;
-    ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&kv), 3 * 8 * sizeof(float), s), cudaSuccess);
-    ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pos), 3 * sizeof(int32_t)), cudaSuccess);
-    ASSERT_EQ(cudaMemsetAsync(kv, 0, 3 * 8 * sizeof(float), s), cudaSuccess);
-    for (int i = 0; i < 3; ++i) pos[i] = i;
-    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    EXPECT_EQ(attnKvAppend(pool, 7, kv, kv, pos, 3, (attnStream_t)s), attnInvalidUsage);
-    const std::string why = attnGetLastError(nullptr);
-    EXPECT_NE(why.find("captured into a CUDA graph"), std::string::npos) << why;
-    cudaGraph_t graph = nullptr;
-    EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    if (graph) cudaGraphDestroy(graph);
-    // The request was not recorded: the same append works now.
-    EXPECT_EQ(attnKvAppend(pool, 7, kv, kv, pos, 3, (attnStream_t)s), attnSuccess) << attnGetLastError(comm);
-    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    EXPECT_EQ(attnKvPoolDestroy(pool), attnSuccess);
-    cudaFreeAsync(kv, s);
-    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    cudaFreeHost(pos);
-    cudaStreamDestroy(s);
-  }, OnGpu0(&cfg));
+  struct Case {
+    const char* name;
+    int64_t capacity;
+    int goodLaunches;     // launches that append, each at a new position
+    bool repeatPosition;  // then one at the last position again
+    bool destroyPool;     // then one after attnKvPoolDestroy
+    attnResult_t code;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"positions", 8, 2, true, false, attnInvalidArgument, "positions must increase"},
+      {"full pool", 1, 4, false, false, attnInvalidUsage, "free of 1"},
+      {"destroyed pool", 8, 1, false, true, attnInvalidUsage, "after its pool was destroyed"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    attnConfig_t cfg;
+    RunThreads(1, [&](int, int, attnComm_t& comm) {
+      const attnKvPoolConfig_t pc{4, 1, 8, attnFloat32, c.capacity};
+      attnKvPool_t pool = nullptr;
+      ASSERT_EQ(attnKvPoolCreate(comm, &pc, &pool), attnSuccess) << attnGetLastError(comm);
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      float* kv = nullptr;
+      int32_t* pos = nullptr;
+      ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&kv), 8 * sizeof(float), s), cudaSuccess);
+      ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pos), sizeof(int32_t)), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(kv, 0, 8 * sizeof(float), s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaGraphExec_t exec = Capture(s, [&] {
+        EXPECT_EQ(attnKvAppend(pool, 7, kv, kv, pos, 1, (attnStream_t)s), attnSuccess) << attnGetLastError(comm);
+      });
+      ASSERT_NE(exec, nullptr);
+      int64_t tokens = -1;
+      // Captured, not run: the request does not exist yet.
+      EXPECT_EQ(attnKvGetPlacement(pool, 7, nullptr, &tokens), attnInvalidArgument);
+      for (int i = 0; i < c.goodLaunches; ++i) {
+        *pos = 10 * i;
+        ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        ExpectNoAsyncError(comm);
+        ASSERT_EQ(attnKvGetPlacement(pool, 7, nullptr, &tokens), attnSuccess) << attnGetLastError(comm);
+        EXPECT_EQ(tokens, i + 1);
+      }
+      if (c.destroyPool) {
+        EXPECT_EQ(attnKvPoolDestroy(pool), attnSuccess);
+        pool = nullptr;
+      } else if (!c.repeatPosition) {
+        *pos += 10;
+      }
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // the failed launch still released the stream
+      attnResult_t async = attnSuccess;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, c.code);
+      const std::string why = attnGetLastError(comm);
+      EXPECT_NE(why.find(c.error), std::string::npos) << why;
+      EXPECT_NE(why.find("request 7"), std::string::npos) << why;
+      if (pool) {  // nothing was appended
+        ASSERT_EQ(attnKvGetPlacement(pool, 7, nullptr, &tokens), attnSuccess) << attnGetLastError(comm);
+        EXPECT_EQ(tokens, c.goodLaunches);
+        EXPECT_EQ(attnKvPoolDestroy(pool), attnSuccess);
+      }
+      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+      cudaFreeAsync(kv, s);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaFreeHost(pos);
+      cudaStreamDestroy(s);
+    }, OnGpu0(&cfg));
+  }
 }
 
 // While a graph holds a communicator's captured operations, a launch may

@@ -439,8 +439,9 @@ TEST(DeviceKvPool, CapturedDecodeStepSeesTheTokensAppendedBeforeEachLaunch) {
       cudaGraphExec_t exec = nullptr;
       ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
       ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-      for (int len = kStart; len <= kFinal; ++len) {
-        if (rank == 0 && len > kStart) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, len - 1, len, kFinal));
+      // The first append too comes between the capture and a launch.
+      for (int len = kStart + 1; len <= kFinal; ++len) {
+        if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, len - 1, len, kFinal));
         ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
         std::vector<uint8_t> gotOut(qs.q.size());
         std::vector<float> gotLse(lseCount);
@@ -457,6 +458,89 @@ TEST(DeviceKvPool, CapturedDecodeStepSeesTheTokensAppendedBeforeEachLaunch) {
       EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
       EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
       for (void* p : {q, out, lse}) EXPECT_EQ(cudaFreeAsync(p, st), cudaSuccess);
+    });
+  }
+}
+
+// A whole decode step captured once: the new token's append, then the
+// attention over the request. Each launch appends the token that the
+// device buffers and the host position hold at that launch (one launch
+// fills a block, the next takes a new one) and attends over all tokens so
+// far, two blocks of them lent to the peer. The last token is appended
+// outside the graph, after the launches: the pool's books followed them.
+TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
+  REQUIRE_GPU();
+  constexpr int kBlock = 4, kStart = 2 * kBlock + 1, kFinal = 3 * kBlock + 2;
+  constexpr int64_t kReq = 100;
+  for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
+    RunWithDevicePools(2, kBlock, t, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
+      const bool owner = rank == 0;
+      if (owner) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, 0, kStart, kFinal));
+      std::vector<attnKvMove_t> moves;
+      if (owner) moves = {{0, 1, 0, kReq, 2}};
+      ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+      const KvTokens x = RequestTokens(t, rank, kReq, kFinal);
+      const size_t row = size_t(kKvHeads) * kKvDim * KvElemSize(t);
+      const std::vector<Req> reqs = owner ? std::vector<Req>{{kReq, kStart, 1}} : std::vector<Req>{};
+      const KvQueries qs = MakeKvQueries(rank, reqs, t, false);
+      const size_t lseCount = size_t(qs.rows) * qs.cfg.num_q_heads;
+      void *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr, *lse = nullptr;
+      int32_t* pos = nullptr;  // the new token's position, written before each launch
+      ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pos), sizeof(int32_t)), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(&k, row, st), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(&v, row, st), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(&q, qs.q.size() + 1, st), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(&out, qs.q.size() + 1, st), cudaSuccess);
+      ASSERT_EQ(cudaMallocAsync(&lse, lseCount * sizeof(float) + 4, st), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(q, qs.q.data(), qs.q.size(), cudaMemcpyHostToDevice, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      const attnResult_t appended = owner ? attnKvAppend(pool, kReq, k, v, pos, 1, AsStream(st)) : attnSuccess;
+      const attnResult_t attended =
+          attnKvAttention(pool, int(qs.ids.size()), qs.ids.data(), qs.offs.data(), q, qs.qpos.data(), out,
+                          static_cast<float*>(lse), &qs.cfg, AsStream(st));
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+      ATTN_ASSERT_OK(comm, appended);
+      ATTN_ASSERT_OK(comm, attended);
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+      for (int len = kStart + 1; len < kFinal; ++len) {
+        // The step's new token, as the model's kernels would leave it.
+        ASSERT_EQ(cudaMemcpyAsync(k, x.k.data() + size_t(len - 1) * row, row, cudaMemcpyHostToDevice, st),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(v, x.v.data() + size_t(len - 1) * row, row, cudaMemcpyHostToDevice, st),
+                  cudaSuccess);
+        *pos = x.pos[size_t(len - 1)];
+        ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+        std::vector<uint8_t> gotOut(qs.q.size());
+        std::vector<float> gotLse(lseCount);
+        ASSERT_EQ(cudaMemcpyAsync(gotOut.data(), out, gotOut.size(), cudaMemcpyDeviceToHost, st), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(gotLse.data(), lse, lseCount * sizeof(float), cudaMemcpyDeviceToHost, st),
+                  cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+        if (!owner) continue;
+        ExpectExact(CompareKvAttention(qs, rank, {{kReq, len, 1}}, t, false, gotOut.data(), gotLse.data()), t,
+                    "launch appending token " + std::to_string(len - 1));
+        int64_t tokens = 0;
+        ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, kReq, nullptr, &tokens));
+        EXPECT_EQ(tokens, len);
+      }
+      attnResult_t async = attnInternalError;
+      EXPECT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      EXPECT_EQ(async, attnSuccess) << attnGetLastError(comm);
+      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+      for (void* p : {k, v, q, out, lse}) EXPECT_EQ(cudaFreeAsync(p, st), cudaSuccess);
+      if (owner) {
+        ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, kFinal - 1, kFinal, kFinal));
+        EXPECT_EQ(Holders(pool, 2, kReq), (std::vector<int64_t>{2, 2}));
+      }
+      ExpectExact(DeviceAttentionCall(pool, comm, st, rank, owner ? std::vector<Req>{{kReq, kFinal, 3}}
+                                                                  : std::vector<Req>{}, t, true).Check(),
+                  t, "the last token appended outside the graph");
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      cudaFreeHost(pos);
     });
   }
 }

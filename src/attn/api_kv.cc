@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "src/attn/kv_attention.h"
 #include "src/attn/kv_migrate.h"
@@ -103,6 +104,18 @@ class CollectiveTicket {
 // non-blocking communicator, or enqueued on `stream` (device communicator).
 attnResult_t dispatchCollective(KvPool& p, attnStream_t stream, const char* name, CommOp body) {
   attnComm* comm = p.comm();
+  bool captured = false;
+  if (deviceRoute(comm)) ATTN_CHECK(p.capturing(stream, &captured));
+  if (captured)
+    // A graph's collective takes its place among the local calls at each
+    // launch, not at the capture: it sees the appends made before it.
+    return p.captureWork(stream, std::string("attn") + name, [body = std::move(body)](KvPool& pool) {
+      CollectiveTicket ticket(pool);
+      ticket.start();
+      const attnResult_t r = runGuarded(body);
+      ticket.finish();
+      return r;
+    });
   auto ticket = std::make_shared<CollectiveTicket>(p);
   CommOp run = [ticket, body = std::move(body)] {
     ticket->start();

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <new>
+#include <string>
 #include <thread>
 
 #include "src/attn/kv_exchange.h"
@@ -60,7 +61,14 @@ KvPool::KvPool(attnComm* comm, const attnKvPoolConfig_t& cfg) : comm_(comm), cfg
   rowBytes_ = size_t(cfg.num_kv_heads) * size_t(cfg.head_dim) * dataTypeSize(cfg.dtype);
 }
 
-KvPool::~KvPool() { drain(); }
+KvPool::~KvPool() {
+  if (graphLink_) {
+    // A launch running now finishes first; later ones find no pool.
+    std::lock_guard<std::mutex> g(graphLink_->mu);
+    graphLink_->pool = nullptr;
+  }
+  drain();
+}
 
 int KvPool::rank() const { return comm_->rank; }
 int KvPool::nranks() const { return comm_->nranks; }
@@ -118,6 +126,43 @@ attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int
   ATTN_REQUIRE(n >= 0, "n = %d < 0", n);
   if (n == 0) return attnSuccess;
   ATTN_REQUIRE(k && v && pos, "k, v or pos is NULL with %d tokens", n);
+  bool capturing = false;
+  ATTN_CHECK(mem_->capturing(stream, &capturing));
+  if (capturing)
+    return captureWork(stream, "attnKvAppend of request " + std::to_string(req),
+                       [req, k, v, pos, n](KvPool& p) { return p.appendAtLaunch(req, k, v, pos, n); });
+  std::lock_guard<std::mutex> front(frontMu_);
+  return appendLocked(req, k, v, pos, n, stream);
+}
+
+attnResult_t KvPool::captureWork(attnStream_t stream, std::string what, LaunchWork work) {
+  std::shared_ptr<GraphLink> link;
+  {
+    std::lock_guard<std::mutex> front(frontMu_);
+    if (!graphLink_) graphLink_ = std::make_shared<GraphLink>(this);
+    link = graphLink_;
+  }
+  return deviceEnqueueWork(comm_, stream, [link, prefix = comm_->prefix, what = std::move(what),
+                                           work = std::move(work)]() -> attnResult_t {
+    ErrorContext ctx(prefix);
+    std::lock_guard<std::mutex> g(link->mu);
+    if (!link->pool)
+      return setError(attnInvalidUsage, "a CUDA graph launched %s after its pool was destroyed; nothing ran",
+                      what.c_str());
+    return work(*link->pool);
+  });
+}
+
+attnResult_t KvPool::appendAtLaunch(int64_t req, const void* k, const void* v, const int32_t* pos, int n) {
+  std::lock_guard<std::mutex> front(frontMu_);
+  // The copies go on the pool's own stream: the caller's stream is parked
+  // on this launch, after the kernels that wrote k and v.
+  ATTN_CHECK(appendLocked(req, k, v, pos, n, mem_->ownStream()));
+  return mem_->waitOwnStream();
+}
+
+attnResult_t KvPool::appendLocked(int64_t req, const void* k, const void* v, const int32_t* pos, int n,
+                                  attnStream_t stream) {
   auto it = front_.find(req);
   const FrontRequest* r = it == front_.end() ? nullptr : &it->second;
   int32_t last = r && r->tokens > 0 ? r->lastPos : INT32_MIN;
@@ -127,7 +172,6 @@ attnResult_t KvPool::append(int64_t req, const void* k, const void* v, const int
                  "must increase)", (long long)req, i, pos[i], last);
     last = pos[i];
   }
-  ATTN_CHECK(mem_->checkStream(stream));
   const int bt = cfg_.block_tokens;
   const int64_t room = r && r->lastSlot >= 0 ? bt - r->lastFill : 0;
   const int64_t needed = std::max<int64_t>(0, (int64_t(n) - room + bt - 1) / bt);
@@ -213,6 +257,7 @@ void KvPool::positionsNotMirrored(const std::vector<int32_t>& slots) {
 }
 
 attnResult_t KvPool::release(int64_t req) {
+  std::lock_guard<std::mutex> front(frontMu_);
   ATTN_REQUIRE(front_.count(req), "request %lld is not a request of this rank", (long long)req);
   front_.erase(req);
   KvLocalCall call;
@@ -313,6 +358,10 @@ attnKvPoolStats_t KvPool::stats() {
   attnKvPoolStats_t s{};
   s.capacity_blocks = cfg_.capacity_blocks;
   s.used_blocks = cfg_.capacity_blocks - freeBlocks();
+  {
+    std::lock_guard<std::mutex> front(frontMu_);
+    s.num_requests = int(front_.size());
+  }
   std::lock_guard<std::mutex> g(booksMu);
   for (const auto& [key, blocks] : lentIn) s.lent_in_blocks += int64_t(blocks.size());
   const int me = rank();
@@ -323,11 +372,11 @@ attnKvPoolStats_t KvPool::stats() {
   };
   if (pending_.empty()) count(own);
   else count(frontBooksLocked());
-  s.num_requests = int(front_.size());
   return s;
 }
 
 attnResult_t KvPool::placement(int64_t req, int64_t* holders, int64_t* tokens) {
+  std::lock_guard<std::mutex> front(frontMu_);
   auto f = front_.find(req);
   ATTN_REQUIRE(f != front_.end(), "request %lld is not a request of this rank", (long long)req);
   std::lock_guard<std::mutex> g(booksMu);

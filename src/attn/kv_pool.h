@@ -14,7 +14,8 @@
 // Two views of the requests, because collectives may be queued (a device
 // stream, a non-blocking communicator) while the caller goes on:
 //  - the front: every local call made so far (append, release). The caller's
-//    thread checks new calls against it, so their errors return at once;
+//    thread checks new calls against it, so their errors return at once
+//    (an append captured into a CUDA graph enters it at each launch);
 //  - the books (`own`, `lentIn`): what the collectives see. A collective
 //    runs on the books as they were when it was enqueued: local calls made
 //    after it wait in `pending_` until it has run.
@@ -24,9 +25,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -70,10 +73,15 @@ class KvMemory {
   virtual attnResult_t copyIn(char* dst, const void* src, size_t bytes, attnStream_t stream) = 0;
   // One call's copies are enqueued (device: remembered for destroy).
   virtual attnResult_t copiesDone(attnStream_t) { return attnSuccess; }
-  // Refuses a stream copies cannot be enqueued on. Device: a stream being
-  // captured into a CUDA graph, since the pool's books change at the call
-  // and the copies would happen only when the graph runs.
-  virtual attnResult_t checkStream(attnStream_t) { return attnSuccess; }
+  // Whether `stream` is being captured into a CUDA graph (device only).
+  virtual attnResult_t capturing(attnStream_t, bool* yes) {
+    *yes = false;
+    return attnSuccess;
+  }
+  // The pool's own stream, for copies made where no caller's stream is (a
+  // graph's append, run on the proxy thread), and the wait for them.
+  virtual attnStream_t ownStream() { return nullptr; }
+  virtual attnResult_t waitOwnStream() { return attnSuccess; }
   // Device pools: the mirror of the pool's positions (by row) in device
   // memory; null on the host.
   virtual int32_t* positions() { return nullptr; }
@@ -126,11 +134,25 @@ class KvPool {
   bool takeSlots(int64_t n, std::vector<int64_t>* slots);
   void giveSlot(int64_t slot);
 
-  // --- Local calls, on the caller's thread (front view).
+  // --- Local calls, on the caller's thread (front view). An append on a
+  // stream that captures a CUDA graph is captured instead: each launch of
+  // the graph runs it on the proxy thread, with k, v and pos as they are
+  // then; its errors become the communicator's asynchronous error.
   attnResult_t append(int64_t req, const void* k, const void* v, const int32_t* pos, int n,
                       attnStream_t stream);
   attnResult_t release(int64_t req);
-  bool owns(int64_t req) const { return front_.count(req) > 0; }
+  // Whether `stream` is capturing a CUDA graph (device pools).
+  attnResult_t capturing(attnStream_t stream, bool* yes) { return mem_->capturing(stream, yes); }
+  // Makes `work` a node of the graph `stream` captures: each launch runs it
+  // on the proxy thread while the pool lives. A launch after the pool was
+  // destroyed runs nothing and fails, naming `what` (the communicator's
+  // asynchronous error).
+  using LaunchWork = std::function<attnResult_t(KvPool&)>;
+  attnResult_t captureWork(attnStream_t stream, std::string what, LaunchWork work);
+  bool owns(int64_t req) const {
+    std::lock_guard<std::mutex> g(frontMu_);
+    return front_.count(req) > 0;
+  }
   attnKvPoolStats_t stats();
   attnResult_t placement(int64_t req, int64_t* holders, int64_t* tokens);
 
@@ -179,6 +201,18 @@ class KvPool {
     int64_t lastSlot = -1;  // the last block (always here), -1 before the first
     int32_t lastFill = 0;
   };
+  // What a graph's captured work holds instead of the pool, which may go
+  // first: cut (null) by the destructor.
+  struct GraphLink {
+    explicit GraphLink(KvPool* p) : pool(p) {}
+    std::mutex mu;  // held while a launch appends
+    KvPool* pool;
+  };
+  // Holding frontMu_: the append, its copies enqueued on `stream`.
+  attnResult_t appendLocked(int64_t req, const void* k, const void* v, const int32_t* pos, int n,
+                            attnStream_t stream);
+  // One launch's run of a captured append (proxy thread).
+  attnResult_t appendAtLaunch(int64_t req, const void* k, const void* v, const int32_t* pos, int n);
   // Holding booksMu: a local call into the books now, or queued behind the
   // collectives.
   void submitLocked(KvLocalCall call);
@@ -200,7 +234,10 @@ class KvPool {
   mutable std::mutex freeMu_;
   std::vector<int64_t> free_;  // a stack: the lowest slots are taken first
 
-  std::map<int64_t, FrontRequest> front_;  // the caller's thread only
+  // The caller's thread, and the proxy thread where a graph's append runs.
+  mutable std::mutex frontMu_;
+  std::map<int64_t, FrontRequest> front_;
+  std::shared_ptr<GraphLink> graphLink_;  // made at the first captured append
   // Under booksMu:
   std::deque<KvLocalCall> pending_;
   std::deque<uint64_t> queued_;  // collectives enqueued, not finished

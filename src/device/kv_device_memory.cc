@@ -1,5 +1,6 @@
 // A device pool's K and V: two allocations on the communicator's GPU, and
-// the copies of appends enqueued on the caller's stream. And the mirror of
+// the copies of appends enqueued on the caller's stream (or, for an append
+// a CUDA graph launched, on the pool's own stream). And the mirror of
 // the pool's positions, which kvAttention keeps up to date
 // (kv_attention_device.cc).
 //
@@ -74,15 +75,21 @@ class DeviceKvMemory : public KvMemory {
     return attnSuccess;
   }
 
-  attnResult_t checkStream(attnStream_t stream) override {
+  attnResult_t capturing(attnStream_t stream, bool* yes) override {
     DeviceScope scope;
     ATTN_CHECK(scope.enter(device_));
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     ATTN_CUDA_CHECK(cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture));
-    if (capture != cudaStreamCaptureStatusNone)
-      return setError(attnInvalidUsage,
-                      "attnKvAppend on a stream that is being captured into a CUDA graph: the pool records "
-                      "the tokens at the call, so the append cannot be replayed; append outside the capture");
+    *yes = capture != cudaStreamCaptureStatusNone;
+    return attnSuccess;
+  }
+
+  attnStream_t ownStream() override { return reinterpret_cast<attnStream_t>(stream_); }
+
+  attnResult_t waitOwnStream() override {
+    DeviceScope scope;
+    ATTN_CHECK(scope.enter(device_));
+    ATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return attnSuccess;
   }
 

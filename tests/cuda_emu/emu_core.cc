@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 namespace attn_emu {
@@ -282,7 +284,21 @@ void Stream::retire() {
   cv_.notify_all();
 }
 
+// ATTN_CUDA_EMU_STREAM_DELAY_US: each piece of stream work starts up to
+// that many microseconds late (random), as a busy GPU would run it, so
+// that a missing wait for a stream shows up as wrong data.
+static int streamDelayUs() {
+  static const int us = [] {
+    const char* s = getenv("ATTN_CUDA_EMU_STREAM_DELAY_US");
+    const int v = s ? atoi(s) : 0;
+    return v < 0 ? 0 : v;
+  }();
+  return us;
+}
+
 void Stream::loop() {
+  thread_local std::minstd_rand jitter(std::random_device{}());
+  const int delayUs = streamDelayUs();
   std::unique_lock<std::mutex> g(mu_);
   for (;;) {
     cv_.wait(g, [&] { return !queue_.empty() || retired_; });
@@ -290,6 +306,7 @@ void Stream::loop() {
     Op op = std::move(queue_.front());
     queue_.pop_front();
     g.unlock();
+    if (delayUs > 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter() % (delayUs + 1)));
     op();
     op = nullptr;
     g.lock();
