@@ -465,4 +465,60 @@ TEST(CudaEmu, CapturesForkIntoOtherStreamsAndJoinBack) {
   for (cudaStream_t x : {s, t}) EXPECT_EQ(cudaStreamDestroy(x), cudaSuccess);
 }
 
+// CUDA ends a capture with cudaErrorStreamCaptureUnjoined when work of a
+// forked stream is not joined back into the stream that began it (directly
+// or through another forked stream), and discards the graph.
+TEST(CudaEmu, ACaptureWithAnUnjoinedForkFails) {
+  REQUIRE_GPU();
+  cudaStream_t s, t, u;
+  for (cudaStream_t* x : {&s, &t, &u}) ASSERT_EQ(cudaStreamCreateWithFlags(x, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t fork, join, relay;
+  for (cudaEvent_t* e : {&fork, &join, &relay})
+    ASSERT_EQ(cudaEventCreateWithFlags(e, cudaEventDisableTiming), cudaSuccess);
+  char* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 3), cudaSuccess);
+  // How the capture ends, by what t and u do after the fork.
+  enum class Join { kNone, kDirect, kThroughU, kWorkAfterTheJoin, kNoWorkOnT };
+  const std::pair<Join, cudaError_t> cases[] = {
+      {Join::kNone, cudaErrorStreamCaptureUnjoined},
+      {Join::kDirect, cudaSuccess},
+      {Join::kThroughU, cudaSuccess},
+      {Join::kWorkAfterTheJoin, cudaErrorStreamCaptureUnjoined},
+      {Join::kNoWorkOnT, cudaSuccess},
+  };
+  for (const auto& [how, expected] : cases) {
+    SCOPED_TRACE(int(how));
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(d, 1, 1, s), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(fork, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(t, fork, 0), cudaSuccess);
+    if (how != Join::kNoWorkOnT) ASSERT_EQ(cudaMemsetAsync(d + 1, 2, 1, t), cudaSuccess);
+    if (how == Join::kDirect || how == Join::kWorkAfterTheJoin || how == Join::kNoWorkOnT) {
+      ASSERT_EQ(cudaEventRecord(join, t), cudaSuccess);
+      ASSERT_EQ(cudaStreamWaitEvent(s, join, 0), cudaSuccess);
+    }
+    if (how == Join::kThroughU) {  // t joins u, which joins s
+      ASSERT_EQ(cudaEventRecord(relay, t), cudaSuccess);
+      ASSERT_EQ(cudaStreamWaitEvent(u, relay, 0), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(d + 2, 3, 1, u), cudaSuccess);
+      ASSERT_EQ(cudaEventRecord(join, u), cudaSuccess);
+      ASSERT_EQ(cudaStreamWaitEvent(s, join, 0), cudaSuccess);
+    }
+    if (how == Join::kWorkAfterTheJoin) ASSERT_EQ(cudaMemsetAsync(d + 1, 4, 1, t), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &graph), expected);
+    EXPECT_EQ(graph != nullptr, expected == cudaSuccess);
+    // The capture has ended either way, on every stream it had.
+    for (cudaStream_t x : {s, t, u}) {
+      cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+      ASSERT_EQ(cudaStreamIsCapturing(x, &st), cudaSuccess);
+      EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+    }
+    if (graph) EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  for (cudaEvent_t e : {fork, join, relay}) EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  for (cudaStream_t x : {s, t, u}) EXPECT_EQ(cudaStreamDestroy(x), cudaSuccess);
+}
+
 }  // namespace

@@ -4,6 +4,7 @@
 // calls a capture forbids, so library code that would break an
 // application's graph capture fails here as on a GPU.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -15,9 +16,45 @@ using namespace attn_emu;
 
 namespace attn_emu {
 
-void Capture::add(Op op) {
+void Capture::add(const Stream* s, Op op) {
   std::lock_guard<std::mutex> g(mu);
   ops.push_back(std::move(op));
+  ++nodes[s];
+}
+
+uint64_t Capture::nodesOf(const Stream* s) {
+  std::lock_guard<std::mutex> g(mu);
+  auto it = nodes.find(s);
+  return it == nodes.end() ? 0 : it->second;
+}
+
+void Capture::addWait(const Wait& w) {
+  std::lock_guard<std::mutex> g(mu);
+  waits.push_back(w);
+}
+
+const Stream* Capture::unjoined() {
+  std::lock_guard<std::mutex> g(mu);
+  // needed[s]: how many of s's first nodes the end depends on. The end
+  // follows all of the origin's nodes and the waits made after the last.
+  std::map<const Stream*, uint64_t> needed;
+  const uint64_t originEnd = nodes[origin] + 1;
+  needed[origin] = originEnd;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const Wait& w : waits) {
+      auto to = needed.find(w.to);
+      if (to == needed.end() || to->second <= w.toNodes) continue;
+      uint64_t& from = needed[w.from];
+      if (w.from != origin && from < w.fromNodes) {
+        from = w.fromNodes;
+        grew = true;
+      }
+    }
+  }
+  for (const auto& [s, n] : nodes)
+    if (s != origin && n > 0 && needed[s] < n) return s;
+  return nullptr;
 }
 
 void Capture::invalidate() {
@@ -137,6 +174,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
     return fail(cudaErrorStreamCaptureUnmatched, "cudaStreamEndCapture on a stream forked into the capture");
   if (c->mode != cudaStreamCaptureModeRelaxed && c->owner != std::this_thread::get_id())
     return fail(cudaErrorStreamCaptureWrongThread, "cudaStreamEndCapture from another thread");
+  const Stream* loose = c->unjoined();
   st->setCapture(nullptr);
   {
     std::lock_guard<std::mutex> g(c->mu);
@@ -151,7 +189,11 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   auto rec = std::make_shared<Recording>();
   rec->ops = std::move(c->ops);
   rec->objects = std::move(c->userObjects);
-  // An invalidated capture's graph is discarded, with its references.
+  // An unjoined or invalidated capture's graph is discarded, with its
+  // references; the capture has ended all the same.
+  if (loose)
+    return fail(cudaErrorStreamCaptureUnjoined, "cudaStreamEndCapture: stream %p, forked into the capture, was not "
+                "joined back", (const void*)loose);
   if (c->invalidated) return fail(cudaErrorStreamCaptureInvalidated, "the capture on stream %p was invalidated", (void*)s);
   auto* made = new Graph{std::move(rec)};
   {

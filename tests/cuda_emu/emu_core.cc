@@ -328,7 +328,7 @@ cudaError_t enqueue(cudaStream_t s, Op op) {
   std::shared_ptr<Stream> st = resolve(s);
   if (!st) return fail(cudaErrorInvalidResourceHandle, "stream %p is not a live stream", (void*)s);
   if (std::shared_ptr<Capture> c = st->capture()) {
-    c->add(std::move(op));
+    c->add(st.get(), std::move(op));
     return cudaSuccess;
   }
   // The legacy stream's implicit barriers, against the other blocking

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -120,8 +121,11 @@ struct Event {
   double completedAtMs = 0;
   bool timing = true;
   // Last recorded inside this capture: a dependency of the graph, not a
-  // point the host can wait for (cudaErrorCapturedEvent).
+  // point the host can wait for (cudaErrorCapturedEvent); recorded on
+  // `capturedOn` after that stream's first `capturedNodes` nodes.
   std::shared_ptr<Capture> captured;
+  const Stream* capturedOn = nullptr;
+  uint64_t capturedNodes = 0;
 };
 std::shared_ptr<Event> eventOf(cudaEvent_t e);  // null for a bad handle
 
@@ -145,7 +149,23 @@ struct Capture {
   // cudaGraphRetainUserObject on the graph being captured: (object, count),
   // handed to the graph at the end of the capture.
   std::vector<std::pair<void*, unsigned>> userObjects;
-  void add(Op op);
+  // For cudaErrorStreamCaptureUnjoined: the nodes each stream recorded,
+  // and the waits between its streams (`to`'s nodes after its first
+  // `toNodes` depend on `from`'s first `fromNodes`).
+  struct Wait {
+    const Stream* from;
+    uint64_t fromNodes;
+    const Stream* to;
+    uint64_t toNodes;
+  };
+  std::map<const Stream*, uint64_t> nodes;
+  std::vector<Wait> waits;
+  void add(const Stream* s, Op op);
+  uint64_t nodesOf(const Stream* s);
+  void addWait(const Wait& w);
+  // A stream forked into the capture whose last node the end of the
+  // capture (the origin's state) does not depend on, or null.
+  const Stream* unjoined();
   void invalidate();
   bool isInvalidated();
 };

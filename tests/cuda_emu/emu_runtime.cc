@@ -420,20 +420,30 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int fla
   if (!st) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on stream %p", (void*)s);
   uint64_t gen;
   std::shared_ptr<Capture> captured;
+  Capture::Wait wait{};
   {
     std::lock_guard<std::mutex> g(e->mu);
     gen = e->recorded;  // the most recent record at the time of the call
     captured = e->captured;
+    wait.from = e->capturedOn;
+    wait.fromNodes = e->capturedNodes;
   }
   const std::shared_ptr<Capture> mine = st->capture();
+  wait.to = st.get();
   if (captured) {
-    if (captured == mine) return cudaSuccess;  // the capture is in order already
+    if (captured == mine) {  // the capture is in order already
+      wait.toNodes = mine->nodesOf(st.get());
+      mine->addWait(wait);
+      return cudaSuccess;
+    }
     if (mine) {
       captured->invalidate();
       mine->invalidate();
       return fail(cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent joins two different captures");
     }
     // A fork: this stream's work now goes into the capture too.
+    wait.toNodes = 0;
+    captured->addWait(wait);
     {
       std::lock_guard<std::mutex> g(captured->mu);
       captured->forked.push_back(st);
@@ -483,9 +493,13 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
   std::shared_ptr<Stream> st = resolve(s);
   if (!st) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord on stream %p", (void*)s);
   if (std::shared_ptr<Capture> c = st->capture()) {
-    // A node of the graph: later waits in the capture are ordered anyway.
+    // A node of the graph: later waits in the capture are ordered anyway
+    // (the nodes before it are remembered, for the joins).
+    const uint64_t before = c->nodesOf(st.get());
     std::lock_guard<std::mutex> g(e->mu);
     e->captured = std::move(c);
+    e->capturedOn = st.get();
+    e->capturedNodes = before;
     return cudaSuccess;
   }
   uint64_t gen;
