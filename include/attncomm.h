@@ -621,7 +621,8 @@ ATTN_API attnResult_t attnKvPoolDestroy(attnKvPool_t pool);
  * pool full, pool destroyed) appends nothing and is reported by
  * attnCommGetAsyncError. The request's other calls (appends, release)
  * must come after the stream has run the launches before them. A
- * captured pool collective sees the pool as it is at its launch. */
+ * captured pool collective sees the pool as it is at its launch (see
+ * attnKvAttention for its q_pos). */
 ATTN_API attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k, const void* v,
                                    const int32_t* pos, int n, attnStream_t stream);
 
@@ -701,7 +702,11 @@ ATTN_API attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* moves
  * pool's); with causal, q_pos [rows] are the queries' global positions
  * (key visible when its pos <= the query's). Queries go only to ranks that
  * hold blocks of their request; each holder computes over its blocks and
- * returns (O, LSE), merged on arrival (DistAttention's MicroAttention). */
+ * returns (O, LSE), merged on arrival (DistAttention's MicroAttention).
+ * In a CUDA graph, each launch attends over the pool as it is then, with
+ * q_pos read at that launch (decode positions advance with every step;
+ * keep the array valid); reqs, q_offsets and cfg are copied at the
+ * capture. */
 ATTN_API attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const int64_t* reqs,
                                       const int32_t* q_offsets, const void* q,
                                       const int32_t* q_pos, void* out, float* lse,

@@ -462,11 +462,12 @@ TEST(DeviceKvPool, CapturedDecodeStepSeesTheTokensAppendedBeforeEachLaunch) {
   }
 }
 
-// A whole decode step captured once: the new token's append, then the
+// A whole decode step captured once: the new token's append, then causal
 // attention over the request. Each launch appends the token that the
 // device buffers and the host position hold at that launch (one launch
-// fills a block, the next takes a new one) and attends over all tokens so
-// far, two blocks of them lent to the peer. The last token is appended
+// fills a block, the next takes a new one) and attends, from the query
+// position the host array holds then, over all tokens so far, two blocks
+// of them lent to the peer. The last token is appended
 // outside the graph, after the launches: the pool's books followed them.
 TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
   REQUIRE_GPU();
@@ -482,11 +483,13 @@ TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
       const KvTokens x = RequestTokens(t, rank, kReq, kFinal);
       const size_t row = size_t(kKvHeads) * kKvDim * KvElemSize(t);
       const std::vector<Req> reqs = owner ? std::vector<Req>{{kReq, kStart, 1}} : std::vector<Req>{};
-      const KvQueries qs = MakeKvQueries(rank, reqs, t, false);
+      const KvQueries qs = MakeKvQueries(rank, reqs, t, true);
       const size_t lseCount = size_t(qs.rows) * qs.cfg.num_q_heads;
       void *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr, *lse = nullptr;
-      int32_t* pos = nullptr;  // the new token's position, written before each launch
+      // The new token's position and the query's, written before each launch.
+      int32_t *pos = nullptr, *qpos = nullptr;
       ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pos), sizeof(int32_t)), cudaSuccess);
+      ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&qpos), sizeof(int32_t)), cudaSuccess);
       ASSERT_EQ(cudaMallocAsync(&k, row, st), cudaSuccess);
       ASSERT_EQ(cudaMallocAsync(&v, row, st), cudaSuccess);
       ASSERT_EQ(cudaMallocAsync(&q, qs.q.size() + 1, st), cudaSuccess);
@@ -497,7 +500,7 @@ TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
       ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
       const attnResult_t appended = owner ? attnKvAppend(pool, kReq, k, v, pos, 1, AsStream(st)) : attnSuccess;
       const attnResult_t attended =
-          attnKvAttention(pool, int(qs.ids.size()), qs.ids.data(), qs.offs.data(), q, qs.qpos.data(), out,
+          attnKvAttention(pool, int(qs.ids.size()), qs.ids.data(), qs.offs.data(), q, owner ? qpos : nullptr, out,
                           static_cast<float*>(lse), &qs.cfg, AsStream(st));
       cudaGraph_t graph = nullptr;
       ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
@@ -513,6 +516,8 @@ TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
         ASSERT_EQ(cudaMemcpyAsync(v, x.v.data() + size_t(len - 1) * row, row, cudaMemcpyHostToDevice, st),
                   cudaSuccess);
         *pos = x.pos[size_t(len - 1)];
+        const KvQueries step = MakeKvQueries(rank, {{kReq, len, 1}}, t, true);
+        if (owner) *qpos = step.qpos[0];
         ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
         std::vector<uint8_t> gotOut(qs.q.size());
         std::vector<float> gotLse(lseCount);
@@ -521,7 +526,7 @@ TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
                   cudaSuccess);
         ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
         if (!owner) continue;
-        ExpectExact(CompareKvAttention(qs, rank, {{kReq, len, 1}}, t, false, gotOut.data(), gotLse.data()), t,
+        ExpectExact(CompareKvAttention(step, rank, {{kReq, len, 1}}, t, true, gotOut.data(), gotLse.data()), t,
                     "launch appending token " + std::to_string(len - 1));
         int64_t tokens = 0;
         ATTN_ASSERT_OK(comm, attnKvGetPlacement(pool, kReq, nullptr, &tokens));
@@ -541,6 +546,7 @@ TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
                   t, "the last token appended outside the graph");
       ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
       cudaFreeHost(pos);
+      cudaFreeHost(qpos);
     });
   }
 }

@@ -295,9 +295,19 @@ extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const i
     a.hasQPos = q_pos != nullptr;
     local = checkKvAttnArgs(p, a);
   }
-  // The positions are read now: the call may run later (stream, executor).
-  if (local == attnSuccess && a.hasQPos) a.qPos.assign(q_pos, q_pos + a.rows());
-  return call.finish(dispatchCollective(p, stream, "KvAttention", [&p, a, local] { return kvAttention(p, a, local); }));
+  // The positions are read now, as the call may run later (stream,
+  // executor); in a CUDA graph, at each launch, as they advance with every
+  // decode step.
+  bool captured = false;
+  if (local == attnSuccess && deviceRoute(comm)) local = p.capturing(stream, &captured);
+  if (local == attnSuccess && a.hasQPos && !captured) a.qPos.assign(q_pos, q_pos + a.rows());
+  const int32_t* launchPos = local == attnSuccess && a.hasQPos && captured ? q_pos : nullptr;
+  return call.finish(dispatchCollective(p, stream, "KvAttention", [&p, a, local, launchPos] {
+    if (!launchPos) return kvAttention(p, a, local);
+    KvAttnArgs atLaunch = a;
+    atLaunch.qPos.assign(launchPos, launchPos + a.rows());
+    return kvAttention(p, atLaunch, local);
+  }));
 }
 
 extern "C" attnResult_t attnKvRebalance(attnKvPool_t pool, const attnKvModel_t* model, int pending_requests,
