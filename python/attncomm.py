@@ -941,7 +941,11 @@ class KvPool:
         """attnKvAppend: n tokens to request req of this rank (created on
         first use). k, v: [n, num_kv_heads, head_dim]; pos: their n global
         positions (ints, increasing). Raises (nothing appended) when the pool
-        has too few free blocks."""
+        has too few free blocks. Inside a CUDA graph capture (stream
+        capturing, e.g. under torch.cuda.graph) the append is captured and
+        each launch reads k, v and pos as they are then: pass pos as an int32
+        numpy array (or CPU int32 tensor) that you keep and rewrite before
+        each launch; what fails at a launch is comm.async_error()."""
         kp, n = self._rows(k, "k")
         vp, nv = self._rows(v, "v")
         if nv != n:
@@ -1010,7 +1014,8 @@ class KvPool:
         1/sqrt(head_dim). Returns (out like q, lse float32 [rows, num_q_heads]
         or None without want_lse). out and lse may be given (device
         communicators: CUDA tensors, which they must be); else numpy arrays
-        are made."""
+        are made. Inside a CUDA graph capture, q_pos is read at each launch
+        (pass an int32 numpy array you keep, as for append)."""
         np = _numpy()
         try:
             r = _ints(reqs, np.int64, "reqs")
