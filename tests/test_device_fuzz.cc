@@ -2,7 +2,8 @@
 // communicators: every type and reduction op, random counts (zero to past
 // the staging slice), in place and not, random roots, all-to-allv with gaps,
 // groups of messages in a random order (self included) spread over two
-// streams, and calls alternating between two streams. Each result is
+// streams, and calls alternating between two streams; a third of the
+// collectives are captured into a CUDA graph and run by launching it. Each result is
 // downloaded and compared with host-computed values, guard zones included.
 // Run over each backend a device communicator has: CUDA IPC between threads
 // and between processes, pinned staging (sliced) without it, and staging
@@ -78,6 +79,7 @@ struct Call {
   std::vector<std::vector<size_t>> a2av;  // [from][to] counts
   std::vector<Message> msgs;
   std::vector<std::vector<int>> order;  // per rank: the message ends it posts, in order (+i send, -i-1 recv)
+  bool graph;  // captured into a CUDA graph, then launched
 };
 
 // Counts from empty to past a 4 KiB staging slice of any type.
@@ -106,6 +108,8 @@ Call MakeCall(Rng& g, int n) {
   c.inPlace = g.chance(0.35);
   c.stream = g.below(2);
   c.salt = g.next() % 1000;
+  // From the salt, so that the seeds' sequences stay what they were.
+  c.graph = c.salt % 3 == 0 && c.kind != Kind::kGroup && c.kind != Kind::kAllToAllv;
   if (c.kind == Kind::kAllToAllv) {
     c.a2av.assign(n, std::vector<size_t>(n));
     for (auto& row : c.a2av)
@@ -153,10 +157,44 @@ bool Approximate(const Call& c) {
   return c.op == attnAvg || c.type == attnFloat16 || c.type == attnBfloat16;
 }
 
+// Issues one operation on a stream: directly, or captured into a CUDA
+// graph that is then launched once, as an engine's captured step would be.
+// The graph goes once the stream has run it.
+class Issuer {
+ public:
+  Issuer(bool graph, cudaStream_t s) : graph_(graph), s_(s) {}
+  ~Issuer() {
+    if (!exec_) return;
+    EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+    EXPECT_EQ(cudaGraphExecDestroy(exec_), cudaSuccess);
+  }
+  template <class F>
+  attnResult_t operator()(F call) {
+    if (!graph_) return call();
+    if (cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return attnUnhandledCudaError;
+    const attnResult_t r = call();
+    cudaGraph_t g = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(s_, &g);
+    if (r == attnSuccess && ended == cudaSuccess && cudaGraphInstantiate(&exec_, g, 0) == cudaSuccess &&
+        cudaGraphLaunch(exec_, s_) == cudaSuccess) {
+      cudaGraphDestroy(g);
+      return attnSuccess;
+    }
+    if (g) cudaGraphDestroy(g);
+    return r != attnSuccess ? r : attnUnhandledCudaError;
+  }
+
+ private:
+  bool graph_;
+  cudaStream_t s_;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // Runs call c on this rank and checks its result; `what` names it.
 void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* streams, const std::string& what) {
   SCOPED_TRACE(what);
   cudaStream_t s = streams[c.stream];
+  Issuer issue(c.graph, s);  // before the buffers, so it goes after them
   const attnDataType_t t = c.type;
   const size_t cnt = c.count, esz = attn_test::TypeSize(t);
   const uint64_t salt = c.salt;
@@ -174,7 +212,7 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       din.Upload(in, s);
       dout.Upload(out, s);
       const void* send = c.inPlace ? static_cast<char*>(dout.data()) + rank * cnt * esz : din.data();
-      ASSERT_EQ(attnAllGather(send, dout.data(), cnt, t, comm, AsStream(s)), attnSuccess) << attnGetLastError(comm);
+      ASSERT_EQ(issue([&] { return attnAllGather(send, dout.data(), cnt, t, comm, AsStream(s)); }), attnSuccess) << attnGetLastError(comm);
       dout.Download(&out, s);
       EXPECT_TRUE(attn_test::BufEquals(out, 0, cnt * n, [&](size_t i) { return pat(int(i / cnt), i % cnt); }));
       break;
@@ -185,7 +223,7 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       TypedBuf &in = b.in, &out = b.out;
       DevBuf &din = b.din, &dout = b.dout;
       void* recv = c.inPlace ? static_cast<char*>(din.data()) + rank * cnt * esz : dout.data();
-      ASSERT_EQ(attnReduceScatter(din.data(), recv, cnt, t, c.op, comm, AsStream(s)), attnSuccess)
+      ASSERT_EQ(issue([&] { return attnReduceScatter(din.data(), recv, cnt, t, c.op, comm, AsStream(s)); }), attnSuccess)
           << attnGetLastError(comm);
       TypedBuf& got = c.inPlace ? in : out;
       (c.inPlace ? din : dout).Download(&got, s);
@@ -202,7 +240,7 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       TypedBuf &in = b.in, &out = b.out;
       DevBuf &din = b.din, &dout = b.dout;
       void* recv = c.inPlace ? din.data() : dout.data();
-      ASSERT_EQ(attnAllReduce(din.data(), recv, cnt, t, c.op, comm, AsStream(s)), attnSuccess)
+      ASSERT_EQ(issue([&] { return attnAllReduce(din.data(), recv, cnt, t, c.op, comm, AsStream(s)); }), attnSuccess)
           << attnGetLastError(comm);
       TypedBuf& got = c.inPlace ? in : out;
       (c.inPlace ? din : dout).Download(&got, s);
@@ -220,7 +258,7 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       din.Upload(in, s);
       dout.Upload(out, s);
       const void* send = rank != c.root ? nullptr : inPlace ? dout.data() : din.data();
-      ASSERT_EQ(attnBroadcast(send, dout.data(), cnt, t, c.root, comm, AsStream(s)), attnSuccess)
+      ASSERT_EQ(issue([&] { return attnBroadcast(send, dout.data(), cnt, t, c.root, comm, AsStream(s)); }), attnSuccess)
           << attnGetLastError(comm);
       dout.Download(&out, s);
       EXPECT_TRUE(attn_test::BufEquals(out, 0, cnt, [&](size_t i) { return pat(c.root, i); }));
@@ -234,7 +272,7 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       DevBuf &din = b.din, &dout = b.dout;
       const bool isRoot = rank == c.root;
       void* recv = c.inPlace ? din.data() : isRoot ? dout.data() : nullptr;
-      ASSERT_EQ(attnReduce(din.data(), recv, cnt, t, c.op, c.root, comm, AsStream(s)), attnSuccess)
+      ASSERT_EQ(issue([&] { return attnReduce(din.data(), recv, cnt, t, c.op, c.root, comm, AsStream(s)); }), attnSuccess)
           << attnGetLastError(comm);
       din.Download(&in, s);
       dout.Download(&out, s);
@@ -253,7 +291,7 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       ASSERT_TRUE(b.ok());
       TypedBuf& out = b.out;
       DevBuf &din = b.din, &dout = b.dout;
-      ASSERT_EQ(attnAllToAll(din.data(), dout.data(), cnt, t, comm, AsStream(s)), attnSuccess)
+      ASSERT_EQ(issue([&] { return attnAllToAll(din.data(), dout.data(), cnt, t, comm, AsStream(s)); }), attnSuccess)
           << attnGetLastError(comm);
       dout.Download(&out, s);
       EXPECT_TRUE(attn_test::BufEquals(out, 0, cnt * n,
@@ -341,7 +379,7 @@ void RunCall(attnComm_t comm, int rank, int n, const Call& c, cudaStream_t* stre
       break;
     }
     case Kind::kBarrier:
-      ASSERT_EQ(attnBarrier(comm, AsStream(s)), attnSuccess) << attnGetLastError(comm);
+      ASSERT_EQ(issue([&] { return attnBarrier(comm, AsStream(s)); }), attnSuccess) << attnGetLastError(comm);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       break;
   }
@@ -371,7 +409,8 @@ void RunSequence(int rank, int n, attnComm_t comm, uint64_t seed) {
     const std::string what = "seed " + std::to_string(seed) + ", " + std::to_string(n) + " ranks, call " +
                              std::to_string(it) + " (" + KindName(c.kind) + ", " + attn_test::TypeName(c.type) +
                              ", count " + std::to_string(c.count) + (c.inPlace ? ", in place" : "") +
-                             ", stream " + std::to_string(c.stream) + "), rank " + std::to_string(rank);
+                             ", stream " + std::to_string(c.stream) + (c.graph ? ", in a graph" : "") + "), rank " +
+                             std::to_string(rank);
     RunCall(comm, rank, n, c, streams, what);
   }
   attnResult_t async = attnInternalError;
