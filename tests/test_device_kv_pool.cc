@@ -405,21 +405,40 @@ TEST(DeviceKvPool, DecodeStepsSeeEveryPositionWhereverItsBlockIs) {
   }
 }
 
+// Rank 0 appends the first `len` tokens of request req (of `final`) and
+// lends its first two blocks to rank 1.
+void StartLentRequest(attnKvPool_t pool, attnComm_t comm, cudaStream_t st, attnDataType_t t, int rank, int64_t req,
+                      int len, int final) {
+  if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, req, 0, len, final));
+  std::vector<attnKvMove_t> moves;
+  if (rank == 0) moves = {{0, 1, 0, req, 2}};
+  ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+}
+
+// Launches a graph on `s`, then downloads the outputs of its attention
+// call (sizes from the vectors) and waits for them.
+void LaunchAndDownload(cudaGraphExec_t exec, cudaStream_t s, const void* out, std::vector<uint8_t>* gotOut,
+                       const void* lse, std::vector<float>* gotLse) {
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(gotOut->data(), out, gotOut->size(), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(gotLse->data(), lse, gotLse->size() * sizeof(float), cudaMemcpyDeviceToHost, s),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+}
+
 // A decode step captured into a CUDA graph once and launched after every
 // append: each launch attends over the tokens the pool holds at that
 // launch, wherever their blocks are (two lent to the peer, which serves its
-// part from inside its own graph). Not causal, so the captured query
-// positions do not hide the new tokens.
+// part from inside its own graph). Not causal: the query's position stays
+// where it was at the capture, before the new tokens (the next test
+// advances it, causal).
 TEST(DeviceKvPool, CapturedDecodeStepSeesTheTokensAppendedBeforeEachLaunch) {
   REQUIRE_GPU();
   constexpr int kBlock = 4, kStart = 2 * kBlock + 1, kFinal = 3 * kBlock + 2;
   constexpr int64_t kReq = 100;
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
     RunWithDevicePools(2, kBlock, t, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
-      if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, 0, kStart, kFinal));
-      std::vector<attnKvMove_t> moves;
-      if (rank == 0) moves = {{0, 1, 0, kReq, 2}};
-      ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+      ASSERT_NO_FATAL_FAILURE(StartLentRequest(pool, comm, st, t, rank, kReq, kStart, kFinal));
       const std::vector<Req> reqs = rank == 0 ? std::vector<Req>{{kReq, kStart, 1}} : std::vector<Req>{};
       const KvQueries qs = MakeKvQueries(rank, reqs, t, false);
       const size_t lseCount = size_t(qs.rows) * qs.cfg.num_q_heads;
@@ -442,13 +461,9 @@ TEST(DeviceKvPool, CapturedDecodeStepSeesTheTokensAppendedBeforeEachLaunch) {
       // The first append too comes between the capture and a launch.
       for (int len = kStart + 1; len <= kFinal; ++len) {
         if (rank == 0) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, len - 1, len, kFinal));
-        ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
         std::vector<uint8_t> gotOut(qs.q.size());
         std::vector<float> gotLse(lseCount);
-        ASSERT_EQ(cudaMemcpyAsync(gotOut.data(), out, gotOut.size(), cudaMemcpyDeviceToHost, st), cudaSuccess);
-        ASSERT_EQ(cudaMemcpyAsync(gotLse.data(), lse, lseCount * sizeof(float), cudaMemcpyDeviceToHost, st),
-                  cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+        ASSERT_NO_FATAL_FAILURE(LaunchAndDownload(exec, st, out, &gotOut, lse, &gotLse));
         if (rank != 0) continue;
         ExpectExact(CompareKvAttention(qs, rank, {{kReq, len, 1}}, t, false, gotOut.data(), gotLse.data()), t,
                     "launch over " + std::to_string(len) + " tokens");
@@ -467,8 +482,8 @@ TEST(DeviceKvPool, CapturedDecodeStepSeesTheTokensAppendedBeforeEachLaunch) {
 // device buffers and the host position hold at that launch (one launch
 // fills a block, the next takes a new one) and attends, from the query
 // position the host array holds then, over all tokens so far, two blocks
-// of them lent to the peer. The last token is appended
-// outside the graph, after the launches: the pool's books followed them.
+// of them lent to the peer. The last token is appended outside the graph,
+// after the launches: the pool's books followed them.
 TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
   REQUIRE_GPU();
   constexpr int kBlock = 4, kStart = 2 * kBlock + 1, kFinal = 3 * kBlock + 2;
@@ -476,10 +491,7 @@ TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
   for (attnDataType_t t : {attnFloat32, attnBfloat16}) {
     RunWithDevicePools(2, kBlock, t, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
       const bool owner = rank == 0;
-      if (owner) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, t, rank, kReq, 0, kStart, kFinal));
-      std::vector<attnKvMove_t> moves;
-      if (owner) moves = {{0, 1, 0, kReq, 2}};
-      ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+      ASSERT_NO_FATAL_FAILURE(StartLentRequest(pool, comm, st, t, rank, kReq, kStart, kFinal));
       const KvTokens x = RequestTokens(t, rank, kReq, kFinal);
       const size_t row = size_t(kKvHeads) * kKvDim * KvElemSize(t);
       const std::vector<Req> reqs = owner ? std::vector<Req>{{kReq, kStart, 1}} : std::vector<Req>{};
@@ -518,13 +530,9 @@ TEST(DeviceKvPool, CapturedDecodeStepAppendsItsTokenAtEachLaunch) {
         *pos = x.pos[size_t(len - 1)];
         const KvQueries step = MakeKvQueries(rank, {{kReq, len, 1}}, t, true);
         if (owner) *qpos = step.qpos[0];
-        ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
         std::vector<uint8_t> gotOut(qs.q.size());
         std::vector<float> gotLse(lseCount);
-        ASSERT_EQ(cudaMemcpyAsync(gotOut.data(), out, gotOut.size(), cudaMemcpyDeviceToHost, st), cudaSuccess);
-        ASSERT_EQ(cudaMemcpyAsync(gotLse.data(), lse, lseCount * sizeof(float), cudaMemcpyDeviceToHost, st),
-                  cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+        ASSERT_NO_FATAL_FAILURE(LaunchAndDownload(exec, st, out, &gotOut, lse, &gotLse));
         if (!owner) continue;
         ExpectExact(CompareKvAttention(step, rank, {{kReq, len, 1}}, t, true, gotOut.data(), gotLse.data()), t,
                     "launch appending token " + std::to_string(len - 1));
