@@ -629,7 +629,9 @@ ATTN_API attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void* k
 /* Local: ends request req of this rank. Its blocks here are freed at once
  * (after the collectives queued before it, see above); its blocks on peers
  * are freed by them during the next collective call on the pool
- * (attnKvMigrate, attnKvAttention, attnKvRebalance). */
+ * (attnKvMigrate, attnKvAttention, attnKvRebalance). Refused
+ * (attnInvalidUsage) on a stream that is being captured into a CUDA
+ * graph: a request ends once. */
 ATTN_API attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req, attnStream_t stream);
 
 /* Collective over newcomm, which attnCommShrink made from the pool's

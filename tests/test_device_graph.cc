@@ -386,7 +386,7 @@ TEST(DeviceGraph, ProxySynchronisationDoesNotBreakAnApplicationsCapture) {
 // array holds then (DeviceKvPool.CapturedDecodeStep… checks the tokens).
 // What fails at a launch appends nothing and is the communicator's
 // asynchronous error: positions that do not increase, a full pool, a pool
-// destroyed before the launch.
+// destroyed before the launch. attnKvRelease is refused in a capture.
 TEST(DeviceGraph, CapturedKvAppendFailuresAreAsyncErrorsOfTheLaunch) {
   REQUIRE_GPU();
   struct Case {
@@ -420,6 +420,10 @@ TEST(DeviceGraph, CapturedKvAppendFailuresAreAsyncErrorsOfTheLaunch) {
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       cudaGraphExec_t exec = Capture(s, [&] {
         EXPECT_EQ(attnKvAppend(pool, 7, kv, kv, pos, 1, (attnStream_t)s), attnSuccess) << attnGetLastError(comm);
+        // A release cannot be replayed: refused, and the capture goes on.
+        EXPECT_EQ(attnKvRelease(pool, 7, (attnStream_t)s), attnInvalidUsage);
+        const std::string refused = attnGetLastError(nullptr);
+        EXPECT_NE(refused.find("captured into a CUDA graph"), std::string::npos) << refused;
       });
       ASSERT_NE(exec, nullptr);
       int64_t tokens = -1;

@@ -232,7 +232,16 @@ extern "C" attnResult_t attnKvAppend(attnKvPool_t pool, int64_t req, const void*
 extern "C" attnResult_t attnKvRelease(attnKvPool_t pool, int64_t req, attnStream_t stream) {
   // The release needs nothing on the stream: the books keep it in its place
   // among the collectives queued there.
-  return localCall(pool, stream, [&](KvPool& p) { return p.release(req); });
+  return localCall(pool, stream, [&](KvPool& p) -> attnResult_t {
+    bool captured = false;
+    ATTN_CHECK(p.capturing(stream, &captured));
+    if (captured)
+      return setError(attnInvalidUsage,
+                      "attnKvRelease of request %lld on a stream that is being captured into a CUDA graph: a "
+                      "request ends once, so its release cannot be replayed; release it outside the graph",
+                      (long long)req);
+    return p.release(req);
+  });
 }
 
 extern "C" attnResult_t attnKvPoolGetStats(attnKvPool_t pool, attnKvPoolStats_t* stats) {
