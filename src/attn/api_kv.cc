@@ -100,12 +100,22 @@ class CollectiveTicket {
   std::atomic<bool> done_{false};
 };
 
-// Runs a collective on the pool in call order: now, on the executor of a
-// non-blocking communicator, or enqueued on `stream` (device communicator).
-attnResult_t dispatchCollective(KvPool& p, attnStream_t stream, const char* name, CommOp body) {
-  attnComm* comm = p.comm();
+// Whether a collective's stream is being captured into a CUDA graph (device
+// pools). Asked once per call; a failed query becomes the call's local
+// error, which its peers learn.
+bool capturedCall(KvPool& p, attnStream_t stream, attnResult_t* local) {
   bool captured = false;
-  if (deviceRoute(comm)) ATTN_CHECK(p.capturing(stream, &captured));
+  if (!deviceRoute(p.comm())) return false;
+  const attnResult_t r = p.capturing(stream, &captured);
+  if (r != attnSuccess && *local == attnSuccess) *local = r;
+  return captured;
+}
+
+// Runs a collective on the pool in call order: now, on the executor of a
+// non-blocking communicator, enqueued on `stream` (device communicator), or
+// captured into the graph `stream` captures (capturedCall).
+attnResult_t dispatchCollective(KvPool& p, attnStream_t stream, bool captured, const char* name, CommOp body) {
+  attnComm* comm = p.comm();
   if (captured)
     // A graph's collective takes its place among the local calls at each
     // launch, not at the capture: it sees the appends made before it.
@@ -273,7 +283,8 @@ extern "C" attnResult_t attnKvMigrate(attnKvPool_t pool, const attnKvMove_t* mov
     ms.assign(moves, moves + num_moves);
     local = checkKvMovesShape(p, ms);
   }
-  return call.finish(dispatchCollective(p, stream, "KvMigrate", [&p, ms, local, granted]() -> attnResult_t {
+  const bool captured = capturedCall(p, stream, &local);
+  return call.finish(dispatchCollective(p, stream, captured, "KvMigrate", [&p, ms, local, granted]() -> attnResult_t {
     std::vector<int64_t> g;
     ATTN_CHECK(kvMigrate(p, ms, local == attnSuccess ? checkKvMoves(p, ms) : local, &g));
     if (granted) std::copy(g.begin(), g.end(), granted);
@@ -307,11 +318,10 @@ extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const i
   // The positions are read now, as the call may run later (stream,
   // executor); in a CUDA graph, at each launch, as they advance with every
   // decode step.
-  bool captured = false;
-  if (local == attnSuccess && deviceRoute(comm)) local = p.capturing(stream, &captured);
+  const bool captured = capturedCall(p, stream, &local);
   if (local == attnSuccess && a.hasQPos && !captured) a.qPos.assign(q_pos, q_pos + a.rows());
   const int32_t* launchPos = local == attnSuccess && a.hasQPos && captured ? q_pos : nullptr;
-  return call.finish(dispatchCollective(p, stream, "KvAttention", [&p, a, local, launchPos] {
+  return call.finish(dispatchCollective(p, stream, captured, "KvAttention", [&p, a, local, launchPos] {
     if (!launchPos) return kvAttention(p, a, local);
     KvAttnArgs atLaunch = a;
     atLaunch.qPos.assign(launchPos, launchPos + a.rows());
@@ -330,8 +340,9 @@ extern "C" attnResult_t attnKvRebalance(attnKvPool_t pool, const attnKvModel_t* 
     local = setError(attnInvalidArgument, "pending_requests = %d, pending_blocks = %lld: negative",
                      pending_requests, (long long)pending_blocks);
   const attnKvModel_t m = model ? *model : attnKvModel_t{};
-  return call.finish(dispatchCollective(p, stream, "KvRebalance", [&p, comm, m, local, pending_requests, pending_blocks,
-                                                    moved]() -> attnResult_t {
+  const bool captured = capturedCall(p, stream, &local);
+  return call.finish(dispatchCollective(p, stream, captured, "KvRebalance", [&p, comm, m, local, pending_requests,
+                                                                            pending_blocks, moved]() -> attnResult_t {
     struct Heartbeat {
       attnKvInstance_t inst;
       attnKvModel_t model;
