@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mma_ptx.cuh"
 #include "tests/cuda_emu/simt/include/cuda_pipeline_primitives.h"
 #include "tests/cuda_emu/simt/include/mma.h"
 
@@ -70,6 +71,61 @@ __global__ void simtOneMma(const __nv_bfloat16* a, const __nv_bfloat16* b, const
   wmma::load_matrix_sync(fc, c, 16, wmma::mem_row_major);
   wmma::mma_sync(fc, fa, fb, fc);
   wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
+}
+
+// The PTX ISA's m16n8k16 layouts, written out here apart from the simulator:
+// element e (0..7) of lane l's A fragment, (0..3) of its B fragment and
+// (0..3) of its accumulator, as (row, column).
+__host__ __device__ inline void ptxA(int l, int e, int& r, int& c) {
+  r = l / 4 + ((e / 2) % 2) * 8;
+  c = (l % 4) * 2 + e % 2 + (e / 4) * 8;
+}
+__host__ __device__ inline void ptxB(int l, int e, int& k, int& n) {
+  k = (l % 4) * 2 + e % 2 + (e / 2) * 8;
+  n = l / 4;
+}
+__host__ __device__ inline void ptxD(int l, int e, int& r, int& c) {
+  r = l / 4 + (e / 2) * 8;
+  c = (l % 4) * 2 + e % 2;
+}
+
+// One mma.sync m16n8k16 on fragments built by the layouts above (A 16x16 and
+// B 8x16, both row major: B is stored by column, as K is); D written back
+// by its layout. Then ldmatrix: A through an x4 load from shared memory,
+// and the same 16x16 block transposed (.trans), each lane's registers
+// written out as they land.
+__global__ void simtPtxMma(const uint16_t* a, const uint16_t* bt, float* d, uint32_t* lds) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int l = int(threadIdx.x);
+  uint32_t fa[4], fb[2];
+  for (int i = 0; i < 4; ++i) {
+    int r0, c0, r1, c1;
+    ptxA(l, 2 * i, r0, c0);
+    ptxA(l, 2 * i + 1, r1, c1);
+    fa[i] = uint32_t(a[r0 * 16 + c0]) | uint32_t(a[r1 * 16 + c1]) << 16;
+  }
+  for (int i = 0; i < 2; ++i) {
+    int k0, n0, k1, n1;
+    ptxB(l, 2 * i, k0, n0);
+    ptxB(l, 2 * i + 1, k1, n1);
+    fb[i] = uint32_t(bt[n0 * 16 + k0]) | uint32_t(bt[n1 * 16 + k1]) << 16;
+  }
+  float acc[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  ptx::mma16816<__nv_bfloat16>(acc, fa, fb[0], fb[1]);
+  for (int e = 0; e < 4; ++e) {
+    int r, c;
+    ptxD(l, e, r, c);
+    d[r * 8 + c] = acc[e];
+  }
+  // A into shared memory with a padded row stride of 24 elements.
+  uint16_t* s = reinterpret_cast<uint16_t*>(smem);
+  for (int i = l; i < 256; i += 32) s[(i / 16) * 24 + i % 16] = a[i];
+  __syncwarp();
+  uint32_t r[4], rt[4];
+  const uint16_t* row = s + (l % 16) * 24 + (l / 16) * 8;
+  ptx::ldmatrixX4(r, row);
+  ptx::ldmatrixX4Trans(rt, row);
+  for (int i = 0; i < 4; ++i) lds[l * 8 + i] = r[i], lds[l * 8 + 4 + i] = rt[i];
 }
 
 __global__ void simtCount(unsigned long long* n) { atomicAdd(n, 1ull); }
@@ -165,6 +221,60 @@ TEST(CudaSimt, WmmaComputesTheMatrixProduct) {
       for (int k = 0; k < 16; ++k)
         want += double(__bfloat162float(a[r * 16 + k])) * __bfloat162float(b[col * 16 + k]);
       EXPECT_NEAR(d[r * 16 + col], want, 1e-4) << r << "," << col;
+    }
+}
+
+// mma.sync and ldmatrix (kernels/cuda/mma_ptx.cuh) on the simulator follow
+// the PTX ISA's layouts: the product lands where the accumulator layout
+// says, an x4 ldmatrix of a 16x16 block gives the A fragment, and the
+// transposed load gives the B fragments of that block read as V is (rows
+// = k): matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+TEST(CudaSimt, PtxMmaAndLdmatrixFollowTheDocumentedLayouts) {
+  std::vector<uint16_t> a(256), bt(128);
+  auto bits = [](float f) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(f);
+    uint16_t u;
+    std::memcpy(&u, &h, 2);
+    return u;
+  };
+  auto val = [](uint16_t u) {
+    const uint32_t w = uint32_t(u) << 16;
+    float f;
+    std::memcpy(&f, &w, 4);
+    return f;
+  };
+  for (int i = 0; i < 256; ++i) a[i] = bits(float((i * 7) % 13) / 4 - 1);
+  for (int i = 0; i < 128; ++i) bt[i] = bits(float((i * 5) % 11) / 8 - 0.5f);
+  DevArray<uint16_t> da(256), db(128);
+  DevArray<float> dd(128, std::nanf(""));
+  DevArray<uint32_t> dl(32 * 8);
+  ASSERT_EQ(cudaMemcpy(da.p, a.data(), 512, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(db.p, bt.data(), 256, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(launchKernel("simtPtxMma", simtPtxMma, 1, 32, 16 * 24 * 2, nullptr, da.p, db.p, dd.p, dl.p),
+            attnSuccess);
+  const std::vector<float> d = dd.get();
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 8; ++n) {
+      double want = 0.5;
+      for (int k = 0; k < 16; ++k) want += double(val(a[r * 16 + k])) * val(bt[n * 16 + k]);
+      EXPECT_NEAR(d[r * 8 + n], want, 1e-4) << r << "," << n;
+    }
+  const std::vector<uint32_t> got = dl.get();
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) {
+      int r0, c0, r1, c1;
+      ptxA(l, 2 * i, r0, c0);
+      ptxA(l, 2 * i + 1, r1, c1);
+      EXPECT_EQ(got[l * 8 + i], uint32_t(a[r0 * 16 + c0]) | uint32_t(a[r1 * 16 + c1]) << 16)
+          << "ldmatrix lane " << l << " register " << i;
+      // Transposed: register i is B fragment register i % 2 of column block i / 2,
+      // with B (k, n) = stored (row k, column n).
+      int k0, n0, k1, n1;
+      ptxB(l, 2 * (i % 2), k0, n0);
+      ptxB(l, 2 * (i % 2) + 1, k1, n1);
+      n0 += 8 * (i / 2), n1 += 8 * (i / 2);
+      EXPECT_EQ(got[l * 8 + 4 + i], uint32_t(a[k0 * 16 + n0]) | uint32_t(a[k1 * 16 + n1]) << 16)
+          << "ldmatrix.trans lane " << l << " register " << i;
     }
 }
 

@@ -57,6 +57,22 @@ T shuffle(T v, int src) {
   return r;
 }
 
+// ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16, a warp collective:
+// lanes 8i..8i+7 give the row addresses of 8x8 matrix i (16 bytes each,
+// 16-byte aligned; count <= 4); r[i] of lane l receives row l / 4, elements
+// 2 (l % 4) and 2 (l % 4) + 1 of matrix i (of its transpose with `trans`),
+// the first in the low 16 bits.
+void loadMatrices(uint32_t* r, int count, bool trans, const void* row);
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, a warp
+// collective: d += a b with the PTX ISA's fragment layouts (lane l, g = l / 4,
+// t = l % 4; pairs of 16-bit elements, the first in the low half):
+//   a[0] (g, 2t..2t+1)  a[1] (g+8, 2t..)  a[2] (g, 2t+8..)  a[3] (g+8, 2t+8..)
+//   b[0] (k 2t..2t+1, n g)  b[1] (k 2t+8.., n g)
+//   d[0], d[1] (g, 2t), (g, 2t+1)  d[2], d[3] (g+8, 2t), (g+8, 2t+1)
+// Products are exact in fp32 and summed in fp32 (in an order of its own).
+void mmaM16N8K16(float* d, const uint32_t* a, const uint32_t* b, bool bf16);
+
 // cp.async: `dst` reads as NaN bytes until this thread waits for the group.
 void copyAsync(void* dst, const void* src, size_t bytes);
 void commitCopies();
