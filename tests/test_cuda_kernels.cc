@@ -94,13 +94,14 @@ struct Case {
   attnDataType_t dtype = attnBfloat16;
   bool causal = false;
   bool force_generic = false;
+  bool force_wmma = false;             // the WMMA kernel instead of the mma.sync one
   int key_splits = 0;                  // AttnCudaExec::key_splits
   std::vector<cpu::AttnSegment> segs;  // empty: one segment
   std::vector<int32_t> qpos, kpos;
   std::string name() const {
     return std::string(dtName(dtype)) + " nq " + std::to_string(nq) + " nk " + std::to_string(nk) +
            " hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " d " + std::to_string(d) +
-           (causal ? " causal" : "") + (force_generic ? " simt" : "") +
+           (causal ? " causal" : "") + (force_generic ? " simt" : "") + (force_wmma ? " wmma" : "") +
            (key_splits ? " splits " + std::to_string(key_splits) : "") +
            (segs.empty() ? "" : " segs " + std::to_string(segs.size()));
   }
@@ -212,6 +213,7 @@ void checkCase(const Case& c, uint32_t seed = 1) {
   AttnCudaExec ex;
   ex.stats = stats.as<AttnCudaStats>();
   ex.force_generic = c.force_generic;
+  ex.force_wmma = c.force_wmma;
   ex.key_splits = c.key_splits;
   AttnCudaPlan plan;
   ASSERT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
@@ -225,7 +227,7 @@ void checkCase(const Case& c, uint32_t seed = 1) {
   const double tol = tolerance(c, plan.tensor_cores);
   EXPECT_EQ(e.nan_values, 0);
   EXPECT_EQ(e.empty_mismatch, 0);
-  EXPECT_LE(e.max_o_rel, tol) << (plan.tensor_cores ? "wmma" : "simt");
+  EXPECT_LE(e.max_o_rel, tol) << attnCudaKernelName(plan.kernel);
   EXPECT_LE(e.max_lse_abs, tol);  // an LSE error d is a relative error d of the denominator
   if (c.nq > 0 && c.nk > 0) {
     const auto got = stats.down<AttnCudaStats>(1)[0];
@@ -241,7 +243,45 @@ TEST(CudaAttention, ShapesDtypesGqaCausal) {
   for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32})
     for (int d : {64, 128, 256})
       for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{8, 1}})
-        for (bool causal : {false, true}) checkCase(selfAttn(131, hq, hkv, d, causal, dt));
+        for (bool causal : {false, true})
+          for (bool wmma : {false, true}) {
+            if (wmma && dt == attnFloat32) continue;  // fp32 runs on SIMT either way
+            Case c = selfAttn(131, hq, hkv, d, causal, dt);
+            c.force_wmma = wmma;
+            checkCase(c);
+          }
+}
+
+// Which kernel a problem gets: mma.sync for 16-bit inputs and the head
+// sizes it is built for, WMMA when asked for, SIMT for fp32, odd head
+// sizes, unaligned tensors or when asked for.
+TEST(CudaAttention, KernelChoice) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 8) GTEST_SKIP() << "tensor-core kernels need sm_80+";
+  auto planOf = [](const Case& c, AttnCudaExec ex, bool misalign = false) {
+    HostProblem h(c, 1);
+    DevProblem dp(h, c);
+    if (misalign) dp.p.k = static_cast<const char*>(dp.p.k) + 2;
+    AttnCudaPlan plan{};
+    EXPECT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
+    return plan.kernel;
+  };
+  AttnCudaExec plain, wmma, generic;
+  wmma.force_wmma = true;
+  generic.force_generic = true;
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16})
+    for (int d : {64, 128}) {
+      const Case c = selfAttn(70, 2, 1, d, true, dt);
+      EXPECT_EQ(planOf(c, plain), AttnCudaKernel::mma) << c.name();
+      EXPECT_EQ(planOf(c, wmma), AttnCudaKernel::wmma) << c.name();
+      EXPECT_EQ(planOf(c, generic), AttnCudaKernel::simt) << c.name();
+      EXPECT_EQ(planOf(c, plain, true), AttnCudaKernel::simt) << c.name() << " unaligned k";
+    }
+  EXPECT_EQ(planOf(selfAttn(70, 2, 1, 128, true, attnFloat32), plain), AttnCudaKernel::simt);
+  EXPECT_EQ(planOf(selfAttn(70, 2, 1, 96, true, attnBfloat16), plain), AttnCudaKernel::simt);
 }
 
 TEST(CudaAttention, SimtPathAndOddHeadDims) {
@@ -284,6 +324,9 @@ TEST(CudaAttention, UnsortedPositionsAndFullyMaskedRows) {
     for (int i = 0; i < c.nq; ++i) c.qpos.push_back(i % 7 == 0 ? i % 50 : int(rng() % 5200));
     std::shuffle(c.qpos.begin() + 64, c.qpos.end(), rng);
     checkCase(c);
+    c.force_wmma = true;
+    checkCase(c);
+    c.force_wmma = false;
     c.force_generic = true;
     checkCase(c);
   }
@@ -321,15 +364,17 @@ TEST(CudaAttention, VariableLengthSegments) {
 // own choice. Each row equals the reference and the tile counts are those
 // of one launch (chunks are cut on key tiles): query rows at the end and
 // in the middle of a sequence (later chunks fully masked for them), a
-// sequence shorter than a chunk, rows outside every segment, both kernels.
+// sequence shorter than a chunk, rows outside every segment, every kernel.
 TEST(CudaAttention, SplitKeysMatchTheReference) {
   REQUIRE_GPU();
   for (attnDataType_t dt : {attnBfloat16, attnFloat32})
-    for (bool generic : {false, true})
+    for (AttnCudaKernel kernel : {AttnCudaKernel::mma, AttnCudaKernel::wmma, AttnCudaKernel::simt})
       for (int splits : {0, 2, 3, 5}) {
+        if (dt == attnFloat32 && kernel == AttnCudaKernel::wmma) continue;  // SIMT either way
         Case c;
         c.hq = 8, c.hkv = 1, c.d = 128, c.causal = true, c.dtype = dt;
-        c.force_generic = generic;
+        c.force_generic = kernel == AttnCudaKernel::simt;
+        c.force_wmma = kernel == AttnCudaKernel::wmma;
         c.key_splits = splits;
         // (query positions, keys): decode rows over their sequence's keys.
         const std::vector<std::pair<std::vector<int>, int>> seqs = {{{1299, 700}, 1300}, {{40}, 41}, {{999}, 1000}};

@@ -1,5 +1,6 @@
 // Host side of the device attention: checks the problem, picks the kernel
-// (WMMA tensor cores or SIMT), and launches it on the caller's stream.
+// (tensor cores through mma.sync or WMMA, or SIMT), and launches it on the
+// caller's stream.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -7,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_simt.cuh"
 #include "kernels/cuda/attention_wmma.cuh"
 #include "kernels/cuda/cuda_kernels.h"
@@ -75,17 +77,22 @@ attnResult_t deviceLimits(DeviceLimits* lim) {
 size_t wmmaSmemBytes(int d) {
   return d == 64 ? WmmaSmem<64>::kBytes : d == 128 ? WmmaSmem<128>::kBytes : WmmaSmem<256>::kBytes;
 }
+size_t mmaSmemBytes(int d) {
+  return d == 64 ? MmaSmem<64>::kBytes : d == 128 ? MmaSmem<128>::kBytes : MmaSmem<256>::kBytes;
+}
 
-// The tensor-core kernel needs sm_80+, 16-bit inputs, a head size it was
-// built for, 16-byte aligned tensors, and its tiles in shared memory (D=256
-// does not fit on parts with ~100 KiB per block, e.g. sm_86/89).
-bool wmmaEligible(const cpu::AttnProblem& p, const AttnCudaExec& ex, const DeviceLimits& lim,
-                  const float* o) {
+// The tensor-core kernels need sm_80+, 16-bit inputs, a head size they were
+// built for, 16-byte aligned tensors, and their tiles in shared memory
+// (D = 256 does not fit on parts with ~100 KiB per block, e.g. sm_86/89).
+AttnCudaKernel chooseKernel(const cpu::AttnProblem& p, const AttnCudaExec& ex, const DeviceLimits& lim,
+                            const float* o) {
   const int d = p.head_dim;
-  return !ex.force_generic && lim.cc >= 80 &&
-         (p.dtype == attnFloat16 || p.dtype == attnBfloat16) && (d == 64 || d == 128 || d == 256) &&
-         wmmaSmemBytes(d) <= lim.smemOptin && aligned(p.q, 16) && aligned(p.k, 16) &&
-         aligned(p.v, 16) && aligned(o, 16);
+  const bool tc = !ex.force_generic && lim.cc >= 80 && (p.dtype == attnFloat16 || p.dtype == attnBfloat16) &&
+                  (d == 64 || d == 128 || d == 256) && aligned(p.q, 16) && aligned(p.k, 16) &&
+                  aligned(p.v, 16) && aligned(o, 16);
+  if (tc && !ex.force_wmma && mmaSmemBytes(d) <= lim.smemOptin) return AttnCudaKernel::mma;
+  if (tc && wmmaSmemBytes(d) <= lim.smemOptin) return AttnCudaKernel::wmma;
+  return AttnCudaKernel::simt;
 }
 
 // Lets `kern` launch with `bytes` of dynamic shared memory on the current
@@ -131,6 +138,23 @@ attnResult_t launchWmmaD(const AttnArgs& a, cudaStream_t s) {
   }
 }
 
+template <class T, int D>
+attnResult_t launchMma(const AttnArgs& a, cudaStream_t s) {
+  auto* kern = attnMmaKernel<T, D>;
+  constexpr size_t bytes = MmaSmem<D>::kBytes;
+  ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
+  return launchKernel("attention (mma) launch", kern, gridOf(a), kMmaThreads, bytes, s, a);
+}
+
+template <class T>
+attnResult_t launchMmaD(const AttnArgs& a, cudaStream_t s) {
+  switch (a.d) {
+    case 64: return launchMma<T, 64>(a, s);
+    case 128: return launchMma<T, 128>(a, s);
+    default: return launchMma<T, 256>(a, s);
+  }
+}
+
 template <class T>
 attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
   auto* kern = attnSimtKernel<T>;
@@ -143,8 +167,11 @@ attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const f
                       AttnCudaPlan* plan, DeviceLimits* limits = nullptr) {
   DeviceLimits lim;
   ATTN_CHECK(deviceLimits(&lim));
-  const bool tc = wmmaEligible(p, ex, lim, o);
-  *plan = tc ? AttnCudaPlan{true, kWmmaBQ, kWmmaBK} : AttnCudaPlan{false, kSimtBQ, kSimtBK};
+  switch (chooseKernel(p, ex, lim, o)) {
+    case AttnCudaKernel::mma: *plan = {AttnCudaKernel::mma, true, kMmaBQ, kMmaBK}; break;
+    case AttnCudaKernel::wmma: *plan = {AttnCudaKernel::wmma, true, kWmmaBQ, kWmmaBK}; break;
+    case AttnCudaKernel::simt: *plan = {AttnCudaKernel::simt, false, kSimtBQ, kSimtBK}; break;
+  }
   if (limits) *limits = lim;
   return attnSuccess;
 }
@@ -171,7 +198,11 @@ int keySplits(const AttnArgs& a, const AttnCudaExec& ex, const DeviceLimits& lim
 
 // The launch for the chosen kernel.
 attnResult_t launch(const AttnArgs& a, const AttnCudaPlan& plan, attnDataType_t dtype, cudaStream_t s) {
-  if (plan.tensor_cores) {
+  if (plan.kernel == AttnCudaKernel::mma) {
+    if (dtype == attnFloat16) return launchMmaD<__half>(a, s);
+    return launchMmaD<__nv_bfloat16>(a, s);
+  }
+  if (plan.kernel == AttnCudaKernel::wmma) {
     if (dtype == attnFloat16) return launchWmmaD<__half>(a, s);
     return launchWmmaD<__nv_bfloat16>(a, s);
   }

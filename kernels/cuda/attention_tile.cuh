@@ -1,11 +1,13 @@
 // What every attention CTA does before and around its math: find its
 // (segment, query tile) in a packed variable-length batch, compute position
 // bounds to skip fully masked key tiles, and count tiles. Shared by the
-// tensor-core (WMMA) and the SIMT kernels in attention.cu.
+// tensor-core (mma.sync, WMMA) and the SIMT kernels in attention.cu.
 #pragma once
 
 #include <climits>
 #include <cstdint>
+
+#include <cuda_pipeline_primitives.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -161,6 +163,22 @@ __device__ inline void warpKeyBounds64(const int32_t* pos, int k0, int k1, int& 
   warpPosBounds(pos, k0 + 32, k1, lo2, hi2);
   lo = min(lo, lo2);
   hi = max(hi, hi2);
+}
+
+// Copies rows [0, n) of one head (THD: row stride `stride` elements; row r
+// is g's row idx[r] when idx is given, paged K/V) into shared memory rows
+// of kLd, zero-filling rows >= n: 16-byte cp.async.
+template <class T, int D, int kLd, int kThreads>
+__device__ inline void stageRows(T* s, const T* g, int n, size_t stride, int rows,
+                                 const int64_t* idx = nullptr) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec;
+  for (int i = threadIdx.x; i < rows * kPerRow; i += kThreads) {
+    const int r = i / kPerRow, c = (i % kPerRow) * kVec;
+    T* dst = s + r * kLd + c;
+    const size_t row = idx != nullptr && r < n ? size_t(idx[r]) : size_t(r);
+    if (r < n) __pipeline_memcpy_async(dst, g + row * stride + c, 16);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
 }
 
 // Per-CTA tile counters, flushed with one atomic each at the end.

@@ -40,22 +40,6 @@ struct WmmaSmem {
   static_assert(size_t(kWmmaWarps) * 16 * kLdO * 4 <= kS - kK, "staging fits in K+V");
 };
 
-// Copies rows [0, n) of one head (THD: row stride `stride` elements; row r
-// is g's row idx[r] when idx is given, paged K/V) into shared memory rows
-// of kLd, zero-filling rows >= n: 16-byte cp.async.
-template <class T, int D, int kLd>
-__device__ inline void stageRows(T* s, const T* g, int n, size_t stride, int rows,
-                                 const int64_t* idx = nullptr) {
-  constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec;
-  for (int i = threadIdx.x; i < rows * kPerRow; i += kWmmaThreads) {
-    const int r = i / kPerRow, c = (i % kPerRow) * kVec;
-    T* dst = s + r * kLd + c;
-    const size_t row = idx != nullptr && r < n ? size_t(idx[r]) : size_t(r);
-    if (r < n) __pipeline_memcpy_async(dst, g + row * stride + c, 16);
-    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  }
-}
-
 template <class T, int D>
 __global__ void __launch_bounds__(kWmmaThreads)
 attnWmmaKernel(AttnArgs a) {
@@ -85,7 +69,7 @@ attnWmmaKernel(AttnArgs a) {
   const T* gk = static_cast<const T*>(a.k) + size_t(kvh) * D;
   const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * D;
 
-  stageRows<T, D, L::kLdT>(sQ, gq, w.q1 - w.q0, qstride, kWmmaBQ);
+  stageRows<T, D, L::kLdT, kWmmaThreads>(sQ, gq, w.q1 - w.q0, qstride, kWmmaBQ);
   __pipeline_commit();
 
   // Row of each accumulator element, learnt from a matrix of row numbers.
@@ -141,9 +125,9 @@ attnWmmaKernel(AttnArgs a) {
     // Paged K/V: rows from the row table; else from row k0 on.
     const int64_t* idx = a.k_rows != nullptr ? a.k_rows + k0 : nullptr;
     const size_t first = idx != nullptr ? 0 : size_t(k0) * kstride;
-    stageRows<T, D, L::kLdT>(sK, gk + first, nk, kstride, kWmmaBK, idx);
+    stageRows<T, D, L::kLdT, kWmmaThreads>(sK, gk + first, nk, kstride, kWmmaBK, idx);
     __pipeline_commit();
-    stageRows<T, D, L::kLdT>(sV, gv + first, nk, kstride, kWmmaBK, idx);
+    stageRows<T, D, L::kLdT, kWmmaThreads>(sV, gv + first, nk, kstride, kWmmaBK, idx);
     __pipeline_commit();
     if (threadIdx.x < kWmmaBK)
       sKpos[threadIdx.x] = (a.causal && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;

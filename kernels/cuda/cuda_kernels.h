@@ -53,6 +53,7 @@ struct AttnCudaExec {
   cudaStream_t stream = nullptr;
   AttnCudaStats* stats = nullptr;  // optional, device pointer
   bool force_generic = false;      // tests: use the SIMT path even where tensor cores apply
+  bool force_wmma = false;         // tests, perf: the WMMA kernel where the mma.sync one applies
   // Key chunks per segment (split-K, flash-decoding: chunks run by CTAs of
   // their own, partials merged). 0: chosen by the launcher, which splits
   // only a grid under one wave of the device's multiprocessors with long
@@ -60,10 +61,20 @@ struct AttnCudaExec {
   int key_splits = 0;
 };
 
+// The attention kernels. Tensor cores take fp16/bf16, head_dim 64/128/256,
+// sm_80+, 16-byte aligned tensors; mma (mma.sync, scores in registers) is
+// the first choice, WMMA where mma's shared memory does not fit or when
+// asked for; SIMT takes everything else.
+enum class AttnCudaKernel { mma, wmma, simt };
+inline const char* attnCudaKernelName(AttnCudaKernel k) {
+  return k == AttnCudaKernel::mma ? "mma" : k == AttnCudaKernel::wmma ? "wmma" : "simt";
+}
+
 // Which kernel a problem runs on and its tile shape (tests use it to predict
 // tile counts).
 struct AttnCudaPlan {
-  bool tensor_cores;  // WMMA path: fp16/bf16, head_dim 64/128/256, sm_80+, 16-byte aligned
+  AttnCudaKernel kernel;
+  bool tensor_cores;  // mma or wmma: softmax weights rounded to the input type
   int block_q;        // query rows per CTA
   int block_k;        // keys per tile
 };
