@@ -3,7 +3,8 @@
 //    traffic, next to cudaMemcpyAsync device-to-device GB/s (goal: >= 80%);
 //  - partial attention, causal, bf16, head_dim 128, in TFLOP/s at 8K / 16K /
 //    32K tokens (compare with perf/attn/sdpa_reference.py: torch SDPA flash
-//    on the same shapes; first goal >= 0.5 of it).
+//    on the same shapes; first goal >= 0.5 of it), the launcher's kernel
+//    (mma.sync) next to the WMMA kernel.
 // Times are medians of -n iterations (CUDA events). Without a device it
 // says so and exits 77 (the suite's "skipped").
 //
@@ -143,12 +144,16 @@ void benchMerge(const Opts& o, cudaStream_t s) {
   cudaFree(acc), cudaFree(acc_l), cudaFree(src), cudaFree(part_bf16);
 }
 
+// The chosen kernel next to the WMMA one (the previous tensor-core kernel)
+// on the same inputs, interleaved so drift hits both alike.
 void benchAttention(const Opts& o, cudaStream_t s) {
   const int d = 128;
   std::printf("\n# partial attention: causal, bf16, head_dim %d, Hq %d, Hkv %d, one sequence%s\n", d,
               o.hq, o.hkv, o.generic ? " (SIMT kernel)" : "");
-  std::printf("# TFLOP/s counts 4 * T^2 * Hq * D / 2 (causal half), as flash-attention benchmarks\n");
-  std::printf("%8s %12s %10s %8s %14s\n", "tokens", "time(us)", "TFLOP/s", "kernel", "tiles skipped");
+  std::printf("# TFLOP/s counts 4 * T^2 * Hq * D / 2 (causal half), as flash-attention benchmarks;\n"
+              "# medians of 3 interleaved rounds of -n iterations; baseline = the WMMA kernel\n");
+  std::printf("%8s %8s %12s %10s %12s %10s %9s %14s\n", "tokens", "kernel", "time(us)", "TFLOP/s", "wmma(us)",
+              "TFLOP/s", "speed-up", "tiles skipped");
   for (int t : o.tokens) {
     const size_t qn = size_t(t) * o.hq * d, kn = size_t(t) * o.hkv * d;
     uint16_t *q, *k, *v;
@@ -175,12 +180,19 @@ void benchAttention(const Opts& o, cudaStream_t s) {
     p.num_q_heads = o.hq, p.num_kv_heads = o.hkv, p.head_dim = d;
     p.causal = true;
     p.q_pos = p.k_pos = pos;
-    attn::cuda::AttnCudaExec ex;
-    ex.stream = s;
+    attn::cuda::AttnCudaExec ex, wmma;
+    ex.stream = wmma.stream = s;
     ex.force_generic = o.generic;
-    attn::cuda::AttnCudaPlan plan;
+    wmma.force_wmma = true;
+    attn::cuda::AttnCudaPlan plan, wplan;
     AK(attn::cuda::attentionPlan(p, ex, &plan));
-    const double us = medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, ex)); });
+    AK(attn::cuda::attentionPlan(p, wmma, &wplan));
+    const bool compare = plan.kernel != wplan.kernel && wplan.kernel == attn::cuda::AttnCudaKernel::wmma;
+    std::vector<double> t1, t2;
+    for (int r = 0; r < 3; ++r) {
+      t1.push_back(medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, ex)); }));
+      if (compare) t2.push_back(medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, wmma)); }));
+    }
     CK(cudaMemset(stats, 0, sizeof(*stats)));
     ex.stats = stats;
     AK(attn::cuda::attentionPartial(p, out, lse, ex));
@@ -188,8 +200,15 @@ void benchAttention(const Opts& o, cudaStream_t s) {
     CK(cudaMemcpy(&st, stats, sizeof(st), cudaMemcpyDeviceToHost));
     const double flops = 4.0 * double(t) * double(t) * o.hq * d / 2.0;
     const double total = double(st.tiles_full + st.tiles_masked + st.tiles_skipped);
-    std::printf("%8d %12.1f %10.2f %8s %13.1f%%\n", t, us, flops / us / 1e6,
-                plan.tensor_cores ? "wmma" : "simt", total > 0 ? 100.0 * st.tiles_skipped / total : 0.0);
+    const double us = attnperf::summarize(t1).medianUs;
+    std::printf("%8d %8s %12.1f %10.2f", t, attn::cuda::attnCudaKernelName(plan.kernel), us, flops / us / 1e6);
+    if (compare) {
+      const double wus = attnperf::summarize(t2).medianUs;
+      std::printf(" %12.1f %10.2f %8.2fx", wus, flops / wus / 1e6, wus / us);
+    } else {
+      std::printf(" %12s %10s %9s", "-", "-", "-");
+    }
+    std::printf(" %13.1f%%\n", total > 0 ? 100.0 * st.tiles_skipped / total : 0.0);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(pos), cudaFree(stats);
   }
 }
