@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -254,7 +255,8 @@ TEST(CudaAttention, ShapesDtypesGqaCausal) {
 
 // Which kernel a problem gets: mma.sync for 16-bit inputs and the head
 // sizes it is built for, WMMA when asked for, SIMT for fp32, odd head
-// sizes, unaligned tensors or when asked for.
+// sizes, unaligned tensors or when asked for; and the mma kernel's CTA
+// shape under GQA.
 TEST(CudaAttention, KernelChoice) {
   REQUIRE_GPU();
   int dev = 0, major = 0;
@@ -281,7 +283,42 @@ TEST(CudaAttention, KernelChoice) {
       EXPECT_EQ(planOf(c, plain, true), AttnCudaKernel::simt) << c.name() << " unaligned k";
     }
   EXPECT_EQ(planOf(selfAttn(70, 2, 1, 128, true, attnFloat32), plain), AttnCudaKernel::simt);
+  // GQA packing: the group's heads (at most 64) share a CTA's 64 rows.
+  for (auto [hq, hkv, heads, rows] : {std::tuple{8, 8, 1, 64}, std::tuple{8, 2, 4, 16},
+                                      std::tuple{6, 1, 6, 10}, std::tuple{80, 1, 64, 1}}) {
+    const Case c = selfAttn(10, hq, hkv, 64, false, attnBfloat16);
+    HostProblem h(c, 1);
+    DevProblem dp(h, c);
+    AttnCudaPlan plan{};
+    ASSERT_EQ(attentionPlan(dp.p, plain, &plan), attnSuccess);
+    EXPECT_EQ(plan.heads_per_block, heads) << c.name();
+    EXPECT_EQ(plan.block_q, rows) << c.name();
+    ASSERT_EQ(attentionPlan(dp.p, wmma, &plan), attnSuccess);
+    EXPECT_EQ(plan.heads_per_block, 1) << c.name() << " wmma";
+    EXPECT_EQ(plan.block_q, 64) << c.name() << " wmma";
+  }
   EXPECT_EQ(planOf(selfAttn(70, 2, 1, 96, true, attnBfloat16), plain), AttnCudaKernel::simt);
+}
+
+// GQA groups of any size: the mma kernel packs a group's heads as rows of a
+// CTA (64 / group query rows each), so groups that do not divide 64 leave
+// rows empty, and a group of more than 64 heads spans two CTAs. Prefill
+// rows and decode rows (one per sequence, split-K) of each.
+TEST(CudaAttention, GqaGroupsOfAnySize) {
+  REQUIRE_GPU();
+  for (auto [hq, hkv] : {std::pair{6, 2}, std::pair{5, 1}, std::pair{14, 2}, std::pair{80, 1}}) {
+    checkCase(selfAttn(45, hq, hkv, 64, true, attnBfloat16));
+    Case decode;
+    decode.hq = hq, decode.hkv = hkv, decode.d = 64, decode.causal = true, decode.dtype = attnFloat16;
+    for (int keys : {700, 90}) {
+      decode.segs.push_back({decode.nq, decode.nq + 1, decode.nk, decode.nk + keys});
+      decode.qpos.push_back(keys - 1);
+      for (int j = 0; j < keys; ++j) decode.kpos.push_back(j);
+      ++decode.nq;
+      decode.nk += keys;
+    }
+    checkCase(decode);
+  }
 }
 
 TEST(CudaAttention, SimtPathAndOddHeadDims) {

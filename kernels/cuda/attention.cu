@@ -118,8 +118,9 @@ attnResult_t allowSharedMemory(const void* kern, size_t bytes) {
   return attnSuccess;
 }
 
-// The grid: heads x query tiles in x, key chunks (split-K) in y.
-dim3 gridOf(const AttnArgs& a) { return dim3(unsigned(a.tiles) * unsigned(a.hq), unsigned(a.splits)); }
+// The grid: head slots (q heads, or kv heads x chunks of their group when
+// the mma kernel packs GQA) x query tiles in x, key chunks (split-K) in y.
+dim3 gridOf(const AttnArgs& a) { return dim3(unsigned(a.tiles) * unsigned(a.head_slots), unsigned(a.splits)); }
 
 template <class T, int D>
 attnResult_t launchWmma(const AttnArgs& a, cudaStream_t s) {
@@ -168,16 +169,24 @@ attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const f
   DeviceLimits lim;
   ATTN_CHECK(deviceLimits(&lim));
   switch (chooseKernel(p, ex, lim, o)) {
-    case AttnCudaKernel::mma: *plan = {AttnCudaKernel::mma, true, kMmaBQ, kMmaBK}; break;
-    case AttnCudaKernel::wmma: *plan = {AttnCudaKernel::wmma, true, kWmmaBQ, kWmmaBK}; break;
-    case AttnCudaKernel::simt: *plan = {AttnCudaKernel::simt, false, kSimtBQ, kSimtBK}; break;
+    case AttnCudaKernel::mma: {
+      // GQA packing: the group's heads (up to 64) and 64 / that many query
+      // rows fill the CTA's 64 rows, so one K/V tile serves every head of
+      // the group (a decode step reads each key once per kv head, not once
+      // per q head).
+      const int heads = std::min(p.num_q_heads / p.num_kv_heads, kMmaBQ);
+      *plan = {AttnCudaKernel::mma, true, kMmaBQ / heads, kMmaBK, heads};
+      break;
+    }
+    case AttnCudaKernel::wmma: *plan = {AttnCudaKernel::wmma, true, kWmmaBQ, kWmmaBK, 1}; break;
+    case AttnCudaKernel::simt: *plan = {AttnCudaKernel::simt, false, kSimtBQ, kSimtBK, 1}; break;
   }
   if (limits) *limits = lim;
   return attnSuccess;
 }
 
 // Split-K (flash-decoding): a decode step has a query tile per sequence, so
-// a grid of tiles x heads CTAs can leave most multiprocessors idle while
+// a grid of tiles x head slots CTAs can leave most multiprocessors idle while
 // each CTA walks every key of its sequence. Then each CTA's keys are cut
 // into chunks run by CTAs of their own (enough for two waves), whose
 // partials are merged afterwards. A chunk keeps at least kMinSplitKeys
@@ -188,7 +197,7 @@ constexpr int kMaxSplits = 32;
 
 int keySplits(const AttnArgs& a, const AttnCudaExec& ex, const DeviceLimits& lim) {
   if (ex.key_splits > 0) return std::min(ex.key_splits, kMaxSplits);
-  const long long ctas = (long long)a.tiles * a.hq;
+  const long long ctas = (long long)a.tiles * a.head_slots;
   if (ctas >= lim.sms || a.nk == 0) return 1;
   const long long keysPerSeg = a.nk / std::max(1, a.segs ? a.nseg : 1);
   const long long byKeys = keysPerSeg / kMinSplitKeys;
@@ -280,6 +289,11 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   a.stats = ex.stats;
   // With segments each one starts a new tile: sum ceil(len / bq) <= nq / bq + nseg.
   a.tiles = (p.nq + plan.block_q - 1) / plan.block_q + (segs ? p.num_segments : 0);
+  const int group = p.num_q_heads / p.num_kv_heads;
+  a.heads_per_cta = plan.heads_per_block;
+  a.head_slots = p.num_kv_heads * ((group + a.heads_per_cta - 1) / a.heads_per_cta);
+  ATTN_REQUIRE((long long)a.tiles * a.head_slots < (1ll << 31) - 1,
+               "cuda attention: %d rows x %d heads is too large for one launch", p.nq, p.num_q_heads);
   a.splits = keySplits(a, ex, lim);
   if (a.splits > 1) return launchSplit(a, plan, p.dtype, ex.stream);
   return launch(a, plan, p.dtype, ex.stream);

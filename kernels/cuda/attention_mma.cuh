@@ -4,8 +4,12 @@
 // documents (mma_ptx.cuh), so nothing but K, V and Q passes through shared
 // memory.
 //
-// CTA: 64 query rows of one q head, 4 warps of 16 rows; key tiles of 64
-// (the WMMA kernel's tiles, so plans and tile counts are the same). Each
+// CTA: 64 rows, 4 warps of 16; key tiles of 64. GQA packing: a CTA's rows
+// are (query row, q head) pairs of one kv head's group, the heads varying
+// fastest (a.heads_per_cta of them, 64 / that many query rows), so each
+// K/V tile staged serves every head of the group: a decode step reads its
+// keys once per kv head instead of once per q head. Without GQA a CTA is
+// 64 query rows of one head, as in the WMMA kernel. Each
 // thread owns rows g and g + 8 of its warp (g = lane / 4) and, per 8-key
 // column block, keys 2t and 2t + 1 (t = lane % 4): row max and sum reduce
 // over the 4 lanes of a quad. S = Q K^T lands in mma accumulators; the
@@ -64,37 +68,59 @@ attnMmaKernel(AttnArgs a) {
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3;
 
-  // Heads vary fastest so CTAs of one kv head group run together and share
-  // K/V in L2; tiles run last-first (later causal tiles have more keys).
-  const int head = int(blockIdx.x % unsigned(a.hq));
-  const int tile = a.tiles - 1 - int(blockIdx.x / unsigned(a.hq));
+  // The CTA's (query tile, kv head, heads of its group): the head slots of
+  // a tile vary fastest so CTAs of one kv head run together and share K/V
+  // in L2; tiles run last-first (later causal tiles have more keys).
+  const int slot = int(blockIdx.x % unsigned(a.head_slots));
+  const int tile = a.tiles - 1 - int(blockIdx.x / unsigned(a.head_slots));
+  const int group = a.hq / a.hkv, hc = a.heads_per_cta;
+  const int chunks = (group + hc - 1) / hc;
+  const int kvh = slot / chunks;
+  const int head0 = kvh * group + (slot % chunks) * hc;
+  const int nheads = min(hc, (kvh + 1) * group - head0);
   TileWork w;
-  if (!findTile<kMmaThreads>(a, tile, kMmaBQ, w)) return;
+  if (!findTile<kMmaThreads>(a, tile, kMmaBQ / hc, w)) return;
   takeKeyChunk(a, kMmaBK, w);
-  const int kvh = head / (a.hq / a.hkv);
-  const size_t qstride = size_t(a.hq) * D, kstride = size_t(a.hkv) * D;
-  const T* gq = static_cast<const T*>(a.q) + size_t(w.q0) * qstride + size_t(head) * D;
+  const size_t kstride = size_t(a.hkv) * D;
   const T* gk = static_cast<const T*>(a.k) + size_t(kvh) * D;
   const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * D;
+  // Row r of the CTA is query row w.q0 + r / hc of head head0 + r % hc.
+  const int nrows = w.q1 - w.q0;
+  auto rowOk = [&](int r) { return r / hc < nrows && r % hc < nheads; };
+  {
+    constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec;
+    const T* q = static_cast<const T*>(a.q);
+    for (int i = int(threadIdx.x); i < kMmaBQ * kPerRow; i += kMmaThreads) {
+      const int r = i / kPerRow, c = (i % kPerRow) * kVec;
+      T* dst = sQ + r * L::kLd + c;
+      if (rowOk(r))
+        __pipeline_memcpy_async(dst, q + (size_t(w.q0 + r / hc) * a.hq + size_t(head0 + r % hc)) * D + c, 16);
+      else
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    __pipeline_commit();
+  }
 
-  stageRows<T, D, L::kLd, kMmaThreads>(sQ, gq, w.q1 - w.q0, qstride, kMmaBQ);
-  __pipeline_commit();
-
-  // This warp's rows [wr0, wr1); this thread's are wr0 + g and wr0 + g + 8.
-  const int wr0 = w.q0 + warp * 16, wr1 = min(w.q1, wr0 + 16);
-  const bool warp_rows = wr0 < wr1;
-  const bool ok0 = wr0 + g < wr1, ok1 = wr0 + g + 8 < wr1;
+  // This thread's rows are r0 = 16 warp + g and r0 + 8; the warp's query
+  // rows run from wq0 to wq1 (exclusive).
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const bool ok0 = rowOk(r0), ok1 = rowOk(r1);
+  int any = rowOk(warp * 16 + (lane & 15));
+#pragma unroll
+  for (int x = 1; x < 16; x <<= 1) any |= __shfl_xor_sync(0xffffffffu, any, x);
+  const bool warp_rows = any != 0;
+  const int wq0 = w.q0 + warp * 16 / hc, wq1 = min(w.q1, w.q0 + (warp * 16 + 15) / hc + 1);
   int qp0 = INT_MIN, qp1 = INT_MIN;
   int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qhi = INT_MIN;
   if (a.causal) {
-    if (ok0) qp0 = a.q_pos[wr0 + g];
-    if (ok1) qp1 = a.q_pos[wr0 + g + 8];
+    if (ok0) qp0 = a.q_pos[w.q0 + r0 / hc];
+    if (ok1) qp1 = a.q_pos[w.q0 + r1 / hc];
     int lo, hi, lo2, hi2;
     warpPosBounds(a.q_pos, w.q0, min(w.q1, w.q0 + 32), lo, hi);
     warpPosBounds(a.q_pos, w.q0 + 32, w.q1, lo2, hi2);
     cta_qlo = min(lo, lo2);
     cta_qhi = max(hi, hi2);
-    warpPosBounds(a.q_pos, wr0, wr1, lo, warp_qhi);
+    warpPosBounds(a.q_pos, wq0, wq1, lo, warp_qhi);
   }
 
   TileCounts counts;
@@ -105,7 +131,7 @@ attnMmaKernel(AttnArgs a) {
       if (!a.causal) return k0;
       warpKeyBounds64(a.k_pos, k0, min(w.ke, k0 + kMmaBK), klo, khi);
       if (klo <= cta_qhi) return k0;
-      ++counts.skipped;
+      counts.skipped += unsigned(nheads);  // counted per (query tile, q head)
     }
     return w.ke;
   };
@@ -139,8 +165,8 @@ attnMmaKernel(AttnArgs a) {
   while (k0 < w.ke) {
     const int nk = min(kMmaBK, w.ke - k0);
     const bool needs_mask = a.causal && khi > cta_qlo;
-    if (needs_mask) ++counts.masked;
-    else ++counts.full;
+    if (needs_mask) counts.masked += unsigned(nheads);
+    else counts.full += unsigned(nheads);
     __pipeline_wait_prior(0);  // Q (first tile) and this tile's K have landed
     __syncthreads();           // for every thread; every warp is done with the last V
     stageKeys(sV, gv, k0);     // lands while S and the softmax run
@@ -261,14 +287,14 @@ attnMmaKernel(AttnArgs a) {
   // lane t = 0 overwrites it.
   float la0 = -INFINITY, la1 = -INFINITY;
   if (a.accumulate) {
-    if (ok0) la0 = *outLse(a, wr0 + g, head);
-    if (ok1) la1 = *outLse(a, wr0 + g + 8, head);
+    if (ok0) la0 = *outLse(a, w.q0 + r0 / hc, head0 + r0 % hc);
+    if (ok1) la1 = *outLse(a, w.q0 + r1 / hc, head0 + r1 % hc);
     __syncwarp();
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (!(h == 0 ? ok0 : ok1)) continue;
-    const int row = wr0 + g + 8 * h;
+    const int r = h == 0 ? r0 : r1, row = w.q0 + r / hc, head = head0 + r % hc;
     const float l = h == 0 ? l0 : l1;
     const float ln = rowLse(h == 0 ? m0 : m1, l);
     float* go = outO(a, row, head, D) + 2 * t;

@@ -36,6 +36,11 @@ struct AttnArgs {
   AttnCudaStats* stats;
   int tiles;   // query tiles in the grid (an upper bound with segments)
   int splits;  // key chunks per segment (split-K): the grid's y dimension
+  // Query heads of one kv head per CTA (the mma kernel packs a GQA group's
+  // heads as rows of one CTA so they share each K/V tile; 1 elsewhere), and
+  // the CTAs per query tile: hkv x ceil(group / heads_per_cta) (= hq at 1).
+  int heads_per_cta;
+  int head_slots;
 };
 
 __device__ inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }

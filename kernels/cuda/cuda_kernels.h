@@ -77,6 +77,7 @@ struct AttnCudaPlan {
   bool tensor_cores;  // mma or wmma: softmax weights rounded to the input type
   int block_q;        // query rows per CTA
   int block_k;        // keys per tile
+  int heads_per_block;  // q heads of one kv head per CTA (mma packs GQA groups; else 1)
 };
 [[nodiscard]] attnResult_t attentionPlan(const cpu::AttnProblem& p, const AttnCudaExec& ex,
                                          AttnCudaPlan* plan);

@@ -220,9 +220,9 @@ void benchDecode(const Opts& o, cudaStream_t s) {
   const int d = 128;
   std::printf("\n# decode step: bf16, head_dim %d, Hq %d, Hkv %d, one query per sequence over T keys%s\n", d,
               o.hq, o.hkv, o.generic ? " (SIMT kernel)" : "");
-  std::printf("# GB/s = K and V bytes read over the time\n");
-  std::printf("%8s %4s %14s %10s %14s %10s %9s\n", "T", "B", "one launch(us)", "GB/s", "split-K(us)", "GB/s",
-              "speed-up");
+  std::printf("# GB/s = K and V bytes read over the time; wmma = the WMMA kernel with split-K\n");
+  std::printf("%8s %4s %14s %10s %14s %10s %9s %10s %10s\n", "T", "B", "one launch(us)", "GB/s", "split-K(us)",
+              "GB/s", "speed-up", "wmma(us)", "GB/s");
   for (int B : o.decode_batch)
     for (int T : o.decode_keys) {
       const size_t nk = size_t(B) * T, qn = size_t(B) * o.hq * d, kn = nk * o.hkv * d;
@@ -258,20 +258,23 @@ void benchDecode(const Opts& o, cudaStream_t s) {
       p.causal = true;
       p.q_pos = qpos, p.k_pos = kpos;
       p.segments = segs, p.num_segments = B;
-      attn::cuda::AttnCudaExec one, split;
-      one.stream = split.stream = s;
+      attn::cuda::AttnCudaExec one, split, wmma;
+      one.stream = split.stream = wmma.stream = s;
       one.force_generic = split.force_generic = o.generic;
       one.key_splits = 1;
-      // Interleaved, so drift hits both alike.
-      std::vector<double> t1, t2;
+      wmma.force_wmma = true;
+      // Interleaved, so drift hits all alike.
+      std::vector<double> t1, t2, t3;
       for (int r = 0; r < 3; ++r) {
         t1.push_back(medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, one)); }));
         t2.push_back(medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, split)); }));
+        t3.push_back(medianUs(o, s, [&] { AK(attn::cuda::attentionPartial(p, out, lse, wmma)); }));
       }
       const double a = attnperf::summarize(t1).medianUs, b = attnperf::summarize(t2).medianUs;
+      const double c = attnperf::summarize(t3).medianUs;
       const double bytes = 2.0 * double(kn) * 2;
-      std::printf("%8d %4d %14.1f %10.1f %14.1f %10.1f %8.2fx\n", T, B, a, bytes / a / 1e3, b, bytes / b / 1e3,
-                  a / b);
+      std::printf("%8d %4d %14.1f %10.1f %14.1f %10.1f %8.2fx %10.1f %10.1f\n", T, B, a, bytes / a / 1e3, b,
+                  bytes / b / 1e3, a / b, c, bytes / c / 1e3);
       cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(qpos), cudaFree(kpos);
       cudaFree(segs);
     }

@@ -89,7 +89,7 @@ std::vector<Region> partRegions(const cpu::AttnPartialRef* parts, int nparts, si
 
 attnResult_t attentionPlan(const cpu::AttnProblem&, const AttnCudaExec&, AttnCudaPlan* plan) {
   ATTN_REQUIRE(plan != nullptr, "cuda attention: null plan");
-  *plan = AttnCudaPlan{AttnCudaKernel::simt, false, 64, 64};  // the CPU twin: fp32 throughout
+  *plan = AttnCudaPlan{AttnCudaKernel::simt, false, 64, 64, 1};  // the CPU twin: fp32 throughout
   return attnSuccess;
 }
 
