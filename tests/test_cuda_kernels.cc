@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -117,6 +118,21 @@ Case selfAttn(int t, int hq, int hkv, int d, bool causal, attnDataType_t dt) {
   c.causal = causal;
   c.dtype = dt;
   for (int i = 0; i < t; ++i) c.qpos.push_back(i), c.kpos.push_back(i);
+  return c;
+}
+
+// A causal decode step: one query row per sequence, at the last position
+// of its `keys` keys.
+Case decodeStep(int hq, int hkv, int d, attnDataType_t dt, std::initializer_list<int> keys) {
+  Case c;
+  c.hq = hq, c.hkv = hkv, c.d = d, c.causal = true, c.dtype = dt;
+  for (int n : keys) {
+    c.segs.push_back({c.nq, c.nq + 1, c.nk, c.nk + n});
+    c.qpos.push_back(n - 1);
+    for (int j = 0; j < n; ++j) c.kpos.push_back(j);
+    ++c.nq;
+    c.nk += n;
+  }
   return c;
 }
 
@@ -308,16 +324,7 @@ TEST(CudaAttention, GqaGroupsOfAnySize) {
   REQUIRE_GPU();
   for (auto [hq, hkv] : {std::pair{6, 2}, std::pair{5, 1}, std::pair{14, 2}, std::pair{80, 1}}) {
     checkCase(selfAttn(45, hq, hkv, 64, true, attnBfloat16));
-    Case decode;
-    decode.hq = hq, decode.hkv = hkv, decode.d = 64, decode.causal = true, decode.dtype = attnFloat16;
-    for (int keys : {700, 90}) {
-      decode.segs.push_back({decode.nq, decode.nq + 1, decode.nk, decode.nk + keys});
-      decode.qpos.push_back(keys - 1);
-      for (int j = 0; j < keys; ++j) decode.kpos.push_back(j);
-      ++decode.nq;
-      decode.nk += keys;
-    }
-    checkCase(decode);
+    checkCase(decodeStep(hq, hkv, 64, attnFloat16, {700, 90}));
   }
 }
 
@@ -485,16 +492,7 @@ void checkPagedCase(const Case& c, uint32_t seed) {
 TEST(CudaAttention, PagedKeysGiveTheBitsOfTheGatheredKeys) {
   REQUIRE_GPU();
   for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
-    Case decode;  // one query row per sequence over 1000 and 300 keys; split-K
-    decode.hq = 8, decode.hkv = 1, decode.d = 128, decode.causal = true, decode.dtype = dt;
-    for (int keys : {1000, 300}) {
-      decode.segs.push_back({decode.nq, decode.nq + 1, decode.nk, decode.nk + keys});
-      decode.qpos.push_back(keys - 1);
-      for (int j = 0; j < keys; ++j) decode.kpos.push_back(j);
-      ++decode.nq;
-      decode.nk += keys;
-    }
-    checkPagedCase(decode, 3);
+    checkPagedCase(decodeStep(8, 1, 128, dt, {1000, 300}), 3);  // split-K
     checkPagedCase(selfAttn(150, 4, 1, 128, true, dt), 4);
     Case simt = selfAttn(70, 4, 2, 80, true, dt);
     simt.force_generic = true;

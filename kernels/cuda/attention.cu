@@ -122,46 +122,32 @@ attnResult_t allowSharedMemory(const void* kern, size_t bytes) {
 // the mma kernel packs GQA) x query tiles in x, key chunks (split-K) in y.
 dim3 gridOf(const AttnArgs& a) { return dim3(unsigned(a.tiles) * unsigned(a.head_slots), unsigned(a.splits)); }
 
-template <class T, int D>
-attnResult_t launchWmma(const AttnArgs& a, cudaStream_t s) {
-  auto* kern = attnWmmaKernel<T, D>;
-  constexpr size_t bytes = WmmaSmem<D>::kBytes;
+// One attention kernel instance: its shared memory allowed, then launched.
+attnResult_t launchWith(const char* name, void (*kern)(AttnArgs), size_t bytes, int threads, const AttnArgs& a,
+                        cudaStream_t s) {
   ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
-  return launchKernel("attention (wmma) launch", kern, gridOf(a), kWmmaThreads, bytes, s, a);
-}
-
-template <class T>
-attnResult_t launchWmmaD(const AttnArgs& a, cudaStream_t s) {
-  switch (a.d) {
-    case 64: return launchWmma<T, 64>(a, s);
-    case 128: return launchWmma<T, 128>(a, s);
-    default: return launchWmma<T, 256>(a, s);
-  }
+  return launchKernel(name, kern, gridOf(a), threads, bytes, s, a);
 }
 
 template <class T, int D>
-attnResult_t launchMma(const AttnArgs& a, cudaStream_t s) {
-  auto* kern = attnMmaKernel<T, D>;
-  constexpr size_t bytes = MmaSmem<D>::kBytes;
-  ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
-  return launchKernel("attention (mma) launch", kern, gridOf(a), kMmaThreads, bytes, s, a);
+attnResult_t launchTensorCores(AttnCudaKernel k, const AttnArgs& a, cudaStream_t s) {
+  if (k == AttnCudaKernel::mma)
+    return launchWith("attention (mma) launch", attnMmaKernel<T, D>, MmaSmem<D>::kBytes, kMmaThreads, a, s);
+  return launchWith("attention (wmma) launch", attnWmmaKernel<T, D>, WmmaSmem<D>::kBytes, kWmmaThreads, a, s);
 }
 
 template <class T>
-attnResult_t launchMmaD(const AttnArgs& a, cudaStream_t s) {
+attnResult_t launchTensorCoresD(AttnCudaKernel k, const AttnArgs& a, cudaStream_t s) {
   switch (a.d) {
-    case 64: return launchMma<T, 64>(a, s);
-    case 128: return launchMma<T, 128>(a, s);
-    default: return launchMma<T, 256>(a, s);
+    case 64: return launchTensorCores<T, 64>(k, a, s);
+    case 128: return launchTensorCores<T, 128>(k, a, s);
+    default: return launchTensorCores<T, 256>(k, a, s);
   }
 }
 
 template <class T>
 attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
-  auto* kern = attnSimtKernel<T>;
-  const size_t bytes = simtSmemBytes(a.d);
-  ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
-  return launchKernel("attention (simt) launch", kern, gridOf(a), kSimtThreads, bytes, s, a);
+  return launchWith("attention (simt) launch", attnSimtKernel<T>, simtSmemBytes(a.d), kSimtThreads, a, s);
 }
 
 attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const float* o,
@@ -207,13 +193,9 @@ int keySplits(const AttnArgs& a, const AttnCudaExec& ex, const DeviceLimits& lim
 
 // The launch for the chosen kernel.
 attnResult_t launch(const AttnArgs& a, const AttnCudaPlan& plan, attnDataType_t dtype, cudaStream_t s) {
-  if (plan.kernel == AttnCudaKernel::mma) {
-    if (dtype == attnFloat16) return launchMmaD<__half>(a, s);
-    return launchMmaD<__nv_bfloat16>(a, s);
-  }
-  if (plan.kernel == AttnCudaKernel::wmma) {
-    if (dtype == attnFloat16) return launchWmmaD<__half>(a, s);
-    return launchWmmaD<__nv_bfloat16>(a, s);
+  if (plan.tensor_cores) {
+    if (dtype == attnFloat16) return launchTensorCoresD<__half>(plan.kernel, a, s);
+    return launchTensorCoresD<__nv_bfloat16>(plan.kernel, a, s);
   }
   switch (dtype) {
     case attnFloat16: return launchSimt<__half>(a, s);

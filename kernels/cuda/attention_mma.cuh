@@ -115,11 +115,8 @@ attnMmaKernel(AttnArgs a) {
   if (a.causal) {
     if (ok0) qp0 = a.q_pos[w.q0 + r0 / hc];
     if (ok1) qp1 = a.q_pos[w.q0 + r1 / hc];
-    int lo, hi, lo2, hi2;
-    warpPosBounds(a.q_pos, w.q0, min(w.q1, w.q0 + 32), lo, hi);
-    warpPosBounds(a.q_pos, w.q0 + 32, w.q1, lo2, hi2);
-    cta_qlo = min(lo, lo2);
-    cta_qhi = max(hi, hi2);
+    int lo;
+    warpPosBounds64(a.q_pos, w.q0, w.q1, cta_qlo, cta_qhi);
     warpPosBounds(a.q_pos, wq0, wq1, lo, warp_qhi);
   }
 
@@ -129,7 +126,7 @@ attnMmaKernel(AttnArgs a) {
   auto nextTile = [&](int k0, int& klo, int& khi) {
     for (; k0 < w.ke; k0 += kMmaBK) {
       if (!a.causal) return k0;
-      warpKeyBounds64(a.k_pos, k0, min(w.ke, k0 + kMmaBK), klo, khi);
+      warpPosBounds64(a.k_pos, k0, min(w.ke, k0 + kMmaBK), klo, khi);
       if (klo <= cta_qhi) return k0;
       counts.skipped += unsigned(nheads);  // counted per (query tile, q head)
     }

@@ -159,13 +159,13 @@ __device__ inline void warpPosBounds(const int32_t* pos, int r0, int r1, int& lo
   }
 }
 
-// Bounds of k_pos over keys [k0, k1) (k1 - k0 <= 64), computed by one warp
-// (every warp computes the same values, so the skip decision is uniform
-// without a barrier).
-__device__ inline void warpKeyBounds64(const int32_t* pos, int k0, int k1, int& lo, int& hi) {
+// Bounds of positions [i0, i1) (i1 - i0 <= 64: a key tile's, a CTA's
+// queries'), computed by one warp (every warp computes the same values, so
+// a skip decision is uniform without a barrier).
+__device__ inline void warpPosBounds64(const int32_t* pos, int i0, int i1, int& lo, int& hi) {
   int lo2, hi2;
-  warpPosBounds(pos, k0, min(k1, k0 + 32), lo, hi);
-  warpPosBounds(pos, k0 + 32, k1, lo2, hi2);
+  warpPosBounds(pos, i0, min(i1, i0 + 32), lo, hi);
+  warpPosBounds(pos, i0 + 32, i1, lo2, hi2);
   lo = min(lo, lo2);
   hi = max(hi, hi2);
 }

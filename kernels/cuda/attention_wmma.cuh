@@ -92,11 +92,8 @@ attnWmmaKernel(AttnArgs a) {
   const int my_qpos = (a.causal && row_ok) ? a.q_pos[my_row] : INT_MIN;
   int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qhi = INT_MIN;
   if (a.causal) {
-    int lo, hi, lo2, hi2;
-    warpPosBounds(a.q_pos, w.q0, min(w.q1, w.q0 + 32), lo, hi);
-    warpPosBounds(a.q_pos, w.q0 + 32, w.q1, lo2, hi2);
-    cta_qlo = min(lo, lo2);
-    cta_qhi = max(hi, hi2);
+    int lo;
+    warpPosBounds64(a.q_pos, w.q0, w.q1, cta_qlo, cta_qhi);
     warpPosBounds(a.q_pos, wr0, wr1, lo, warp_qhi);
   }
   const bool warp_rows = wr0 < wr1;
@@ -111,7 +108,7 @@ attnWmmaKernel(AttnArgs a) {
     const int nk = min(kWmmaBK, w.ke - k0);
     int klo = INT_MIN, khi = INT_MIN;
     if (a.causal) {
-      warpKeyBounds64(a.k_pos, k0, k0 + nk, klo, khi);
+      warpPosBounds64(a.k_pos, k0, k0 + nk, klo, khi);
       if (klo > cta_qhi) {  // every pair masked: uniform over the CTA
         ++counts.skipped;
         continue;
