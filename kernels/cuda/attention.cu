@@ -43,7 +43,8 @@ attnResult_t checkProblem(const cpu::AttnProblem& p, const float* o, const float
   ATTN_REQUIRE(p.nk == 0 || (p.k && p.v), "cuda attention: null k or v");
   ATTN_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
                "cuda attention: causal needs q_pos and k_pos");
-  // Grid: heads x query tiles in one dimension.
+  // Grid: head slots x query tiles in one dimension. SIMT's 32-row tiles of
+  // one head give the most CTAs; mma's packed GQA grids have no more.
   const long long tiles = (long long)p.nq / 32 + 1 + p.num_segments;
   ATTN_REQUIRE(tiles * p.num_q_heads < (1ll << 31) - 1,
                "cuda attention: %d rows x %d heads is too large for one launch", p.nq,
@@ -274,8 +275,6 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   const int group = p.num_q_heads / p.num_kv_heads;
   a.heads_per_cta = plan.heads_per_block;
   a.head_slots = p.num_kv_heads * ((group + a.heads_per_cta - 1) / a.heads_per_cta);
-  ATTN_REQUIRE((long long)a.tiles * a.head_slots < (1ll << 31) - 1,
-               "cuda attention: %d rows x %d heads is too large for one launch", p.nq, p.num_q_heads);
   a.splits = keySplits(a, ex, lim);
   if (a.splits > 1) return launchSplit(a, plan, p.dtype, ex.stream);
   return launch(a, plan, p.dtype, ex.stream);
