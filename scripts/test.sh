@@ -23,7 +23,7 @@ if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
   cmake --build "$EMU_DIR" -j "$(nproc)" --target test_cuda_emu test_device_comm test_device_kv_pool test_device_staging \
         test_device_direct test_cuda_ipc test_device_fuzz test_device_check \
         test_cuda_simt test_cuda_kernels test_device_comm_simt \
-        test_nccl_bridge all_gather_perf reduce_scatter_perf all_reduce_perf alltoall_perf \
+        test_nccl_bridge test_nccl_emu all_gather_perf reduce_scatter_perf all_reduce_perf alltoall_perf \
         broadcast_perf reduce_perf sendrecv_perf ring_attn_perf decode_attn_perf level_attn_perf kv_attn_perf
   (cd "$EMU_DIR" && ctest -L device --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")
 fi

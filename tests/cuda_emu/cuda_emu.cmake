@@ -5,11 +5,17 @@
 file(GLOB ATTN_CUDA_EMU_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cc)
 file(GLOB ATTN_DEVICE_SRC CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/*.cc
      ${PROJECT_SOURCE_DIR}/transports/cuda_ipc/*.cc)
+# NCCL, where nccl.h is found, emulated on the same runtime (nccl/), so the
+# NCCL backend (src/device/nccl_comm.cc) runs too.
+if(ATTN_HAVE_NCCL)
+  file(GLOB ATTN_NCCL_EMU_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/nccl/*.cc)
+  list(APPEND ATTN_CUDA_EMU_SRC ${ATTN_NCCL_EMU_SRC})
+endif()
 add_library(attncomm_cuda_obj OBJECT ${ATTN_CUDA_EMU_SRC} ${ATTN_DEVICE_SRC}
             ${PROJECT_SOURCE_DIR}/kernels/cuda/errors.cc)
-target_compile_definitions(attncomm_cuda_obj PRIVATE ATTN_HAVE_CUDA=1 ATTN_HAVE_NCCL=0)
+target_compile_definitions(attncomm_cuda_obj PRIVATE ATTN_HAVE_CUDA=1 ATTN_HAVE_NCCL=$<BOOL:${ATTN_HAVE_NCCL}>)
 target_include_directories(attncomm_cuda_obj PRIVATE
-  ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include ${ATTN_CUDA_EMU_INCLUDE})
+  ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include ${ATTN_CUDA_EMU_INCLUDE} ${NCCL_INCLUDE_DIR})
 # The toolkit headers mark cudaGetDriverEntryPoint deprecated; we define it.
 target_compile_options(attncomm_cuda_obj PRIVATE ${ATTN_WARN_FLAGS} -Wno-deprecated-declarations)
 foreach(t attncomm attncomm_static)
@@ -17,7 +23,7 @@ foreach(t attncomm attncomm_static)
 endforeach()
 # The runtime is inside the library: consumers need only the headers.
 add_library(attn_cudart INTERFACE)
-target_include_directories(attn_cudart INTERFACE ${ATTN_CUDA_EMU_INCLUDE})
+target_include_directories(attn_cudart INTERFACE ${ATTN_CUDA_EMU_INCLUDE} ${NCCL_INCLUDE_DIR})
 
 # The SIMT simulator (simt/): kernels/cuda's own sources compiled as host
 # C++ and run on simulated GPU threads. Linked into test_cuda_kernels
