@@ -1,6 +1,7 @@
 // attnCommInitFromNccl and the NCCL backend of device communicators. The
 // argument checks run in every build; the rest needs NCCL at build time and
-// a GPU, and skips with the reason otherwise.
+// a GPU, and skips with the reason otherwise. On the emulated CUDA runtime
+// (tests/cuda_emu) NCCL is emulated too, so all of it runs there.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -13,7 +14,12 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <thread>
+
 #include "src/device/nccl_bridge.h"
+#include "support/attn_fixtures.h"
+#include "support/device_attn.h"
 #include "support/device_checks.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
@@ -227,6 +233,77 @@ TEST(NcclBridge, SplitAndShrinkKeepTheNcclBackend) {
     }
   }
   if (!skipped.empty()) GTEST_SKIP() << "NCCL refused ranks sharing one GPU: " << skipped;
+}
+
+// Attention collectives are not NCCL calls: they run on attncomm's staged
+// device path (the proxy thread and the host engine) of the same
+// communicator, between NCCL collectives on the caller's stream.
+TEST(NcclBridge, RingAttentionRunsBesideNcclCollectives) {
+  REQUIRE_GPU();
+  const attnAttnConfig_t shape{8, 2, 64, attnBfloat16, 0.f, 1};
+  const attn_test::AttnCase c = attn_test::MakeCase(
+      "nccl", attn_test::PrefillSpec(shape, {300, 0, 77}, {100, 50, 0}), 17);
+  std::string skipped;
+  for (int n : {1, 3}) {
+    const std::string why = RunOnNccl(n, [&](int rank, attnComm_t& comm, ncclComm_t) {
+      const attn_test::Placement pl = attn_test::RandomPlacement(c, n, 19, -1);
+      const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAuto}) {
+        attn_test::CheckDevAllReduce(comm, rank, n, attnFloat32, attnSum, 513, s);
+        const attn_test::DeviceRun r = attn_test::RunOnDevice(c, sh, comm, mode, true);
+        attn_test::ExpectExact(r, shape.dtype, "NCCL-backed, mode " + std::to_string(int(mode)));
+      }
+      attn_test::CheckDevAllGather(comm, rank, n, attnBfloat16, 129, s);
+      cudaStreamDestroy(s);
+    });
+    if (!why.empty()) {
+      if (n == 1) FAIL() << why;
+      skipped += why;
+    }
+  }
+  if (!skipped.empty()) GTEST_SKIP() << "NCCL refused ranks sharing one GPU: " << skipped;
+}
+
+// A peer that aborts its NCCL communicator: the collective waiting for it
+// ends with NCCL's asynchronous error, which attnCommGetAsyncError reports
+// with NCCL's text.
+TEST(NcclBridge, APeerAbortingItsNcclCommIsAnAsyncError) {
+  REQUIRE_GPU();
+  std::string why;
+  std::vector<ncclComm_t> nccl = NcclOnGpu0(2, &why);
+  if (nccl.empty()) GTEST_SKIP() << why;
+  attn_test::RunThreadsRaw(2, [&](int rank) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    attnComm_t comm = nullptr;
+    ASSERT_EQ(attnCommInitFromNccl(&comm, nccl[rank], nullptr), attnSuccess) << attnGetLastError(nullptr);
+    if (rank == 1) {
+      EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+      EXPECT_EQ(ncclCommAbort(nccl[rank]), ncclSuccess);
+      return;
+    }
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float* buf = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&buf), 64 * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(attnAllReduce(buf, buf, 64, attnFloat32, attnSum, comm, attn_test::AsStream(s)), attnSuccess);
+    attnResult_t async = attnSuccess;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (async == attnSuccess && std::chrono::steady_clock::now() < until) {
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(async, attnRemoteError);
+    const std::string text = attnGetLastError(comm);
+    EXPECT_NE(text.find("NCCL"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank 1"), std::string::npos) << text;  // the peer, named by NCCL's text
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // NCCL's kernel ended; the stream goes on
+    cudaFree(buf);
+    cudaStreamDestroy(s);
+    EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+    EXPECT_EQ(ncclCommAbort(nccl[rank]), ncclSuccess);  // a communicator with an error is aborted
+  });
 }
 
 #endif  // ATTN_HAVE_NCCL
