@@ -306,6 +306,49 @@ TEST(NcclBridge, APeerAbortingItsNcclCommIsAnAsyncError) {
   });
 }
 
+// ATTN_CHECK=1 on the NCCL backend: the signatures meet over the host
+// transports before the NCCL call, on the caller's thread, so a mismatch
+// or one rank's refused arguments fail the call itself on every rank,
+// before NCCL is called, and nothing is written; the next call works.
+TEST(NcclBridge, WithAttnCheckMismatchesAndRefusalsFailEveryRankBeforeNccl) {
+  REQUIRE_GPU();
+  attn_test::ScopedEnv env(std::vector<std::pair<std::string, std::string>>{{"ATTN_CHECK", "1"}});
+  const int n = 3;
+  const std::string why = RunOnNccl(n, [](int rank, attnComm_t& comm, ncclComm_t) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    const attnStream_t st = attn_test::AsStream(s);
+    attn_test::DevInOut b(attnFloat32, 64, 64 * n, [](size_t) { return 1.0; }, s);
+    ASSERT_TRUE(b.ok());
+    float* src = static_cast<float*>(b.din.data());
+    float* dst = static_cast<float*>(b.dout.data());
+    const std::string me = "rank " + std::to_string(rank) + ": ";
+    // The last rank asks for another reduction.
+    EXPECT_EQ(attnAllReduce(src, dst, 64, attnFloat32, rank == n - 1 ? attnMax : attnSum, comm, st),
+              attnInvalidUsage) << me;
+    EXPECT_NE(std::string(attnGetLastError(comm)).find("mismatch"), std::string::npos) << me << attnGetLastError(comm);
+    // Rank 1 passes a root out of range.
+    const attnResult_t r = attnBroadcast(src, dst, 16, attnFloat32, rank == 1 ? n : 0, comm, st);
+    if (rank == 1) {
+      EXPECT_EQ(r, attnInvalidArgument) << me << attnGetLastError(comm);
+    } else {
+      EXPECT_EQ(r, attnRemoteError) << me;
+      EXPECT_NE(std::string(attnGetLastError(comm)).find("rank 1 could not take part"), std::string::npos)
+          << me << attnGetLastError(comm);
+    }
+    b.dout.Download(&b.out, s);
+    EXPECT_TRUE(b.out.GuardsIntact()) << me;
+    EXPECT_TRUE(attn_test::BufEquals(b.out, 0, 64 * n, [](size_t) { return attn_test::Sentinel(attnFloat32); }))
+        << me << "data moved although the calls failed";
+    attn_test::CheckDevAllReduce(comm, rank, n, attnFloat32, attnSum, 100, s);
+    attnResult_t async = attnInternalError;
+    EXPECT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+    EXPECT_EQ(async, attnSuccess) << me << attnGetLastError(comm);
+    cudaStreamDestroy(s);
+  });
+  if (!why.empty()) GTEST_SKIP() << "NCCL refused ranks sharing one GPU: " << why;
+}
+
 #endif  // ATTN_HAVE_NCCL
 
 }  // namespace
