@@ -383,6 +383,19 @@ ncclResult_t collective(int kind, const void* send, void* recv, size_t count, nc
   return issue(kKindName[kind], comm, stream, call, {{send, in}, {recv, out}});
 }
 
+ncclResult_t pointToPoint(OpCall::What what, void* buf, size_t count, ncclDataType_t type, int peer,
+                          ncclComm_t comm, cudaStream_t stream) {
+  const char* name = what == OpCall::kSend ? "ncclSend" : "ncclRecv";
+  if (typeSize(type) == 0) return fail(ncclInvalidArgument, "%s: data type not emulated", name);
+  OpCall call;
+  call.what = what;
+  if (what == OpCall::kSend) call.send = buf;
+  else call.recv = buf;
+  call.bytes = count * typeSize(type);
+  call.peer = peer;
+  return issue(name, comm, stream, call, {{buf, call.bytes}});
+}
+
 }  // namespace
 }  // namespace attn_emu::nccl
 
@@ -422,24 +435,12 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  OpCall call;
-  call.what = OpCall::kSend;
-  call.send = sendbuff;
-  call.bytes = count * typeSize(datatype);
-  call.peer = peer;
-  if (typeSize(datatype) == 0) return fail(ncclInvalidArgument, "ncclSend: data type not emulated");
-  return issue("ncclSend", comm, stream, call, {{sendbuff, call.bytes}});
+  return pointToPoint(OpCall::kSend, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  OpCall call;
-  call.what = OpCall::kRecv;
-  call.recv = recvbuff;
-  call.bytes = count * typeSize(datatype);
-  call.peer = peer;
-  if (typeSize(datatype) == 0) return fail(ncclInvalidArgument, "ncclRecv: data type not emulated");
-  return issue("ncclRecv", comm, stream, call, {{recvbuff, call.bytes}});
+  return pointToPoint(OpCall::kRecv, recvbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclGroupStart() {
