@@ -17,13 +17,9 @@ if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
     cmake -S . -B "$EMU_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA_EMULATION=ON \
           -DATTN_ENABLE_VERBS=OFF -DATTN_ENABLE_MPI=OFF
   fi
-  # Only what the "device" tests run: the device test binaries (with the
-  # SIMT simulator's: test_cuda_simt, test_cuda_kernels, test_device_comm_simt)
-  # and the perf binaries of the -G smoke tests.
-  cmake --build "$EMU_DIR" -j "$(nproc)" --target test_cuda_emu test_device_comm test_device_kv_pool test_device_staging \
-        test_device_direct test_cuda_ipc test_device_fuzz test_device_check \
-        test_cuda_simt test_cuda_kernels test_device_comm_simt \
-        test_nccl_bridge test_nccl_emu all_gather_perf reduce_scatter_perf all_reduce_perf alltoall_perf \
-        broadcast_perf reduce_perf sendrecv_perf ring_attn_perf decode_attn_perf level_attn_perf kv_attn_perf
+  # Only what the "device" tests run (CMake's attn_device_tests: the device
+  # test binaries, the SIMT simulator's among them, and the perf binaries of
+  # the -G smoke tests).
+  cmake --build "$EMU_DIR" -j "$(nproc)" --target attn_device_tests
   (cd "$EMU_DIR" && ctest -L device --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")
 fi
