@@ -79,7 +79,7 @@ attnResult_t SocketBootstrap::start(const UniqueIdData& id) {
 
   SocketAddress local;
   std::string ifname;
-  ATTN_CHECK(findInterface(&ifname, &local));
+  ATTN_CHECK(findInterface(&root, &ifname, &local));
   ATTN_CHECK(socketListen(local, false, &listenFd_, &listenAddr_));
   wakeFd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wakeFd_ < 0) return setError(attnSystemError, "bootstrap: eventfd: %s", strerror(errno));
@@ -347,7 +347,8 @@ attnResult_t SocketBootstrap::dialLocked(int peer, const Deadline& deadline) {
   std::string what = "bootstrap rank " + std::to_string(rank_) + ": connect to peer " +
                      std::to_string(peer) + " at " + formatAddress(peerAddr_[peer]);
   int fd = -1;
-  ATTN_CHECK(socketConnect(peerAddr_[peer], deadline, cancel(), what.c_str(), &fd));
+  ATTN_CHECK(socketConnect(peerAddr_[peer], deadline, cancel(), what.c_str(), &fd,
+                           ConnectTarget::kPeer));
   PeerHello h{};
   h.magic = kPeerHelloMagic;
   h.version = kWireVersion;

@@ -2,8 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -17,7 +15,6 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -153,106 +150,6 @@ bool interfaceMatches(const std::string& specIn, const std::string& name) {
   return exclude ? !match : match;
 }
 
-namespace {
-
-struct IfAddr {
-  std::string name;
-  SocketAddress addr;
-  bool loopback;
-};
-
-// Up interfaces with a usable address (IPv6 link-local needs scope ids that
-// do not travel between hosts, so it is skipped).
-std::vector<IfAddr> listInterfaces() {
-  std::vector<IfAddr> out;
-  ifaddrs* ifs = nullptr;
-  if (getifaddrs(&ifs) != 0) return out;
-  for (ifaddrs* p = ifs; p; p = p->ifa_next) {
-    if (!p->ifa_addr || !(p->ifa_flags & IFF_UP)) continue;
-    int fam = p->ifa_addr->sa_family;
-    if (fam != AF_INET && fam != AF_INET6) continue;
-    IfAddr e;
-    e.name = p->ifa_name;
-    e.addr.len = fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    std::memcpy(&e.addr.storage, p->ifa_addr, e.addr.len);
-    if (fam == AF_INET6 &&
-        IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(&e.addr.storage)->sin6_addr))
-      continue;
-    e.loopback = (p->ifa_flags & IFF_LOOPBACK) != 0;
-    setAddressPort(&e.addr, 0);
-    out.push_back(e);
-  }
-  freeifaddrs(ifs);
-  return out;
-}
-
-// The interface of the IPv4 default route with the lowest metric.
-std::string defaultRouteInterface() {
-  std::ifstream f("/proc/net/route");
-  std::string line, best;
-  long bestMetric = -1;
-  std::getline(f, line);  // header
-  while (std::getline(f, line)) {
-    std::istringstream ls(line);
-    std::string iface, dest, gw, flags, refcnt, use, metric, mask;
-    if (!(ls >> iface >> dest >> gw >> flags >> refcnt >> use >> metric >> mask)) continue;
-    unsigned long fl = std::strtoul(flags.c_str(), nullptr, 16);
-    if (dest != "00000000" || mask != "00000000" || !(fl & 0x1 /*RTF_UP*/)) continue;
-    long m = std::strtol(metric.c_str(), nullptr, 10);
-    if (bestMetric < 0 || m < bestMetric) { bestMetric = m; best = iface; }
-  }
-  return best;
-}
-
-// First address of the first wanted interface: IPv4 before IPv6, and
-// non-loopback interfaces before loopback ones.
-bool pickAddress(const std::vector<IfAddr>& ifs, bool (*want)(const IfAddr&, const void*),
-                 const void* arg, IfAddr* out) {
-  for (int loop = 0; loop < 2; ++loop)
-    for (int fam : {AF_INET, AF_INET6})
-      for (const auto& e : ifs)
-        if (e.loopback == bool(loop) && e.addr.family() == fam && want(e, arg)) {
-          *out = e;
-          return true;
-        }
-  return false;
-}
-
-}  // namespace
-
-attnResult_t findInterface(std::string* ifname, SocketAddress* addr) {
-  std::vector<IfAddr> ifs = listInterfaces();
-  IfAddr pick;
-  if (auto spec = envString("ATTN_SOCKET_IFNAME")) {
-    auto want = [](const IfAddr& e, const void* s) {
-      return interfaceMatches(*static_cast<const std::string*>(s), e.name);
-    };
-    if (!pickAddress(ifs, want, &*spec, &pick))
-      return setError(attnInvalidArgument,
-                      "ATTN_SOCKET_IFNAME=\"%s\" matches no interface with an address",
-                      spec->c_str());
-  } else {
-    std::string dflt = defaultRouteInterface();
-    auto byName = [](const IfAddr& e, const void* n) {
-      return e.name == *static_cast<const std::string*>(n);
-    };
-    auto anyLoop = [](const IfAddr& e, const void*) { return e.loopback; };
-    if ((dflt.empty() || !pickAddress(ifs, byName, &dflt, &pick)) &&
-        !pickAddress(ifs, anyLoop, nullptr, &pick)) {
-      // No loopback listed either: use 127.0.0.1 directly.
-      pick.name = "lo";
-      sockaddr_in in{};
-      in.sin_family = AF_INET;
-      in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      std::memcpy(&pick.addr.storage, &in, sizeof(in));
-      pick.addr.len = sizeof(in);
-    }
-  }
-  if (ifname) *ifname = pick.name;
-  *addr = pick.addr;
-  return attnSuccess;
-}
-
 // ---------------------------------------------------------------------------
 // Deadlines
 
@@ -355,8 +252,11 @@ bool selfConnected(int fd) {
 
 }  // namespace
 
-attnResult_t socketConnect(const SocketAddress& addr, const Deadline& deadline,
-                           const Cancel& cancel, const char* what, int* fd) {
+attnResult_t socketConnect(const SocketAddress& addr, const Deadline& overall,
+                           const Cancel& cancel, const char* what, int* fd,
+                           ConnectTarget target) {
+  const bool peer = target == ConnectTarget::kPeer;
+  const Deadline deadline = peer ? overall.earlier(Deadline::afterMs(kPeerConnectMs)) : overall;
   int backoffMs = 1;
   int lastErr = 0;
   for (;;) {
@@ -399,6 +299,12 @@ attnResult_t socketConnect(const SocketAddress& addr, const Deadline& deadline,
   if (cancel.set())
     return setError(attnRemoteError, "%s: aborted while connecting to %s", what,
                     formatAddress(addr).c_str());
+  if (peer && !overall.expired())
+    return setError(attnRemoteError,
+                    "%s: cannot reach %s, the address the peer advertised (%s for %d s): if "
+                    "ranks are on several hosts, set ATTN_SOCKET_IFNAME to the interface they "
+                    "share", what, formatAddress(addr).c_str(), strerror(lastErr),
+                    kPeerConnectMs / 1000);
   return setError(attnTimeout, "%s: timed out connecting to %s (last error: %s)", what,
                   formatAddress(addr).c_str(), strerror(lastErr));
 }

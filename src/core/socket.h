@@ -54,10 +54,11 @@ bool isLoopback(const SocketAddress& a);
 // '=' (after '^' if any) makes matches exact.
 bool interfaceMatches(const std::string& spec, const std::string& name);
 
-// The local address to listen on: an address of the first interface matching
-// ATTN_SOCKET_IFNAME, else of the default route's interface
-// (/proc/net/route), else loopback. IPv4 preferred. Port 0.
-attnResult_t findInterface(std::string* ifname, SocketAddress* addr);
+// The local address to listen on and advertise (net_interface.h says how it
+// is chosen). `root` is the bootstrap root's address, or null when this
+// process creates the root. Port 0.
+attnResult_t findInterface(const SocketAddress* root, std::string* ifname, SocketAddress* addr);
+attnResult_t findInterface(std::string* ifname, SocketAddress* addr);  // no root known
 
 // ---------------------------------------------------------------------------
 // Deadlines and cancellation for blocking calls.
@@ -103,10 +104,20 @@ void setBufferSizes(int fd, int bytes);
 // Writes the bound address (with the real port). The socket is non-blocking.
 attnResult_t socketListen(const SocketAddress& bindAddr, bool reuse, int* fd,
                           SocketAddress* bound);
+// Who is dialled. A root may start after its ranks, so refused attempts are
+// retried until the deadline. A peer's address was listening before it was
+// published, so one that stays unreachable for kPeerConnectMs is wrong for
+// this host (a loopback or private address advertised across hosts): fail
+// then, naming the address and ATTN_SOCKET_IFNAME, instead of at the
+// communicator's timeout.
+enum class ConnectTarget { kRoot, kPeer };
+constexpr int kPeerConnectMs = 10000;
+
 // Connects to `addr`, retrying refused / unreachable attempts with backoff
-// until the deadline. The returned socket is blocking, with TCP_NODELAY.
+// (see ConnectTarget). The returned socket is blocking, with TCP_NODELAY.
 attnResult_t socketConnect(const SocketAddress& addr, const Deadline& deadline,
-                           const Cancel& cancel, const char* what, int* fd);
+                           const Cancel& cancel, const char* what, int* fd,
+                           ConnectTarget target = ConnectTarget::kRoot);
 // Non-blocking accept: *fd = -1 when nothing is waiting.
 attnResult_t socketAcceptNow(int listenFd, int* fd);
 void closeSocket(int* fd);

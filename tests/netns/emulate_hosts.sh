@@ -17,7 +17,11 @@
 #
 # Every rank gets: ATTN_RANK ATTN_NRANKS ATTN_LOCAL_RANK ATTN_LOCAL_NRANKS
 # ATTN_ROOT (host0:port) ATTN_SECRET ATTN_HOSTID=host<i> ATTN_RACKID=rack<j>
-# ATTN_SOCKET_IFNAME=<the namespace's interface>. Ranks are numbered host by
+# ATTN_SOCKET_IFNAME=<the namespace's interface>; with --torchrun-env instead
+# what a plain torchrun launch sets (RANK WORLD_SIZE LOCAL_RANK
+# LOCAL_WORLD_SIZE MASTER_ADDR=host0 MASTER_PORT=port-1) plus ATTN_SECRET and
+# ATTN_HOSTID, so the library must find the interface itself (the hosts
+# have no default route). Ranks are numbered host by
 # host (rank = host * R + local), or round robin over hosts with --interleave
 # (so proximity order has to be found, not read off the rank numbers).
 # Exit: 0 all ranks ok, 1 some rank failed, 2 bad usage, 77 cannot emulate
@@ -38,6 +42,7 @@ Options:
                        packets beyond it are dropped             [20]
   --hosts-per-rack N   same as --racks K/N
   --interleave         number ranks round robin over hosts
+  --torchrun-env       torchrun's variables, no ATTN_ROOT / ATTN_SOCKET_IFNAME
   --subnet X           use 10.77.X.0/24                         [from pid]
   --port P             bootstrap root port on host0             [29500]
   --mtu M              link MTU                                 [1500]
@@ -50,7 +55,7 @@ EOF
 skip() { echo "emulate_hosts: SKIP: $*" >&2; exit 77; }
 die() { echo "emulate_hosts: $*" >&2; exit 2; }
 
-HOSTS=2 RPH=1 RATE="" RACKS=0 RACK_RATE="" QUEUE_MS=20 INTERLEAVE=0 HPR=0 SUBNET="" PORT=29500 MTU=1500 TIMEOUT=0 GRACE=30 LOGDIR=""
+HOSTS=2 RPH=1 RATE="" RACKS=0 RACK_RATE="" QUEUE_MS=20 INTERLEAVE=0 TORCHRUN=0 HPR=0 SUBNET="" PORT=29500 MTU=1500 TIMEOUT=0 GRACE=30 LOGDIR=""
 while (($#)); do
   case "$1" in
     --hosts) HOSTS="$2"; shift 2 ;;
@@ -61,6 +66,7 @@ while (($#)); do
     --rack-rate) RACK_RATE="$2"; shift 2 ;;
     --queue-ms) QUEUE_MS="$2"; shift 2 ;;
     --interleave) INTERLEAVE=1; shift ;;
+    --torchrun-env) TORCHRUN=1; shift ;;
     --subnet) SUBNET="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
     --mtu) MTU="$2"; shift 2 ;;
@@ -202,10 +208,17 @@ for ((h = 0; h < HOSTS; h++)); do
     r=$((h * RPH + l))
     ((INTERLEAVE)) && r=$((l * HOSTS + h))
     rack=$((h / HPR))
-    cmd=(ip netns exec "${TAG}h$h" env
-         ATTN_RANK="$r" ATTN_NRANKS="$NRANKS" ATTN_LOCAL_RANK="$l" ATTN_LOCAL_NRANKS="$RPH"
-         ATTN_ROOT="$ROOT" ATTN_SECRET="$SECRET" ATTN_HOSTID="host$h" ATTN_RACKID="rack$rack"
-         ATTN_SOCKET_IFNAME="$IFNAME")
+    if ((TORCHRUN)); then
+      cmd=(ip netns exec "${TAG}h$h" env
+           RANK="$r" WORLD_SIZE="$NRANKS" LOCAL_RANK="$l" LOCAL_WORLD_SIZE="$RPH"
+           MASTER_ADDR="${ROOT%:*}" MASTER_PORT="$((PORT - 1))" ATTN_SECRET="$SECRET"
+           ATTN_HOSTID="host$h" ATTN_RACKID="rack$rack")
+    else
+      cmd=(ip netns exec "${TAG}h$h" env
+           ATTN_RANK="$r" ATTN_NRANKS="$NRANKS" ATTN_LOCAL_RANK="$l" ATTN_LOCAL_NRANKS="$RPH"
+           ATTN_ROOT="$ROOT" ATTN_SECRET="$SECRET" ATTN_HOSTID="host$h" ATTN_RACKID="rack$rack"
+           ATTN_SOCKET_IFNAME="$IFNAME")
+    fi
     ((TIMEOUT > 0)) && cmd+=(timeout "$TIMEOUT")
     if [[ -n $LOGDIR ]]; then
       "${cmd[@]}" "$@" >"$LOGDIR/rank$r.log" 2>&1 &

@@ -132,7 +132,8 @@ attnResult_t Setup::dial(int peer, PeerSockets* ps) {
                      std::to_string(peer) + " at " + formatAddress(ps->addr);
   for (int k = 0; k < opt_.nsocks; ++k) {
     int fd = -1;
-    ATTN_CHECK(socketConnect(ps->addr, deadline_, cancel_, what.c_str(), &fd));
+    ATTN_CHECK(socketConnect(ps->addr, deadline_, cancel_, what.c_str(), &fd,
+                             ConnectTarget::kPeer));
     ps->fds.push_back(fd);
     TcpHello h = hello(peer, k, opt_.nsocks);
     ATTN_CHECK(sendFrame(fd, &h, sizeof(h), deadline_, cancel_, what.c_str()));
