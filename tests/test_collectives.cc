@@ -117,7 +117,10 @@ void SweepBody(attnComm_t comm, int rank, int n, attnDataType_t t, std::atomic<i
 TEST_P(NSweepThreads, AllCollectives) {
   const auto [n, t] = GetParam();
   std::atomic<int64_t> counter{0};
-  RunThreads(n, [&](int rank, int nr, attnComm_t& comm) { SweepBody(comm, rank, nr, t, counter); });
+  // Bindings are copied into the lambda: clang 14 cannot capture them.
+  RunThreads(n, [&, t = t](int rank, int nr, attnComm_t& comm) {
+    SweepBody(comm, rank, nr, t, counter);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -228,12 +231,12 @@ TEST_P(ForcedTransport, N3) {
   opts.deadline_ms = 180000;
   if (processes) {
     SharedCounters counter(1);
-    RunProcesses(3, [&](int rank, int n, attnComm_t& comm) {
+    RunProcesses(3, [&, transport = transport](int rank, int n, attnComm_t& comm) {
       TransportBody(comm, rank, n, transport, counter[0]);
     }, opts);
   } else {
     std::atomic<int64_t> counter{0};
-    RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    RunThreads(3, [&, transport = transport](int rank, int n, attnComm_t& comm) {
       TransportBody(comm, rank, n, transport, counter);
     }, opts);
   }

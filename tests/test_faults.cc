@@ -195,7 +195,7 @@ TEST_P(KilledPeer, SurvivorsGetAnError) {
   opts.config = &cfg;
   opts.env = {{"ATTN_TRANSPORT", transport}};
   opts.deadline_ms = 60000;
-  auto results = RunProcessesCollect(n, [&](int rank, int nr, attnComm_t& comm) {
+  auto results = RunProcessesCollect(n, [&, mid = mid](int rank, int nr, attnComm_t& comm) {
     CheckAllReduce(comm, rank, nr, attnFloat32, attnSum, 1023, false);  // the link works
     const size_t count = 1 << 18;
     TypedBuf b(attnFloat32, count);
@@ -427,7 +427,7 @@ void RunUncheckedMismatch(const UncheckedParam& param, const std::string& transp
     opts.deadline_ms = 60000;
     ScopedEnv env(opts.env);  // the algorithm settings are read at every call
     SharedCounters failures(1);
-    auto body = [&](int rank, int n, attnComm_t& comm) {
+    auto body = [&, var = var](int rank, int n, attnComm_t& comm) {
       UncheckedMismatchBody(rank, n, comm, var, delta, failures[0]);
     };
     if (transport.empty())

@@ -27,7 +27,7 @@ class RingThreads : public ::testing::TestWithParam<RingParam> {};
 
 TEST_P(RingThreads, EveryCount) {
   const auto [n, t] = GetParam();
-  RunThreads(n, [&](int rank, int nr, attnComm_t& comm) {
+  RunThreads(n, [&, t = t](int rank, int nr, attnComm_t& comm) {
     for (size_t count : kCounts) CheckRingExchange(comm, rank, nr, t, count);
   });
 }

@@ -198,7 +198,7 @@ class Parser {
       if (pos_ >= t_.size() || t_[pos_] != ':') return error("expected ':' after key \"" + key + "\"");
       ++pos_;
       skipSpace();
-      v->object.emplace_back(key, JsonValue{});
+      v->object.push_back(JsonMember{key, JsonValue{}});
       if (!value(&v->object.back().second, depth + 1)) return false;
       skipSpace();
       if (pos_ < t_.size() && t_[pos_] == ',') { ++pos_; continue; }

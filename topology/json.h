@@ -10,16 +10,25 @@
 
 namespace attn {
 
+struct JsonMember;
+
 struct JsonValue {
   enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
   bool boolean = false;
   double number = 0;
   std::string string;
   std::vector<JsonValue> array;
-  std::vector<std::pair<std::string, JsonValue>> object;  // in file order
+  std::vector<JsonMember> object;  // in file order
 
   const JsonValue* find(const std::string& key) const;
   static const char* kindName(Kind k);
+};
+
+// One key of an object and its value. A struct rather than a std::pair:
+// a pair of an incomplete JsonValue is ill-formed (clang refuses it).
+struct JsonMember {
+  std::string first;
+  JsonValue second;
 };
 
 // Parses `text`; on failure returns false and sets *error ("line 3, column 7: ...").

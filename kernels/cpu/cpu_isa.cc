@@ -1,5 +1,9 @@
 #include "kernels/cpu/cpu_isa.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -7,16 +11,29 @@
 namespace attn::cpu {
 namespace {
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C and AVX512-BF16 straight from CPUID: clang 14's
+// __builtin_cpu_supports knows neither name. Both ride on registers whose
+// OS support the avx2 / avx512f checks below already establish.
+bool hasF16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+bool hasAvx512Bf16() {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+#endif
+
 Isa probe() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   // __builtin_cpu_supports also checks that the OS saves the wide registers.
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+      __builtin_cpu_supports("fma") && hasF16c())
+    return hasAvx512Bf16() ? Isa::kAvx512Bf16 : Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && hasF16c())
     return Isa::kAvx2;
 #endif
   return Isa::kGeneric;

@@ -3,11 +3,19 @@
 #include "kernels/cpu/isa_common_includes.h"
 
 #if defined(__x86_64__)
+// gcc takes a target for the rest of the unit; clang an attribute on each
+// function declared until the pop.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#endif
 // GCC 12's AVX-512 intrinsics warn about their own _mm512_undefined_*()
 // operands (GCC PR 105593, fixed in 13).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define ATTN_KERNEL_AVX512 1
 #include "kernels/cpu/fill_table.h"
 
@@ -19,7 +27,11 @@ const KernelTable& avx512Kernels() {
 }
 
 }  // namespace attn::cpu
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #else
 namespace attn::cpu {
 const KernelTable& avx512Kernels() { return genericKernels(); }

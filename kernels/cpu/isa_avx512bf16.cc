@@ -4,9 +4,17 @@
 #include "kernels/cpu/isa_common_includes.h"
 
 #if defined(__x86_64__)
+// gcc takes a target for the rest of the unit; clang an attribute on each
+// function declared until the pop.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
+#endif
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC PR 105593, as isa_avx512.cc
+#endif
 #define ATTN_KERNEL_AVX512 1
 #define ATTN_KERNEL_AVX512_BF16 1
 #include "kernels/cpu/fill_table.h"
@@ -19,7 +27,11 @@ const KernelTable& avx512Bf16Kernels() {
 }
 
 }  // namespace attn::cpu
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #else
 namespace attn::cpu {
 const KernelTable& avx512Bf16Kernels() { return genericKernels(); }
