@@ -128,8 +128,24 @@ typedef struct attnStream_st* attnStream_t;
  * band. Carries the bootstrap root's address and a random 128-bit secret: a
  * peer that does not present the secret is refused. Treat it as a
  * credential. */
+/* The opaque handles are attnComm_t, attnKvPool_t and attnPlan_t
+ * (attnStream_t is the caller's CUDA stream, not a library object). Every
+ * call checks its handle against the handles this process holds: a
+ * handle that was destroyed, was never created (any other pointer value),
+ * or is of another type (a pool passed as a communicator, ...) gets
+ * attnInvalidArgument with a message saying which, and its memory is not
+ * read. Destroying a handle twice is attnInvalidArgument, not a double
+ * free; destroying NULL is a no-op (attnCommDestroy(NULL) excepted: it is
+ * attnInvalidArgument). The check cannot tell a destroyed handle from a new
+ * one of the same type that the allocator placed at the same address. No
+ * C++ exception crosses this API: every function returns a code (out of
+ * memory is attnSystemError). */
 typedef struct {
   char internal[ATTN_UNIQUE_ID_BYTES];
+/* The largest communicator: nranks (ndev for attnCommInitAll) above it is
+ * attnInvalidArgument. */
+#define ATTN_MAX_NRANKS 65536
+
 } attnUniqueId;
 
 /* ------------------------------------------------------------------ */
@@ -287,12 +303,17 @@ ATTN_API attnResult_t attnCommShrink(attnComm_t comm, const int* excludeRanks,
                                      int excludeCount, attnComm_t* newcomm,
                                      attnConfig_t* config, int shrinkFlags);
 
-/* Waits for outstanding operations, then frees the communicator. */
+/* Waits for outstanding operations, then frees the communicator. Calls
+ * other threads are making on it are waited for too (use attnCommAbort to
+ * stop calls that wait on peers); calls made after it began are refused
+ * (attnInvalidArgument). */
 ATTN_API attnResult_t attnCommDestroy(attnComm_t comm);
 
 /* Stops the communicator now: operations blocked in other threads return
  * attnRemoteError / attnInvalidUsage, connections are closed (peers see it),
- * and the communicator is freed. Safe to call from any thread. */
+ * and the communicator is freed. Safe to call from any thread. NULL is a
+ * no-op; a communicator already being destroyed or aborted is
+ * attnInvalidArgument. */
 ATTN_API attnResult_t attnCommAbort(attnComm_t comm);
 
 /* The communicator's asynchronous state: attnSuccess, attnInProgress while a
@@ -801,7 +822,7 @@ typedef struct attnPlan* attnPlan_t;
  * the tokens that do not divide evenly go one per rank in turn, across the
  * whole batch, so ranks' row counts differ by at most one. Cached tokens
  * stay where an earlier plan of length P_i put them. Full prefill is
- * cached_lens == NULL. */
+ * cached_lens == NULL. nranks is at most ATTN_MAX_NRANKS. */
 ATTN_API attnResult_t attnPlanPrefill(const attnBatchSpec_t* batch, int nranks,
                                       attnPlan_t* plan);
 ATTN_API attnResult_t attnPlanGetShard(attnPlan_t plan, int rank, attnShard_t* shard);

@@ -1,12 +1,17 @@
 // Attention blocks on the wire (src/attn/wire.h): packBlockMeta, which the
 // GPU ring fills around device copies of K and V, writes exactly what
-// packBlock writes, and a packed block reads back through viewBlock.
+// packBlock writes, and a packed block reads back through parseBlock; a
+// block other than the receiver expects (another origin, shape or size,
+// sizes that overflow) is attnRemoteError naming the rank it came from.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "src/attn/wire.h"
+#include "src/core/error.h"
 
 namespace {
 
@@ -36,8 +41,17 @@ TEST(AttnWire, MetaThenTensorsEqualsPackBlock) {
   std::memcpy(meta.data() + m.tensorAt + m.tensorBytes, v.data(), m.tensorBytes);
   EXPECT_EQ(std::memcmp(meta.data(), packed.data(), l.total), 0);
 
+  attn::BlockExpect want;
+  want.from = 2;
+  want.nranks = 4;
+  want.origin = 2;
+  want.numSeqs = numSeqs;
+  want.maxRows = rows;
+  want.exactRows = true;
+  want.rowBytes = rowBytes;
+  want.tensors = 2;
   attn::BlockView view;
-  ASSERT_EQ(attn::viewBlock(meta.data(), meta.size(), rowBytes, 2, &view), attnSuccess);
+  ASSERT_EQ(attn::parseBlock(meta.data(), meta.size(), want, &view), attnSuccess) << attn::threadLastError();
   EXPECT_EQ(view.origin, 2);
   EXPECT_EQ(view.numSeqs, numSeqs);
   EXPECT_EQ(view.rows, rows);
@@ -53,11 +67,130 @@ TEST(AttnWire, EmptyBlockHasOnlyMetadata) {
   const attn::BlockLayout l = attn::packBlockMeta(1, 1, offsets.data(), nullptr, 0, 16, 2, buf.data());
   EXPECT_EQ(l.tensorBytes, 0u);
   EXPECT_EQ(l.total, l.tensorAt);
+  attn::BlockExpect want;
+  want.from = 1;
+  want.nranks = 2;
+  want.numSeqs = 1;
+  want.rowBytes = 16;
+  want.tensors = 2;
   attn::BlockView view;
-  ASSERT_EQ(attn::viewBlock(buf.data(), buf.size(), 16, 2, &view), attnSuccess);
+  ASSERT_EQ(attn::parseBlock(buf.data(), buf.size(), want, &view), attnSuccess) << attn::threadLastError();
   EXPECT_EQ(view.rows, 0);
   // A block truncated by one byte is refused, not read past its end.
-  EXPECT_NE(attn::viewBlock(buf.data(), buf.size() - 1, 16, 2, &view), attnSuccess);
+  EXPECT_EQ(attn::parseBlock(buf.data(), buf.size() - 1, want, &view), attnRemoteError);
+}
+
+// A well-formed block of rank 2's 5 rows over 3 sequences, 24-byte rows.
+struct Sample {
+  std::vector<char> bytes;
+  attn::BlockExpect want;
+  Sample() {
+    const std::vector<int32_t> offsets = {0, 2, 2, 5}, pos = {0, 1, 2, 3, 4};
+    std::vector<uint8_t> k(5 * 24, 1), v(5 * 24, 2);
+    attn::packBlock(2, 3, offsets.data(), pos.data(), 5, k.data(), v.data(), 24, &bytes);
+    want.from = 1;  // relayed by rank 1
+    want.nranks = 4;
+    want.origin = 2;
+    want.numSeqs = 3;
+    want.maxRows = 5;
+    want.exactRows = true;
+    want.rowBytes = 24;
+    want.tensors = 2;
+  }
+  attn::BlockHeader& header() { return *reinterpret_cast<attn::BlockHeader*>(bytes.data()); }
+  int32_t* offsets() { return reinterpret_cast<int32_t*>(bytes.data() + sizeof(attn::BlockHeader)); }
+};
+
+// The call fails as the peer's fault, and the text names the rank it came
+// from.
+void ExpectRefusedFromRank1(Sample& s, const char* what) {
+  attn::BlockView view;
+  EXPECT_EQ(attn::parseBlock(s.bytes.data(), s.bytes.size(), s.want, &view), attnRemoteError) << what;
+  EXPECT_NE(attn::threadLastError().find("rank 1"), std::string::npos) << what << ": " << attn::threadLastError();
+}
+
+TEST(AttnWire, BlockOfTheExpectedShapeParses) {
+  Sample s;
+  attn::BlockView view;
+  ASSERT_EQ(attn::parseBlock(s.bytes.data(), s.bytes.size(), s.want, &view), attnSuccess) << attn::threadLastError();
+  EXPECT_EQ(view.origin, 2);
+  EXPECT_EQ(view.rows, 5);
+  s.want.origin = -1;  // any origin, up to 7 rows
+  s.want.maxRows = 7;
+  s.want.exactRows = false;
+  EXPECT_EQ(attn::parseBlock(s.bytes.data(), s.bytes.size(), s.want, &view), attnSuccess) << attn::threadLastError();
+}
+
+TEST(AttnWire, BlockOfAnotherOriginIsRefused) {
+  Sample s;
+  s.want.origin = 3;
+  ExpectRefusedFromRank1(s, "origin 2 where 3 was expected");
+  Sample t;
+  t.header().origin = 9;  // not a rank of the call
+  t.want.origin = -1;
+  ExpectRefusedFromRank1(t, "origin outside the communicator");
+  Sample u;
+  u.header().origin = -1;
+  u.want.origin = -1;
+  ExpectRefusedFromRank1(u, "negative origin");
+}
+
+TEST(AttnWire, BlockOfAnotherShapeIsRefused) {
+  Sample s;
+  s.want.numSeqs = 4;  // the call has 4 sequences, the block 3: reading 4 would pass its offsets
+  ExpectRefusedFromRank1(s, "fewer sequences");
+  Sample t;
+  t.want.maxRows = 4;
+  ExpectRefusedFromRank1(t, "exact row count");
+  Sample u;
+  u.want.exactRows = false;
+  u.want.maxRows = 4;
+  ExpectRefusedFromRank1(u, "more rows than allowed");
+  Sample v;
+  v.want.rowBytes = 32;  // other heads / dtype: the size does not add up
+  ExpectRefusedFromRank1(v, "row size");
+  Sample w;
+  w.offsets()[1] = 4;  // 0, 4, 2, 5: decreasing
+  ExpectRefusedFromRank1(w, "decreasing offsets");
+  Sample x;
+  x.offsets()[3] = 4;  // last offset not the row count
+  ExpectRefusedFromRank1(x, "offsets not ending at rows");
+}
+
+// Header counts chosen to overflow the layout's sizes: refused from the
+// size check, never used to index or allocate.
+TEST(AttnWire, BlockSizesThatOverflowAreRefused) {
+  Sample s;
+  s.header().num_seqs = INT32_MAX;
+  s.want.numSeqs = INT32_MAX;
+  ExpectRefusedFromRank1(s, "INT32_MAX sequences");
+  Sample t;
+  t.header().rows = INT32_MAX;
+  t.want.maxRows = INT32_MAX;
+  t.want.exactRows = false;
+  t.want.rowBytes = SIZE_MAX / 4;  // rows x rowBytes overflows size_t
+  ExpectRefusedFromRank1(t, "rows x row size overflows");
+  Sample u;
+  u.header().rows = -5;
+  ExpectRefusedFromRank1(u, "negative rows");
+  attn::BlockLayout l;
+  EXPECT_FALSE(attn::BlockLayout::checked(3, INT32_MAX, SIZE_MAX / 2, 2, &l));
+  EXPECT_FALSE(attn::BlockLayout::checked(-1, 3, 8, 1, &l));
+  EXPECT_FALSE(attn::BlockLayout::checked(3, int64_t(1) << 40, 8, 1, &l));
+  ASSERT_TRUE(attn::BlockLayout::checked(3, 5, 24, 2, &l));
+  EXPECT_EQ(l.total, attn::BlockLayout::of(3, 5, 24, 2).total);
+}
+
+TEST(AttnWire, ShortOrForeignBytesAreRefused) {
+  Sample s;
+  s.header().magic ^= 1;
+  ExpectRefusedFromRank1(s, "bad magic");
+  Sample t;
+  t.bytes.resize(sizeof(attn::BlockHeader) - 1);
+  ExpectRefusedFromRank1(t, "shorter than a header");
+  Sample u;
+  u.bytes.push_back(0);
+  ExpectRefusedFromRank1(u, "a byte too many");
 }
 
 }  // namespace

@@ -91,102 +91,114 @@ extern "C" {
 attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void* out, float* lse,
                                const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
                                attnAttnMode_t mode, attnComm_t comm, attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  int64_t qRows = 0, kvRows = 0;
-  attnResult_t bad = attnSuccess;
-  if (stream != nullptr && !deviceRoute(comm))
-    bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
-  else if (mode < attnModeAuto || mode > attnModeHeadParallel)
-    bad = setError(attnInvalidArgument, "unknown attention mode %d", (int)mode);
-  else
-    bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
-  // The peers fail the call too (plan_call.h).
-  if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, int32_t(attnModeAuto)));
-  attnSeqLayout_t lay = *layout;
-  attnAttnConfig_t c = *cfg;
-  if (deviceRoute(comm))
-    return call.finish(enqueueOnDevice(q, k, v, out, lse, lay, c, mode, comm, stream, qRows, kvRows));
-  return call.finish(dispatch(comm, "RingAttention", [=] {
-    return ringAttention(comm, q, k, v, out, lse, lay, c, mode);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    int64_t qRows = 0, kvRows = 0;
+    attnResult_t bad = attnSuccess;
+    if (stream != nullptr && !deviceRoute(comm))
+      bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
+    else if (mode < attnModeAuto || mode > attnModeHeadParallel)
+      bad = setError(attnInvalidArgument, "unknown attention mode %d", (int)mode);
+    else
+      bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
+    // The peers fail the call too (plan_call.h).
+    if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, int32_t(attnModeAuto)));
+    attnSeqLayout_t lay = *layout;
+    attnAttnConfig_t c = *cfg;
+    if (deviceRoute(comm))
+      return call.finish(enqueueOnDevice(q, k, v, out, lse, lay, c, mode, comm, stream, qRows, kvRows));
+    return call.finish(dispatch(comm, "RingAttention", [=] {
+      return ringAttention(comm, q, k, v, out, lse, lay, c, mode);
+    }));
+  });
 }
 
 attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
                             attnComm_t comm, attnModeEstimate_t* estimate) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  int64_t qRows = 0, kvRows = 0;
-  attnResult_t bad = checkConfig(cfg);
-  if (bad == attnSuccess && (!layout || !estimate))
-    bad = setError(attnInvalidArgument, "layout and estimate must not be NULL");
-  if (bad == attnSuccess) bad = checkOffsets("q_offsets", layout->num_seqs, layout->q_offsets, &qRows);
-  if (bad == attnSuccess) bad = checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, &kvRows);
-  // The peers fail the call too (plan_call.h); it runs on the calling thread.
-  if (bad != attnSuccess) return call.finish(refuseCallHere(comm, bad, int32_t(attnModeAuto)));
-  const AttnCard mine = cardOf(comm, qRows, kvRows, layout->num_seqs, attnModeAuto, *cfg, nullptr);
-  std::vector<AttnCard> cards;
-  ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));
-  attnCostModel_t model;
-  ATTN_CHECK(call.finish(agreedModel(comm, *cfg, cards, &model)));
-  const ModelInput in = modelInputOf(cards, layout->num_seqs);
-  estimateModes(model, *cfg, in, estimate);
-  return attnSuccess;
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    int64_t qRows = 0, kvRows = 0;
+    attnResult_t bad = checkConfig(cfg);
+    if (bad == attnSuccess && (!layout || !estimate))
+      bad = setError(attnInvalidArgument, "layout and estimate must not be NULL");
+    if (bad == attnSuccess) bad = checkOffsets("q_offsets", layout->num_seqs, layout->q_offsets, &qRows);
+    if (bad == attnSuccess) bad = checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, &kvRows);
+    // The peers fail the call too (plan_call.h); it runs on the calling thread.
+    if (bad != attnSuccess) return call.finish(refuseCallHere(comm, bad, int32_t(attnModeAuto)));
+    const AttnCard mine = cardOf(comm, qRows, kvRows, layout->num_seqs, attnModeAuto, *cfg, nullptr);
+    std::vector<AttnCard> cards;
+    ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));
+    attnCostModel_t model;
+    ATTN_CHECK(call.finish(agreedModel(comm, *cfg, cards, &model)));
+    const ModelInput in = modelInputOf(cards, layout->num_seqs);
+    estimateModes(model, *cfg, in, estimate);
+    return attnSuccess;
+  });
 }
 
 attnResult_t attnEstimateModes(const attnCostModel_t* model, const attnAttnConfig_t* cfg, int nranks,
                                int64_t newTokens, int64_t cachedTokens, attnModeEstimate_t* estimate) {
-  ErrorContext ctx("-");
-  clearThreadLastError();
-  ATTN_CHECK(checkConfig(cfg));
-  ATTN_REQUIRE(model && estimate, "model and estimate must not be NULL");
-  ATTN_REQUIRE(nranks >= 1, "nranks must be >= 1");
-  ATTN_REQUIRE(newTokens >= 0 && cachedTokens >= 0, "token counts must be >= 0");
-  ATTN_REQUIRE(costModelValid(*model),
-               "cost model rates must be positive and comm_interference within [0, 1]");
-  ModelInput in;
-  in.nranks = nranks;
-  in.numSeqs = 1;
-  in.newTokens = newTokens;
-  in.cachedTokens = cachedTokens;
-  in.maxQRows = (newTokens + nranks - 1) / nranks;
-  in.maxKvRows = (newTokens + cachedTokens + nranks - 1) / nranks;
-  estimateModes(*model, *cfg, in, estimate);
-  return attnSuccess;
+  return guardedEntry([&]() -> attnResult_t {
+    ErrorContext ctx("-");
+    clearThreadLastError();
+    ATTN_CHECK(checkConfig(cfg));
+    ATTN_REQUIRE(model && estimate, "model and estimate must not be NULL");
+    ATTN_REQUIRE(nranks >= 1, "nranks must be >= 1");
+    ATTN_REQUIRE(newTokens >= 0 && cachedTokens >= 0, "token counts must be >= 0");
+    ATTN_REQUIRE(costModelValid(*model),
+                 "cost model rates must be positive and comm_interference within [0, 1]");
+    ModelInput in;
+    in.nranks = nranks;
+    in.numSeqs = 1;
+    in.newTokens = newTokens;
+    in.cachedTokens = cachedTokens;
+    in.maxQRows = (newTokens + nranks - 1) / nranks;
+    in.maxKvRows = (newTokens + cachedTokens + nranks - 1) / nranks;
+    estimateModes(*model, *cfg, in, estimate);
+    return attnSuccess;
+  });
 }
 
 attnResult_t attnCommGetCostModel(attnComm_t comm, attnCostModel_t* model) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (!model) return call.finish(setError(attnInvalidArgument, "model is NULL"));
-  attnAttnConfig_t cfg{8, 8, 128, attnFloat32, 0.0f, 1};
-  return call.finish(costModelOf(comm, cfg, model));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (!model) return call.finish(setError(attnInvalidArgument, "model is NULL"));
+    attnAttnConfig_t cfg{8, 8, 128, attnFloat32, 0.0f, 1};
+    return call.finish(costModelOf(comm, cfg, model));
+  });
 }
 
 attnResult_t attnCommSetCostModel(attnComm_t comm, const attnCostModel_t* model) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  AttnState& st = attnStateOf(comm);
-  if (model == nullptr) {
-    st.modelOverridden = false;
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    AttnState& st = attnStateOf(comm);
+    if (model == nullptr) {
+      st.modelOverridden = false;
+      return attnSuccess;
+    }
+    if (!costModelValid(*model))
+      return call.finish(setError(attnInvalidArgument,
+                                  "cost model rates must be positive and comm_interference within [0, 1]"));
+    st.override = *model;
+    st.modelOverridden = true;
     return attnSuccess;
-  }
-  if (!costModelValid(*model))
-    return call.finish(setError(attnInvalidArgument,
-                                "cost model rates must be positive and comm_interference within [0, 1]"));
-  st.override = *model;
-  st.modelOverridden = true;
-  return attnSuccess;
+  });
 }
 
 attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn, void* userData) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  AttnState& st = attnStateOf(comm);
-  st.userKernel = fn;
-  st.userData = userData;
-  st.kernelTflops.clear();  // the new kernel has its own rate
-  return attnSuccess;
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    AttnState& st = attnStateOf(comm);
+    st.userKernel = fn;
+    st.userData = userData;
+    st.kernelTflops.clear();  // the new kernel has its own rate
+    return attnSuccess;
+  });
 }
 
 }  // extern "C"

@@ -41,6 +41,8 @@ static attnResult_t kvPlan(const attnKvInstance_t* instances, int num_instances,
 extern "C" attnResult_t attnKvPlan(const attnKvInstance_t* instances, int num_instances,
                                    const attnKvModel_t* model, attnKvMove_t* moves,
                                    int* num_moves) {
-  ErrorContext ctx("-");
-  return runGuarded([&] { return kvPlan(instances, num_instances, model, moves, num_moves); });
+  return guardedEntry([&] {
+    ErrorContext ctx("-");
+    return kvPlan(instances, num_instances, model, moves, num_moves);
+  });
 }

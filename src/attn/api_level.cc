@@ -73,27 +73,29 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
                                            float* lse, const attnSeqLayout_t* layout,
                                            const attnAttnConfig_t* cfg, const attnLevelDrop_t* drop,
                                            attnComm_t comm, attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  int64_t qRows = 0, kvRows = 0;
-  attnResult_t bad = attnSuccess;
-  if (stream != nullptr && !deviceRoute(comm))
-    bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
-  else
-    bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
-  if (bad == attnSuccess && drop) bad = checkDrop(*drop, kvRows);
-  // The peers fail the call too (plan_call.h).
-  if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, kLevelCallMode));
-  LevelDrop d;
-  if (drop) {
-    for (int t = 0; t < 4; ++t) d.keep[t] = drop->keep[t];
-    d.importance = drop->importance;
-  }
-  const attnSeqLayout_t lay = *layout;
-  const attnAttnConfig_t c = *cfg;
-  if (deviceRoute(comm))
-    return call.finish(enqueueLevelOnDevice(comm, stream, q, k, v, out, lse, lay, c, d, qRows, kvRows));
-  return call.finish(dispatch(comm, "LevelAttention", [=] {
-    return levelAttention(comm, q, k, v, out, lse, lay, c, d);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    int64_t qRows = 0, kvRows = 0;
+    attnResult_t bad = attnSuccess;
+    if (stream != nullptr && !deviceRoute(comm))
+      bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
+    else
+      bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
+    if (bad == attnSuccess && drop) bad = checkDrop(*drop, kvRows);
+    // The peers fail the call too (plan_call.h).
+    if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, kLevelCallMode));
+    LevelDrop d;
+    if (drop) {
+      for (int t = 0; t < 4; ++t) d.keep[t] = drop->keep[t];
+      d.importance = drop->importance;
+    }
+    const attnSeqLayout_t lay = *layout;
+    const attnAttnConfig_t c = *cfg;
+    if (deviceRoute(comm))
+      return call.finish(enqueueLevelOnDevice(comm, stream, q, k, v, out, lse, lay, c, d, qRows, kvRows));
+    return call.finish(dispatch(comm, "LevelAttention", [=] {
+      return levelAttention(comm, q, k, v, out, lse, lay, c, d);
+    }));
+  });
 }

@@ -1,6 +1,7 @@
 #include "src/attn/attn_call.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/merge.h"
@@ -32,6 +33,28 @@ cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& 
   p.segments = segs->data();
   p.num_segments = c.numSeqs;
   return p;
+}
+
+BlockExpect cardBlock(const AttnCall& c, int from, int origin, bool kv) {
+  BlockExpect w;
+  w.from = from;
+  w.nranks = c.comm->nranks;
+  w.origin = origin;
+  w.numSeqs = c.numSeqs;
+  w.maxRows = (kv ? c.kvRowsOf : c.qRowsOf)[size_t(origin)];
+  w.exactRows = true;
+  w.rowBytes = kv ? c.kvRowBytes : c.qRowBytes;
+  w.tensors = kv ? 2 : 1;
+  w.what = kv ? "key/value block" : "query block";
+  return w;
+}
+
+BlockExpect anyCardBlock(const AttnCall& c, int from, bool kv) {
+  BlockExpect w = cardBlock(c, from, 0, kv);
+  w.origin = -1;
+  w.maxRows = INT32_MAX;
+  w.exactRows = false;
+  return w;
 }
 
 namespace {

@@ -74,6 +74,14 @@ inline double usSince(Clock::time_point t) {
 cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs,
                            std::vector<cpu::AttnSegment>* segs);
 
+// How a block of rank `origin`'s rows (its queries, or with `kv` its keys
+// and values), as many as its card announced, must arrive from `from`.
+BlockExpect cardBlock(const AttnCall& c, int from, int origin, bool kv);
+// The same from a rank the block may have come through (a ring): any
+// origin, at most 2^31 - 1 rows; the caller compares them with the
+// origin's card.
+BlockExpect anyCardBlock(const AttnCall& c, int from, bool kv);
+
 // The algorithms (one file each).
 attnResult_t runPassKv(AttnCall& c);
 attnResult_t runPassQ(AttnCall& c);

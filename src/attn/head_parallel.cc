@@ -41,7 +41,7 @@ void copyHeads(char* dst, const void* src, int64_t rows, int rowHeads, int first
   const char* s = static_cast<const char*>(src) + first * headBytes;
   const size_t srcRow = rowHeads * headBytes, dstRow = count * headBytes;
   if (count == rowHeads) {
-    if (rows) std::memcpy(dst, src, rows * srcRow);
+    std::memcpy(dst, src, rows * srcRow);
     return;
   }
   for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * dstRow, s + i * srcRow, dstRow);
@@ -121,14 +121,14 @@ attnResult_t viewHeadsMessage(const AttnCall& c, int from, const char* data, siz
                               const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, BlockView* q,
                               BlockView* kv) {
   if (bytes != m.total)
-    return setError(attnInvalidUsage, "head-parallel: rank %d sent %zu bytes, %zu expected", from,
+    return setError(attnRemoteError, "head-parallel: rank %d sent %zu bytes, %zu expected", from,
                     bytes, m.total);
-  ATTN_CHECK(viewBlock(data, m.q.total, qRowBytes, 1, q));
-  ATTN_CHECK(viewBlock(data + m.kvAt, m.kv.total, kvRowBytes, 2, kv));
-  if (q->origin != from || kv->origin != from || q->numSeqs != c.numSeqs || kv->numSeqs != c.numSeqs ||
-      q->rows != c.qRowsOf[from] || kv->rows != c.kvRowsOf[from])
-    return setError(attnInternalError, "head-parallel: the rows of rank %d do not match its card", from);
-  return attnSuccess;
+  // The rows of `from` for our heads only: its card's rows, narrower rows.
+  BlockExpect wq = cardBlock(c, from, from, false), wkv = cardBlock(c, from, from, true);
+  wq.rowBytes = qRowBytes;
+  wkv.rowBytes = kvRowBytes;
+  ATTN_CHECK(parseBlock(data, m.q.total, wq, q));
+  return parseBlock(data + m.kvAt, m.kv.total, wkv, kv);
 }
 
 attnResult_t Outbox::pump(ProgressThread& driver, Arrived arrived) {
@@ -294,7 +294,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
     const HeadGroup& g = groups[p];
     const ReturnMessage m(c.q.rows, g.q(), D, elem);
     if (homeReq[p].bytes != m.total)
-      return setError(attnInvalidUsage, "head-parallel: outputs from rank %d have %zu bytes, %zu expected",
+      return setError(attnRemoteError, "head-parallel: outputs from rank %d have %zu bytes, %zu expected",
                       p, homeReq[p].bytes, m.total);
     t0 = Clock::now();
     const char* src = home[p].get();

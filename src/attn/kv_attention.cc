@@ -32,12 +32,6 @@ namespace attn {
 
 namespace {
 
-struct QueryEntry {
-  int64_t req;
-  int32_t rows;
-  int32_t reserved;
-};
-
 cpu::AttnExec cpuExec(KvPool& pool) {
   AttnState& st = attnStateOf(pool.comm());
   cpu::AttnExec ex;
@@ -299,8 +293,23 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
       out[p] = std::move(w.bytes());
     }
   }
+  // What each peer may send: the releases it may owe us and queries for
+  // its requests with blocks here (with none, no query at all).
+  std::vector<KvPeerLimits> limits(static_cast<size_t>(n));
+  std::vector<uint64_t> maxBytes(static_cast<size_t>(n), 0);
+  for (int p = 0; p < n; ++p) {
+    KvPeerLimits& lim = limits[size_t(p)];
+    lim.peer = p;
+    lim.what = "attnKvAttention";
+    lim.maxReleases = pool.releaseBound();
+    lim.maxEntries = p == me ? 0 : pool.requestsHeldFor(p);
+    lim.numKvHeads = pool.config().num_kv_heads;
+    lim.headDim = pool.config().head_dim;
+    lim.dtype = pool.config().dtype;
+    maxBytes[size_t(p)] = kvQueryRequestBound(lim);
+  }
   PeerExchange got;
-  ATTN_CHECK(exchangeWithPeers(e, me, n, "attnKvAttention", localStatus, out, &got));
+  ATTN_CHECK(exchangeWithPeers(e, me, n, "attnKvAttention", localStatus, out, maxBytes, &got));
   pool.releasesDelivered();
 
   // Replies to our queries may land from now on.
@@ -325,44 +334,30 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   std::vector<KvServeBatch> batches;
   std::vector<std::vector<std::vector<int32_t>>> positions;  // per batch, per request (aligned copies)
   for (int p : got.arrival) {
-    WireIn in(got.in[p]);
-    ATTN_CHECK(pool.readReleases(p, in));
-    KvQueryHeader h;
-    if (!in.get(&h)) return setError(attnRemoteError, "attnKvAttention: rank %d sent a truncated header", p);
-    if (h.entries == 0) continue;
-    if (h.numQHeads < 1 || h.numQHeads % pool.config().num_kv_heads != 0 || !std::isfinite(h.scale))
-      return setError(attnRemoteError, "attnKvAttention: rank %d sent queries with %d heads", p, h.numQHeads);
-    std::vector<QueryEntry> entries(h.entries);
-    int64_t total = 0;
-    for (auto& en : entries) {
-      if (!in.get(&en) || en.rows < 0)
-        return setError(attnRemoteError, "attnKvAttention: rank %d sent a truncated request list", p);
-      total += en.rows;
-    }
-    const size_t rb = size_t(h.numQHeads) * size_t(pool.config().head_dim) * dataTypeSize(pool.config().dtype);
+    KvQueryRequest msg;
+    ATTN_CHECK(parseKvQueryRequest(got.in[p].data(), got.in[p].size, limits[size_t(p)], &msg));
+    pool.applyReleases(p, msg.releases);
+    if (msg.entries.empty()) continue;
+    const int64_t total = msg.rows;
     KvServeBatch b;
     b.peer = p;
-    b.h = h;
+    b.h = msg.header;
     b.rows = total;
     b.result = &served[p];
-    b.reqs.resize(entries.size());
-    std::vector<std::vector<int32_t>> pos(entries.size());
-    for (size_t j = 0; j < entries.size(); ++j) {
-      const QueryEntry& en = entries[j];
-      const char* posBytes = in.take(size_t(en.rows) * sizeof(int32_t));
-      const char* qBytes = in.take(size_t(en.rows) * rb);
-      if (!posBytes || !qBytes)
-        return setError(attnRemoteError, "attnKvAttention: rank %d sent fewer query rows than announced", p);
+    b.reqs.resize(msg.entries.size());
+    std::vector<std::vector<int32_t>> pos(msg.entries.size());
+    for (size_t j = 0; j < msg.entries.size(); ++j) {
+      const KvQueryRows& en = msg.entries[j];
       auto it = pool.lentIn.find({p, en.req});
       if (it == pool.lentIn.end())
         return setError(attnRemoteError,
                         "attnKvAttention: rank %d sent queries of its request %lld, of which this rank "
                         "holds no blocks", p, (long long)en.req);
       pos[j].resize(size_t(en.rows));
-      std::memcpy(pos[j].data(), posBytes, pos[j].size() * sizeof(int32_t));
+      std::memcpy(pos[j].data(), en.pos, pos[j].size() * sizeof(int32_t));
       b.reqs[j].rows = en.rows;
       b.reqs[j].pos = pos[j].data();  // the vector's buffer moves with it
-      b.reqs[j].q = qBytes;
+      b.reqs[j].q = en.q;
       lentSlots(pool, it->second, &b.reqs[j].slots, &b.reqs[j].tokens);
     }
     // The owner waits for a reply only when it sent query rows: an empty

@@ -12,6 +12,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/pack.h"
 #include "src/attn/kv_pool.h"
+#include "src/attn/kv_wire.h"  // KvQueryHeader
 
 namespace attn {
 
@@ -27,13 +28,6 @@ struct KvAttnArgs {
   int32_t rows() const { return qOffsets.empty() ? 0 : qOffsets.back(); }
 };
 
-// What a peer's queries ask of one of its requests here.
-struct KvQueryHeader {
-  int32_t numQHeads;
-  int32_t causal;
-  float scale;
-  uint32_t entries;
-};
 struct KvServedRequest {
   int32_t rows = 0;
   const int32_t* pos = nullptr;  // [rows] host (aligned copy)

@@ -2,24 +2,19 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 
 #include "src/attn/break_on_early_exit.h"
 #include "src/core/error.h"
 
 namespace attn {
 
-namespace {
-struct Header {
-  int32_t status;
-  int32_t reserved;
-  uint64_t bytes;
-};
-}  // namespace
-
 attnResult_t exchangeWithPeers(Engine& e, int me, int n, const char* what,
-                               attnResult_t localStatus,
-                               const std::vector<std::vector<char>>& out, PeerExchange* got) {
-  got->in.assign(size_t(n), {});
+                               attnResult_t localStatus, const std::vector<std::vector<char>>& out,
+                               const std::vector<uint64_t>& maxBytes, PeerExchange* got) {
+  using Header = KvExchangeHeader;
+  got->in.clear();
+  got->in.resize(size_t(n));
   got->arrival.clear();
   std::vector<Header> sendH(static_cast<size_t>(n)), recvH(static_cast<size_t>(n));
   std::unique_ptr<Request[]> hreq(new Request[2 * size_t(n)]);
@@ -34,25 +29,33 @@ attnResult_t exchangeWithPeers(Engine& e, int me, int n, const char* what,
     if (p != me) ATTN_CHECK(e.waitAll(&hreq[2 * p], 2));
   headerGuard.done();
   if (localStatus != attnSuccess) return localStatus;  // its own text stands
+  // A peer that could not take part fails the call on every rank alike:
+  // nobody sends a payload, and the communicator stays usable.
+  for (int p = 0; p < n; ++p)
+    if (p != me && recvH[p].status != attnSuccess)
+      return parseKvExchangeHeader(reinterpret_cast<const char*>(&recvH[p]), sizeof(Header), p, 0, what, &recvH[p]);
+  // From here a failure leaves peers sending payloads nobody receives: the
+  // guard breaks the engine so that they fail now instead of waiting.
+  BreakOnEarlyExit payloadGuard(e);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    if (recvH[p].status != attnSuccess)
-      return setError(attnRemoteError, "%s: rank %d could not take part (%s; its own error says why)",
-                      what, p, attnGetErrorString(attnResult_t(recvH[p].status)));
-    if (recvH[p].bytes > (uint64_t(1) << 40))
-      return setError(attnRemoteError, "%s: rank %d announced %llu bytes", what, p,
-                      (unsigned long long)recvH[p].bytes);
+    ATTN_CHECK(parseKvExchangeHeader(reinterpret_cast<const char*>(&recvH[p]), sizeof(Header), p, maxBytes[size_t(p)],
+                                     what, &recvH[p]));
+    if (recvH[p].bytes == 0) continue;
+    got->in[p].buf.reset(new (std::nothrow) char[recvH[p].bytes]);
+    if (!got->in[p].buf)
+      return setError(attnSystemError, "%s: out of memory for the %llu bytes rank %d announced", what,
+                      (unsigned long long)recvH[p].bytes, p);
+    got->in[p].size = recvH[p].bytes;
   }
   std::unique_ptr<Request[]> preq(new Request[2 * size_t(n)]);
   std::vector<Request*> recvs;
   std::vector<int> from;
   std::vector<Request*> sends;
-  BreakOnEarlyExit payloadGuard(e);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     if (recvH[p].bytes > 0) {
-      got->in[p].resize(recvH[p].bytes);
-      ATTN_CHECK(e.irecv(p, got->in[p].data(), got->in[p].size(), &preq[2 * p]));
+      ATTN_CHECK(e.irecv(p, got->in[p].buf.get(), got->in[p].size, &preq[2 * p]));
       recvs.push_back(&preq[2 * p]);
       from.push_back(p);
     }
@@ -64,9 +67,9 @@ attnResult_t exchangeWithPeers(Engine& e, int me, int n, const char* what,
   while (!recvs.empty()) {
     size_t i = 0;
     ATTN_CHECK(e.waitAny(recvs.data(), recvs.size(), &i));
-    if (recvs[i]->bytes != got->in[from[i]].size())
+    if (recvs[i]->bytes != got->in[from[i]].size)
       return setError(attnRemoteError, "%s: rank %d sent %zu bytes, announced %zu", what, from[i],
-                      recvs[i]->bytes, got->in[from[i]].size());
+                      recvs[i]->bytes, got->in[from[i]].size);
     got->arrival.push_back(from[i]);
     recvs.erase(recvs.begin() + long(i));
     from.erase(from.begin() + long(i));

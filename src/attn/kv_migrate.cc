@@ -31,13 +31,6 @@ namespace attn {
 
 namespace {
 
-struct TryMove {
-  int32_t owner;
-  int32_t reserved;
-  int64_t req;
-  int64_t blocks;
-};
-
 // A move's header: the blocks' indices in the owner's request, then their
 // token positions.
 size_t headerBytes(const KvPool& pool, int64_t blocks) {
@@ -110,7 +103,11 @@ attnResult_t fileBlocks(KvPool& pool, int from, const TryMove& t, const std::vec
                         from, (long long)i, (long long)t.req);
       r.blocks[size_t(i)] = {me, slot, pool.config().block_tokens};
     } else {
-      pool.lentIn[{t.owner, t.req}].push_back({i, slot});
+      std::vector<KvLentBlock>& held = pool.lentIn[{t.owner, t.req}];
+      if (i < 0 || std::any_of(held.begin(), held.end(), [&](const KvLentBlock& b) { return b.index == i; }))
+        return setError(attnRemoteError, "rank %d sent block %lld of its request %lld, %s", from, (long long)i,
+                        (long long)t.req, i < 0 ? "which no request has" : "which this rank holds already");
+      held.push_back({i, slot});
     }
   }
   return attnSuccess;
@@ -227,20 +224,29 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
       out[p] = std::move(w.bytes());
     }
   }
+  // What each peer may send: the releases it may owe us, and at most one
+  // move per block of its pool.
+  std::vector<KvPeerLimits> limits(static_cast<size_t>(n));
+  std::vector<uint64_t> maxBytes(static_cast<size_t>(n), 0);
+  for (int p = 0; p < n; ++p) {
+    KvPeerLimits& lim = limits[size_t(p)];
+    lim.peer = p;
+    lim.what = "attnKvMigrate";
+    lim.maxReleases = pool.releaseBound();
+    lim.maxMoves = size_t(p) < pool.peerCapacity.size() ? uint64_t(pool.peerCapacity[size_t(p)]) : 0;
+    maxBytes[size_t(p)] = kvMigrateRequestBound(lim);
+  }
   PeerExchange got;
-  ATTN_CHECK(exchangeWithPeers(e, me, n, "attnKvMigrate", localStatus, out, &got));
+  ATTN_CHECK(exchangeWithPeers(e, me, n, "attnKvMigrate", localStatus, out, maxBytes, &got));
   pool.releasesDelivered();
 
   std::vector<std::vector<TryMove>> asks(static_cast<size_t>(n));
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    WireIn in(got.in[p]);
-    ATTN_CHECK(pool.readReleases(p, in));
-    uint32_t count = 0;
-    if (!in.get(&count)) return setError(attnRemoteError, "attnKvMigrate: rank %d sent a truncated request", p);
-    asks[p].resize(count);
-    for (auto& t : asks[p])
-      if (!in.get(&t)) return setError(attnRemoteError, "attnKvMigrate: rank %d sent a truncated request", p);
+    KvMigrateRequest req;
+    ATTN_CHECK(parseKvMigrateRequest(got.in[p].data(), got.in[p].size, limits[size_t(p)], &req));
+    pool.applyReleases(p, req.releases);
+    asks[p] = std::move(req.moves);
   }
   // Grants, first come first served.
   std::vector<std::vector<int64_t>> grants(static_cast<size_t>(n));

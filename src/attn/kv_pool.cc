@@ -98,6 +98,7 @@ attnResult_t KvPool::allocate() {
   free_.resize(blocks);
   for (size_t i = 0; i < blocks; ++i) free_[i] = int64_t(blocks - 1 - i);
   releasedAt.assign(size_t(nranks()), {});
+  peerCapacity.assign(size_t(nranks()), cfg_.capacity_blocks);
   return attnSuccess;
 }
 
@@ -424,6 +425,10 @@ void KvPool::moveToShrunk(attnComm* shrunk, const std::vector<int>& parentRanks,
   std::vector<std::vector<int64_t>> released(parentRanks.size());
   for (size_t r = 0; r < parentRanks.size(); ++r) released[r] = std::move(releasedAt[size_t(parentRanks[r])]);
   releasedAt = std::move(released);
+  std::vector<int64_t> capacity(parentRanks.size(), 0);
+  for (size_t r = 0; r < parentRanks.size(); ++r)
+    if (size_t(parentRanks[r]) < peerCapacity.size()) capacity[r] = peerCapacity[size_t(parentRanks[r])];
+  peerCapacity = std::move(capacity);
   comm_ = shrunk;
 }
 
@@ -438,19 +443,20 @@ void KvPool::releasesDelivered() {
   for (auto& r : releasedAt) r.clear();
 }
 
-attnResult_t KvPool::readReleases(int peer, WireIn& in) {
-  uint32_t count = 0;
-  if (!in.get(&count)) return setError(attnRemoteError, "rank %d sent a truncated release list", peer);
-  for (uint32_t i = 0; i < count; ++i) {
-    int64_t id = 0;
-    if (!in.get(&id)) return setError(attnRemoteError, "rank %d sent a truncated release list", peer);
-    std::lock_guard<std::mutex> g(booksMu);
+void KvPool::applyReleases(int peer, const std::vector<int64_t>& ids) {
+  std::lock_guard<std::mutex> g(booksMu);
+  for (int64_t id : ids) {
     auto it = lentIn.find({peer, id});
     if (it == lentIn.end()) continue;  // nothing of it here (any more)
     for (const KvLentBlock& b : it->second) giveSlot(b.slot);
     lentIn.erase(it);
   }
-  return attnSuccess;
+}
+
+uint64_t KvPool::requestsHeldFor(int peer) const {
+  uint64_t n = 0;
+  for (auto it = lentIn.lower_bound({peer, INT64_MIN}); it != lentIn.end() && it->first.first == peer; ++it) ++n;
+  return n;
 }
 
 }  // namespace attn

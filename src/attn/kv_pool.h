@@ -175,7 +175,13 @@ class KvPool {
   // here are freed).
   void writeReleases(int peer, class WireOut& out) const;
   void releasesDelivered();
-  attnResult_t readReleases(int peer, class WireIn& in);
+  void applyReleases(int peer, const std::vector<int64_t>& ids);
+  // The most releases a peer may owe this pool: each names a request that
+  // had a block here when it was released, and that block stays until the
+  // release arrives; a list that one failed call delivered may come again.
+  uint64_t releaseBound() const { return 2 * uint64_t(cfg_.capacity_blocks) + 1; }
+  // The peer's requests with blocks here (what its queries may ask for).
+  uint64_t requestsHeldFor(int peer) const;
 
   // After attnCommShrink (kv_shrink.cc), with no collective queued: moves
   // the pool to `shrunk`, whose rank r was rank parentRanks[r] of the
@@ -192,6 +198,10 @@ class KvPool {
   // Per peer: own requests released while some of their blocks were there;
   // told to that peer in the next collective call on the pool.
   std::vector<std::vector<int64_t>> releasedAt;
+  // Every rank's capacity_blocks, as agreed at create (renumbered by a
+  // shrink): what bounds the messages a peer may send this pool. allocate()
+  // assumes every pool is the size of this one until create tells.
+  std::vector<int64_t> peerCapacity;
   mutable std::mutex booksMu;
 
  private:

@@ -7,6 +7,7 @@
 
 #include "src/attn/kv_exchange.h"
 #include "src/attn/kv_pool.h"
+#include "src/core/checked_size.h"
 #include "src/core/comm.h"
 #include "src/core/error.h"
 
@@ -16,9 +17,20 @@ namespace {
 
 constexpr const char* kWhat = "attnKvPoolShrink";
 
+// The most blocks an owner may claim this holder holds: every one was a
+// block of this pool when granted; after a migration the failure cut short
+// an owner may count some it never got (lenient: twice the capacity).
+uint64_t claimBound(const KvPool& pool) { return 2 * uint64_t(pool.config().capacity_blocks) + 1; }
+
+// Claims or answers of that many: a count, then per claim at most a
+// request id, a count and an index.
+uint64_t claimsBytes(uint64_t claims) {
+  return satAdd(sizeof(uint32_t), satMul(claims, sizeof(int64_t) + sizeof(uint32_t) + sizeof(int64_t)));
+}
+
 // Step 2's claims to `holder`: per own request with blocks there, its id and
 // the indices of those blocks.
-std::vector<char> claimsFor(const KvPool& pool, int holder) {
+std::vector<char> claimsFor(const KvPool& pool, int holder, uint64_t* requests) {
   WireOut out;
   std::vector<std::pair<int64_t, std::vector<int64_t>>> reqs;
   for (const auto& [id, r] : pool.own) {
@@ -28,6 +40,7 @@ std::vector<char> claimsFor(const KvPool& pool, int holder) {
     if (!at.empty()) reqs.emplace_back(id, std::move(at));
   }
   out.put(uint32_t(reqs.size()));
+  *requests = reqs.size();
   for (const auto& [id, at] : reqs) {
     out.put(id);
     out.put(uint32_t(at.size()));
@@ -38,23 +51,10 @@ std::vector<char> claimsFor(const KvPool& pool, int holder) {
 
 // Step 2 on the holder: keeps what `owner` claims, frees the rest of its
 // blocks here, and lists the requests whose claimed blocks are missing.
-attnResult_t settleWithOwner(KvPool& pool, int owner, const std::vector<char>& claims,
-                             std::vector<int64_t>* missing) {
-  std::set<std::pair<int64_t, int64_t>> claimed;
-  WireIn in(claims);
-  uint32_t nreqs = 0;
-  bool ok = in.get(&nreqs);
-  for (uint32_t q = 0; ok && q < nreqs; ++q) {
-    int64_t id = 0;
-    uint32_t count = 0;
-    ok = in.get(&id) && in.get(&count);
-    for (uint32_t i = 0; ok && i < count; ++i) {
-      int64_t index = 0;
-      ok = in.get(&index);
-      claimed.insert({id, index});
-    }
-  }
-  if (!ok || !in.done()) return setError(attnRemoteError, "%s: rank %d sent malformed block claims", kWhat, owner);
+attnResult_t settleWithOwner(KvPool& pool, int owner, const PeerBytes& claims, std::vector<int64_t>* missing) {
+  std::vector<std::pair<int64_t, int64_t>> list;
+  ATTN_CHECK(parseKvClaims(claims.data(), claims.size, owner, claimBound(pool), &list));
+  const std::set<std::pair<int64_t, int64_t>> claimed(list.begin(), list.end());
 
   std::lock_guard<std::mutex> g(pool.booksMu);
   std::set<std::pair<int64_t, int64_t>> held;
@@ -81,19 +81,22 @@ attnResult_t kvPoolShrink(KvPool* pool_, attnComm* shrunk, attnResult_t localSta
   const int me = shrunk->rank, n = shrunk->nranks;
   std::vector<std::vector<char>> out(static_cast<size_t>(n));
   PeerExchange got;
-  // Everyone's input is good before any pool moves.
-  ATTN_CHECK(exchangeWithPeers(e, me, n, kWhat, localStatus, out, &got));
+  // Everyone's input is good before any pool moves (no payloads).
+  ATTN_CHECK(exchangeWithPeers(e, me, n, kWhat, localStatus, out, std::vector<uint64_t>(size_t(n), 0), &got));
   KvPool& pool = *pool_;
 
   pool.drain();
   pool.moveToShrunk(shrunk, shrunk->parentRanks, lost);
 
+  // Per holder, the requests we claim there: all its answer may name.
+  std::vector<uint64_t> claimedAt(static_cast<size_t>(n), 0);
   {
     std::lock_guard<std::mutex> g(pool.booksMu);
     for (int h = 0; h < n; ++h)
-      if (h != me) out[size_t(h)] = claimsFor(pool, h);
+      if (h != me) out[size_t(h)] = claimsFor(pool, h, &claimedAt[size_t(h)]);
   }
-  ATTN_CHECK(exchangeWithPeers(e, me, n, kWhat, attnSuccess, out, &got));
+  ATTN_CHECK(exchangeWithPeers(e, me, n, kWhat, attnSuccess, out,
+                               std::vector<uint64_t>(size_t(n), claimsBytes(claimBound(pool))), &got));
   std::vector<std::vector<char>> answers(static_cast<size_t>(n));
   for (int o = 0; o < n; ++o) {
     if (o == me) continue;
@@ -110,19 +113,16 @@ attnResult_t kvPoolShrink(KvPool* pool_, attnComm* shrunk, attnResult_t localSta
     for (auto& r : pool.releasedAt) r.clear();
   }
 
-  ATTN_CHECK(exchangeWithPeers(e, me, n, kWhat, attnSuccess, answers, &got));
+  std::vector<uint64_t> answerBytes(static_cast<size_t>(n));
+  for (int h = 0; h < n; ++h)
+    answerBytes[size_t(h)] = satAdd(sizeof(uint32_t), satMul(claimedAt[size_t(h)], sizeof(int64_t)));
+  ATTN_CHECK(exchangeWithPeers(e, me, n, kWhat, attnSuccess, answers, answerBytes, &got));
   std::set<int64_t> dropped;
   for (int h = 0; h < n; ++h) {
     if (h == me) continue;
-    WireIn in(got.in[size_t(h)]);
-    uint32_t count = 0;
-    bool ok = in.get(&count);
-    for (uint32_t i = 0; ok && i < count; ++i) {
-      int64_t id = 0;
-      ok = in.get(&id);
-      if (ok) dropped.insert(id);
-    }
-    if (!ok || !in.done()) return setError(attnRemoteError, "%s: rank %d sent a malformed answer", kWhat, h);
+    std::vector<int64_t> ids;
+    ATTN_CHECK(parseKvLostList(got.in[size_t(h)].data(), got.in[size_t(h)].size, h, claimedAt[size_t(h)], &ids));
+    dropped.insert(ids.begin(), ids.end());
   }
   // Their other holders free them in the pool's next collective.
   for (int64_t id : dropped)

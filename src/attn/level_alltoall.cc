@@ -219,14 +219,22 @@ attnResult_t exchangeLevelBlocks(AttnCall& c, const LevelPlan& L, const std::vec
     for (size_t i = 0; i < in.size(); ++i) {
       if (done[i] || recvReq[i].pending()) continue;
       ATTN_CHECK(driver->wait(&recvReq[i]));
+      BlockExpect want;
+      want.from = in[i].from;
+      want.nranks = n;
+      want.numSeqs = S;
+      want.maxRows = INT32_MAX;  // its origin's card bounds it, below
+      want.rowBytes = c.kvRowBytes;
+      want.tensors = 2;
+      want.what = "level attention block";
       BlockView block;
-      ATTN_CHECK(viewBlock(buf[i], recvReq[i].bytes, c.kvRowBytes, 2, &block));
+      ATTN_CHECK(parseBlock(buf[i], recvReq[i].bytes, want, &block));
       const int o = block.origin;
-      if (o < 0 || o >= n || o == me || seen[o] || L.routes.parent(o, me) != in[i].from || block.numSeqs != S ||
-          block.rows > c.kvRowsOf[o])
-        return setError(attnInternalError,
-                        "level attention: unexpected block from rank %d (origin %d, %d sequences, %d rows)",
-                        in[i].from, o, block.numSeqs, block.rows);
+      if (o == me || seen[o] || L.routes.parent(o, me) != in[i].from || block.rows > c.kvRowsOf[o])
+        return setError(attnRemoteError,
+                        "level attention: unexpected block from rank %d (origin %d%s, %d rows of its %lld)",
+                        in[i].from, o, o == me || seen[o] ? ", seen already" : "", block.rows,
+                        static_cast<long long>(c.kvRowsOf[o]));
       seen[o] = true;
       const std::vector<int> next = L.routes.children(o, me);
       for (int r : next) {  // pass it on first: the ranks behind us wait for it

@@ -15,8 +15,8 @@ static attnResult_t mergeStates(int n, const void* const* outs, const float* con
 extern "C" attnResult_t attnMergeAttnStates(int n, const void* const* outs, const float* const* lses,
                                             void* out, float* lse, int64_t rows, int heads,
                                             int head_dim, attnDataType_t dtype, attnStream_t stream) {
-  ErrorContext ctx("-");
-  return runGuarded([&] {
+  return guardedEntry([&] {
+    ErrorContext ctx("-");
     return mergeStates(n, outs, lses, out, lse, rows, heads, head_dim, dtype, stream);
   });
 }
@@ -33,8 +33,11 @@ static attnResult_t mergeStates(int n, const void* const* outs, const float* con
   if (rows == 0) return attnSuccess;
   ATTN_REQUIRE(out != nullptr, "out is NULL");
   for (int j = 0; j < n; ++j) ATTN_REQUIRE(outs[j] && lses[j], "outs[%d] or lses[%d] is NULL", j, j);
-  const size_t r = static_cast<size_t>(rows) * heads;
-  std::vector<float> acc(r * head_dim), accLse(r);
+  size_t r = 0, elems = 0;
+  ATTN_REQUIRE(!__builtin_mul_overflow(size_t(rows), size_t(heads), &r) &&
+                   !__builtin_mul_overflow(r, size_t(head_dim), &elems) && elems <= (size_t(1) << 56) / sizeof(float),
+               "rows %lld x heads %d x head_dim %d is larger than any buffer", (long long)rows, heads, head_dim);
+  std::vector<float> acc(elems), accLse(r);
   ATTN_CHECK(cpu::convertToFloat(acc.data(), outs[0], dtype, acc.size()));
   std::memcpy(accLse.data(), lses[0], r * sizeof(float));
   std::vector<cpu::AttnPartialRef> parts;

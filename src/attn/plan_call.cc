@@ -96,6 +96,22 @@ const char* callName(const AttnCard& c) {
 }
 }  // namespace
 
+attnResult_t checkPeerCard(const AttnCard& mine, const AttnCard& o, int peer) {
+  const size_t esz = dataTypeSize(attnDataType_t(mine.dtype));
+  const size_t qRowBytes = esz * size_t(mine.hq) * size_t(mine.d), kvRowBytes = esz * size_t(mine.hkv) * size_t(mine.d);
+  BlockLayout q, kv;
+  size_t partial = 0;
+  if (o.qRows < 0 || o.qRows > INT32_MAX || o.kvRows < 0 || o.kvRows > INT32_MAX ||
+      !BlockLayout::checked(mine.numSeqs, o.qRows, qRowBytes, 1, &q) ||
+      !BlockLayout::checked(mine.numSeqs, o.kvRows, kvRowBytes, 2, &kv) ||
+      __builtin_mul_overflow(size_t(o.qRows), size_t(mine.hq) * (size_t(mine.d) + 1) * sizeof(float), &partial))
+    return setError(attnRemoteError,
+                    "%s: rank %d announced %lld query and %lld key rows (a rank holds 0 .. 2^31 - 1 of each, "
+                    "whose blocks fit in memory)", callName(mine), peer, static_cast<long long>(o.qRows),
+                    static_cast<long long>(o.kvRows));
+  return attnSuccess;
+}
+
 attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<AttnCard>* all) {
   const int n = comm->nranks;
   all->assign(n, AttnCard{});
@@ -125,6 +141,7 @@ attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<Att
                       "(%g, %g, %g, %g): every rank must pass the same keep fractions",
                       callName(mine), comm->rank, mine.keep[0], mine.keep[1], mine.keep[2],
                       mine.keep[3], r, o.keep[0], o.keep[1], o.keep[2], o.keep[3]);
+    ATTN_CHECK(checkPeerCard(mine, o, r));
   }
   return attnSuccess;
 }

@@ -36,6 +36,10 @@ struct AttnCard {
 
 AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int32_t mode,
                 const attnAttnConfig_t& cfg, const float* keep /* [4] or NULL: all 1 */);
+// A peer's card, whose shape equals `mine`: its row counts are what the API
+// allows a rank (0 .. 2^31 - 1) and the blocks and partials they size fit
+// in memory's sizes. Pure; attnRemoteError naming `peer` otherwise.
+attnResult_t checkPeerCard(const AttnCard& mine, const AttnCard& card, int peer);
 // All-gathers the cards; fails unless every rank's shape equals ours. A
 // refused card fails the call everywhere: on its rank with the status it
 // carries (the text already set there), on the others naming that rank.

@@ -12,6 +12,9 @@
 using namespace attn;
 
 struct attnPlan {
+  // Behind the handle table's check (handle_registry.h): cleared when freed.
+  static constexpr uint64_t kMagic = 0xA77B1A4E5EED0001ull;
+  uint64_t magic = kMagic;
   struct Shard {
     std::vector<int32_t> qOffsets, qPos, kvOffsets, kvPos;
     std::vector<int64_t> qIndex, kvIndex;
@@ -53,8 +56,10 @@ extern "C" {
 static attnResult_t planPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_t* plan);
 
 attnResult_t attnPlanPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_t* plan) {
-  ErrorContext ctx("-");
-  return runGuarded([&] { return planPrefill(batch, nranks, plan); });
+  return guardedEntry([&] {
+    ErrorContext ctx("-");
+    return planPrefill(batch, nranks, plan);
+  });
 }
 
 static attnResult_t planPrefill(const attnBatchSpec_t* batch, int nranks, attnPlan_t* plan) {
@@ -62,7 +67,8 @@ static attnResult_t planPrefill(const attnBatchSpec_t* batch, int nranks, attnPl
   ATTN_REQUIRE(plan != nullptr, "plan is NULL");
   *plan = nullptr;
   ATTN_REQUIRE(batch != nullptr, "batch is NULL");
-  ATTN_REQUIRE(nranks >= 1, "nranks must be >= 1, got %d", nranks);
+  ATTN_REQUIRE(nranks >= 1 && nranks <= ATTN_MAX_NRANKS, "nranks %d is outside [1, ATTN_MAX_NRANKS = %d]", nranks,
+               ATTN_MAX_NRANKS);
   ATTN_REQUIRE(batch->num_seqs >= 0, "num_seqs %d < 0", batch->num_seqs);
   ATTN_REQUIRE(batch->num_seqs == 0 || batch->new_lens, "new_lens is NULL");
   const int S = batch->num_seqs;
@@ -106,45 +112,64 @@ static attnResult_t planPrefill(const attnBatchSpec_t* batch, int nranks, attnPl
     newBase += T;
     fullBase += P + T;
   }
+  if (!registerHandle(p.get(), HandleKind::kPlan)) return setError(attnSystemError, "out of memory for the plan's handle");
   *plan = p.release();
   return attnSuccess;
 }
 
 attnResult_t attnPlanGetShard(attnPlan_t plan, int rank, attnShard_t* shard) {
-  ErrorContext ctx("-");
-  ATTN_REQUIRE(plan != nullptr && shard != nullptr, "plan and shard must not be NULL");
-  ATTN_REQUIRE(rank >= 0 && rank < (int)plan->shards.size(), "rank %d outside [0, %zu)", rank,
-               plan->shards.size());
-  const attnPlan::Shard& sh = plan->shards[rank];
-  shard->layout.num_seqs = static_cast<int>(sh.qOffsets.size()) - 1;
-  shard->layout.q_offsets = sh.qOffsets.data();
-  shard->layout.q_pos = sh.qPos.data();
-  shard->layout.kv_offsets = sh.kvOffsets.data();
-  shard->layout.kv_pos = sh.kvPos.data();
-  shard->q_rows = static_cast<int64_t>(sh.qPos.size());
-  shard->kv_rows = static_cast<int64_t>(sh.kvPos.size());
-  shard->q_index = sh.qIndex.data();
-  shard->kv_index = sh.kvIndex.data();
-  return attnSuccess;
+  return guardedEntry([&] {
+    ErrorContext ctx("-");
+    clearThreadLastError();
+    ATTN_REQUIRE(plan != nullptr && shard != nullptr, "plan and shard must not be NULL");
+    const HandleLookup l = lookupHandle(plan, HandleKind::kPlan);
+    if (l.state != HandleState::kLive || plan->magic != attnPlan::kMagic)
+      return badHandle("attnPlanGetShard", plan, HandleKind::kPlan, l);
+    ATTN_REQUIRE(rank >= 0 && rank < (int)plan->shards.size(), "rank %d outside [0, %zu)", rank,
+                 plan->shards.size());
+    const attnPlan::Shard& sh = plan->shards[rank];
+    shard->layout.num_seqs = static_cast<int>(sh.qOffsets.size()) - 1;
+    shard->layout.q_offsets = sh.qOffsets.data();
+    shard->layout.q_pos = sh.qPos.data();
+    shard->layout.kv_offsets = sh.kvOffsets.data();
+    shard->layout.kv_pos = sh.kvPos.data();
+    shard->q_rows = static_cast<int64_t>(sh.qPos.size());
+    shard->kv_rows = static_cast<int64_t>(sh.kvPos.size());
+    shard->q_index = sh.qIndex.data();
+    shard->kv_index = sh.kvIndex.data();
+    return attnSuccess;
+  });
 }
 
 attnResult_t attnPlanDestroy(attnPlan_t plan) {
-  delete plan;
-  return attnSuccess;
+  return guardedEntry([&] {
+    ErrorContext ctx("-");
+    clearThreadLastError();
+    if (plan == nullptr) return attnSuccess;
+    // Only the first destroy of a live plan goes on.
+    const HandleLookup l = beginClose(plan, HandleKind::kPlan);
+    if (l.state != HandleState::kLive) return badHandle("attnPlanDestroy", plan, HandleKind::kPlan, l);
+    forgetHandle(plan);
+    plan->magic = 0;
+    delete plan;
+    return attnSuccess;
+  });
 }
 
 attnResult_t attnDecodePlacement(int num_seqs, int64_t step, int nranks, int32_t* kv_rank,
                                  int32_t* q_rank) {
-  ErrorContext ctx("-");
-  clearThreadLastError();
-  ATTN_REQUIRE(num_seqs >= 0 && nranks >= 1 && step >= 0,
-               "num_seqs (%d) and step (%lld) must be >= 0, nranks (%d) >= 1", num_seqs,
-               (long long)step, nranks);
-  for (int s = 0; s < num_seqs; ++s) {
-    if (kv_rank) kv_rank[s] = static_cast<int32_t>((s + step) % nranks);
-    if (q_rank) q_rank[s] = s % nranks;
-  }
-  return attnSuccess;
+  return guardedEntry([&] {
+    ErrorContext ctx("-");
+    clearThreadLastError();
+    ATTN_REQUIRE(num_seqs >= 0 && nranks >= 1 && step >= 0,
+                 "num_seqs (%d) and step (%lld) must be >= 0, nranks (%d) >= 1", num_seqs,
+                 (long long)step, nranks);
+    for (int s = 0; s < num_seqs; ++s) {
+      if (kv_rank) kv_rank[s] = static_cast<int32_t>((s + step) % nranks);
+      if (q_rank) q_rank[s] = s % nranks;
+    }
+    return attnSuccess;
+  });
 }
 
 }  // extern "C"

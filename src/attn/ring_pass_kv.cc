@@ -46,8 +46,10 @@ attnResult_t runPassKv(AttnCall& c) {
       ATTN_CHECK(e.isend(next, buf[cur].data(), curBytes, &sendReq));
       driver->kick();
     }
+    // Step s holds rank me-s's block, from prev (our own at step 0).
     BlockView block;
-    ATTN_CHECK(viewBlock(buf[cur].data(), curBytes, c.kvRowBytes, 2, &block));
+    ATTN_CHECK(parseBlock(buf[cur].data(), curBytes, cardBlock(c, step ? prev : me, (me - step + n) % n, true),
+                          &block));
     ATTN_CHECK(c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data()));
     if (moving) {
       auto t0 = Clock::now();

@@ -34,7 +34,7 @@ attnResult_t foldArrived(AttnCall& c, Homecoming& h, int me) {
     if (h.req[p].state.load() == Request::kFailed)
       return setError(h.req[p].error, "%s", h.req[p].message.c_str());
     if (h.req[p].bytes != h.buf[p].size())
-      return setError(attnInvalidUsage, "partial from rank %zu has %zu bytes, %zu expected", p,
+      return setError(attnRemoteError, "pass-Q: the partial from rank %zu has %zu bytes, %zu expected", p,
                       h.req[p].bytes, h.buf[p].size());
     const float* o = reinterpret_cast<const float*>(h.buf[p].data());
     ATTN_CHECK(c.fold(o, reinterpret_cast<const float*>(h.buf[p].data() + oBytes)));
@@ -104,17 +104,14 @@ attnResult_t runPassQ(AttnCall& c) {
     if (n == 1 && step == 0) {
       ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
     } else {
+      // Step s holds rank me-s's queries, from prev (our own at step 0).
       BlockView visitor;
-      ATTN_CHECK(viewBlock(buf[cur].data(), curBytes, c.qRowBytes, 1, &visitor));
+      ATTN_CHECK(parseBlock(buf[cur].data(), curBytes, cardBlock(c, step ? prev : me, (me - step + n) % n, false),
+                            &visitor));
       if (visitor.origin == me) {
         ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
       } else {
         const int owner = visitor.origin;
-        if (owner < 0 || owner >= n || outPosted[owner])
-          return setError(attnInternalError, "pass-Q: unexpected query block from rank %d", owner);
-        if (visitor.rows != c.qRowsOf[owner])
-          return setError(attnInternalError, "pass-Q: query block of rank %d has %d rows, %lld expected",
-                          owner, visitor.rows, static_cast<long long>(c.qRowsOf[owner]));
         char* part = c.state->outgoing.data() + outSlot.offset[owner];
         float* o = reinterpret_cast<float*>(part);
         float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;

@@ -67,10 +67,7 @@ attnResult_t runShipQ(AttnCall& c) {
       if (!served[p] && !qinReq[p].pending()) {
         ATTN_CHECK(driver->wait(&qinReq[p]));
         BlockView visitor;
-        ATTN_CHECK(viewBlock(qin[p].data(), qinReq[p].bytes, c.qRowBytes, 1, &visitor));
-        if (visitor.rows != c.qRowsOf[p])
-          return setError(attnInternalError, "ship-Q: query block of rank %d has %d rows, %lld expected",
-                          p, visitor.rows, static_cast<long long>(c.qRowsOf[p]));
+        ATTN_CHECK(parseBlock(qin[p].data(), qinReq[p].bytes, cardBlock(c, p, p, false), &visitor));
         float* o = reinterpret_cast<float*>(out + slot.offset[p]);
         float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
@@ -82,7 +79,7 @@ attnResult_t runShipQ(AttnCall& c) {
       if (!folded[p] && !pinReq[p].pending()) {
         ATTN_CHECK(driver->wait(&pinReq[p]));
         if (pinReq[p].bytes != myPartial)
-          return setError(attnInvalidUsage, "partial from rank %d has %zu bytes, %zu expected", p,
+          return setError(attnRemoteError, "ship-Q: the partial from rank %d has %zu bytes, %zu expected", p,
                           pinReq[p].bytes, myPartial);
         const float* o = reinterpret_cast<const float*>(pin[p].data());
         ATTN_CHECK(c.fold(o, o + oFloats));

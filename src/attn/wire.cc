@@ -1,6 +1,8 @@
 #include "src/attn/wire.h"
 
+#include <climits>
 #include <cstring>
+#include <string>
 
 #include "src/core/error.h"
 
@@ -47,30 +49,56 @@ void packBlock(int origin, int numSeqs, const int32_t* offsets, const int32_t* p
   packBlockInto(origin, numSeqs, offsets, pos, rows, t0, t1, rowBytes, out->data());
 }
 
-attnResult_t viewBlock(const char* data, size_t bytes, size_t rowBytes, int tensors, BlockView* v) {
+bool BlockLayout::checked(int64_t numSeqs, int64_t rows, size_t rowBytes, int tensors, BlockLayout* out) {
+  if (numSeqs < 0 || rows < 0 || tensors < 1 || numSeqs >= INT32_MAX || rows > INT32_MAX) return false;
+  BlockLayout l;
+  l.offsetsAt = sizeof(BlockHeader);
+  l.posAt = l.offsetsAt + sizeof(int32_t) * size_t(numSeqs + 1);  // < 2^34: no overflow
+  const size_t metaEnd = l.posAt + sizeof(int32_t) * size_t(rows);
+  l.tensorAt = roundUp(metaEnd, 64);
+  size_t all = 0;
+  if (__builtin_mul_overflow(rowBytes, size_t(rows), &l.tensorBytes) ||
+      __builtin_mul_overflow(l.tensorBytes, size_t(tensors), &all) || __builtin_add_overflow(l.tensorAt, all, &l.total))
+    return false;
+  *out = l;
+  return true;
+}
+
+attnResult_t parseBlock(const char* data, size_t bytes, const BlockExpect& want, BlockView* v) {
+  const int from = want.from;
   if (bytes < sizeof(BlockHeader))
-    return setError(attnInternalError, "attention block of %zu bytes is too short", bytes);
+    return setError(attnRemoteError, "%s from rank %d: %zu bytes, shorter than its header", want.what, from, bytes);
   BlockHeader h;
   std::memcpy(&h, data, sizeof(h));
-  if (h.magic != kBlockMagic || h.rows < 0 || h.num_seqs < 0)
-    return setError(attnInvalidUsage, "malformed attention block (magic 0x%x, rows %d)", h.magic, h.rows);
-  BlockLayout l = BlockLayout::of(h.num_seqs, h.rows, rowBytes, tensors);
-  if (l.total != bytes)
-    return setError(attnInvalidUsage,
-                    "attention block from rank %d has %zu bytes, %zu expected: ranks disagree "
-                    "on heads, head_dim or dtype?", h.origin, bytes, l.total);
+  if (h.magic != kBlockMagic)
+    return setError(attnRemoteError, "%s from rank %d: not a block (magic 0x%x)", want.what, from, h.magic);
+  if (h.origin < 0 || h.origin >= want.nranks || (want.origin >= 0 && h.origin != want.origin))
+    return setError(attnRemoteError, "%s from rank %d: carries rows of rank %d, %s expected", want.what, from,
+                    h.origin, want.origin >= 0 ? std::to_string(want.origin).c_str() : "a rank of the call");
+  if (h.num_seqs != want.numSeqs)
+    return setError(attnRemoteError, "%s from rank %d: %d sequences, the call has %d", want.what, from, h.num_seqs,
+                    want.numSeqs);
+  if (h.rows < 0 || h.rows > want.maxRows || (want.exactRows && h.rows != want.maxRows))
+    return setError(attnRemoteError, "%s from rank %d: %d rows of rank %d, %s %lld", want.what, from, h.rows,
+                    h.origin, want.exactRows ? "its card says" : "at most", (long long)want.maxRows);
+  BlockLayout l{};
+  if (!BlockLayout::checked(h.num_seqs, h.rows, want.rowBytes, want.tensors, &l) || l.total != bytes)
+    return setError(attnRemoteError, "%s from rank %d: %zu bytes for %d rows of %zu-byte rows, %zu expected",
+                    want.what, from, bytes, h.rows, want.rowBytes, l.total);
+  const auto* offsets = reinterpret_cast<const int32_t*>(data + l.offsetsAt);
+  if (offsets[0] != 0 || offsets[h.num_seqs] != h.rows)
+    return setError(attnRemoteError, "%s from rank %d: offsets run from %d to %d over %d rows", want.what, from,
+                    offsets[0], offsets[h.num_seqs], h.rows);
+  for (int i = 0; i < h.num_seqs; ++i)
+    if (offsets[i + 1] < offsets[i])
+      return setError(attnRemoteError, "%s from rank %d: offsets decrease at sequence %d", want.what, from, i);
   v->origin = h.origin;
   v->numSeqs = h.num_seqs;
   v->rows = h.rows;
-  v->offsets = reinterpret_cast<const int32_t*>(data + l.offsetsAt);
+  v->offsets = offsets;
   v->pos = reinterpret_cast<const int32_t*>(data + l.posAt);
   v->t0 = data + l.tensorAt;
-  v->t1 = tensors == 2 ? data + l.tensorAt + l.tensorBytes : nullptr;
-  if (v->offsets[0] != 0 || v->offsets[h.num_seqs] != h.rows)
-    return setError(attnInvalidUsage, "attention block from rank %d has inconsistent offsets", h.origin);
-  for (int i = 0; i < h.num_seqs; ++i)
-    if (v->offsets[i + 1] < v->offsets[i])
-      return setError(attnInvalidUsage, "attention block from rank %d has decreasing offsets", h.origin);
+  v->t1 = want.tensors == 2 ? data + l.tensorAt + l.tensorBytes : nullptr;
   return attnSuccess;
 }
 

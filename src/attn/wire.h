@@ -29,7 +29,10 @@ struct BlockHeader {
 // rowBytes each.
 struct BlockLayout {
   size_t offsetsAt, posAt, tensorAt, tensorBytes, total;
+  // For sizes this rank vouches for (its own rows, agreed counts).
   static BlockLayout of(int numSeqs, int64_t rows, size_t rowBytes, int tensors);
+  // For any sizes: false when one is negative or a size overflows size_t.
+  static bool checked(int64_t numSeqs, int64_t rows, size_t rowBytes, int tensors, BlockLayout* out);
 };
 
 // A view of a received (or packed) block.
@@ -54,7 +57,25 @@ BlockLayout packBlockInto(int origin, int numSeqs, const int32_t* offsets, const
 // tensorAt. For tensors the host cannot read (device memory): copy them in.
 BlockLayout packBlockMeta(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos,
                           int64_t rows, size_t rowBytes, int tensors, char* out);
-// Reads a block from `data` of `bytes`; checks that it is well formed.
-attnResult_t viewBlock(const char* data, size_t bytes, size_t rowBytes, int tensors, BlockView* v);
+// What a receiver knows of a block before it reads it: the call's shape and
+// what the sender may put in it.
+struct BlockExpect {
+  int from = -1;          // the peer it came from (errors name it)
+  int nranks = 0;         // origins are ranks in [0, nranks)
+  int origin = -1;        // the rank whose rows it must carry; -1: any
+  int numSeqs = 0;        // the call's sequences: the block has exactly these
+  int64_t maxRows = 0;    // at most this many rows
+  bool exactRows = false; // ... and exactly that many
+  size_t rowBytes = 0;    // one row of one tensor
+  int tensors = 1;        // 1 (Q) or 2 (K, V)
+  const char* what = "attention block";
+};
+
+// Reads a block from `data` of `bytes`. A pure function of its arguments
+// (the fuzzing entry point of the attention messages): a block that is
+// malformed or other than `want` describes is attnRemoteError naming
+// want.from; *v then points into `data` only on success. `data` must be
+// 4-byte aligned.
+attnResult_t parseBlock(const char* data, size_t bytes, const BlockExpect& want, BlockView* v);
 
 }  // namespace attn

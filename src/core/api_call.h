@@ -1,7 +1,9 @@
-// What every C API entry point does around its body: validate the handle,
-// name the rank in error messages, count the call (so abort can wait for it),
-// record the error text on the communicator, and run the operation now, in
-// the caller's group, or on the executor (non-blocking communicators).
+// What every C API entry point does around its body: turn any C++
+// exception into a code (guardedEntry), check the handle against the live
+// ones (src/core/handle_registry.h), name the rank in error messages, count
+// the call (so abort and destroy wait for it), record the error text on the
+// communicator, and run the operation now, in the caller's group, or on the
+// executor (non-blocking communicators).
 #pragma once
 
 #include <exception>
@@ -9,22 +11,41 @@
 #include <new>
 #include <string>
 
+#include "src/core/api_guard.h"
 #include "src/core/comm.h"
 #include "src/core/error.h"
+#include "src/core/handle_registry.h"
 
 namespace attn {
 
+// One C API call on a communicator. The public constructor looks the handle
+// up among the live communicators and holds it (its activeCalls) until the
+// call returns, so it cannot be freed under the call; a handle that is not
+// one (destroyed, never created, another kind, NULL) is never read, and
+// check() refuses it. The library's own work for a call already admitted
+// (a non-blocking communicator's executor, a group's launch) uses Admitted.
 class ApiCall {
  public:
-  explicit ApiCall(attnComm* comm) : comm_(comm), ctx_(comm ? comm->prefix : ErrorContext::none()) {
+  struct Admitted {};
+  explicit ApiCall(attnComm* comm);
+  ApiCall(attnComm* comm, Admitted) : lookup_{HandleState::kLive, HandleKind::kComm}, comm_(comm), handle_(comm),
+                                       ctx_(comm->prefix) {
     clearThreadLastError();
-    if (comm_) comm_->activeCalls.fetch_add(1, std::memory_order_acq_rel);
+    comm_->activeCalls.fetch_add(1, std::memory_order_acq_rel);
   }
   ~ApiCall() {
     if (comm_) comm_->activeCalls.fetch_sub(1, std::memory_order_acq_rel);
   }
   ApiCall(const ApiCall&) = delete;
   ApiCall& operator=(const ApiCall&) = delete;
+
+  // attnSuccess when the handle is a live communicator that can take an
+  // operation now (checkCommUsable); else the refusal, its text set.
+  attnResult_t check() const;
+  // Only the handle: attnSuccess for a live communicator, even a broken one
+  // (attnCommShrink, attnCommGetAsyncError).
+  attnResult_t checkHandle() const;
+  bool admitted() const { return comm_ != nullptr; }
 
   // Records the thread's error text on the communicator when r failed.
   attnResult_t finish(attnResult_t r) {
@@ -33,11 +54,14 @@ class ApiCall {
   }
 
  private:
-  attnComm* comm_;
+  HandleLookup lookup_;  // first: the constructor's lookup writes it
+  attnComm* comm_;        // null when the handle was refused
+  const void* handle_;
   ErrorContext ctx_;
 };
 
-// Checks a communicator handle for an operation.
+// Checks a live communicator for an operation (ready, not aborted, not
+// broken). The handle itself is ApiCall's to check.
 attnResult_t checkCommUsable(attnComm* comm);
 // For collectives that run on the calling thread and use the engine
 // directly (split, KV pool create): waits for the operations queued before
@@ -48,17 +72,11 @@ attnResult_t checkCommUsable(attnComm* comm);
 attnResult_t waitForQueuedOperations(attnComm* comm);
 
 using CommOp = std::function<attnResult_t()>;
-// Runs op, turning a C++ exception (e.g. std::bad_alloc) into an error code:
-// nothing throws across the C API.
+// Runs op, turning a C++ exception (e.g. std::bad_alloc) into an error code,
+// for work that runs outside the caller's frame (queued, on a proxy).
 template <class Op>
-attnResult_t runGuarded(Op&& op) {
-  try {
-    return op();
-  } catch (const std::bad_alloc&) {
-    return setError(attnSystemError, "out of memory");
-  } catch (const std::exception& e) {
-    return setError(attnInternalError, "unexpected exception: %s", e.what());
-  }
+attnResult_t runGuarded(Op&& op) noexcept {
+  return guardedEntry(std::forward<Op>(op));
 }
 
 // Whether an operation on `comm` runs now on the calling thread: not inside

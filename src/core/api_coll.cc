@@ -206,237 +206,253 @@ extern "C" {
 
 attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (attnResult_t r = checkAllGatherArgs(comm, sendbuff, recvbuff, sendcount, datatype, stream); r != attnSuccess)
-    return call.finish(refuse(comm, stream, CollKind::kAllGather, r));
-  const size_t esz = dataTypeSize(datatype), bytes = sendcount * esz;
-  const int n = comm->nranks, me = comm->rank;
-  char* out = static_cast<char*>(recvbuff);
-  if (deviceRoute(comm)) {
-    DeviceOp d = deviceColl(DeviceOpKind::kAllGather, sendbuff, out, sendcount, datatype,
-                            {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}}, [=](char* const* h) {
-                              return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
-                            });
-    d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllGather(in, o, c, datatype, comm, nullptr); };
-    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-  }
-  AlgoSetting algo;
-  ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
-  return call.finish(dispatch(comm, "AllGather", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllGather, datatype, -1, -1, sendcount}));
-    if (sendbuff != out + me * bytes) std::memcpy(out + me * bytes, sendbuff, bytes);
-    std::vector<Block> blocks(n);
-    for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-    return runAllGather(comm, algo, "AllGather", out, blocks, esz);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (attnResult_t r = checkAllGatherArgs(comm, sendbuff, recvbuff, sendcount, datatype, stream); r != attnSuccess)
+      return call.finish(refuse(comm, stream, CollKind::kAllGather, r));
+    const size_t esz = dataTypeSize(datatype), bytes = sendcount * esz;
+    const int n = comm->nranks, me = comm->rank;
+    char* out = static_cast<char*>(recvbuff);
+    if (deviceRoute(comm)) {
+      DeviceOp d = deviceColl(DeviceOpKind::kAllGather, sendbuff, out, sendcount, datatype,
+                              {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}}, [=](char* const* h) {
+                                return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
+                              });
+      d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllGather(in, o, c, datatype, comm, nullptr); };
+      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+    }
+    AlgoSetting algo;
+    ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
+    return call.finish(dispatch(comm, "AllGather", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllGather, datatype, -1, -1, sendcount}));
+      if (sendbuff != out + me * bytes) std::memcpy(out + me * bytes, sendbuff, bytes);
+      std::vector<Block> blocks(n);
+      for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
+      return runAllGather(comm, algo, "AllGather", out, blocks, esz);
+    }));
+  });
 }
 
 attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                attnDataType_t datatype, attnRedOp_t op, attnComm_t comm,
                                attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (attnResult_t r = checkReduceScatterArgs(comm, sendbuff, recvbuff, recvcount, datatype, op, stream);
-      r != attnSuccess)
-    return call.finish(refuse(comm, stream, CollKind::kReduceScatter, r));
-  const size_t esz = dataTypeSize(datatype), bytes = recvcount * esz;
-  const int n = comm->nranks;
-  const char* in = static_cast<const char*>(sendbuff);
-  char* out = static_cast<char*>(recvbuff);
-  if (deviceRoute(comm)) {
-    DeviceOp d = deviceColl(DeviceOpKind::kReduceScatter, in, out, recvcount, datatype,
-                            {{in, bytes * n, true, false}, {out, bytes, false, true}}, [=](char* const* h) {
-                              return attnReduceScatter(h[0], h[1], recvcount, datatype, op, comm, nullptr);
-                            });
-    d.op = op;
-    d.sliceOp = [=](char* in, char* o, size_t c) {
-      return attnReduceScatter(in, o, c, datatype, op, comm, nullptr);
-    };
-    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-  }
-  AlgoSetting algo;
-  ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
-  return call.finish(dispatch(comm, "ReduceScatter", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduceScatter, datatype, op, -1, recvcount}));
-    std::vector<Block> blocks(n);
-    for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-    return runReduceScatter(comm, algo, "ReduceScatter", in, out, blocks, datatype, op);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (attnResult_t r = checkReduceScatterArgs(comm, sendbuff, recvbuff, recvcount, datatype, op, stream);
+        r != attnSuccess)
+      return call.finish(refuse(comm, stream, CollKind::kReduceScatter, r));
+    const size_t esz = dataTypeSize(datatype), bytes = recvcount * esz;
+    const int n = comm->nranks;
+    const char* in = static_cast<const char*>(sendbuff);
+    char* out = static_cast<char*>(recvbuff);
+    if (deviceRoute(comm)) {
+      DeviceOp d = deviceColl(DeviceOpKind::kReduceScatter, in, out, recvcount, datatype,
+                              {{in, bytes * n, true, false}, {out, bytes, false, true}}, [=](char* const* h) {
+                                return attnReduceScatter(h[0], h[1], recvcount, datatype, op, comm, nullptr);
+                              });
+      d.op = op;
+      d.sliceOp = [=](char* in, char* o, size_t c) {
+        return attnReduceScatter(in, o, c, datatype, op, comm, nullptr);
+      };
+      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+    }
+    AlgoSetting algo;
+    ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
+    return call.finish(dispatch(comm, "ReduceScatter", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduceScatter, datatype, op, -1, recvcount}));
+      std::vector<Block> blocks(n);
+      for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
+      return runReduceScatter(comm, algo, "ReduceScatter", in, out, blocks, datatype, op);
+    }));
+  });
 }
 
 attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            attnDataType_t datatype, attnRedOp_t op, attnComm_t comm,
                            attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (attnResult_t r = checkAllReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, stream); r != attnSuccess)
-    return call.finish(refuse(comm, stream, CollKind::kAllReduce, r));
-  const size_t esz = dataTypeSize(datatype);
-  if (deviceRoute(comm)) {
-    DeviceOp d = deviceColl(DeviceOpKind::kAllReduce, sendbuff, recvbuff, count, datatype,
-                            {{sendbuff, count * esz, true, false}, {recvbuff, count * esz, false, true}},
-                            [=](char* const* h) {
-                              return attnAllReduce(h[0], h[1], count, datatype, op, comm, nullptr);
-                            });
-    d.op = op;
-    d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllReduce(in, o, c, datatype, op, comm, nullptr); };
-    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-  }
-  AlgoSetting algo;
-  AllReduceSetting arAlgo;
-  ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
-  ATTN_CHECK(call.finish(readAllReduceSetting(&arAlgo)));
-  return call.finish(dispatch(comm, "AllReduce", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
-    return runAllReduce(comm, arAlgo, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
-                        count, datatype, op);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (attnResult_t r = checkAllReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, stream); r != attnSuccess)
+      return call.finish(refuse(comm, stream, CollKind::kAllReduce, r));
+    const size_t esz = dataTypeSize(datatype);
+    if (deviceRoute(comm)) {
+      DeviceOp d = deviceColl(DeviceOpKind::kAllReduce, sendbuff, recvbuff, count, datatype,
+                              {{sendbuff, count * esz, true, false}, {recvbuff, count * esz, false, true}},
+                              [=](char* const* h) {
+                                return attnAllReduce(h[0], h[1], count, datatype, op, comm, nullptr);
+                              });
+      d.op = op;
+      d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllReduce(in, o, c, datatype, op, comm, nullptr); };
+      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+    }
+    AlgoSetting algo;
+    AllReduceSetting arAlgo;
+    ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
+    ATTN_CHECK(call.finish(readAllReduceSetting(&arAlgo)));
+    return call.finish(dispatch(comm, "AllReduce", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
+      return runAllReduce(comm, arAlgo, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
+                          count, datatype, op);
+    }));
+  });
 }
 
 attnResult_t attnReduce(const void* sendbuff, void* recvbuff, size_t count, attnDataType_t datatype,
                         attnRedOp_t op, int root, attnComm_t comm, attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (attnResult_t r = checkReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, root, stream); r != attnSuccess)
-    return call.finish(refuse(comm, stream, CollKind::kReduce, r));
-  const size_t esz = dataTypeSize(datatype), bytes = count * esz;
-  const bool isRoot = comm->rank == root;
-  if (deviceRoute(comm)) {
-    DeviceOp d = deviceColl(DeviceOpKind::kReduce, sendbuff, isRoot ? recvbuff : nullptr, count, datatype,
-                            {{sendbuff, bytes, true, false}, {isRoot ? recvbuff : nullptr, isRoot ? bytes : 0, false, true}},
-                            [=](char* const* h) {
-                              return attnReduce(h[0], h[1], count, datatype, op, root, comm, nullptr);
-                            });
-    d.op = op;
-    d.root = root;
-    d.sliceOp = [=](char* in, char* o, size_t c) { return attnReduce(in, o, c, datatype, op, root, comm, nullptr); };
-    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-  }
-  ReduceSetting algo;
-  ATTN_CHECK(call.finish(readReduceSetting(&algo)));
-  return call.finish(dispatch(comm, "Reduce", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduce, datatype, op, root, count}));
-    return runReduce(comm, algo, root, static_cast<const char*>(sendbuff), isRoot ? static_cast<char*>(recvbuff) : nullptr,
-                     count, datatype, op);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (attnResult_t r = checkReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, root, stream); r != attnSuccess)
+      return call.finish(refuse(comm, stream, CollKind::kReduce, r));
+    const size_t esz = dataTypeSize(datatype), bytes = count * esz;
+    const bool isRoot = comm->rank == root;
+    if (deviceRoute(comm)) {
+      DeviceOp d = deviceColl(DeviceOpKind::kReduce, sendbuff, isRoot ? recvbuff : nullptr, count, datatype,
+                              {{sendbuff, bytes, true, false}, {isRoot ? recvbuff : nullptr, isRoot ? bytes : 0, false, true}},
+                              [=](char* const* h) {
+                                return attnReduce(h[0], h[1], count, datatype, op, root, comm, nullptr);
+                              });
+      d.op = op;
+      d.root = root;
+      d.sliceOp = [=](char* in, char* o, size_t c) { return attnReduce(in, o, c, datatype, op, root, comm, nullptr); };
+      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+    }
+    ReduceSetting algo;
+    ATTN_CHECK(call.finish(readReduceSetting(&algo)));
+    return call.finish(dispatch(comm, "Reduce", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduce, datatype, op, root, count}));
+      return runReduce(comm, algo, root, static_cast<const char*>(sendbuff), isRoot ? static_cast<char*>(recvbuff) : nullptr,
+                       count, datatype, op);
+    }));
+  });
 }
 
 attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            attnDataType_t datatype, int root, attnComm_t comm,
                            attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (attnResult_t r = checkBroadcastArgs(comm, sendbuff, recvbuff, count, datatype, root, stream); r != attnSuccess)
-    return call.finish(refuse(comm, stream, CollKind::kBroadcast, r));
-  const size_t esz = dataTypeSize(datatype), bytes = count * esz;
-  const int me = comm->rank;
-  if (deviceRoute(comm)) {
-    DeviceOp d = deviceColl(DeviceOpKind::kBroadcast, sendbuff, recvbuff, count, datatype,
-                            {{sendbuff, me == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}},
-                            [=](char* const* h) {
-                              return attnBroadcast(h[0], h[1], count, datatype, root, comm, nullptr);
-                            });
-    d.root = root;
-    d.sliceOp = [=](char* in, char* o, size_t c) { return attnBroadcast(in, o, c, datatype, root, comm, nullptr); };
-    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-  }
-  BroadcastSetting algo;
-  ATTN_CHECK(call.finish(readBroadcastSetting(&algo)));
-  return call.finish(dispatch(comm, "Broadcast", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
-    char* buf = static_cast<char*>(recvbuff);
-    if (me == root && sendbuff != recvbuff) std::memmove(buf, sendbuff, bytes);
-    return runBroadcast(comm, algo, root, buf, bytes, esz);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (attnResult_t r = checkBroadcastArgs(comm, sendbuff, recvbuff, count, datatype, root, stream); r != attnSuccess)
+      return call.finish(refuse(comm, stream, CollKind::kBroadcast, r));
+    const size_t esz = dataTypeSize(datatype), bytes = count * esz;
+    const int me = comm->rank;
+    if (deviceRoute(comm)) {
+      DeviceOp d = deviceColl(DeviceOpKind::kBroadcast, sendbuff, recvbuff, count, datatype,
+                              {{sendbuff, me == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}},
+                              [=](char* const* h) {
+                                return attnBroadcast(h[0], h[1], count, datatype, root, comm, nullptr);
+                              });
+      d.root = root;
+      d.sliceOp = [=](char* in, char* o, size_t c) { return attnBroadcast(in, o, c, datatype, root, comm, nullptr); };
+      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+    }
+    BroadcastSetting algo;
+    ATTN_CHECK(call.finish(readBroadcastSetting(&algo)));
+    return call.finish(dispatch(comm, "Broadcast", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
+      char* buf = static_cast<char*>(recvbuff);
+      if (me == root && sendbuff != recvbuff) std::memmove(buf, sendbuff, bytes);
+      return runBroadcast(comm, algo, root, buf, bytes, esz);
+    }));
+  });
 }
 
 attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                           attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (attnResult_t r = checkAllToAllArgs(comm, sendbuff, recvbuff, count, datatype, stream); r != attnSuccess)
-    return call.finish(refuse(comm, stream, CollKind::kAllToAll, r));
-  const size_t esz = dataTypeSize(datatype), bytes = count * esz;
-  const int n = comm->nranks;
-  if (deviceRoute(comm)) {
-    DeviceOp d = deviceColl(DeviceOpKind::kAllToAll, sendbuff, recvbuff, count, datatype,
-                            {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}},
-                            [=](char* const* h) { return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr); });
-    d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllToAll(in, o, c, datatype, comm, nullptr); };
-    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-  }
-  AllToAllSetting schedule;
-  ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
-  return call.finish(dispatch(comm, "AllToAll", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
-    std::vector<Block> blocks(n);
-    for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-    return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), blocks,
-                             static_cast<char*>(recvbuff), blocks,
-                             pickAllToAllSchedule(comm, schedule, bytes));
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (attnResult_t r = checkAllToAllArgs(comm, sendbuff, recvbuff, count, datatype, stream); r != attnSuccess)
+      return call.finish(refuse(comm, stream, CollKind::kAllToAll, r));
+    const size_t esz = dataTypeSize(datatype), bytes = count * esz;
+    const int n = comm->nranks;
+    if (deviceRoute(comm)) {
+      DeviceOp d = deviceColl(DeviceOpKind::kAllToAll, sendbuff, recvbuff, count, datatype,
+                              {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}},
+                              [=](char* const* h) { return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr); });
+      d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllToAll(in, o, c, datatype, comm, nullptr); };
+      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+    }
+    AllToAllSetting schedule;
+    ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
+    return call.finish(dispatch(comm, "AllToAll", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
+      std::vector<Block> blocks(n);
+      for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
+      return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), blocks,
+                               static_cast<char*>(recvbuff), blocks,
+                               pickAllToAllSchedule(comm, schedule, bytes));
+    }));
+  });
 }
 
 attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
                            void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
                            attnDataType_t datatype, attnComm_t comm, attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  std::vector<Block> sb, rb;
-  if (attnResult_t r = checkAllToAllvArgs(comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls,
-                                          datatype, stream, &sb, &rb);
-      r != attnSuccess)
-    return call.finish(refuse(comm, stream, CollKind::kAllToAllv, r));
-  const int n = comm->nranks;
-  if (deviceRoute(comm)) {
-    // Extents of both buffers; the receive side is also copied in, so the
-    // gaps between blocks keep their contents. Counts are copied now: the
-    // operation runs later, in stream order.
-    size_t sendEnd = 0, recvEnd = 0;
-    for (int p = 0; p < n; ++p) {
-      if (sb[p].bytes) sendEnd = std::max(sendEnd, sb[p].offset + sb[p].bytes);
-      if (rb[p].bytes) recvEnd = std::max(recvEnd, rb[p].offset + rb[p].bytes);
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    std::vector<Block> sb, rb;
+    if (attnResult_t r = checkAllToAllvArgs(comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls,
+                                            datatype, stream, &sb, &rb);
+        r != attnSuccess)
+      return call.finish(refuse(comm, stream, CollKind::kAllToAllv, r));
+    const int n = comm->nranks;
+    if (deviceRoute(comm)) {
+      // Extents of both buffers; the receive side is also copied in, so the
+      // gaps between blocks keep their contents. Counts are copied now: the
+      // operation runs later, in stream order.
+      size_t sendEnd = 0, recvEnd = 0;
+      for (int p = 0; p < n; ++p) {
+        if (sb[p].bytes) sendEnd = std::max(sendEnd, sb[p].offset + sb[p].bytes);
+        if (rb[p].bytes) recvEnd = std::max(recvEnd, rb[p].offset + rb[p].bytes);
+      }
+      std::vector<size_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n),
+          rc(recvcounts, recvcounts + n), rd(rdispls, rdispls + n);
+      DeviceOp d = deviceColl(DeviceOpKind::kAllToAllv, sendbuff, recvbuff, 0, datatype,
+                              {{sendbuff, sendEnd, true, false}, {recvbuff, recvEnd, true, true}},
+                              [=](char* const* h) {
+                                return attnAllToAllv(h[0], sc.data(), sd.data(), h[1], rc.data(), rd.data(),
+                                                     datatype, comm, nullptr);
+                              });
+      d.sendcounts = sc;
+      d.sdispls = sd;
+      d.recvcounts = rc;
+      d.rdispls = rd;
+      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
     }
-    std::vector<size_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n),
-        rc(recvcounts, recvcounts + n), rd(rdispls, rdispls + n);
-    DeviceOp d = deviceColl(DeviceOpKind::kAllToAllv, sendbuff, recvbuff, 0, datatype,
-                            {{sendbuff, sendEnd, true, false}, {recvbuff, recvEnd, true, true}},
-                            [=](char* const* h) {
-                              return attnAllToAllv(h[0], sc.data(), sd.data(), h[1], rc.data(), rd.data(),
-                                                   datatype, comm, nullptr);
-                            });
-    d.sendcounts = sc;
-    d.sdispls = sd;
-    d.recvcounts = rc;
-    d.rdispls = rd;
-    return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-  }
-  AllToAllSetting schedule;
-  ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
-  size_t maxBlock = 0;
-  for (int p = 0; p < n; ++p) maxBlock = std::max({maxBlock, sb[p].bytes, rb[p].bytes});
-  return call.finish(dispatch(comm, "AllToAllv", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
-    return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), sb,
-                             static_cast<char*>(recvbuff), rb, pickAllToAllSchedule(comm, schedule, maxBlock));
-  }));
+    AllToAllSetting schedule;
+    ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
+    size_t maxBlock = 0;
+    for (int p = 0; p < n; ++p) maxBlock = std::max({maxBlock, sb[p].bytes, rb[p].bytes});
+    return call.finish(dispatch(comm, "AllToAllv", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
+      return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), sb,
+                               static_cast<char*>(recvbuff), rb, pickAllToAllSchedule(comm, schedule, maxBlock));
+    }));
+  });
 }
 
 attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
-  ApiCall call(comm);
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
-  if (deviceRoute(comm))
-    return call.finish(deviceEnqueue(comm, stream,
-                                     deviceColl(DeviceOpKind::kBarrier, nullptr, nullptr, 0, attnUint8, {},
-                                                [=](char* const*) { return attnBarrier(comm, nullptr); })));
-  if (stream != nullptr)
-    return call.finish(refuse(comm, stream, CollKind::kBarrier,
-                              setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream")));
-  return call.finish(dispatch(comm, "Barrier", [=] {
-    ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBarrier, -1, -1, -1, 0}));
-    return disseminationBarrier(*comm->engine);
-  }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    ATTN_CHECK(call.finish(call.check()));
+    if (deviceRoute(comm))
+      return call.finish(deviceEnqueue(comm, stream,
+                                       deviceColl(DeviceOpKind::kBarrier, nullptr, nullptr, 0, attnUint8, {},
+                                                  [=](char* const*) { return attnBarrier(comm, nullptr); })));
+    if (stream != nullptr)
+      return call.finish(refuse(comm, stream, CollKind::kBarrier,
+                                setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream")));
+    return call.finish(dispatch(comm, "Barrier", [=] {
+      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBarrier, -1, -1, -1, 0}));
+      return disseminationBarrier(*comm->engine);
+    }));
+  });
 }
 
 }  // extern "C"

@@ -94,22 +94,24 @@ attnResult_t readSecret(const LaunchEnv& env, uint8_t secret[16]) {
 }  // namespace
 
 extern "C" attnResult_t attnCommInitFromEnv(attnComm_t* comm, attnConfig_t* config) {
-  ErrorContext ctx("-");
-  clearThreadLastError();
-  ATTN_REQUIRE(comm != nullptr, "comm output pointer is NULL");
-  *comm = nullptr;
-  LaunchEnv env;
-  ATTN_CHECK(readLaunchEnv(&env));
-  ATTN_REQUIRE(env.nranks >= 1 && env.rank >= 0 && env.rank < env.nranks,
-               "%s gives rank %d of %d", env.source.c_str(), env.rank, env.nranks);
-  uint8_t secret[16];
-  ATTN_CHECK(readSecret(env, secret));
-  attnUniqueId id;
-  if (env.rank == 0)
-    ATTN_CHECK(bootstrapCreateRootAt(env.root, secret, &id));
-  else
-    ATTN_CHECK(bootstrapIdFor(env.root, secret, &id));
-  ATTN_INFO(kLogInit, "init from %s: rank %d of %d, root %s", env.source.c_str(), env.rank,
-            env.nranks, env.root.c_str());
-  return newCommInternal(comm, env.nranks, id, env.rank, config, nullptr);
+  return guardedEntry([&]() -> attnResult_t {
+    ErrorContext ctx("-");
+    clearThreadLastError();
+    ATTN_REQUIRE(comm != nullptr, "comm output pointer is NULL");
+    *comm = nullptr;
+    LaunchEnv env;
+    ATTN_CHECK(readLaunchEnv(&env));
+    ATTN_REQUIRE(env.nranks >= 1 && env.rank >= 0 && env.rank < env.nranks,
+                 "%s gives rank %d of %d", env.source.c_str(), env.rank, env.nranks);
+    uint8_t secret[16];
+    ATTN_CHECK(readSecret(env, secret));
+    attnUniqueId id;
+    if (env.rank == 0)
+      ATTN_CHECK(bootstrapCreateRootAt(env.root, secret, &id));
+    else
+      ATTN_CHECK(bootstrapIdFor(env.root, secret, &id));
+    ATTN_INFO(kLogInit, "init from %s: rank %d of %d, root %s", env.source.c_str(), env.rank,
+              env.nranks, env.root.c_str());
+    return newCommInternal(comm, env.nranks, id, env.rank, config, nullptr);
+  });
 }

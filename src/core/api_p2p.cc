@@ -14,7 +14,7 @@ attnResult_t p2p(bool isSend, void* buf, size_t count, attnDataType_t type, int 
                  attnComm* comm, attnStream_t stream) {
   ApiCall call(comm);
   const char* what = isSend ? "send" : "receive";
-  ATTN_CHECK(call.finish(checkCommUsable(comm)));
+  ATTN_CHECK(call.finish(call.check()));
   if (!validDataType(type)) return call.finish(setError(attnInvalidArgument, "invalid datatype %d", (int)type));
   if (stream != nullptr && !deviceRoute(comm))
     return call.finish(setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream"));
@@ -56,10 +56,14 @@ attnResult_t p2p(bool isSend, void* buf, size_t count, attnDataType_t type, int 
 
 extern "C" attnResult_t attnSend(const void* sendbuff, size_t count, attnDataType_t datatype,
                                  int peer, attnComm_t comm, attnStream_t stream) {
-  return p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
+  return guardedEntry([&]() -> attnResult_t {
+    return p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
+  });
 }
 
 extern "C" attnResult_t attnRecv(void* recvbuff, size_t count, attnDataType_t datatype, int peer,
                                  attnComm_t comm, attnStream_t stream) {
-  return p2p(false, recvbuff, count, datatype, peer, comm, stream);
+  return guardedEntry([&]() -> attnResult_t {
+    return p2p(false, recvbuff, count, datatype, peer, comm, stream);
+  });
 }

@@ -121,7 +121,10 @@ attnResult_t commShrink(attnComm* comm, const int* excludeRanks, int excludeCoun
 extern "C" attnResult_t attnCommShrink(attnComm_t comm, const int* excludeRanks, int excludeCount,
                                        attnComm_t* newcomm, attnConfig_t* config,
                                        int shrinkFlags) {
-  ApiCall call(comm);
-  return call.finish(
-      runGuarded([&] { return commShrink(comm, excludeRanks, excludeCount, newcomm, config, shrinkFlags); }));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    if (newcomm) *newcomm = nullptr;
+    ATTN_CHECK(call.finish(call.checkHandle()));  // a broken one is what it is for
+    return call.finish(commShrink(comm, excludeRanks, excludeCount, newcomm, config, shrinkFlags));
+  });
 }

@@ -34,8 +34,12 @@ attnResult_t commSplit(attnComm* comm, int color, int64_t key, attnComm_t* newco
 
 extern "C" attnResult_t attnCommSplit(attnComm_t comm, int color, int key, attnComm_t* newcomm,
                                       attnConfig_t* config) {
-  ApiCall call(comm);
-  return call.finish(commSplit(comm, color, key, newcomm, config));
+  return guardedEntry([&]() -> attnResult_t {
+    ApiCall call(comm);
+    if (newcomm) *newcomm = nullptr;
+    ATTN_CHECK(call.finish(call.check()));
+    return call.finish(commSplit(comm, color, key, newcomm, config));
+  });
 }
 
 attnResult_t attn::commSplit(attnComm* comm, int color, int64_t key, attnComm_t* newcomm,

@@ -23,6 +23,10 @@ namespace attn { class FabricModel; }
 namespace attn { struct CollTopo; }
 
 struct attnComm {
+  // A second check behind the handle table (handle_registry.h): set while
+  // the communicator lives, cleared when it is freed.
+  static constexpr uint64_t kMagic = 0xA77C033D5EEDC0DEull;
+  uint64_t magic = kMagic;
   int rank = -1;
   int nranks = 0;
   attn::CommConfig config;

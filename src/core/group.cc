@@ -90,7 +90,8 @@ attnResult_t runP2p(attnComm* comm, const std::vector<P2pOp>& ops) {
 }
 
 attnResult_t runWork(CommWork& w) {
-  ApiCall call(w.comm);
+  ApiCall call(w.comm);  // destroyed since it was queued: refused, not run
+  ATTN_CHECK(call.checkHandle());
   attnResult_t r = attnSuccess;
   if (!w.p2p.empty()) r = runGuarded([&] { return runP2p(w.comm, w.p2p); });
   for (auto& c : w.colls) {
@@ -117,8 +118,9 @@ attnResult_t launchDeviceP2p(std::vector<CommWork>& work, std::string* why) {
     if (w.devP2p.empty()) continue;
     ApiCall call(w.comm);
     StreamJoin join;
-    attnResult_t r =
-        call.finish(runGuarded([&] { return deviceP2pGroup(w.comm, std::move(w.devP2p), &join); }));
+    attnResult_t r = call.checkHandle();
+    if (r == attnSuccess)
+      r = call.finish(runGuarded([&] { return deviceP2pGroup(w.comm, std::move(w.devP2p), &join); }));
     note(r);
     if (r == attnSuccess) joins.emplace_back(w.comm, std::move(join));
   }
@@ -142,55 +144,59 @@ void groupAddColl(attnComm* comm, CommOp op) { tlsGroup.of(comm).colls.push_back
 using namespace attn;
 
 extern "C" attnResult_t attnGroupStart(void) {
-  ++tlsGroup.depth;
-  return attnSuccess;
+  return guardedEntry([&]() -> attnResult_t {
+    ++tlsGroup.depth;
+    return attnSuccess;
+  });
 }
 
 extern "C" attnResult_t attnGroupEnd(void) {
-  if (tlsGroup.depth == 0) {
-    ErrorContext ctx("-");
-    return setError(attnInvalidUsage, "attnGroupEnd without attnGroupStart");
-  }
-  if (tlsGroup.depth > 1) {
-    --tlsGroup.depth;
-    return attnSuccess;
-  }
-  std::string deviceWhy;
-  const attnResult_t deviceResult = launchDeviceP2p(tlsGroup.work, &deviceWhy);
-  tlsGroup.depth = 0;
-  std::vector<CommWork> work;
-  for (CommWork& w : tlsGroup.work)
-    if (!w.p2p.empty() || !w.colls.empty()) work.push_back(std::move(w));
-  tlsGroup.work.clear();
-  // A device failure is reported after the host work ran (its peers wait
-  // for it), with its own text.
-  auto withDevice = [&](attnResult_t r) {
-    if (deviceResult == attnSuccess) return r;
-    ErrorContext none("-");
-    return setError(deviceResult, "%s", deviceWhy.c_str());
-  };
-  if (work.empty()) return withDevice(attnSuccess);
-  // Non-blocking communicators take their share on their executor.
-  bool async = false;
-  for (auto& w : work)
-    if (!w.comm->config.blocking && !onDeviceProxy(w.comm)) async = true;
-  if (async) {
-    if (work.size() > 1) {
-      ErrorContext ctx(work[0].comm->prefix);
-      return setError(attnInvalidUsage,
-                      "a group over several non-blocking communicators is not supported");
+  return guardedEntry([&]() -> attnResult_t {
+    if (tlsGroup.depth == 0) {
+      ErrorContext ctx("-");
+      return setError(attnInvalidUsage, "attnGroupEnd without attnGroupStart");
     }
-    auto shared = std::make_shared<CommWork>(std::move(work[0]));
-    shared->comm->executor->submit([shared] { return runWork(*shared); });
-    return withDevice(attnInProgress);
-  }
-  if (work.size() == 1) return withDevice(runWork(work[0]));
-  std::vector<attnResult_t> results(work.size(), attnSuccess);
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < work.size(); ++i)
-    threads.emplace_back([&, i] { results[i] = runWork(work[i]); });
-  for (auto& t : threads) t.join();
-  for (attnResult_t r : results)
-    if (r != attnSuccess) return withDevice(r);
-  return withDevice(attnSuccess);
+    if (tlsGroup.depth > 1) {
+      --tlsGroup.depth;
+      return attnSuccess;
+    }
+    std::string deviceWhy;
+    const attnResult_t deviceResult = launchDeviceP2p(tlsGroup.work, &deviceWhy);
+    tlsGroup.depth = 0;
+    std::vector<CommWork> work;
+    for (CommWork& w : tlsGroup.work)
+      if (!w.p2p.empty() || !w.colls.empty()) work.push_back(std::move(w));
+    tlsGroup.work.clear();
+    // A device failure is reported after the host work ran (its peers wait
+    // for it), with its own text.
+    auto withDevice = [&](attnResult_t r) {
+      if (deviceResult == attnSuccess) return r;
+      ErrorContext none("-");
+      return setError(deviceResult, "%s", deviceWhy.c_str());
+    };
+    if (work.empty()) return withDevice(attnSuccess);
+    // Non-blocking communicators take their share on their executor.
+    bool async = false;
+    for (auto& w : work)
+      if (!w.comm->config.blocking && !onDeviceProxy(w.comm)) async = true;
+    if (async) {
+      if (work.size() > 1) {
+        ErrorContext ctx(work[0].comm->prefix);
+        return setError(attnInvalidUsage,
+                        "a group over several non-blocking communicators is not supported");
+      }
+      auto shared = std::make_shared<CommWork>(std::move(work[0]));
+      shared->comm->executor->submit([shared] { return runWork(*shared); });
+      return withDevice(attnInProgress);
+    }
+    if (work.size() == 1) return withDevice(runWork(work[0]));
+    std::vector<attnResult_t> results(work.size(), attnSuccess);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < work.size(); ++i)
+      threads.emplace_back([&, i] { results[i] = runWork(work[i]); });
+    for (auto& t : threads) t.join();
+    for (attnResult_t r : results)
+      if (r != attnSuccess) return withDevice(r);
+    return withDevice(attnSuccess);
+  });
 }

@@ -198,11 +198,11 @@ attnResult_t DeviceRing::receiveDevice(ProgressThread& driver, Request* recvReq,
 attnResult_t DeviceRing::checkMeta(int nb, size_t got, BlockLayout* out) const {
   BlockHeader h;
   if (got < sizeof(h))
-    return setError(attnInternalError, "ring: %zu bytes of block metadata from rank %d", got, prev_);
+    return setError(attnRemoteError, "ring: %zu bytes of block metadata from rank %d", got, prev_);
   std::memcpy(&h, R_.hostBlock[nb].base(), sizeof(h));
-  const BlockLayout l = BlockLayout::of(h.num_seqs, h.rows, rowBytes_, tensors_);
-  if (h.rows < 0 || h.num_seqs < 0 || l.tensorAt != got || l.total > capacity_)
-    return setError(attnInvalidUsage, "ring: block from rank %d does not match its metadata (%zu bytes, %d rows)",
+  BlockLayout l;
+  if (!BlockLayout::checked(h.num_seqs, h.rows, rowBytes_, tensors_, &l) || l.tensorAt != got || l.total > capacity_)
+    return setError(attnRemoteError, "ring: block from rank %d does not match its metadata (%zu bytes, %d rows)",
                     prev_, got, h.rows);
   *out = l;
   return attnSuccess;

@@ -23,6 +23,8 @@ bool deviceRoute(const attnComm* comm) {
 
 bool onDeviceProxy(const attnComm* comm) { return comm->device && StreamBridge::onProxyThread(); }
 
+bool onAnyDeviceProxy() { return StreamBridge::onProxyThread(); }
+
 attnResult_t deviceInit(attnComm* comm) {
   if (comm->config.device == ATTN_DEVICE_HOST) return attnSuccess;
   auto st = std::make_shared<DeviceState>();

@@ -33,6 +33,9 @@ bool deviceRoute(const attnComm* comm);
 // operations it re-enters run at once, even on a non-blocking communicator
 // (the proxy already is their asynchronous executor).
 bool onDeviceProxy(const attnComm* comm);
+// The caller is the proxy thread of some device communicator (reads no
+// communicator: usable on a handle not yet checked).
+bool onAnyDeviceProxy();
 // Enqueues `op` on `stream`, run by the best backend this communicator has
 // for it (device_op.h).
 attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op);
@@ -62,6 +65,7 @@ attnResult_t deviceRefuse(attnComm* comm, attnStream_t stream, const CollSignatu
 #else
 inline bool deviceRoute(const attnComm*) { return false; }
 inline bool onDeviceProxy(const attnComm*) { return false; }
+inline bool onAnyDeviceProxy() { return false; }
 inline attnResult_t deviceEnqueue(attnComm*, attnStream_t, DeviceOp) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }

@@ -443,10 +443,14 @@ attnResult_t ncclAsyncError(NcclBridge* nccl) {
 
 }  // namespace attn
 
+using attn::guardedEntry;
+
 extern "C" attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm, const attnConfig_t* config) {
-  attn::ErrorContext ctx("-");
-  attn::clearThreadLastError();
-  return attn::initFromNccl(comm, nccl_comm, config);
+  return guardedEntry([&]() -> attnResult_t {
+    attn::ErrorContext ctx("-");
+    attn::clearThreadLastError();
+    return attn::initFromNccl(comm, nccl_comm, config);
+  });
 }
 
 #else  // no NCCL in this build: the bridge never exists (api_nccl_absent.cc answers)

@@ -83,11 +83,12 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
       ATTN_CHECK(ring.post(s, &sendReq, &recvReq));
       driver->kick();
     }
+    const int from = s == 0 ? me : (me - 1 + n) % n;
     BlockView block;
-    ATTN_CHECK(viewBlock(ring.host(), ring.bytes(), c.kvRowBytes, 2, &block));
-    if (block.numSeqs != S)
-      return setError(attnInvalidUsage, "pass-KV block from rank %d has %d sequences, %d expected",
-                      block.origin, block.numSeqs, S);
+    ATTN_CHECK(parseBlock(ring.host(), ring.bytes(), anyCardBlock(c, from, true), &block));
+    if (block.rows != c.kvRowsOf[size_t(block.origin)])
+      return setError(attnRemoteError, "pass-KV: key/value block of rank %d from rank %d has %d rows, %lld expected",
+                      block.origin, from, block.rows, static_cast<long long>(c.kvRowsOf[size_t(block.origin)]));
     // Kernel s reads the current device buffer once its upload is done.
     ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[ring.cur()], 0));
     ATTN_CHECK(kernels.accumulate(myQ, deviceRowsOf(block, ring.host(), ring.device()), acc.o, acc.lse));

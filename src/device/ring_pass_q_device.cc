@@ -145,15 +145,15 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
       ATTN_CHECK(ring.post(s, &sendReq, &recvReq));
       driver->kick();
     }
+    const int from = s == 0 ? me : (me - 1 + n) % n;
     BlockView visitor;
-    ATTN_CHECK(viewBlock(ring.host(), ring.bytes(), c.qRowBytes, 1, &visitor));
+    ATTN_CHECK(parseBlock(ring.host(), ring.bytes(), anyCardBlock(c, from, false), &visitor));
     const int owner = visitor.origin;
-    if (visitor.numSeqs != S || owner < 0 || owner >= n ||
-        (owner != me && (outPosted[owner] || owner == waitingOwner)))
-      return setError(attnInternalError, "pass-Q: unexpected query block from rank %d", owner);
+    if (owner != me && (outPosted[owner] || owner == waitingOwner))
+      return setError(attnRemoteError, "pass-Q: rank %d passed on rank %d's queries twice", from, owner);
     if (visitor.rows != c.qRowsOf[owner])
-      return setError(attnInternalError, "pass-Q: query block of rank %d has %d rows, %lld expected", owner,
-                      visitor.rows, static_cast<long long>(c.qRowsOf[owner]));
+      return setError(attnRemoteError, "pass-Q: query block of rank %d from rank %d has %d rows, %lld expected",
+                      owner, from, visitor.rows, static_cast<long long>(c.qRowsOf[owner]));
     const DeviceRows qd = deviceRowsOf(visitor, ring.host(), ring.device());
     ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[ring.cur()], 0));
     if (owner == me) {

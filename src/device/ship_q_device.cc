@@ -131,10 +131,7 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
       if (serve[p] == PeerStep::kAwaitQuery && !qinReq[p].pending()) {
         ATTN_CHECK(driver->wait(&qinReq[p]));
         BlockView visitor;
-        ATTN_CHECK(viewBlock(hostIn + qin.offset[p], qinReq[p].bytes, c.qRowBytes, 1, &visitor));
-        if (visitor.numSeqs != S || visitor.rows != c.qRowsOf[p])
-          return setError(attnInternalError, "ship-Q: query block of rank %d has %d rows, %lld expected", p,
-                          visitor.rows, static_cast<long long>(c.qRowsOf[p]));
+        ATTN_CHECK(parseBlock(hostIn + qin.offset[p], qinReq[p].bytes, cardBlock(c, p, p, false), &visitor));
         // Up, partial, down: stream order keeps R.block[0] and R.visit
         // apart from the previous visitor's.
         ATTN_CUDA_CHECK(cudaMemcpyAsync(dBlock, hostIn + qin.offset[p], qinReq[p].bytes,
