@@ -146,6 +146,19 @@ typedef struct {
  * attnInvalidArgument. */
 #define ATTN_MAX_NRANKS 65536
 
+/* A stream. NULL for host-memory communicators; a cudaStream_t (cast) for
+ * device communicators. */
+typedef struct attnStream_st* attnStream_t;
+
+#define ATTN_UNIQUE_ID_BYTES 128
+/* Created by attnGetUniqueId on one rank and passed to all others out of
+ * band. Carries the bootstrap root's address and a random 128-bit secret.
+ * Every connection of the bootstrap and of the TCP transport proves the
+ * secret both ways by challenge-response (HMAC-SHA256 over fresh nonces from
+ * both sides); the secret itself never travels. Treat the id as a
+ * credential: whoever holds it can join as any rank not yet connected. */
+typedef struct {
+  char internal[ATTN_UNIQUE_ID_BYTES];
 } attnUniqueId;
 
 /* ------------------------------------------------------------------ */
@@ -207,11 +220,23 @@ ATTN_API const char* attnGetLastError(attnComm_t comm);
 
 /* Creates a unique id on this process and starts the bootstrap root that
  * ranks will meet at (it listens on ATTN_SOCKET_IFNAME's address, else the
- * default route's interface). Call on one rank; send the id to the others. */
+ * default route's interface). Call on one rank; send the id to the others
+ * over a channel you trust (it holds the secret).
+ *
+ * What this protects against: a process without the id cannot join, cannot
+ * pose as the root (a rank checks the root's proof before it reads the
+ * address table) or as a rank, learns nothing reusable from the handshakes,
+ * and cannot replay a recorded one. A rank is bound to the address of its
+ * first authenticated connection; a second claim is refused. What it does
+ * not protect against: data is neither encrypted nor integrity-protected
+ * after the handshake (someone on the network path can read or alter it),
+ * and a holder of the id is trusted (it can claim a rank that has not
+ * connected yet). */
 ATTN_API attnResult_t attnGetUniqueId(attnUniqueId* uniqueId);
 
 /* Creates rank `rank` (0 <= rank < nranks) of a new communicator of `nranks`
- * ranks that meet through `commId`. Collective: every rank must call it. */
+ * ranks that meet through `commId`. Collective: every rank must call it.
+ * Authentication as attnGetUniqueId says. */
 ATTN_API attnResult_t attnCommInitRank(attnComm_t* comm, int nranks,
                                        attnUniqueId commId, int rank);
 
@@ -233,8 +258,17 @@ ATTN_API attnResult_t attnCommInitAll(attnComm_t* comms, int ndev,
  * order: ATTN_RANK / ATTN_NRANKS / ATTN_ROOT (host:port); torchrun's RANK /
  * WORLD_SIZE / MASTER_ADDR / MASTER_PORT; Open MPI's OMPI_COMM_WORLD_RANK /
  * OMPI_COMM_WORLD_SIZE (with ATTN_ROOT or MASTER_ADDR/MASTER_PORT naming
- * the root). Rank 0 starts the bootstrap root on that address. The secret is
- * ATTN_SECRET (32 hex digits) when set. config may be NULL. */
+ * the root). Rank 0 starts the bootstrap root on that address. config may
+ * be NULL.
+ *
+ * The secret comes from ATTN_SECRET_FILE (a file only its owner may read,
+ * mode 0600 or stricter, holding 32 hex digits) or ATTN_SECRET (the digits
+ * themselves; visible in the process environment); both set must agree.
+ * With a secret, connections are authenticated as attnGetUniqueId says.
+ * Without one, the secret is derived from the root address, the size and
+ * the launcher's job id: that keeps concurrent jobs apart but protects
+ * against nobody (anyone who can guess those values can join or pose as a
+ * rank); the library logs a WARN once per process then. */
 ATTN_API attnResult_t attnCommInitFromEnv(attnComm_t* comm,
                                           attnConfig_t* config);
 

@@ -5,7 +5,7 @@
 # the perf baselines and topology code are exercised; the library builds
 # without them.
 set -euo pipefail
-REQUIRED=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev iproute2 python3)
+REQUIRED=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libssl-dev iproute2 python3)
 OPTIONAL=(libopenblas-dev libhwloc-dev hwloc libucx-dev ucx-utils libibverbs-dev
           openmpi-bin libopenmpi-dev libgloo-dev graphviz python3-numpy python3-matplotlib)
 SUDO=""

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -16,11 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "src/core/auth.h"
 #include "src/core/bootstrap.h"
 #include "src/core/bootstrap_socket.h"
 #include "src/core/bootstrap_wire.h"
 #include "src/core/error.h"
 #include "src/core/socket.h"
+#include "tests/support/handshake_clients.h"
 
 namespace attn {
 namespace {
@@ -214,19 +217,15 @@ TEST(Bootstrap, WrongSecretAndSilentClientsAtRoot) {
   SocketAddress root = rootAddress(id);
 
   int silent = dial(root);  // connects, says nothing, stays open
+  // A client that goes through the handshake with one bit of the secret
+  // wrong: challenged, then dropped without a reply.
   int liar = dial(root);
-  boot::RootHello h{};
-  h.magic = boot::kRootHelloMagic;
-  h.version = boot::kWireVersion;
-  std::memcpy(h.secret, d.secret, 16);
-  h.secret[3] ^= 1;
-  h.nonce = d.nonce;
-  h.rank = 0;
-  h.nranks = 3;
-  h.addrLen = serializeAddress(root, h.addr);
-  uint32_t len = sizeof(h);
-  sendRaw(liar, &len, 4);
-  sendRaw(liar, &h, sizeof(h));
+  uint8_t wrong[16];
+  std::memcpy(wrong, d.secret, 16);
+  wrong[3] ^= 1;
+  const testing::RootExchange x = testing::rootHandshake(liar, wrong, d.nonce, 0, 3, root);
+  EXPECT_TRUE(x.challenged);
+  EXPECT_FALSE(x.replied) << "the root answered a client that does not know the secret";
   EXPECT_TRUE(closedByPeer(liar));
 
   runRanks(3, [&](int r) {
@@ -276,17 +275,10 @@ TEST(Bootstrap, GarbageAndOversizedFramesDropped) {
       sendRaw(c2, noise.data(), noise.size());
       EXPECT_TRUE(closedByPeer(c2));
       int c3 = dial(rank0);
-      boot::PeerHello h{};
-      h.magic = boot::kPeerHelloMagic;
-      h.version = boot::kWireVersion;
-      std::memcpy(h.secret, d.secret, 16);
-      h.secret[0] ^= 0x80;
-      h.nonce = d.nonce;
-      h.from = 1;
-      h.to = 0;
-      uint32_t hl = sizeof(h);
-      sendRaw(c3, &hl, 4);
-      sendRaw(c3, &h, sizeof(h));
+      uint8_t wrong[16];
+      std::memcpy(wrong, d.secret, 16);
+      wrong[0] ^= 0x80;
+      EXPECT_EQ(testing::peerHandshake(c3, wrong, d.nonce, 1, 0), -1);
       EXPECT_TRUE(closedByPeer(c3));
       ::close(c1);
       ::close(c2);
@@ -482,6 +474,214 @@ TEST(Bootstrap, SizeMismatchIsUsageError) {
   int32_t small = 0;
   ASSERT_EQ(bs[0]->send(1, 5, &v, sizeof(v)), attnSuccess);
   EXPECT_EQ(bs[1]->recv(0, 5, &small, sizeof(small)), attnInvalidUsage);
+}
+
+// ---------------------------------------------------------------------------
+// Issue 44: the secret never travels, a rank's identity is bound to its first
+// authenticated connection, a peer's queue and a root's tables are bounded.
+
+// What a rank sends when it dials a peer: the peer went away and the test
+// listens on its port, answering the hello with a challenge.
+TEST(BootstrapAuth, SecretNeverSentToAPeerListener) {
+  attnUniqueId id;
+  ASSERT_EQ(bootstrapCreateRoot(&id), attnSuccess);
+  const UniqueIdData d = decoded(id);
+  std::vector<std::unique_ptr<Bootstrap>> bs(2);
+  runRanks(2, [&](int r) {
+    ASSERT_EQ(Bootstrap::create(id, r, 2, 4000, nullptr, &bs[r]), attnSuccess) << threadLastError();
+  });
+  const SocketAddress peer1 = static_cast<SocketBootstrap*>(bs[1].get())->listenAddress();
+  bs[1].reset();
+  int lfd = -1;
+  SocketAddress bound;
+  ASSERT_EQ(socketListen(peer1, true, &lfd, &bound), attnSuccess);
+  std::thread sender([&] {
+    int v = 1;
+    bs[0]->send(1, 9, &v, sizeof(v));
+  });
+  const std::vector<uint8_t> got =
+      testing::captureConnections(lfd, 1500, testing::challengeBody(boot::kPeerChallengeMagic));
+  sender.join();
+  ::close(lfd);
+  EXPECT_GE(got.size(), 4 + sizeof(boot::PeerHello)) << "rank 0 sent nothing to capture";
+  EXPECT_FALSE(testing::containsBytes(got, d.secret, 16))
+      << "the secret's 16 bytes are in what rank 0 sent to a peer's port";
+}
+
+// A holder of the secret that claims rank 1 at rank 0 while the real rank
+// 1's connection is open (same address) or from another address is
+// refused, and the real rank 1 is neither marked gone nor disturbed.
+TEST(BootstrapAuth, ClaimingABoundRankIsRefused) {
+  setenv("ATTN_SOCKET_IFNAME", "=lo", 1);  // ranks on 127.0.0.1: 127.0.0.2 is "elsewhere"
+  attnUniqueId id;
+  ASSERT_EQ(bootstrapCreateRoot(&id), attnSuccess);
+  const UniqueIdData d = decoded(id);
+  const int n = 3;
+  std::vector<std::unique_ptr<Bootstrap>> bs(n);
+  runRanks(n, [&](int r) {
+    ASSERT_EQ(Bootstrap::create(id, r, n, kTimeoutMs, nullptr, &bs[r]), attnSuccess)
+        << threadLastError();
+  });
+  unsetenv("ATTN_SOCKET_IFNAME");
+  // Rank 1 authenticates at rank 0: rank 1 is bound to 127.0.0.1 there.
+  int v = 11, got = 0;
+  ASSERT_EQ(bs[1]->send(0, 1, &v, sizeof(v)), attnSuccess) << threadLastError();
+  ASSERT_EQ(bs[0]->recv(1, 1, &got, sizeof(got)), attnSuccess) << threadLastError();
+  const SocketAddress rank0 = static_cast<SocketBootstrap*>(bs[0].get())->listenAddress();
+  ASSERT_TRUE(isLoopback(rank0)) << formatAddress(rank0);
+
+  const int same = testing::dialFrom(rank0);
+  ASSERT_GE(same, 0);
+  EXPECT_EQ(testing::peerHandshake(same, d.secret, d.nonce, 1, 0), boot::kPeerBusy);
+  ::close(same);
+  const int elsewhere = testing::dialFrom(rank0, "127.0.0.2");
+  ASSERT_GE(elsewhere, 0);
+  EXPECT_EQ(testing::peerHandshake(elsewhere, d.secret, d.nonce, 1, 0), boot::kPeerRefused);
+  ::close(elsewhere);
+
+  // Rank 0 waits for rank 1 (not marked gone by the claimants' closing);
+  // rank 1 sends once rank 0 waits.
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    int w = 12;
+    EXPECT_EQ(bs[1]->send(0, 2, &w, sizeof(w)), attnSuccess) << threadLastError();
+  });
+  EXPECT_EQ(bs[0]->recv(1, 2, &got, sizeof(got)), attnSuccess) << threadLastError();
+  EXPECT_EQ(got, 12);
+  later.join();
+  runRanks(n, [&](int r) { exerciseRank(bs[r].get()); });
+}
+
+// Rank 1 sends frames rank 0 never reads: past the bound rank 0 cuts its
+// connection (rank 1's sends fail), and rank 0's waits for rank 1 fail at
+// once naming it, not at the timeout.
+void floodAndCheckCutOff(size_t frameBytes, size_t maxFrames) {
+  attnUniqueId id;
+  ASSERT_EQ(bootstrapCreateRoot(&id), attnSuccess);
+  std::vector<std::unique_ptr<Bootstrap>> bs(2);
+  runRanks(2, [&](int r) {
+    ASSERT_EQ(Bootstrap::create(id, r, 2, kTimeoutMs, nullptr, &bs[r]), attnSuccess)
+        << threadLastError();
+  });
+  std::vector<uint8_t> payload(frameBytes, 0x5a);
+  attnResult_t last = attnSuccess;
+  size_t sent = 0;
+  for (; sent < maxFrames && last == attnSuccess; ++sent)
+    last = bs[1]->send(0, 7, payload.data(), payload.size());
+  EXPECT_NE(last, attnSuccess) << "rank 0 took " << sent << " unread frames of " << frameBytes
+                               << " bytes from rank 1";
+  int x = 0;
+  EXPECT_EQ(bs[0]->recv(1, 8, &x, sizeof(x)), attnRemoteError) << threadLastError();
+  EXPECT_NE(threadLastError().find("peer 1"), std::string::npos) << threadLastError();
+  EXPECT_NE(threadLastError().find("cut off"), std::string::npos) << threadLastError();
+  // What had been queued is still there for rank 0 to read.
+  ASSERT_EQ(bs[0]->recv(1, 7, payload.data(), payload.size()), attnSuccess) << threadLastError();
+}
+
+TEST(BootstrapAuth, PeerQueueingTooManyFramesIsCutOff) {
+  floodAndCheckCutOff(0, boot::kMaxQueuedFrames + 100000);
+}
+
+TEST(BootstrapAuth, PeerQueueingTooManyBytesIsCutOff) {
+  floodAndCheckCutOff(boot::kMaxDataFrame, boot::kMaxQueuedBytes / boot::kMaxDataFrame + 1000);
+}
+
+TEST(BootstrapAuth, DataFrameBoundIsEnforcedAtTheSender) {
+  attnUniqueId id;
+  ASSERT_EQ(bootstrapCreateRoot(&id), attnSuccess);
+  std::vector<std::unique_ptr<Bootstrap>> bs(2);
+  runRanks(2, [&](int r) {
+    ASSERT_EQ(Bootstrap::create(id, r, 2, kTimeoutMs, nullptr, &bs[r]), attnSuccess);
+  });
+  std::vector<uint8_t> big(boot::kMaxDataFrame + 1);
+  EXPECT_EQ(bs[1]->send(0, 3, big.data(), big.size()), attnInvalidArgument);
+  big.resize(boot::kMaxDataFrame);
+  ASSERT_EQ(bs[1]->send(0, 3, big.data(), big.size()), attnSuccess) << threadLastError();
+  ASSERT_EQ(bs[0]->recv(1, 3, big.data(), big.size()), attnSuccess) << threadLastError();
+}
+
+// A client with the secret that claims nranks = INT32_MAX, kMaxRanks + 1, 0
+// or -5 gets a signed refusal; the root (and the process) lives on and
+// serves the real ranks. A rank asked for such a size refuses before dialling.
+TEST(BootstrapAuth, RootRefusesOutOfRangeNranks) {
+  attnUniqueId id;
+  ASSERT_EQ(bootstrapCreateRoot(&id), attnSuccess);
+  const UniqueIdData d = decoded(id);
+  const SocketAddress root = rootAddress(id);
+  for (int nranks : {INT32_MAX, boot::kMaxRanks + 1, 0, -5}) {
+    const int fd = dial(root);
+    const testing::RootExchange x = testing::rootHandshake(fd, d.secret, d.nonce, 0, nranks, root);
+    ::close(fd);
+    ASSERT_TRUE(x.replied) << "nranks " << nranks << ": no reply from the root";
+    boot::RootAnswer a;
+    ASSERT_EQ(boot::parseRootReply(x.reply.data(), x.reply.size(), d.secret, x.hello, x.rootNonce, &a),
+              boot::ReplyCheck::kOk);
+    EXPECT_EQ(a.status, boot::kRootBadSize) << "nranks " << nranks;
+  }
+  std::unique_ptr<Bootstrap> b;
+  EXPECT_EQ(Bootstrap::create(id, 0, INT32_MAX, 1000, nullptr, &b), attnInvalidArgument);
+  EXPECT_NE(threadLastError().find("nranks"), std::string::npos) << threadLastError();
+  runRanks(2, [&](int r) {
+    std::unique_ptr<Bootstrap> rb;
+    ASSERT_EQ(Bootstrap::create(id, r, 2, kTimeoutMs, nullptr, &rb), attnSuccess)
+        << threadLastError();
+    exerciseRank(rb.get());
+  });
+}
+
+// The handshake parsers refuse what they should, whatever the bytes.
+TEST(BootstrapAuth, ParsersRefuseForgedAndMalformedFrames) {
+  uint8_t secret[16], other[16];
+  for (int i = 0; i < 16; ++i) secret[i] = uint8_t(i), other[i] = uint8_t(i);
+  other[15] ^= 1;
+  auth::Nonce a, b;
+  ASSERT_EQ(auth::freshNonce(&a), attnSuccess);
+  ASSERT_EQ(auth::freshNonce(&b), attnSuccess);
+  SocketAddress listen;
+  ASSERT_EQ(parseAddress("127.0.0.1:4000", &listen), attnSuccess);
+  const boot::RootHello h = boot::makeRootHello(77, 1, 2, 0, listen, a);
+  boot::RootHello parsed;
+  EXPECT_TRUE(boot::parseRootHello(reinterpret_cast<const uint8_t*>(&h), sizeof(h), 77, &parsed));
+  EXPECT_FALSE(boot::parseRootHello(reinterpret_cast<const uint8_t*>(&h), sizeof(h), 78, &parsed));
+  EXPECT_FALSE(boot::parseRootHello(reinterpret_cast<const uint8_t*>(&h), sizeof(h) - 1, 77, &parsed));
+  EXPECT_FALSE(boot::parseRootHello(nullptr, 0, 77, &parsed));
+
+  const boot::Proof p = boot::makeRootProof(secret, h, b);
+  const auto* pb = reinterpret_cast<const uint8_t*>(&p);
+  EXPECT_TRUE(boot::checkRootProof(pb, sizeof(p), secret, h, b));
+  EXPECT_FALSE(boot::checkRootProof(pb, sizeof(p), other, h, b));  // wrong secret
+  EXPECT_FALSE(boot::checkRootProof(pb, sizeof(p), secret, h, a));  // another challenge
+  boot::RootHello h2 = h;
+  h2.rank = 0;  // another claim
+  EXPECT_FALSE(boot::checkRootProof(pb, sizeof(p), secret, h2, b));
+
+  std::vector<boot::AddrSlot> table(2);
+  for (auto& s : table) s.len = serializeAddress(listen, s.addr);
+  boot::RootReplyBuilder builder(boot::kRootOk, 2, 2, &table);
+  std::vector<uint8_t> reply = builder.signFor(secret, h, b);
+  boot::RootAnswer ans;
+  EXPECT_EQ(boot::parseRootReply(reply.data(), reply.size(), secret, h, b, &ans), boot::ReplyCheck::kOk);
+  EXPECT_EQ(ans.addrs.size(), 2u);
+  EXPECT_EQ(boot::parseRootReply(reply.data(), reply.size(), other, h, b, &ans), boot::ReplyCheck::kForged);
+  EXPECT_EQ(boot::parseRootReply(reply.data(), reply.size(), secret, h, a, &ans), boot::ReplyCheck::kForged);
+  reply[sizeof(boot::RootReply) + 10] ^= 1;  // one byte of the table
+  EXPECT_EQ(boot::parseRootReply(reply.data(), reply.size(), secret, h, b, &ans), boot::ReplyCheck::kForged);
+  EXPECT_EQ(boot::parseRootReply(reply.data(), 3, secret, h, b, &ans), boot::ReplyCheck::kMalformed);
+
+  const boot::PeerHello ph = boot::makePeerHello(77, 1, 0, a);
+  boot::PeerHello pp;
+  const auto* phb = reinterpret_cast<const uint8_t*>(&ph);
+  EXPECT_TRUE(boot::parsePeerHello(phb, sizeof(ph), 77, 0, 2, &pp));
+  EXPECT_FALSE(boot::parsePeerHello(phb, sizeof(ph), 77, 1, 2, &pp));  // not to us
+  EXPECT_FALSE(boot::parsePeerHello(phb, sizeof(ph), 77, 0, 1, &pp));  // from outside nranks
+  const boot::PeerAck ack = boot::makePeerAck(secret, ph, b, boot::kPeerOk);
+  boot::PeerAck forged = ack;
+  forged.status = boot::kPeerRefused;  // status not covered by this signature
+  int32_t st = -1;
+  EXPECT_TRUE(boot::parsePeerAck(reinterpret_cast<const uint8_t*>(&ack), sizeof(ack), secret, ph, b, &st));
+  EXPECT_EQ(st, boot::kPeerOk);
+  EXPECT_FALSE(boot::parsePeerAck(reinterpret_cast<const uint8_t*>(&forged), sizeof(forged), secret, ph, b, &st));
+  EXPECT_FALSE(boot::parsePeerAck(reinterpret_cast<const uint8_t*>(&ack), sizeof(ack), other, ph, b, &st));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,7 +28,12 @@
 #include "attncomm.h"
 #include "src/core/bootstrap.h"
 #include "src/core/bootstrap_wire.h"
+#include "src/core/error.h"
 #include "src/core/socket.h"
+#include "src/core/transport.h"
+#include "transports/tcp/tcp_handshake.h"
+#include "tests/support/fake_bootstrap.h"
+#include "tests/support/handshake_clients.h"
 #include "tests/support/multirank.h"
 
 using namespace attn_test;
@@ -280,21 +286,19 @@ TEST(HostileRoot, GarbageOversizedAndWrongSecretClientsAreDropped) {
     for (size_t i = 0; i < junk.size(); ++i) junk[i] = uint8_t(i * 131 + 7);
     SendFrame(fd, junk.data(), uint32_t(junk.size()), uint32_t(junk.size()));
   }
-  // A well-formed hello with a wrong secret, claiming rank 0 of 3.
+  // A well-formed hello claiming rank 0 of 3, then a proof made with a
+  // wrong secret: challenged, then dropped without a reply.
   {
-    const int fd = dial("wrong-secret hello", true);
-    attn::boot::RootHello h{};
-    h.magic = attn::boot::kRootHelloMagic;
-    h.version = attn::boot::kWireVersion;
-    std::memcpy(h.secret, d.secret, 16);
-    h.secret[0] ^= 0x80;
-    h.nonce = d.nonce;
-    h.rank = 0;
-    h.nranks = 3;
-    h.timeoutMs = 0;
-    h.addrLen = d.addressLen;  // "listening" at the root's own address
-    std::memcpy(h.addr, d.address, sizeof(h.addr));
-    SendFrame(fd, &h, sizeof(h), sizeof(h));
+    const int fd = Dial(root);
+    ASSERT_GE(fd, 0);
+    uint8_t wrong[16];
+    std::memcpy(wrong, d.secret, 16);
+    wrong[0] ^= 0x80;
+    const attn::testing::RootExchange x =
+        attn::testing::rootHandshake(fd, wrong, d.nonce, 0, 3, root);
+    EXPECT_TRUE(x.challenged);
+    EXPECT_FALSE(x.replied) << "the root answered a client with a wrong secret";
+    close(fd);
   }
   // A hello claiming a huge communicator with a wrong secret.
   {
@@ -429,6 +433,424 @@ TEST(HostilePeers, GarbageAtRankListenersDoesNotDisturbRanks) {
     EXPECT_EQ(attnCommDestroy(comms[rank]), attnSuccess);
   }, 120000);
   for (int fd : fds) close(fd);
+}
+
+// ---------------------------------------------------------------------------
+// The secret never travels (issue 44): what a rank sends to a listener that
+// is not its root, and what the TCP transport sends to a peer's listener.
+
+TEST(SecretOnTheWire, NotSentToAListenerThatIsNotTheRoot) {
+  int lfd = -1;
+  attn::SocketAddress any, bound;
+  ASSERT_EQ(attn::parseAddress("127.0.0.1:0", &any), attnSuccess);
+  ASSERT_EQ(attn::socketListen(any, false, &lfd, &bound), attnSuccess);
+  uint8_t secret[16];
+  for (int i = 0; i < 16; ++i) secret[i] = uint8_t(0xC0 + i);
+  attnUniqueId id;
+  ASSERT_EQ(attn::bootstrapIdFor(attn::formatAddress(bound), secret, &id), attnSuccess);
+  std::thread rank([&] {
+    std::unique_ptr<attn::Bootstrap> b;
+    EXPECT_NE(attn::Bootstrap::create(id, 0, 2, 2500, nullptr, &b), attnSuccess);
+  });
+  // The listener answers the hello with a challenge, so the rank's proof
+  // is captured too.
+  const std::vector<uint8_t> got = attn::testing::captureConnections(
+      lfd, 1500, attn::testing::challengeBody(attn::boot::kRootChallengeMagic));
+  close(lfd);
+  rank.join();
+  EXPECT_GE(got.size(), 4 + sizeof(attn::boot::RootHello)) << "the rank sent nothing to capture";
+  EXPECT_FALSE(attn::testing::containsBytes(got, secret, 16))
+      << "the secret's 16 bytes are in what the rank sent to a stranger";
+}
+
+TEST(SecretOnTheWire, NotSentByTheTcpTransport) {
+  // Rank 0 is real; "rank 1" publishes the test's listener as its TCP
+  // address, so rank 0 (the lower rank) dials it.
+  attn::testing::FakeBootstrapHub hub(2);
+  int lfd = -1;
+  attn::SocketAddress any, bound;
+  ASSERT_EQ(attn::parseAddress("127.0.0.1:0", &any), attnSuccess);
+  ASSERT_EQ(attn::socketListen(any, false, &lfd, &bound), attnSuccess);
+  std::thread fakePeer([&] {
+    attn::testing::FakeBootstrap b(&hub, 1);
+    constexpr size_t kSlot = 4 + attn::kAddressBytes + 4;  // tcp_setup.cc's RankSlot
+    std::vector<uint8_t> slots(2 * kSlot, 0);
+    const uint32_t len = attn::serializeAddress(bound, slots.data() + kSlot + 4);
+    const int32_t nsocks = 1;
+    std::memcpy(slots.data() + kSlot, &len, 4);
+    std::memcpy(slots.data() + kSlot + 4 + attn::kAddressBytes, &nsocks, 4);
+    EXPECT_EQ(b.allGather(slots.data(), kSlot), attnSuccess);
+  });
+  std::atomic<attnResult_t> rc{attnSuccess};
+  std::thread rank0([&] {
+    attn::testing::FakeBootstrap b(&hub, 0);
+    std::vector<attn::PeerInfo> peers(2);
+    for (auto& p : peers) p.commHash = 0x1234abcdULL;
+    attn::TransportContext ctx;
+    ctx.rank = 0;
+    ctx.nranks = 2;
+    ctx.bootstrap = &b;
+    ctx.peers = peers.data();
+    ctx.timeoutMs = 2500;
+    auto transport = attn::createTcpTransport();
+    std::vector<std::unique_ptr<attn::Connection>> conns;
+    rc = transport->connect(ctx, {1}, &conns);
+  });
+  const std::vector<uint8_t> got = attn::testing::captureConnections(lfd, 1500);
+  close(lfd);
+  fakePeer.join();
+  rank0.join();
+  EXPECT_NE(rc.load(), attnSuccess);
+  EXPECT_GE(got.size(), 20u) << "rank 0 sent nothing to capture";
+  EXPECT_FALSE(attn::testing::containsBytes(got, hub.secret(), 16))
+      << "the secret's 16 bytes are in what the TCP transport sent to a peer's port";
+}
+
+// The TCP transport binds a peer to the address of its first socket: the
+// test plays rank 0 (with the secret) against a real rank 1 that expects two
+// sockets from it. A second socket from 127.0.0.2, or a duplicate index, is
+// refused; the right one completes the setup.
+TEST(TcpTransportAuth, SocketsOfOnePeerMustComeFromOnePlace) {
+  attn::testing::FakeBootstrapHub hub(2);
+  constexpr uint64_t kCommHash = 0x1234abcdULL;
+  std::atomic<attnResult_t> rc{attnInternalError};
+  std::string err;
+  std::thread rank1([&] {
+    attn::testing::FakeBootstrap b(&hub, 1);
+    std::vector<attn::PeerInfo> peers(2);
+    for (auto& p : peers) p.commHash = kCommHash;
+    attn::TransportContext ctx;
+    ctx.rank = 1;
+    ctx.nranks = 2;
+    ctx.bootstrap = &b;
+    ctx.peers = peers.data();
+    ctx.timeoutMs = 20000;
+    auto transport = attn::createTcpTransport();
+    std::vector<std::unique_ptr<attn::Connection>> conns;
+    rc = transport->connect(ctx, {0}, &conns);
+    err = attn::threadLastError();
+  });
+  attn::testing::FakeBootstrap b0(&hub, 0);
+  constexpr size_t kSlot = 4 + attn::kAddressBytes + 4;  // tcp_setup.cc's RankSlot
+  std::vector<uint8_t> slots(2 * kSlot, 0);
+  attn::SocketAddress mine;
+  ASSERT_EQ(attn::parseAddress("127.0.0.1:1", &mine), attnSuccess);
+  const uint32_t myLen = attn::serializeAddress(mine, slots.data() + 4);
+  const int32_t nsocks = 2;
+  std::memcpy(slots.data(), &myLen, 4);
+  std::memcpy(slots.data() + 4 + attn::kAddressBytes, &nsocks, 4);
+  ASSERT_EQ(b0.allGather(slots.data(), kSlot), attnSuccess);
+  uint32_t len = 0;
+  std::memcpy(&len, slots.data() + kSlot, 4);
+  attn::SocketAddress rank1Addr;
+  ASSERT_TRUE(attn::deserializeAddress(slots.data() + kSlot + 4, len, &rank1Addr));
+
+  // One TCP handshake as rank 0, socket `index`; the acceptor's signed status.
+  auto claim = [&](int index, const char* fromIp, int* fd) {
+    *fd = attn::testing::dialFrom(rank1Addr, fromIp);
+    if (*fd < 0) return -2;
+    attn::auth::Nonce mineNonce, theirs;
+    attn::auth::freshNonce(&mineNonce);
+    const attn::tcp::TcpHello h = attn::tcp::makeTcpHello(0, 1, index, nsocks, mineNonce);
+    std::vector<uint8_t> body;
+    if (!attn::testing::sendBody(*fd, &h, sizeof(h)) || !attn::testing::recvBody(*fd, &body, 4096) ||
+        !attn::tcp::parseTcpChallenge(body.data(), body.size(), &theirs))
+      return -1;
+    const attn::tcp::TcpProof p = attn::tcp::makeTcpProof(hub.secret(), kCommHash, h, theirs);
+    int32_t status = -1;
+    if (!attn::testing::sendBody(*fd, &p, sizeof(p)) || !attn::testing::recvBody(*fd, &body, 4096) ||
+        !attn::tcp::parseTcpAck(body.data(), body.size(), hub.secret(), kCommHash, h, theirs, &status))
+      return -1;
+    return int(status);
+  };
+  int s0 = -1, dup = -1, far = -1, s1 = -1;
+  EXPECT_EQ(claim(0, "127.0.0.1", &s0), attn::tcp::kTcpAccepted);
+  EXPECT_EQ(claim(0, "127.0.0.1", &dup), attn::tcp::kTcpRefused) << "a second socket 0";
+  EXPECT_EQ(claim(1, "127.0.0.2", &far), attn::tcp::kTcpRefused) << "socket 1 from elsewhere";
+  EXPECT_EQ(claim(1, "127.0.0.1", &s1), attn::tcp::kTcpAccepted);
+  rank1.join();
+  EXPECT_EQ(rc.load(), attnSuccess) << err;
+  for (int fd : {s0, dup, far, s1})
+    if (fd >= 0) close(fd);
+}
+
+// ---------------------------------------------------------------------------
+// A fake root (something else listening at the root's address) that does not
+// know the secret: the rank fails with a clear error instead of taking its
+// address table, and does not wait for its timeout.
+
+int AcceptOne(int listenFd, int ms) {
+  pollfd p{listenFd, POLLIN, 0};
+  if (poll(&p, 1, ms) <= 0) return -1;
+  int fd = -1;
+  attn::socketAcceptNow(listenFd, &fd);
+  if (fd >= 0) attn::setNonBlocking(fd, false);
+  return fd;
+}
+
+TEST(FakeRoot, WithoutTheSecretCannotHandOutAnAddressTable) {
+  int lfd = -1;
+  attn::SocketAddress any, bound;
+  ASSERT_EQ(attn::parseAddress("127.0.0.1:0", &any), attnSuccess);
+  ASSERT_EQ(attn::socketListen(any, false, &lfd, &bound), attnSuccess);
+  uint8_t secret[16], guess[16];
+  for (int i = 0; i < 16; ++i) secret[i] = uint8_t(0x30 + i), guess[i] = uint8_t(0x31 + i);
+  attnUniqueId id;
+  ASSERT_EQ(attn::bootstrapIdFor(attn::formatAddress(bound), secret, &id), attnSuccess);
+  const attn::UniqueIdData d = Decode(id);
+
+  std::atomic<attnResult_t> rc{attnSuccess};
+  std::string err;
+  std::thread rank([&] {
+    std::unique_ptr<attn::Bootstrap> b;
+    rc = attn::Bootstrap::create(id, 0, 2, 20000, nullptr, &b);
+    err = attn::threadLastError();
+  });
+  // The fake root goes through the handshake and offers a table that sends
+  // every rank to itself, signed with what it guesses the secret is.
+  const int fd = AcceptOne(lfd, 10000);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> body;
+  attn::boot::RootHello hello;
+  ASSERT_TRUE(attn::testing::recvBody(fd, &body, 4096));
+  ASSERT_TRUE(attn::boot::parseRootHello(body.data(), body.size(), d.nonce, &hello));
+  const std::vector<uint8_t> challenge = attn::testing::challengeBody(attn::boot::kRootChallengeMagic);
+  attn::auth::Nonce nonce;
+  std::memcpy(nonce.bytes, challenge.data() + 4, sizeof(nonce.bytes));
+  ASSERT_TRUE(attn::testing::sendBody(fd, challenge.data(), challenge.size()));
+  ASSERT_TRUE(attn::testing::recvBody(fd, &body, 4096));  // the rank's proof
+  std::vector<attn::boot::AddrSlot> table(2);
+  for (auto& slot : table) slot.len = attn::serializeAddress(bound, slot.addr);
+  attn::boot::RootReplyBuilder reply(attn::boot::kRootOk, 2, 2, &table);
+  const std::vector<uint8_t>& forged = reply.signFor(guess, hello, nonce);
+  ASSERT_TRUE(attn::testing::sendBody(fd, forged.data(), forged.size()));
+  rank.join();
+  close(fd);
+  close(lfd);
+  EXPECT_EQ(rc.load(), attnRemoteError) << err;
+  EXPECT_NE(err.find("not signed with this communicator's secret"), std::string::npos) << err;
+}
+
+// ---------------------------------------------------------------------------
+// A recorded handshake cannot be replayed: a relay in front of the root
+// records rank 1's hello and proof (and cuts that connection before the
+// root sees the proof); replayed on a new connection, the root challenges
+// with a fresh nonce, the old proof fails, and nothing is answered. Rank 1
+// retries through the relay, which then passes bytes untouched.
+
+void Pump(int a, int b) {
+  for (;;) {
+    pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    if (poll(p, 2, 20000) <= 0) return;
+    for (int i = 0; i < 2; ++i) {
+      if (!p[i].revents) continue;
+      char buf[65536];
+      const ssize_t n = recv(p[i].fd, buf, sizeof(buf), 0);
+      if (n <= 0) return;
+      SendRaw(i == 0 ? b : a, buf, size_t(n));
+    }
+  }
+}
+
+TEST(Replay, RecordedRootHandshakeIsRefused) {
+  attnUniqueId id;
+  ASSERT_EQ(attnGetUniqueId(&id), attnSuccess);
+  const attn::UniqueIdData d = Decode(id);
+  const attn::SocketAddress root = RootAddress(id);
+  attn::SocketAddress relayAt = root, relayAddr;
+  attn::setAddressPort(&relayAt, 0);
+  int relayFd = -1;
+  ASSERT_EQ(attn::socketListen(relayAt, false, &relayFd, &relayAddr), attnSuccess);
+  attn::UniqueIdData viaRelay = d;
+  viaRelay.addressLen = attn::serializeAddress(relayAddr, viaRelay.address);
+  const attnUniqueId id1 = Encode(viaRelay);
+
+  std::vector<uint8_t> hello, challenge, proof;
+  std::atomic<bool> recorded{false};
+  std::thread relay([&] {
+    const int a = AcceptOne(relayFd, 20000), b = Dial(root);
+    if (a >= 0 && b >= 0 && attn::testing::recvBody(a, &hello, 4096) &&
+        attn::testing::sendBody(b, hello.data(), hello.size()) &&
+        attn::testing::recvBody(b, &challenge, 4096) &&
+        attn::testing::sendBody(a, challenge.data(), challenge.size()))
+      attn::testing::recvBody(a, &proof, 4096);
+    recorded = true;
+    close(a);
+    close(b);
+    const int a2 = AcceptOne(relayFd, 20000), b2 = Dial(root);
+    if (a2 >= 0 && b2 >= 0) Pump(a2, b2);
+    close(a2);
+    close(b2);
+  });
+  std::vector<std::unique_ptr<attn::Bootstrap>> bs(2);
+  std::atomic<attnResult_t> rc1{attnInternalError};
+  std::thread rank1([&] { rc1 = attn::Bootstrap::create(id1, 1, 2, 20000, nullptr, &bs[1]); });
+  while (!recorded) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_FALSE(proof.empty()) << "the relay recorded no proof";
+
+  const int c = Dial(root);
+  ASSERT_GE(c, 0);
+  std::vector<uint8_t> fresh, reply;
+  ASSERT_TRUE(attn::testing::sendBody(c, hello.data(), hello.size()));
+  ASSERT_TRUE(attn::testing::recvBody(c, &fresh, 4096));
+  EXPECT_NE(fresh, challenge) << "the root challenged twice with the same nonce";
+  ASSERT_TRUE(attn::testing::sendBody(c, proof.data(), proof.size()));
+  EXPECT_FALSE(attn::testing::recvBody(c, &reply, 1 << 20, 5000))
+      << "the root answered a replayed handshake (" << reply.size() << " bytes)";
+  close(c);
+
+  ASSERT_EQ(attn::Bootstrap::create(id, 0, 2, 20000, nullptr, &bs[0]), attnSuccess)
+      << attn::threadLastError();
+  rank1.join();
+  ASSERT_EQ(rc1.load(), attnSuccess);
+  RunThreadsRaw(2, [&](int r) { EXPECT_EQ(bs[r]->barrier(), attnSuccess); }, 30000);
+  relay.join();
+  close(relayFd);
+}
+
+// ---------------------------------------------------------------------------
+// attnCommInitFromEnv's secret (issue 44 item 4): ATTN_SECRET_FILE, and a
+// WARN once per process when there is no secret at all.
+
+const char* const kSecretLaunchVars[] = {
+    "ATTN_RANK", "ATTN_NRANKS", "ATTN_ROOT", "ATTN_SECRET", "ATTN_SECRET_FILE", "RANK",
+    "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"};
+
+// Unsets the launcher's variables for its lifetime.
+class CleanLaunchEnv {
+ public:
+  CleanLaunchEnv() {
+    for (const char* v : kSecretLaunchVars) {
+      if (const char* old = getenv(v)) saved_.emplace_back(v, old);
+      unsetenv(v);
+    }
+  }
+  ~CleanLaunchEnv() {
+    for (const char* v : kSecretLaunchVars) unsetenv(v);
+    for (auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/attn-secret-XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  return dir ? dir : "/tmp";
+}
+
+std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text,
+                      mode_t mode) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  chmod(path.c_str(), mode);
+  return path;
+}
+
+constexpr char kHexSecret[] = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+TEST(SecretFile, BadFilesFailWithAClearError) {
+  CleanLaunchEnv clean;
+  const std::string dir = TempDir();
+  const int port = FindFreePort();
+  ASSERT_GT(port, 0);
+  setenv("ATTN_RANK", "1", 1);  // a rank that would dial a root nobody runs
+  setenv("ATTN_NRANKS", "2", 1);
+  setenv("ATTN_ROOT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  struct Case {
+    const char* what;
+    std::string path;
+    const char* mustMention;
+  };
+  const std::vector<Case> cases = {
+      {"mode 0644", WriteFile(dir, "readable", kHexSecret, 0644), "0644"},
+      {"mode 0640", WriteFile(dir, "group", kHexSecret, 0640), "0640"},
+      {"garbage", WriteFile(dir, "garbage", "not a secret at all, not hex\n", 0600), "hex"},
+      {"hex and more", WriteFile(dir, "more", std::string(kHexSecret) + " extra\n", 0600), "hex"},
+      {"31 digits", WriteFile(dir, "short", std::string(kHexSecret, 31), 0600), "hex"},
+      {"too large", WriteFile(dir, "large", std::string(8192, 'a'), 0600), "bytes"},
+      {"missing", dir + "/no-such-file", "cannot open"},
+      {"a directory", dir, "not a regular file"},
+  };
+  for (const Case& c : cases) {
+    setenv("ATTN_SECRET_FILE", c.path.c_str(), 1);
+    attnConfig_t cfg = ConfigWithTimeout(1500);
+    attnComm_t comm = nullptr;
+    const attnResult_t r = attnCommInitFromEnv(&comm, &cfg);
+    const std::string err = attnGetLastError(nullptr);
+    EXPECT_EQ(r, attnInvalidArgument) << c.what << ": " << ResultName(r) << ": " << err;
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_NE(err.find(c.path), std::string::npos) << c.what << ": " << err;
+    EXPECT_NE(err.find(c.mustMention), std::string::npos) << c.what << ": " << err;
+  }
+  // Both set and different.
+  setenv("ATTN_SECRET_FILE", WriteFile(dir, "good", kHexSecret, 0600).c_str(), 1);
+  setenv("ATTN_SECRET", "00112233445566778899aabbccddeeff", 1);
+  attnConfig_t cfg = ConfigWithTimeout(1500);
+  attnComm_t comm = nullptr;
+  EXPECT_EQ(attnCommInitFromEnv(&comm, &cfg), attnInvalidArgument);
+  EXPECT_NE(std::string(attnGetLastError(nullptr)).find("differ"), std::string::npos)
+      << attnGetLastError(nullptr);
+}
+
+// Rank 0 reads the secret from a 0600 file (with whitespace around it),
+// rank 1 gets the same value in ATTN_SECRET: they meet.
+TEST(SecretFile, Mode0600FileWorks) {
+  const std::string dir = TempDir();
+  const std::string path = WriteFile(dir, "secret", std::string("  ") + kHexSecret + "\n", 0600);
+  const int port = FindFreePort();
+  ASSERT_GT(port, 0);
+  RunOptions opts;
+  opts.deadline_ms = 60000;
+  opts.child_setup = [&](int rank) {
+    for (const char* v : kSecretLaunchVars) unsetenv(v);
+    setenv("ATTN_RANK", std::to_string(rank).c_str(), 1);
+    setenv("ATTN_NRANKS", "2", 1);
+    setenv("ATTN_ROOT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+    if (rank == 0) setenv("ATTN_SECRET_FILE", path.c_str(), 1);
+    else setenv("ATTN_SECRET", kHexSecret, 1);
+  };
+  auto results = ForkRanks(2, [&](int rank, const attnUniqueId&) {
+    attnConfig_t cfg = ConfigWithTimeout(10000);
+    attnComm_t comm = nullptr;
+    const attnResult_t r = attnCommInitFromEnv(&comm, &cfg);
+    ASSERT_EQ(r, attnSuccess) << ResultName(r) << ": " << attnGetLastError(nullptr);
+    CheckAllReduce(comm, rank, 2, attnFloat32, attnSum, 1023, false);
+    EXPECT_EQ(attnCommDestroy(comm), attnSuccess);
+  }, opts);
+  ExpectAllPassed(results);
+}
+
+// Without ATTN_SECRET / ATTN_SECRET_FILE: one WARN per process, however many
+// communicators it makes. The log level is read once per process, so this
+// runs in a fresh one (a death test re-executes the binary).
+TEST(SecretFile, NoSecretWarnsOncePerProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string log = TempDir() + "/log";
+  CleanLaunchEnv clean;
+  ScopedEnv env({{"ATTN_DEBUG", "WARN"}, {"ATTN_DEBUG_FILE", log}});
+  EXPECT_EXIT(
+      {
+        for (int i = 0; i < 2; ++i) {
+          setenv("ATTN_RANK", "0", 1);
+          setenv("ATTN_NRANKS", "1", 1);
+          setenv("ATTN_ROOT", ("127.0.0.1:" + std::to_string(FindFreePort())).c_str(), 1);
+          attnComm_t comm = nullptr;
+          if (attnCommInitFromEnv(&comm, nullptr) != attnSuccess) _exit(20);
+          attnCommDestroy(comm);
+        }
+        std::ifstream f(log);
+        std::string line;
+        int warnings = 0;
+        while (std::getline(f, line))
+          if (line.find(" WARN ") != std::string::npos &&
+              line.find("without ATTN_SECRET") != std::string::npos)
+            ++warnings;
+        _exit(warnings == 1 ? 0 : 10 + warnings);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // attnCommInitFromEnv: rank, size and root from the launcher's environment.
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "src/core/api_call.h"
 #include "src/core/bootstrap.h"
 #include "src/core/env.h"
+#include "src/core/env_secret.h"
 #include "topology/host_identity.h"
 #include "src/core/log.h"
 
@@ -65,18 +67,9 @@ attnResult_t readLaunchEnv(LaunchEnv* env) {
 }
 
 attnResult_t readSecret(const LaunchEnv& env, uint8_t secret[16]) {
-  if (auto hex = envString("ATTN_SECRET")) {
-    if (hex->size() != 32)
-      return setError(attnInvalidArgument, "ATTN_SECRET must be 32 hex digits, got %zu characters",
-                      hex->size());
-    for (int i = 0; i < 16; ++i) {
-      unsigned v;
-      if (sscanf(hex->c_str() + 2 * i, "%2x", &v) != 1)
-        return setError(attnInvalidArgument, "ATTN_SECRET is not hexadecimal");
-      secret[i] = static_cast<uint8_t>(v);
-    }
-    return attnSuccess;
-  }
+  bool found = false;
+  ATTN_CHECK(readConfiguredSecret(secret, &found));
+  if (found) return attnSuccess;
   // Without a shared secret, derive one from what every rank of this job
   // sees: it keeps jobs apart but is no protection against a hostile peer.
   std::string job = env.root + "/" + std::to_string(env.nranks);
@@ -86,8 +79,14 @@ attnResult_t readSecret(const LaunchEnv& env, uint8_t secret[16]) {
   uint64_t a = hash64(job.data(), job.size()), b = hash64(job.data(), job.size(), a ^ 0x9e3779b97f4a7c15ull);
   std::memcpy(secret, &a, 8);
   std::memcpy(secret + 8, &b, 8);
-  ATTN_INFO(kLogInit, "ATTN_SECRET not set: using a secret derived from the job (%s); set "
-                      "ATTN_SECRET to authenticate peers", env.source.c_str());
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    ATTN_WARN(kLogInit, "attnCommInitFromEnv (%s) without ATTN_SECRET or ATTN_SECRET_FILE: "
+              "the secret is derived from the root address, the size and the job id, which "
+              "anyone can guess, so any process that reaches the root's or a rank's port can "
+              "join or impersonate ranks. Set ATTN_SECRET_FILE (a 0600 file of 32 hex digits) "
+              "on every rank to authenticate them", env.source.c_str());
+  });
   return attnSuccess;
 }
 

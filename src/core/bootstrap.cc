@@ -13,6 +13,7 @@
 #include <list>
 #include <thread>
 
+#include "src/core/auth.h"
 #include "src/core/bootstrap_wire.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -27,6 +28,8 @@ attnResult_t Bootstrap::create(const attnUniqueId& id, int rank, int nranks, int
   ATTN_REQUIRE(out != nullptr, "bootstrap: NULL output");
   ATTN_REQUIRE(nranks > 0 && rank >= 0 && rank < nranks,
                "bootstrap: rank %d is not in [0, %d)", rank, nranks);
+  ATTN_REQUIRE(nranks <= kMaxRanks, "bootstrap: nranks=%d exceeds the bootstrap's bound of %d ranks",
+               nranks, kMaxRanks);
   UniqueIdData data;
   ATTN_CHECK(decodeUniqueId(id, &data));
   std::unique_ptr<SocketBootstrap> b;
@@ -85,7 +88,7 @@ attnResult_t SocketBootstrap::start(const UniqueIdData& id) {
   if (wakeFd_ < 0) return setError(attnSystemError, "bootstrap: eventfd: %s", strerror(errno));
   outFd_.assign(nranks_, -1);
   outMu_ = std::make_unique<std::mutex[]>(nranks_);
-  peerGone_.assign(nranks_, false);
+  peerMail_.assign(nranks_, PeerMail{});
   try {
     rx_ = std::thread([this] { rxLoop(); });
   } catch (const std::exception& e) {
@@ -96,42 +99,61 @@ attnResult_t SocketBootstrap::start(const UniqueIdData& id) {
   return joinRoot(root);
 }
 
-// One attempt: dial the root, send the hello, wait for the reply.
+// One attempt: dial the root, say hello, answer its challenge, then wait
+// for its reply and check that the root proved the secret before reading it.
 attnResult_t SocketBootstrap::helloRoot(const SocketAddress& root, const Deadline& deadline,
-                                        const std::string& what, std::vector<uint8_t>* reply) {
+                                        const std::string& what, RootAnswer* answer,
+                                        bool* fatal) {
+  *fatal = false;
+  auth::Nonce mine, theirs;
+  ATTN_CHECK(auth::freshNonce(&mine));
+  const RootHello h = makeRootHello(nonce_, rank_, nranks_, timeoutMs_, listenAddr_, mine);
   int fd = -1;
   ATTN_CHECK(socketConnect(root, deadline, cancel(), what.c_str(), &fd));
-  RootHello h{};
-  h.magic = kRootHelloMagic;
-  h.version = kWireVersion;
-  std::memcpy(h.secret, secret_, 16);
-  h.nonce = nonce_;
-  h.rank = rank_;
-  h.nranks = nranks_;
-  h.timeoutMs = timeoutMs_ > 0 ? timeoutMs_ : 0;
-  h.addrLen = serializeAddress(listenAddr_, h.addr);
+  std::vector<uint8_t> frame;
   attnResult_t rc = sendFrame(fd, &h, sizeof(h), deadline, cancel(), what.c_str());
+  if (rc == attnSuccess)
+    rc = recvFrame(fd, kMaxUnauthFrame, &frame, deadline, cancel(), what.c_str());
+  if (rc == attnSuccess && !parseChallenge(frame.data(), frame.size(), kRootChallengeMagic, &theirs))
+    rc = setError(attnRemoteError, "%s: malformed challenge (not an attncomm root of this "
+                  "version?)", what.c_str());
+  if (rc == attnSuccess) {
+    const Proof p = makeRootProof(secret_, h, theirs);
+    rc = sendFrame(fd, &p, sizeof(p), deadline, cancel(), what.c_str());
+  }
   if (rc == attnSuccess) {
     std::string waitWhat = what + ": waiting for all " + std::to_string(nranks_) + " ranks";
-    rc = recvFrame(fd, sizeof(RootReply) + nranks_ * sizeof(AddrSlot), reply, deadline,
-                   cancel(), waitWhat.c_str());
+    rc = recvFrame(fd, rootReplyBound(nranks_), &frame, deadline, cancel(), waitWhat.c_str());
   }
   closeSocket(&fd);
-  return rc;
+  if (rc != attnSuccess) return rc;
+  switch (parseRootReply(frame.data(), frame.size(), secret_, h, theirs, answer)) {
+    case ReplyCheck::kOk: return attnSuccess;
+    case ReplyCheck::kForged:
+      *fatal = true;
+      return setError(attnRemoteError, "%s: the root's reply is not signed with this "
+                      "communicator's secret: whatever answers there is not its root (a wrong or "
+                      "stale unique id, or another program on that port); its address table is "
+                      "ignored", what.c_str());
+    case ReplyCheck::kMalformed: break;
+  }
+  *fatal = true;
+  return setError(attnRemoteError, "%s: malformed reply", what.c_str());
 }
 
 attnResult_t SocketBootstrap::joinRoot(const SocketAddress& root) {
   Deadline deadline = Deadline::afterMs(timeoutMs_);
   std::string what = "bootstrap rank " + std::to_string(rank_) + ": root " + formatAddress(root);
-  std::vector<uint8_t> reply;
+  RootAnswer r;
   // The root closes, without a word, connections it does not trust and the
   // oldest ones when flooded: try a few times, then give up (a wrong secret
   // looks the same from here).
   constexpr int kAttempts = 5;
   for (int attempt = 1;; ++attempt) {
-    attnResult_t rc = helloRoot(root, deadline, what, &reply);
+    bool fatal = false;
+    attnResult_t rc = helloRoot(root, deadline, what, &r, &fatal);
     if (rc == attnSuccess) break;
-    if (rc != attnRemoteError || cancel().set() || deadline.expired()) return rc;
+    if (fatal || rc != attnRemoteError || cancel().set() || deadline.expired()) return rc;
     if (attempt == kAttempts)
       return setError(attnRemoteError, "%s: the root closed the connection %d times without "
                       "answering (wrong secret or unique id?)", what.c_str(), kAttempts);
@@ -139,12 +161,6 @@ attnResult_t SocketBootstrap::joinRoot(const SocketAddress& root) {
     std::this_thread::sleep_for(std::chrono::milliseconds(deadline.sliceMs(10 << attempt)));
   }
 
-  RootReply r;
-  if (reply.size() < sizeof(r))
-    return setError(attnRemoteError, "%s: malformed reply", what.c_str());
-  std::memcpy(&r, reply.data(), sizeof(r));
-  if (r.magic != kRootReplyMagic)
-    return setError(attnRemoteError, "%s: malformed reply (magic)", what.c_str());
   switch (r.status) {
     case kRootOk: break;
     case kRootDuplicateRank:
@@ -152,21 +168,19 @@ attnResult_t SocketBootstrap::joinRoot(const SocketAddress& root) {
     case kRootSizeMismatch:
       return setError(attnInvalidUsage, "%s: this rank says nranks=%d, other ranks said %d",
                       what.c_str(), nranks_, r.nranks);
+    case kRootBadSize:
+      return setError(attnInvalidArgument, "%s: the root refused rank %d of nranks=%d (nranks "
+                      "must be in [1, %d])", what.c_str(), rank_, nranks_, r.nranks);
     case kRootTimedOut:
       return setError(attnTimeout, "%s: root timed out with %d of %d ranks joined", what.c_str(),
                       r.joined, r.nranks);
+    case kRootFailed:
+      return setError(attnRemoteError, "%s: the root failed (see its log) with %d of %d ranks "
+                      "joined", what.c_str(), r.joined, r.nranks);
     default:
       return setError(attnRemoteError, "%s: unknown status %d", what.c_str(), r.status);
   }
-  if (r.nranks != nranks_ || reply.size() != sizeof(r) + nranks_ * sizeof(AddrSlot))
-    return setError(attnRemoteError, "%s: malformed address table", what.c_str());
-  peerAddr_.resize(nranks_);
-  for (int i = 0; i < nranks_; ++i) {
-    AddrSlot s;
-    std::memcpy(&s, reply.data() + sizeof(r) + i * sizeof(AddrSlot), sizeof(s));
-    if (!deserializeAddress(s.addr, s.len, &peerAddr_[i]))
-      return setError(attnRemoteError, "%s: bad address for rank %d", what.c_str(), i);
-  }
+  peerAddr_ = std::move(r.addrs);
   ATTN_INFO(kLogBoot, "bootstrap rank %d: all %d ranks met", rank_, nranks_);
   return attnSuccess;
 }
@@ -174,26 +188,137 @@ attnResult_t SocketBootstrap::joinRoot(const SocketAddress& root) {
 // ---------------------------------------------------------------------------
 // Receive side
 
-void SocketBootstrap::deliver(int from, std::vector<uint8_t>&& frame) {
+bool SocketBootstrap::deliver(int from, std::vector<uint8_t>&& frame) {
   DataHeader h;
   std::memcpy(&h, frame.data(), sizeof(h));
   std::lock_guard<std::mutex> g(mu_);
+  if (from != rank_) {
+    PeerMail& m = peerMail_[from];
+    if (m.frames >= kMaxQueuedFrames || frame.size() > kMaxQueuedBytes - m.bytes) return false;
+    ++m.frames;
+    m.bytes += frame.size();
+  }
   mail_[Key{from, h.kind, h.tag}].push_back(std::move(frame));
+  cv_.notify_all();
+  return true;
+}
+
+void SocketBootstrap::markGone(int from, bool cutOff) {
+  std::lock_guard<std::mutex> g(mu_);
+  peerMail_[from].gone = true;
+  if (cutOff) peerMail_[from].cutOff = true;
   cv_.notify_all();
 }
 
 void SocketBootstrap::rxLoop() {
-  struct Conn {
-    int fd;
-    FrameReader reader;
-    int from;  // -1 until the peer proved the secret
-  };
-  std::list<Conn> conns;
-  size_t unauth = 0;
-  auto markGone = [&](int from) {
+  // Nothing may escape the thread (that would end the process): a failure
+  // here fails the waits instead.
+  try {
+    rxServe();
+  } catch (const std::exception& e) {
+    ATTN_WARN(kLogBoot, "bootstrap rank %d: receive thread failed: %s", rank_, e.what());
     std::lock_guard<std::mutex> g(mu_);
-    peerGone_[from] = true;
+    rxError_ = e.what();
     cv_.notify_all();
+  }
+}
+
+namespace {
+
+// A connection accepted by rxServe: first the handshake (from < 0), then
+// data frames from rank `from`.
+struct RxConn {
+  int fd = -1;
+  FrameReader reader;
+  std::string ip;     // source IP, which the claimed rank is bound to
+  std::string where;  // source address, for messages
+  bool challenged = false;
+  PeerHello hello{};
+  auth::Nonce nonce{};  // ours, sent in the challenge
+  int from = -1;
+  RxConn() = default;
+  RxConn(const RxConn&) = delete;
+  RxConn& operator=(const RxConn&) = delete;
+  ~RxConn() { closeSocket(&fd); }
+};
+
+}  // namespace
+
+void SocketBootstrap::rxServe() {
+  std::list<RxConn> conns;
+  size_t unauth = 0;
+  // Per rank: the source IP of its first authenticated connection (empty:
+  // none yet) and whether a connection from it is open.
+  struct Binding {
+    std::string ip;
+    bool live = false;
+  };
+  std::vector<Binding> bound(static_cast<size_t>(nranks_));
+  auto cutOff = [&](int r) {
+    std::lock_guard<std::mutex> g(mu_);
+    return peerMail_[r].cutOff;
+  };
+
+  // One handshake frame from a stranger; false: drop the connection.
+  auto handshake = [&](RxConn& c, const std::vector<uint8_t>& body) {
+    if (!c.challenged) {
+      if (!parsePeerHello(body.data(), body.size(), nonce_, rank_, nranks_, &c.hello)) {
+        ATTN_INFO(kLogBoot, "bootstrap rank %d: dropping a connection from %s: malformed hello, "
+                  "or one for another rank or communicator", rank_, c.where.c_str());
+        return false;
+      }
+      if (auth::freshNonce(&c.nonce) != attnSuccess) return false;
+      const Challenge ch = makeChallenge(kPeerChallengeMagic, c.nonce);
+      c.challenged = sendFrameNow(c.fd, &ch, sizeof(ch));
+      return c.challenged;
+    }
+    const int claimed = c.hello.from;
+    if (!checkPeerProof(body.data(), body.size(), secret_, c.hello, c.nonce)) {
+      ATTN_INFO(kLogBoot, "bootstrap rank %d: dropping a connection from %s claiming rank %d: "
+                "its proof does not match the secret", rank_, c.where.c_str(), claimed);
+      return false;
+    }
+    Binding& b = bound[size_t(claimed)];
+    PeerStatus status = kPeerOk;
+    if (cutOff(claimed)) {
+      status = kPeerRefused;
+      ATTN_WARN(kLogBoot, "bootstrap rank %d: refusing a connection from %s claiming rank %d: "
+                "that rank was cut off", rank_, c.where.c_str(), claimed);
+    } else if (!b.ip.empty() && b.ip != c.ip) {
+      status = kPeerRefused;
+      ATTN_WARN(kLogBoot, "bootstrap rank %d: refusing a connection from %s claiming rank %d, "
+                "which is bound to %s", rank_, c.where.c_str(), claimed, b.ip.c_str());
+    } else if (b.live) {
+      status = kPeerBusy;
+      ATTN_WARN(kLogBoot, "bootstrap rank %d: refusing a connection from %s claiming rank %d "
+                "while that rank's connection is open", rank_, c.where.c_str(), claimed);
+    }
+    const PeerAck ack = makePeerAck(secret_, c.hello, c.nonce, status);
+    if (!sendFrameNow(c.fd, &ack, sizeof(ack)) || status != kPeerOk) return false;
+    if (b.ip.empty()) b.ip = c.ip;
+    b.live = true;
+    c.from = claimed;
+    --unauth;
+    std::lock_guard<std::mutex> g(mu_);
+    peerMail_[size_t(claimed)].gone = false;
+    return true;
+  };
+
+  // One data frame from an authenticated peer; false: cut it off.
+  auto data = [&](RxConn& c, std::vector<uint8_t>& body) {
+    if (body.size() < sizeof(DataHeader)) {
+      ATTN_WARN(kLogBoot, "bootstrap rank %d: short frame from peer %d", rank_, c.from);
+      markGone(c.from, false);
+      return false;
+    }
+    if (!deliver(c.from, std::move(body))) {
+      ATTN_WARN(kLogBoot, "bootstrap rank %d: peer %d (%s) has more than %zu frames or %zu bytes "
+                "queued unread: closing its connection", rank_, c.from, c.where.c_str(),
+                kMaxQueuedFrames, kMaxQueuedBytes);
+      markGone(c.from, true);
+      return false;
+    }
+    return true;
   };
 
   while (!closed_.load()) {
@@ -204,60 +329,36 @@ void SocketBootstrap::rxLoop() {
 
     size_t i = 2;
     for (auto it = conns.begin(); it != conns.end(); ++i) {
-      Conn& c = *it;
-      bool drop = false;
-      while (fds[i].revents && !drop) {
-        size_t bound = c.from < 0 ? kMaxUnauthFrame : kMaxDataFrame + sizeof(DataHeader);
-        FrameReader::Status st = c.reader.read(c.fd, bound);
+      RxConn& c = *it;
+      bool keep = true;
+      while (fds[i].revents && keep) {
+        const size_t limit = c.from < 0 ? kMaxUnauthFrame : kMaxDataFrame + sizeof(DataHeader);
+        FrameReader::Status st = c.reader.read(c.fd, limit);
         if (st == FrameReader::kAgain) break;
         if (st != FrameReader::kFrame) {
+          const char* why = st == FrameReader::kTooLong ? "oversized frame" : "closed";
           if (c.from >= 0) {
             if (st != FrameReader::kClosed)
-              ATTN_WARN(kLogBoot, "bootstrap rank %d: connection from peer %d failed (%s)",
-                        rank_, c.from, st == FrameReader::kTooLong ? "oversized frame"
-                                                                  : strerror(c.reader.lastErrno()));
-            markGone(c.from);
+              ATTN_WARN(kLogBoot, "bootstrap rank %d: connection from peer %d failed (%s)", rank_,
+                        c.from, st == FrameReader::kTooLong ? why : strerror(c.reader.lastErrno()));
+            markGone(c.from, false);
           } else {
-            ATTN_INFO(kLogBoot, "bootstrap rank %d: dropping unauthenticated connection (%s)",
-                      rank_, st == FrameReader::kTooLong ? "oversized frame" : "closed");
+            ATTN_INFO(kLogBoot, "bootstrap rank %d: dropping a connection from %s (%s)", rank_,
+                      c.where.c_str(), why);
           }
-          drop = true;
+          keep = false;
           break;
         }
-        auto& body = c.reader.body();
-        if (c.from < 0) {
-          PeerHello h;
-          bool ok = body.size() == sizeof(h);
-          if (ok) std::memcpy(&h, body.data(), sizeof(h));
-          ok = ok && h.magic == kPeerHelloMagic && h.version == kWireVersion &&
-               secretsEqual(h.secret, secret_, 16) && h.nonce == nonce_ && h.to == rank_ &&
-               h.from >= 0 && h.from < nranks_;
-          if (!ok) {
-            ATTN_INFO(kLogBoot, "bootstrap rank %d: dropping connection with a bad hello", rank_);
-            drop = true;
-            break;
-          }
-          c.from = h.from;
-          --unauth;
-          std::lock_guard<std::mutex> g(mu_);
-          peerGone_[c.from] = false;
-        } else if (body.size() < sizeof(DataHeader)) {
-          ATTN_WARN(kLogBoot, "bootstrap rank %d: short frame from peer %d", rank_, c.from);
-          markGone(c.from);
-          drop = true;
-          break;
-        } else {
-          deliver(c.from, std::move(body));
-        }
+        keep = c.from < 0 ? handshake(c, c.reader.body()) : data(c, c.reader.body());
         c.reader.next();
       }
-      if (drop) {
-        if (c.from < 0) --unauth;
-        closeSocket(&c.fd);
-        it = conns.erase(it);
-      } else {
+      if (keep) {
         ++it;
+        continue;
       }
+      if (c.from < 0) --unauth;
+      else bound[size_t(c.from)].live = false;
+      it = conns.erase(it);
     }
 
     if (fds[1].revents) {
@@ -265,17 +366,24 @@ void SocketBootstrap::rxLoop() {
         int fd = -1;
         if (socketAcceptNow(listenFd_, &fd) != attnSuccess || fd < 0) break;
         if (unauth >= kMaxPendingConns) {  // evict the oldest stranger
-          auto old = std::find_if(conns.begin(), conns.end(), [](const Conn& c) { return c.from < 0; });
-          closeSocket(&old->fd);
+          auto old = std::find_if(conns.begin(), conns.end(), [](const RxConn& c) { return c.from < 0; });
           conns.erase(old);
           --unauth;
         }
-        conns.push_back(Conn{fd, FrameReader(), -1});
+        RxConn& c = conns.emplace_back();
+        c.fd = fd;
+        SocketAddress src;
+        src.len = sizeof(src.storage);
+        if (getpeername(fd, src.sa(), &src.len) == 0) {
+          c.ip = addressIp(src);
+          c.where = formatAddress(src);
+        } else {
+          c.where = "an unknown address";
+        }
         ++unauth;
       }
     }
   }
-  for (auto& c : conns) closeSocket(&c.fd);
 }
 
 attnResult_t SocketBootstrap::takeLocked(const Key& key, void* data, size_t bytes) {
@@ -283,6 +391,11 @@ attnResult_t SocketBootstrap::takeLocked(const Key& key, void* data, size_t byte
   std::vector<uint8_t> frame = std::move(it->second.front());
   it->second.pop_front();
   if (it->second.empty()) mail_.erase(it);
+  if (std::get<0>(key) != rank_) {
+    PeerMail& m = peerMail_[size_t(std::get<0>(key))];
+    --m.frames;
+    m.bytes -= frame.size();
+  }
   const size_t got = frame.size() - sizeof(DataHeader);
   if (got != bytes)
     return setError(attnInvalidUsage,
@@ -298,7 +411,14 @@ attnResult_t SocketBootstrap::waitFailsLocked(int peer, uint32_t tag, const Dead
     return setError(attnRemoteError, "bootstrap rank %d: closed while waiting for %s", rank_, who().c_str());
   if (abortFlag_ && abortFlag_->load())
     return setError(attnRemoteError, "bootstrap rank %d: aborted while waiting for %s", rank_, who().c_str());
-  if (peer >= 0 && peerGone_[peer])
+  if (!rxError_.empty())
+    return setError(attnRemoteError, "bootstrap rank %d: receive thread failed (%s) while waiting "
+                    "for %s", rank_, rxError_.c_str(), who().c_str());
+  if (peer >= 0 && peerMail_[peer].cutOff)
+    return setError(attnRemoteError, "bootstrap rank %d: peer %d was cut off for queueing more "
+                    "than %zu frames or %zu bytes unread (tag %u not received)", rank_, peer,
+                    kMaxQueuedFrames, kMaxQueuedBytes, tag);
+  if (peer >= 0 && peerMail_[peer].gone)
     return setError(attnRemoteError, "bootstrap rank %d: peer %d closed its connection (tag %u not received)",
                     rank_, peer, tag);
   if (deadline.expired())
@@ -343,26 +463,52 @@ attnResult_t SocketBootstrap::recvAny(uint32_t tag, void* data, size_t bytes, co
 // ---------------------------------------------------------------------------
 // Send side
 
+attnResult_t SocketBootstrap::handshakePeer(int fd, int peer, const Deadline& deadline,
+                                            const std::string& what, int32_t* status) {
+  auth::Nonce mine, theirs;
+  ATTN_CHECK(auth::freshNonce(&mine));
+  const PeerHello h = makePeerHello(nonce_, rank_, peer, mine);
+  std::vector<uint8_t> frame;
+  ATTN_CHECK(sendFrame(fd, &h, sizeof(h), deadline, cancel(), what.c_str()));
+  ATTN_CHECK(recvFrame(fd, kMaxUnauthFrame, &frame, deadline, cancel(), what.c_str()));
+  if (!parseChallenge(frame.data(), frame.size(), kPeerChallengeMagic, &theirs))
+    return setError(attnRemoteError, "%s: malformed challenge", what.c_str());
+  const Proof p = makePeerProof(secret_, h, theirs);
+  ATTN_CHECK(sendFrame(fd, &p, sizeof(p), deadline, cancel(), what.c_str()));
+  ATTN_CHECK(recvFrame(fd, sizeof(PeerAck), &frame, deadline, cancel(), what.c_str()));
+  if (!parsePeerAck(frame.data(), frame.size(), secret_, h, theirs, status))
+    return setError(attnRemoteError, "%s: the listener did not prove the secret (its answer is "
+                    "not signed with it): not peer %d", what.c_str(), peer);
+  return attnSuccess;
+}
+
+// Connects and authenticates both ways before any data goes out. A peer
+// that still holds this rank's previous connection answers "busy" until it
+// has seen that one close: retry then.
 attnResult_t SocketBootstrap::dialLocked(int peer, const Deadline& deadline) {
   std::string what = "bootstrap rank " + std::to_string(rank_) + ": connect to peer " +
                      std::to_string(peer) + " at " + formatAddress(peerAddr_[peer]);
-  int fd = -1;
-  ATTN_CHECK(socketConnect(peerAddr_[peer], deadline, cancel(), what.c_str(), &fd,
-                           ConnectTarget::kPeer));
-  PeerHello h{};
-  h.magic = kPeerHelloMagic;
-  h.version = kWireVersion;
-  std::memcpy(h.secret, secret_, 16);
-  h.nonce = nonce_;
-  h.from = rank_;
-  h.to = peer;
-  attnResult_t rc = sendFrame(fd, &h, sizeof(h), deadline, cancel(), what.c_str());
-  if (rc != attnSuccess) {
+  for (int backoffMs = 1;; backoffMs = std::min(backoffMs * 2, 100)) {
+    int fd = -1;
+    ATTN_CHECK(socketConnect(peerAddr_[peer], deadline, cancel(), what.c_str(), &fd,
+                             ConnectTarget::kPeer));
+    int32_t status = kPeerRefused;
+    attnResult_t rc = handshakePeer(fd, peer, deadline, what, &status);
+    if (rc == attnSuccess && status == kPeerOk) {
+      outFd_[peer] = fd;
+      return attnSuccess;
+    }
     closeSocket(&fd);
-    return rc;
+    if (rc != attnSuccess) return rc;
+    if (status != kPeerBusy)
+      return setError(attnRemoteError, "%s: peer %d refused this rank (bound to another address, "
+                      "or cut off)", what.c_str(), peer);
+    if (cancel().set() || deadline.expired())
+      return setError(deadline.expired() ? attnTimeout : attnRemoteError,
+                      "%s: peer %d still holds an earlier connection from rank %d", what.c_str(),
+                      peer, rank_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(deadline.sliceMs(backoffMs)));
   }
-  outFd_[peer] = fd;
-  return attnSuccess;
 }
 
 attnResult_t SocketBootstrap::sendTo(int peer, uint32_t kind, uint32_t tag, const void* data,

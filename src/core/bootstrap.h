@@ -3,10 +3,11 @@
 //
 // attnGetUniqueId starts a root listener in the calling process; the unique
 // id carries the root's address and a random 128-bit secret. Every rank
-// connects to the root, proves the secret, and learns the listening address
-// of every other rank. After that, ranks talk to each other directly through
-// authenticated sockets (each connection starts with the secret), and the
-// root goes away once all ranks have met.
+// connects to the root, proves the secret, checks that the root proves it
+// too, and learns the listening address of every other rank. After that,
+// ranks talk to each other directly through sockets authenticated the same
+// way both ways (challenge-response, bootstrap_wire.h; the secret itself
+// never travels), and the root goes away once all ranks have met.
 //
 // Frames are length-prefixed and bounded: a malformed, unauthenticated or
 // oversized frame is dropped (connection closed) without disturbing the

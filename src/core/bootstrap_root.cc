@@ -1,9 +1,9 @@
-// The bootstrap root: a thread that waits for every rank's hello, checks the
-// secret, and sends everyone the table of listen addresses. One poll loop
-// reads all candidate connections without blocking, so a silent, garbled or
-// unauthenticated client is dropped without delaying the real ranks.
+// The bootstrap root: a thread that waits for every rank's hello, challenges
+// it to prove the secret (bootstrap_wire.h), and sends everyone the table of
+// listen addresses, signed for each rank. One poll loop reads all candidate
+// connections without blocking, so a silent, garbled or unauthenticated
+// client is dropped without delaying the real ranks.
 #include <poll.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/core/auth.h"
 #include "src/core/bootstrap.h"
 #include "src/core/bootstrap_wire.h"
 #include "src/core/env.h"
@@ -31,10 +32,30 @@ constexpr int64_t kDefaultRootTimeoutMs = 300000;
 // its own attnTimeout rather than the root going away.
 constexpr int64_t kRootGraceMs = 1000;
 
+// A connection that has not joined yet: first its hello is read and a
+// challenge sent, then its proof is checked.
 struct Pending {
   int fd;
   FrameReader reader;
+  std::string from;         // source address, for messages
+  bool challenged = false;  // hello read, challenge sent, proof awaited
+  RootHello hello{};
+  auth::Nonce nonce{};      // ours, sent in the challenge
 };
+
+// A rank that proved the secret and joined: what its reply is signed over.
+struct Joined {
+  int fd = -1;
+  RootHello hello{};
+  auth::Nonce nonce{};
+};
+
+std::string peerName(int fd) {
+  SocketAddress a;
+  a.len = sizeof(a.storage);
+  if (getpeername(fd, a.sa(), &a.len) != 0) return "an unknown address";
+  return formatAddress(a);
+}
 
 class RootServer {
  public:
@@ -48,7 +69,7 @@ class RootServer {
   void closeSockets() {
     closeSocket(&listenFd_);
     for (auto& p : pending_) closeSocket(&p.fd);
-    for (int& fd : joinedFd_) closeSocket(&fd);
+    for (auto& j : joined_) closeSocket(&j.fd);
   }
 
   std::atomic<bool> stop{false};
@@ -56,25 +77,45 @@ class RootServer {
 
   void run() {
     ErrorContext ctx("bootstrap root " + formatAddress(addr_));
+    // Nothing may escape the thread (that would end the process): an
+    // allocation that fails is reported and ends this root only.
+    try {
+      serveAll();
+      // Its port is free again at once (attnCommInitFromEnv may start another
+      // root there), not when the next root reaps this one.
+      closeSocket(&listenFd_);
+      for (auto& p : pending_) closeSocket(&p.fd);
+    } catch (const std::exception& e) {
+      ATTN_WARN(kLogBoot, "bootstrap root %s: giving up: %s", formatAddress(addr_).c_str(),
+                e.what());
+      try {
+        replyAll(kRootFailed);
+      } catch (const std::exception&) {
+      }
+      closeSockets();
+    }
+    done.store(true);
+  }
+
+ private:
+  void serveAll() {
     deadline_ = Deadline::afterMs(envInt("ATTN_BOOTSTRAP_TIMEOUT_MS", kDefaultRootTimeoutMs));
     ATTN_INFO(kLogBoot, "bootstrap root listening on %s", formatAddress(addr_).c_str());
     while (!stop.load()) {
-      if (nranks_ > 0 && joined_ == nranks_) {
+      if (nranks_ > 0 && joinedCount_ == nranks_) {
         distribute();
         break;
       }
       if (deadline_.expired()) {
-        ATTN_WARN(kLogBoot, "bootstrap root: timed out with %d of %d ranks joined", joined_,
+        ATTN_WARN(kLogBoot, "bootstrap root: timed out with %d of %d ranks joined", joinedCount_,
                   nranks_);
         replyAll(kRootTimedOut);
         break;
       }
       pollOnce();
     }
-    done.store(true);
   }
 
- private:
   void pollOnce() {
     std::vector<pollfd> fds;
     fds.push_back({listenFd_, POLLIN, 0});
@@ -98,97 +139,125 @@ class RootServer {
     for (;;) {
       int fd = -1;
       if (socketAcceptNow(listenFd_, &fd) != attnSuccess || fd < 0) return;
-      // At the cap, the oldest silent connection makes room: a flood of idle
-      // clients cannot lock out ranks, which send their hello at once.
+      // At the cap, the oldest connection makes room: a flood of idle
+      // clients cannot lock out ranks, which answer at once.
       if (pending_.size() >= kMaxPendingConns) {
         drop(pending_.front(), "evicted (too many pending connections)");
         pending_.pop_front();
       }
-      pending_.push_back(Pending{fd, FrameReader()});
+      pending_.push_back(Pending{fd, FrameReader(), peerName(fd)});
     }
   }
 
-  // Reads from one client; true when it is finished with (joined or dropped).
+  // Reads from one client without blocking; true when it is finished with
+  // (joined or dropped).
   bool serve(Pending& p) {
-    FrameReader::Status st = p.reader.read(p.fd, kMaxUnauthFrame);
-    if (st == FrameReader::kAgain) return false;
-    if (st != FrameReader::kFrame) {
-      drop(p, st == FrameReader::kTooLong ? "oversized frame" : "closed or failed before hello");
+    for (;;) {
+      FrameReader::Status st = p.reader.read(p.fd, kMaxUnauthFrame);
+      if (st == FrameReader::kAgain) return false;
+      if (st != FrameReader::kFrame) {
+        drop(p, st == FrameReader::kTooLong ? "oversized frame" : "closed or failed before joining");
+        return true;
+      }
+      const auto& body = p.reader.body();
+      if (!p.challenged) {
+        if (!parseRootHello(body.data(), body.size(), nonce_, &p.hello)) {
+          drop(p, "malformed hello, or one for another communicator");
+          return true;
+        }
+        if (auth::freshNonce(&p.nonce) != attnSuccess) {
+          drop(p, "no random nonce");
+          return true;
+        }
+        const Challenge c = makeChallenge(kRootChallengeMagic, p.nonce);
+        if (!sendFrameNow(p.fd, &c, sizeof(c))) {
+          drop(p, "cannot send the challenge");
+          return true;
+        }
+        p.challenged = true;
+        p.reader.next();
+        continue;
+      }
+      if (!checkRootProof(body.data(), body.size(), secret_, p.hello, p.nonce)) {
+        drop(p, "its proof does not match the secret");
+        return true;
+      }
+      admit(p);
       return true;
     }
-    handleHello(p);
-    return true;
   }
 
   void drop(Pending& p, const char* why) {
-    ATTN_INFO(kLogBoot, "bootstrap root: dropping connection: %s", why);
+    ATTN_INFO(kLogBoot, "bootstrap root: dropping connection from %s: %s", p.from.c_str(), why);
     closeSocket(&p.fd);
   }
 
-  void handleHello(Pending& p) {
-    const auto& body = p.reader.body();
-    if (body.size() != sizeof(RootHello)) return drop(p, "malformed hello (size)");
-    RootHello h;
-    std::memcpy(&h, body.data(), sizeof(h));
-    if (h.magic != kRootHelloMagic || h.version != kWireVersion)
-      return drop(p, "malformed hello (magic/version)");
-    if (!secretsEqual(h.secret, secret_, 16)) return drop(p, "wrong secret");
-    if (h.nonce != nonce_) return drop(p, "hello for another communicator (nonce)");
-    SocketAddress peerAddr;
-    if (!deserializeAddress(h.addr, h.addrLen, &peerAddr)) return drop(p, "malformed address");
-    if (h.nranks <= 0 || h.rank < 0 || h.rank >= h.nranks) return drop(p, "bad rank/nranks");
-
-    // From here on the client is authenticated: tell it what went wrong.
+  // `p` proved the secret: it joins, or learns why not.
+  void admit(Pending& p) {
+    const RootHello& h = p.hello;
+    if (h.nranks < 1 || h.nranks > kMaxRanks || h.rank < 0 || h.rank >= h.nranks) {
+      ATTN_WARN(kLogBoot, "bootstrap root: %s claims rank %d of nranks=%d (nranks must be in "
+                "[1, %d])", p.from.c_str(), h.rank, h.nranks, kMaxRanks);
+      return refuse(p, kRootBadSize, kMaxRanks);
+    }
     if (nranks_ < 0) {
       nranks_ = h.nranks;
-      joinedFd_.assign(nranks_, -1);
-      table_.assign(nranks_, AddrSlot{});
+      joined_.assign(size_t(nranks_), Joined{});
+      table_.assign(size_t(nranks_), AddrSlot{});
     }
     if (h.nranks != nranks_) {
-      ATTN_WARN(kLogBoot, "bootstrap root: rank %d says nranks=%d, others said %d", h.rank,
-                h.nranks, nranks_);
-      return refuse(p, kRootSizeMismatch);
+      ATTN_WARN(kLogBoot, "bootstrap root: rank %d (%s) says nranks=%d, others said %d", h.rank,
+                p.from.c_str(), h.nranks, nranks_);
+      return refuse(p, kRootSizeMismatch, nranks_);
     }
-    if (joinedFd_[h.rank] >= 0) {
-      ATTN_WARN(kLogBoot, "bootstrap root: rank %d joined twice", h.rank);
-      return refuse(p, kRootDuplicateRank);
+    Joined& j = joined_[size_t(h.rank)];
+    if (j.fd >= 0) {
+      // The first claimant keeps its place; the second only hears why.
+      ATTN_WARN(kLogBoot, "bootstrap root: rank %d claimed again from %s (already joined)", h.rank,
+                p.from.c_str());
+      return refuse(p, kRootDuplicateRank, nranks_);
     }
-    joinedFd_[h.rank] = p.fd;
+    j.fd = p.fd;
+    j.hello = h;
+    j.nonce = p.nonce;
     p.fd = -1;
-    table_[h.rank].len = h.addrLen;
-    std::memcpy(table_[h.rank].addr, h.addr, kAddressBytes);
-    ++joined_;
-    if (h.timeoutMs > 0) deadline_ = deadline_.earlier(Deadline::afterMs(h.timeoutMs + kRootGraceMs));
+    table_[size_t(h.rank)].len = h.addrLen;
+    std::memcpy(table_[size_t(h.rank)].addr, h.addr, kAddressBytes);
+    ++joinedCount_;
+    if (h.timeoutMs > 0)
+      deadline_ = deadline_.earlier(Deadline::afterMs(int64_t(h.timeoutMs) + kRootGraceMs));
     ATTN_INFO(kLogBoot, "bootstrap root: rank %d of %d joined from %s (%d/%d)", h.rank, nranks_,
-              formatAddress(peerAddr).c_str(), joined_, nranks_);
+              p.from.c_str(), joinedCount_, nranks_);
   }
 
-  void refuse(Pending& p, RootStatus status) {
-    RootReply r{kRootReplyMagic, status, nranks_, joined_};
-    sendFrame(p.fd, &r, sizeof(r), Deadline::afterMs(1000), Cancel{&stop}, "bootstrap root");
+  void refuse(Pending& p, RootStatus status, int32_t nranks) {
+    RootReplyBuilder reply(status, nranks, joinedCount_, nullptr);
+    const auto& msg = reply.signFor(secret_, p.hello, p.nonce);
+    (void)sendFrameNow(p.fd, msg.data(), msg.size());
     closeSocket(&p.fd);
   }
 
   void distribute() {
-    std::vector<uint8_t> msg(sizeof(RootReply) + nranks_ * sizeof(AddrSlot));
-    RootReply r{kRootReplyMagic, kRootOk, nranks_, joined_};
-    std::memcpy(msg.data(), &r, sizeof(r));
-    std::memcpy(msg.data() + sizeof(r), table_.data(), nranks_ * sizeof(AddrSlot));
+    RootReplyBuilder reply(kRootOk, nranks_, joinedCount_, &table_);
     for (int rank = 0; rank < nranks_; ++rank) {
+      Joined& j = joined_[size_t(rank)];
       std::string what = "bootstrap root: table to rank " + std::to_string(rank);
-      sendFrame(joinedFd_[rank], msg.data(), msg.size(), Deadline::afterMs(10000), Cancel{&stop},
+      const auto& msg = reply.signFor(secret_, j.hello, j.nonce);
+      sendFrame(j.fd, msg.data(), msg.size(), Deadline::afterMs(10000), Cancel{&stop},
                 what.c_str());
-      closeSocket(&joinedFd_[rank]);
+      closeSocket(&j.fd);
     }
     ATTN_INFO(kLogBoot, "bootstrap root: all %d ranks met, exiting", nranks_);
   }
 
   void replyAll(RootStatus status) {
-    RootReply r{kRootReplyMagic, status, nranks_, joined_};
-    for (int& fd : joinedFd_) {
-      if (fd < 0) continue;
-      sendFrame(fd, &r, sizeof(r), Deadline::afterMs(1000), Cancel{&stop}, "bootstrap root");
-      closeSocket(&fd);
+    RootReplyBuilder reply(status, nranks_, joinedCount_, nullptr);
+    for (Joined& j : joined_) {
+      if (j.fd < 0) continue;
+      const auto& msg = reply.signFor(secret_, j.hello, j.nonce);
+      sendFrame(j.fd, msg.data(), msg.size(), Deadline::afterMs(1000), Cancel{&stop},
+                "bootstrap root");
+      closeSocket(&j.fd);
     }
   }
 
@@ -198,8 +267,8 @@ class RootServer {
   uint64_t nonce_;
   Deadline deadline_ = Deadline::never();
   int nranks_ = -1;
-  int joined_ = 0;
-  std::vector<int> joinedFd_;
+  int joinedCount_ = 0;
+  std::vector<Joined> joined_;
   std::vector<AddrSlot> table_;
   std::list<Pending> pending_;
 };
@@ -234,7 +303,8 @@ class RootRegistry {
   void forgetInheritedLocked() {
     if (owner_ == getpid()) return;
     owner_ = getpid();
-    auto* orphans = new std::vector<std::thread>();  // never freed, see above
+    // Never freed (see above); held by a static so leak checkers see it.
+    static auto* orphans = new std::vector<std::thread>();
     for (auto& e : roots_) {
       // A root that had finished before the fork stored `done` after its
       // last write to its sockets: reading it orders those writes before
@@ -263,20 +333,6 @@ class RootRegistry {
 RootRegistry& registry() {
   static RootRegistry r;
   return r;
-}
-
-attnResult_t randomBytes(void* out, size_t n) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    ssize_t got = getrandom(p, n, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return setError(attnSystemError, "getrandom: %s", strerror(errno));
-    }
-    p += got;
-    n -= size_t(got);
-  }
-  return attnSuccess;
 }
 
 attnResult_t makeId(const SocketAddress& addr, const uint8_t secret[16], uint64_t nonce,
@@ -313,8 +369,8 @@ attnResult_t bootstrapCreateRoot(attnUniqueId* id) {
   ATTN_CHECK(socketListen(addr, false, &fd, &bound));
   uint8_t secret[16];
   uint64_t nonce = 0;
-  attnResult_t rc = randomBytes(secret, sizeof(secret));
-  if (rc == attnSuccess) rc = randomBytes(&nonce, sizeof(nonce));
+  attnResult_t rc = auth::randomBytes(secret, sizeof(secret));
+  if (rc == attnSuccess) rc = auth::randomBytes(&nonce, sizeof(nonce));
   if (rc == attnSuccess) rc = makeId(bound, secret, nonce, id);
   if (rc != attnSuccess) {
     ::close(fd);

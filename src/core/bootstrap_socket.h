@@ -1,8 +1,15 @@
 // The socket Bootstrap behind Bootstrap::create: one rank's side of the
 // rendezvous. Each rank listens on its own socket; a receive thread accepts
-// authenticated peers and files every frame that arrives into a mailbox keyed
-// by (peer, kind, tag), so recv() can match frames in any order. send()
-// dials the peer lazily and keeps the connection.
+// peers that prove the secret (bootstrap_wire.h) and files every frame that
+// arrives into a mailbox keyed by (peer, kind, tag), so recv() can match
+// frames in any order. send() dials the peer lazily, checks that the peer
+// proves the secret too, and keeps the connection.
+//
+// A rank's identity is bound to the source address of its first
+// authenticated connection: a later claim from elsewhere, or while that
+// rank's connection is open, is refused (WARN) and never disturbs the real
+// peer. What one peer may queue unread is bounded (kMaxQueuedFrames,
+// kMaxQueuedBytes); past that its connection is cut and waits for it fail.
 #pragma once
 
 #include <atomic>
@@ -18,6 +25,7 @@
 #include <vector>
 
 #include "src/core/bootstrap.h"
+#include "src/core/bootstrap_wire.h"
 #include "src/core/socket.h"
 
 namespace attn {
@@ -52,8 +60,14 @@ class SocketBootstrap : public Bootstrap {
   SocketBootstrap(int rank, int nranks, int timeoutMs, const std::atomic<bool>* abortFlag);
   attnResult_t start(const UniqueIdData& id);
   attnResult_t joinRoot(const SocketAddress& root);
+  // One attempt at the root's handshake. *fatal: do not retry (the root
+  // answered but did not prove the secret).
   attnResult_t helloRoot(const SocketAddress& root, const Deadline& deadline,
-                         const std::string& what, std::vector<uint8_t>* reply);
+                         const std::string& what, boot::RootAnswer* answer, bool* fatal);
+  // The dialer's side of the peer handshake on a connected socket; with
+  // attnSuccess, *status is the peer's signed answer (boot::PeerStatus).
+  attnResult_t handshakePeer(int fd, int peer, const Deadline& deadline, const std::string& what,
+                             int32_t* status);
   attnResult_t sendTo(int peer, uint32_t kind, uint32_t tag, const void* data, size_t bytes,
                       const Deadline& deadline);
   attnResult_t recvFrom(int peer, uint32_t kind, uint32_t tag, void* data, size_t bytes,
@@ -64,8 +78,12 @@ class SocketBootstrap : public Bootstrap {
   // deadline), or attnSuccess.
   attnResult_t waitFailsLocked(int peer, uint32_t tag, const Deadline& deadline);
   attnResult_t dialLocked(int peer, const Deadline& deadline);
-  void deliver(int from, std::vector<uint8_t>&& frame);
+  // Files a frame; false (frame dropped) when `from` is over its bounds.
+  bool deliver(int from, std::vector<uint8_t>&& frame);
+  // Marks `from` gone (waits for it fail); cutOff: for good.
+  void markGone(int from, bool cutOff);
   void rxLoop();
+  void rxServe();
   Cancel cancel() const { return Cancel{abortFlag_, &closed_}; }
 
   const int rank_;
@@ -91,7 +109,13 @@ class SocketBootstrap : public Bootstrap {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, std::deque<std::vector<uint8_t>>> mail_;
-  std::vector<bool> peerGone_;
+  struct PeerMail {
+    bool gone = false;    // its connection closed (a new one clears it)
+    bool cutOff = false;  // it exceeded its bounds: gone for good
+    size_t frames = 0;    // queued, unread
+    size_t bytes = 0;
+  };
+  std::vector<PeerMail> peerMail_;
   std::string rxError_;  // fatal receive-thread error, if any
 
   uint32_t collSeq_ = 0;  // internal tag of the next allGather

@@ -406,6 +406,20 @@ attnResult_t sendFrame(int fd, const void* body, size_t bytes, const Deadline& d
   return sendAllV(fd, iov, 2, deadline, cancel, what);
 }
 
+bool sendFrameNow(int fd, const void* body, size_t bytes) {
+  if (bytes > UINT32_MAX) return false;
+  uint32_t len = uint32_t(bytes);
+  iovec iov[2] = {{&len, sizeof(len)}, {const_cast<void*>(body), bytes}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = 2;
+  for (;;) {
+    const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    return n == ssize_t(sizeof(len) + bytes);
+  }
+}
+
 attnResult_t recvFrame(int fd, size_t maxBytes, std::vector<uint8_t>* body,
                        const Deadline& deadline, const Cancel& cancel, const char* what) {
   uint32_t len = 0;
@@ -458,12 +472,6 @@ void FrameReader::next() {
   need_ = got_ = 0;
   haveLen_ = false;
   body_.clear();
-}
-
-bool secretsEqual(const uint8_t* a, const uint8_t* b, size_t n) {
-  volatile uint8_t diff = 0;
-  for (size_t i = 0; i < n; ++i) diff = diff | uint8_t(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 }  // namespace attn

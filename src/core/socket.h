@@ -139,6 +139,11 @@ attnResult_t socketRecvAll(int fd, void* data, size_t bytes,
 attnResult_t sendFrame(int fd, const void* body, size_t bytes,
                        const Deadline& deadline, const Cancel& cancel,
                        const char* what);
+// Sends one small frame without waiting: true when it was written whole.
+// For servers that poll many sockets and must not block on one (a fresh
+// connection's send buffer always has room for a handshake frame); on false
+// the stream is unusable and should be closed.
+bool sendFrameNow(int fd, const void* body, size_t bytes);
 // Receives one frame of at most maxBytes into *body.
 attnResult_t recvFrame(int fd, size_t maxBytes, std::vector<uint8_t>* body,
                        const Deadline& deadline, const Cancel& cancel,
@@ -166,8 +171,5 @@ class FrameReader {
   bool haveLen_ = false;
   int errno_ = 0;
 };
-
-// Compares secrets in time independent of where they differ.
-bool secretsEqual(const uint8_t* a, const uint8_t* b, size_t n);
 
 }  // namespace attn

@@ -79,13 +79,3 @@ attnResult_t decodeUniqueId(const attnUniqueId& id, UniqueIdData* d) {
 }
 
 }  // namespace attn
-
-namespace attn::boot {
-
-uint64_t nonceFromSecret(const uint8_t secret[16]) {
-  uint64_t h = 1469598103934665603ull;
-  for (int i = 0; i < 16; ++i) h = (h ^ secret[i]) * 1099511628211ull;
-  return h ^ 0x656e76ull;  // "env": differs from any random nonce by chance only
-}
-
-}  // namespace attn::boot

@@ -8,9 +8,11 @@
 #include <map>
 #include <string>
 
+#include "src/core/auth.h"
 #include "src/core/bootstrap.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "transports/tcp/tcp_handshake.h"
 
 namespace attn::tcp {
 namespace {
@@ -26,6 +28,41 @@ struct RankSlot {
 constexpr size_t kMaxSetupFrame = 4096;
 // Unchecked connections kept at once while waiting for the lower ranks.
 constexpr size_t kMaxCandidates = 256;
+
+std::string peerAddress(int fd, std::string* ip) {
+  SocketAddress a;
+  a.len = sizeof(a.storage);
+  if (getpeername(fd, a.sa(), &a.len) != 0) return "an unknown address";
+  *ip = addressIp(a);
+  return formatAddress(a);
+}
+
+// A socket this rank dialled: hello sent; then the challenge is answered
+// and the acceptor's signed ack awaited.
+struct Dialed {
+  int peer;
+  int index;
+  int fd;  // owned by the PeerSockets it serves
+  TcpHello hello;
+  FrameReader reader;
+  auth::Nonce acceptorNonce{};
+  bool proved = false;
+  bool done = false;
+};
+
+// A socket accepted from a stranger: hello, challenge, proof.
+struct Candidate {
+  int fd = -1;
+  FrameReader reader;
+  std::string ip, where;
+  bool challenged = false;
+  TcpHello hello{};
+  auth::Nonce nonce{};  // ours
+  Candidate() = default;
+  Candidate(const Candidate&) = delete;
+  Candidate& operator=(const Candidate&) = delete;
+  ~Candidate() { closeSocket(&fd); }
+};
 
 class Setup {
  public:
@@ -46,12 +83,16 @@ class Setup {
 
  private:
   attnResult_t connectAll(const std::vector<int>& peers, std::vector<PeerSockets>* out);
-  TcpHello hello(int to, int index, int nsocks) const;
   attnResult_t dial(int peer, PeerSockets* ps);
-  attnResult_t acceptLower(std::vector<PeerSockets>* out);
-  // A complete hello arrived on an accepted socket: true if it was adopted.
-  bool adopt(int fd, const std::vector<uint8_t>& body, std::vector<PeerSockets>* out);
-  attnResult_t awaitAck(int peer, int fd);
+  // Serves dialled and accepted sockets together until every one is
+  // authenticated both ways.
+  attnResult_t handshakes(std::vector<PeerSockets>* out);
+  attnResult_t onDialedFrame(Dialed& d, const std::vector<uint8_t>& body);
+  // False when the candidate is finished with (adopted or refused).
+  bool onCandidateFrame(Candidate& c, const std::vector<uint8_t>& body,
+                        std::vector<PeerSockets>* out);
+  attnResult_t timedOut(const std::vector<PeerSockets>& out) const;
+  const uint8_t* secret() const { return ctx_.bootstrap->secret(); }
 
   const TransportContext& ctx_;
   const TcpOptions& opt_;
@@ -61,21 +102,11 @@ class Setup {
   int listenFd_ = -1;
   std::vector<RankSlot> slots_;
   std::map<int, size_t> lowerIndex_;  // lower peer rank -> index in peers
+  std::map<int, std::string> boundIp_;  // lower peer -> source IP of its first socket
   int expected_ = 0;                  // sockets still to accept
+  std::list<Dialed> dialed_;
+  size_t dialedLeft_ = 0;             // dialled sockets not yet acknowledged
 };
-
-TcpHello Setup::hello(int to, int index, int nsocks) const {
-  TcpHello h{};
-  h.magic = kHelloMagic;
-  h.version = kWireVersion;
-  std::memcpy(h.secret, ctx_.bootstrap->secret(), 16);
-  h.commHash = commHash_;
-  h.from = ctx_.rank;
-  h.to = to;
-  h.index = index;
-  h.nsocks = nsocks;
-  return h;
-}
 
 attnResult_t Setup::connectAll(const std::vector<int>& peers, std::vector<PeerSockets>* out) {
   const int rank = ctx_.rank, nranks = ctx_.nranks;
@@ -109,14 +140,12 @@ attnResult_t Setup::connectAll(const std::vector<int>& peers, std::vector<PeerSo
     }
   }
 
-  // Dial first (the hellos fit in socket buffers, so nothing waits on the
-  // peer yet), then accept from lower ranks, then collect the acks.
+  // Dial first (connections complete in the peers' backlogs and the hellos
+  // fit in socket buffers, so nothing waits on a peer yet), then serve both
+  // sides of every handshake in one loop.
   for (size_t i = 0; i < peers.size(); ++i)
     if (peers[i] > rank) ATTN_CHECK(dial(peers[i], &(*out)[i]));
-  ATTN_CHECK(acceptLower(out));
-  for (size_t i = 0; i < peers.size(); ++i)
-    if (peers[i] > rank)
-      for (int fd : (*out)[i].fds) ATTN_CHECK(awaitAck(peers[i], fd));
+  ATTN_CHECK(handshakes(out));
 
   for (auto& ps : *out)
     for (int fd : ps.fds) {
@@ -135,102 +164,157 @@ attnResult_t Setup::dial(int peer, PeerSockets* ps) {
     ATTN_CHECK(socketConnect(ps->addr, deadline_, cancel_, what.c_str(), &fd,
                              ConnectTarget::kPeer));
     ps->fds.push_back(fd);
-    TcpHello h = hello(peer, k, opt_.nsocks);
+    auth::Nonce nonce;
+    ATTN_CHECK(auth::freshNonce(&nonce));
+    const TcpHello h = makeTcpHello(ctx_.rank, peer, k, opt_.nsocks, nonce);
     ATTN_CHECK(sendFrame(fd, &h, sizeof(h), deadline_, cancel_, what.c_str()));
+    dialed_.push_back(Dialed{peer, k, fd, h, FrameReader()});
+    ++dialedLeft_;
   }
   return attnSuccess;
 }
 
-bool Setup::adopt(int fd, const std::vector<uint8_t>& body, std::vector<PeerSockets>* out) {
-  TcpHello h;
-  if (body.size() != sizeof(h)) return false;
-  std::memcpy(&h, body.data(), sizeof(h));
-  if (h.magic != kHelloMagic || h.version != kWireVersion ||
-      !secretsEqual(h.secret, ctx_.bootstrap->secret(), 16) || h.commHash != commHash_ ||
-      h.to != ctx_.rank)
-    return false;
-  auto it = lowerIndex_.find(h.from);
-  if (it == lowerIndex_.end()) return false;
-  auto& fds = (*out)[it->second].fds;
-  if (h.nsocks != int(fds.size()) || h.index < 0 || h.index >= h.nsocks || fds[h.index] >= 0)
-    return false;
-  TcpAck ack{kAckMagic, 0};
-  if (sendFrame(fd, &ack, sizeof(ack), deadline_, cancel_, "tcp: ack") != attnSuccess) return false;
-  fds[h.index] = fd;
-  --expected_;
-  return true;
+attnResult_t Setup::onDialedFrame(Dialed& d, const std::vector<uint8_t>& body) {
+  const std::string what = "tcp: rank " + std::to_string(ctx_.rank) + ", socket " +
+                           std::to_string(d.index) + " to peer " + std::to_string(d.peer);
+  if (!d.proved) {
+    if (!parseTcpChallenge(body.data(), body.size(), &d.acceptorNonce))
+      return setError(attnRemoteError, "%s: malformed challenge", what.c_str());
+    const TcpProof p = makeTcpProof(secret(), commHash_, d.hello, d.acceptorNonce);
+    if (!sendFrameNow(d.fd, &p, sizeof(p)))
+      return setError(attnRemoteError, "%s: cannot send the proof", what.c_str());
+    d.proved = true;
+    return attnSuccess;
+  }
+  int32_t status = kTcpRefused;
+  if (!parseTcpAck(body.data(), body.size(), secret(), commHash_, d.hello, d.acceptorNonce,
+                   &status))
+    return setError(attnRemoteError, "%s: the listener did not prove the secret (its answer is "
+                    "not signed with it for this communicator)", what.c_str());
+  if (status != kTcpAccepted)
+    return setError(attnRemoteError, "%s: refused by the peer", what.c_str());
+  d.done = true;
+  --dialedLeft_;
+  return attnSuccess;
 }
 
-attnResult_t Setup::acceptLower(std::vector<PeerSockets>* out) {
-  struct Candidate {
-    int fd;
-    FrameReader reader;
-  };
-  std::list<Candidate> cands;
-  struct Closer {
-    std::list<Candidate>* c;
-    ~Closer() {
-      for (auto& x : *c) closeSocket(&x.fd);
+bool Setup::onCandidateFrame(Candidate& c, const std::vector<uint8_t>& body,
+                             std::vector<PeerSockets>* out) {
+  const int rank = ctx_.rank;
+  if (!c.challenged) {
+    if (!parseTcpHello(body.data(), body.size(), rank, ctx_.nranks, &c.hello) ||
+        !lowerIndex_.count(c.hello.from)) {
+      ATTN_INFO(kLogNet, "tcp: rank %d dropped a connection from %s: malformed or unexpected "
+                "hello", rank, c.where.c_str());
+      return false;
     }
-  } closer{&cands};
+    if (auth::freshNonce(&c.nonce) != attnSuccess) return false;
+    const TcpChallenge ch = makeTcpChallenge(c.nonce);
+    c.challenged = sendFrameNow(c.fd, &ch, sizeof(ch));
+    return c.challenged;
+  }
+  const TcpHello& h = c.hello;
+  if (!checkTcpProof(body.data(), body.size(), secret(), commHash_, h, c.nonce)) {
+    ATTN_INFO(kLogNet, "tcp: rank %d dropped a connection from %s claiming rank %d: its proof "
+              "does not match the secret", rank, c.where.c_str(), h.from);
+    return false;
+  }
+  // Authenticated: the claim is judged. The K sockets of one peer must come
+  // from where its first one came from.
+  auto& fds = (*out)[lowerIndex_.at(h.from)].fds;
+  auto bound = boundIp_.find(h.from);
+  TcpAckStatus status = kTcpAccepted;
+  if (h.nsocks != int(fds.size()) || fds[h.index] >= 0) {
+    status = kTcpRefused;
+    ATTN_WARN(kLogNet, "tcp: rank %d refused socket %d of %d from %s claiming rank %d "
+              "(expected %zu sockets, or a duplicate)", rank, h.index, h.nsocks, c.where.c_str(),
+              h.from, fds.size());
+  } else if (bound != boundIp_.end() && bound->second != c.ip) {
+    status = kTcpRefused;
+    ATTN_WARN(kLogNet, "tcp: rank %d refused a socket from %s claiming rank %d, whose other "
+              "sockets come from %s", rank, c.where.c_str(), h.from, bound->second.c_str());
+  }
+  const TcpAck ack = makeTcpAck(secret(), commHash_, h, c.nonce, status);
+  if (!sendFrameNow(c.fd, &ack, sizeof(ack)) || status != kTcpAccepted) return false;
+  if (bound == boundIp_.end()) boundIp_[h.from] = c.ip;
+  fds[h.index] = c.fd;
+  c.fd = -1;  // now owned by *out
+  --expected_;
+  return false;
+}
 
-  while (expected_ > 0) {
+attnResult_t Setup::timedOut(const std::vector<PeerSockets>& out) const {
+  std::string missing;
+  auto add = [&](int p) {
+    const std::string s = std::to_string(p);
+    if (missing.find(" " + s + ",") == std::string::npos) missing += " " + s + ",";
+  };
+  for (auto& [p, i] : lowerIndex_)
+    for (int fd : out[i].fds)
+      if (fd < 0) add(p);
+  for (const Dialed& d : dialed_)
+    if (!d.done) add(d.peer);
+  if (!missing.empty()) missing.pop_back();
+  return setError(attnTimeout, "tcp: rank %d timed out connecting with peer(s)%s", ctx_.rank,
+                  missing.c_str());
+}
+
+attnResult_t Setup::handshakes(std::vector<PeerSockets>* out) {
+  std::list<Candidate> cands;
+  while (expected_ > 0 || dialedLeft_ > 0) {
     if (cancel_.set())
       return setError(attnRemoteError, "tcp: rank %d aborted while peers connect", ctx_.rank);
-    if (deadline_.expired()) {
-      std::string missing;
-      for (auto& [p, i] : lowerIndex_)
-        for (int fd : (*out)[i].fds)
-          if (fd < 0) {
-            missing += (missing.empty() ? "" : ", ") + std::to_string(p);
-            break;
-          }
-      return setError(attnTimeout, "tcp: rank %d timed out waiting for peer(s) %s to connect",
-                      ctx_.rank, missing.c_str());
-    }
+    if (deadline_.expired()) return timedOut(*out);
     std::vector<pollfd> fds{{listenFd_, POLLIN, 0}};
+    for (auto& d : dialed_) fds.push_back({d.done ? -1 : d.fd, POLLIN, 0});
     for (auto& c : cands) fds.push_back({c.fd, POLLIN, 0});
     if (poll(fds.data(), fds.size(), deadline_.sliceMs(100)) <= 0) continue;
+
     size_t i = 1;
-    for (auto it = cands.begin(); it != cands.end(); ++i) {
-      if (!fds[i].revents) { ++it; continue; }
-      FrameReader::Status st = it->reader.read(it->fd, kMaxSetupFrame);
-      if (st == FrameReader::kAgain) { ++it; continue; }
-      if (st == FrameReader::kFrame && adopt(it->fd, it->reader.body(), out)) {
-        it->fd = -1;  // now owned by *out
-      } else {
-        ATTN_INFO(kLogNet, "tcp: rank %d dropped an unauthenticated connection", ctx_.rank);
-        closeSocket(&it->fd);
+    for (auto& d : dialed_) {
+      if (!fds[i++].revents || d.done) continue;
+      while (!d.done) {
+        FrameReader::Status st = d.reader.read(d.fd, kMaxSetupFrame);
+        if (st == FrameReader::kAgain) break;
+        if (st != FrameReader::kFrame)
+          return setError(attnRemoteError, "tcp: rank %d: peer %d closed socket %d during the "
+                          "handshake (%s)", ctx_.rank, d.peer, d.index,
+                          st == FrameReader::kTooLong ? "oversized frame" : "connection closed");
+        ATTN_CHECK(onDialedFrame(d, d.reader.body()));
+        d.reader.next();
       }
-      it = cands.erase(it);
+    }
+    for (auto it = cands.begin(); it != cands.end(); ++i) {
+      bool keep = fds[i].revents == 0;
+      while (!keep) {
+        FrameReader::Status st = it->reader.read(it->fd, kMaxSetupFrame);
+        if (st == FrameReader::kAgain) {
+          keep = true;
+          break;
+        }
+        if (st != FrameReader::kFrame) {
+          ATTN_INFO(kLogNet, "tcp: rank %d dropped a connection from %s before it was "
+                    "authenticated", ctx_.rank, it->where.c_str());
+          break;
+        }
+        keep = onCandidateFrame(*it, it->reader.body(), out);
+        it->reader.next();
+        if (!keep) break;
+      }
+      it = keep ? std::next(it) : cands.erase(it);
     }
     if (fds[0].revents) {
       for (;;) {
         int fd = -1;
         ATTN_CHECK(socketAcceptNow(listenFd_, &fd));
         if (fd < 0) break;
-        if (cands.size() >= kMaxCandidates) {  // flooded: the oldest stranger goes
-          closeSocket(&cands.front().fd);
-          cands.pop_front();
-        }
-        cands.push_back(Candidate{fd, FrameReader()});
+        if (cands.size() >= kMaxCandidates) cands.pop_front();  // flooded: the oldest stranger goes
+        Candidate& c = cands.emplace_back();
+        c.fd = fd;
+        c.where = peerAddress(fd, &c.ip);
       }
     }
   }
-  return attnSuccess;
-}
-
-attnResult_t Setup::awaitAck(int peer, int fd) {
-  std::string what = "tcp: rank " + std::to_string(ctx_.rank) + " waiting for peer " +
-                     std::to_string(peer) + " to accept";
-  std::vector<uint8_t> body;
-  ATTN_CHECK(recvFrame(fd, sizeof(TcpAck), &body, deadline_, cancel_, what.c_str()));
-  TcpAck ack;
-  if (body.size() != sizeof(ack))
-    return setError(attnRemoteError, "%s: malformed ack", what.c_str());
-  std::memcpy(&ack, body.data(), sizeof(ack));
-  if (ack.magic != kAckMagic || ack.status != 0)
-    return setError(attnRemoteError, "%s: refused", what.c_str());
   return attnSuccess;
 }
 

@@ -1,7 +1,9 @@
 // Connection setup of the TCP transport: every rank listens, the listen
 // addresses are all-gathered over the bootstrap, the lower rank of each pair
-// dials the higher one K times, and every socket is authenticated
-// (tcp_wire.h: TcpHello / TcpAck) before it carries data.
+// dials the higher one K times, and every socket is authenticated both ways
+// (tcp_wire.h, tcp_handshake.h: hello, challenge, proof, signed ack) before
+// it carries data. The K sockets of one peer must all come from the source
+// address of its first one; other claims are refused and logged.
 #pragma once
 
 #include <vector>

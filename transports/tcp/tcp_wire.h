@@ -1,9 +1,12 @@
 // Wire formats of the TCP transport.
 //
-// Connection setup: the lower rank dials the higher one K times; each socket
-// starts with a TcpHello frame (length-prefixed, socket.h) proving the
-// bootstrap secret and naming the communicator, ranks and socket index; the
-// acceptor answers with a TcpAck frame.
+// Connection setup: the lower rank dials the higher one K times; on each
+// socket (frames length-prefixed, socket.h) the dialer sends a TcpHello
+// (ranks, socket index, its nonce), the acceptor a TcpChallenge (its nonce),
+// the dialer a TcpProof and the acceptor a TcpAck: each proves the
+// bootstrap secret by an HMAC over its role, the hello, both nonces and the
+// communicator's hash (src/core/auth.h; tcp_handshake.h builds and parses
+// them). Neither the secret nor the hash travels.
 //
 // Data: every message is sent as one or more chunks, each a ChunkHeader
 // followed by `len` payload bytes. Small messages are one chunk on one
@@ -12,29 +15,50 @@
 // receives in order and writes each stripe at `offset` of the user buffer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace attn::tcp {
 
-constexpr uint32_t kHelloMagic = 0x41745448;  // "AtTH"
-constexpr uint32_t kAckMagic = 0x41745441;    // "AtTA"
-constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kHelloMagic = 0x41745448;      // "AtTH"
+constexpr uint32_t kChallengeMagic = 0x41745443;  // "AtTC"
+constexpr uint32_t kProofMagic = 0x41745450;      // "AtTP"
+constexpr uint32_t kAckMagic = 0x41745441;        // "AtTA"
+// 2: challenge-response (version 1 sent the raw secret).
+constexpr uint32_t kWireVersion = 2;
 constexpr int kMaxSockets = 64;
+constexpr size_t kTcpNonceBytes = 32;  // auth::kNonceBytes
+constexpr size_t kTcpMacBytes = 32;    // auth::kMacBytes
 
 struct TcpHello {
   uint32_t magic;
   uint32_t version;
-  uint8_t secret[16];
-  uint64_t commHash;
   int32_t from;
   int32_t to;
   int32_t index;   // which of the nsocks sockets this is
   int32_t nsocks;  // chosen by the dialling (lower) rank
+  uint8_t nonce[kTcpNonceBytes];  // the dialer's
+};
+
+struct TcpChallenge {
+  uint32_t magic;
+  uint8_t nonce[kTcpNonceBytes];  // the acceptor's
+};
+
+struct TcpProof {
+  uint32_t magic;
+  uint8_t mac[kTcpMacBytes];
+};
+
+enum TcpAckStatus : int32_t {
+  kTcpAccepted = 0,
+  kTcpRefused = 1,  // not expected from that rank, a duplicate, or from elsewhere
 };
 
 struct TcpAck {
   uint32_t magic;
-  int32_t status;  // 0: accepted
+  int32_t status;  // TcpAckStatus
+  uint8_t mac[kTcpMacBytes];  // the acceptor's proof, over the status too
 };
 
 struct ChunkHeader {
