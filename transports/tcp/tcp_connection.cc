@@ -34,7 +34,10 @@ TcpConnection::TcpConnection(int peer, std::vector<int> fds, const TcpOptions& o
                              std::string peerName, std::shared_ptr<TcpRegistry> registry)
     : Connection(peer), opt_(opt), peerName_(std::move(peerName)), registry_(std::move(registry)) {
   socks_.resize(fds.size());
-  for (size_t i = 0; i < fds.size(); ++i) socks_[i].fd = fds[i];
+  for (size_t i = 0; i < fds.size(); ++i) {
+    socks_[i].fd = fds[i];
+    socks_[i].index = uint32_t(i);
+  }
   std::lock_guard<std::mutex> g(registry_->mu);
   registry_->conns.push_back(this);
 }
@@ -86,7 +89,7 @@ attnResult_t TcpConnection::postRecv(void* buf, size_t capacity, Request* req) {
     req->fail(attnRemoteError, brokenWhy_);
     return setError(attnRemoteError, "%s", brokenWhy_.c_str());
   }
-  recvOps_.push_back(RecvOp{req, static_cast<char*>(buf), capacity});
+  recvOps_.emplace_back(req, static_cast<char*>(buf), capacity);
   publishPollFds();
   return attnSuccess;
 }
@@ -174,13 +177,17 @@ attnResult_t TcpConnection::progressRecv(Sock& s, bool* progressed) {
         *progressed = true;
         s.hdrGot += size_t(r);
         if (s.hdrGot < kHdr) continue;
+        ATTN_CHECK(admitHeader(s));
       }
       bool parked = false;
       ATTN_CHECK(startChunk(s, &parked));
       if (parked) return attnSuccess;  // its receive is not posted yet
       continue;
     }
-    RecvOp& op = recvOps_[s.hdr.seq - recvFrontSeq_];
+    RecvOp* target = nullptr;
+    ATTN_CHECK(payloadTarget(s, &target));
+    RecvOp& op = *target;
+    // offset + len <= total <= capacity (MessageClaims::claim).
     size_t want = s.hdr.len - s.payloadGot;
     ssize_t r = recv(s.fd, op.buf + s.hdr.offset + s.payloadGot, want, MSG_DONTWAIT);
     if (r == 0) return breakLink(attnRemoteError, peerName_ + ": connection closed mid-message");
@@ -195,11 +202,27 @@ attnResult_t TcpConnection::progressRecv(Sock& s, bool* progressed) {
     if (s.payloadGot == s.hdr.len) {
       s.inPayload = false;
       s.hdrGot = 0;
-      if (op.got == op.total) finishRecv(op);
+      // The claims are disjoint: all of the message arrived, no chunk of it
+      // is still being read on another socket.
+      if (op.got == op.claims.total()) finishRecv(op);
     }
     if (size_t(r) < want) return attnSuccess;  // drained for now
   }
   return attnSuccess;
+}
+
+attnResult_t TcpConnection::admitHeader(Sock& s) {
+  const ChunkVerdict v = s.window.admit(s.hdr.seq, s.index, uint32_t(socks_.size()));
+  return v == ChunkVerdict::kOk ? attnSuccess : badChunk(s.hdr, v);
+}
+
+attnResult_t TcpConnection::badChunk(const ChunkHeader& h, ChunkVerdict v) {
+  char why[256];
+  snprintf(why, sizeof(why),
+           ": protocol error (bad chunk: %s; seq %lu total %lu offset %lu len %lu)",
+           chunkVerdictText(v), (unsigned long)h.seq, (unsigned long)h.total,
+           (unsigned long)h.offset, (unsigned long)h.len);
+  return breakLink(attnRemoteError, peerName_ + why);
 }
 
 attnResult_t TcpConnection::startChunk(Sock& s, bool* parked) {
@@ -215,27 +238,24 @@ attnResult_t TcpConnection::startChunk(Sock& s, bool* parked) {
     return attnSuccess;
   }
   RecvOp& op = recvOps_[h.seq - recvFrontSeq_];
-  if (op.total == UINT64_MAX) {
-    if (h.total > op.capacity) {
-      snprintf(why, sizeof(why), ": message of %lu bytes truncated (receive posted %zu)",
-               (unsigned long)h.total, op.capacity);
-      std::string msg = peerName_ + why;
-      op.req->fail(attnInvalidUsage, msg);
-      op.done = true;
-      return breakLink(attnInvalidUsage, msg);
-    }
-    op.total = h.total;
-  }
-  if (op.done || h.total != op.total || h.len > h.total || h.offset > h.total - h.len ||
-      op.got + h.len > op.total) {
-    snprintf(why, sizeof(why), ": protocol error (bad chunk: seq %lu total %lu offset %lu len %lu)",
-             (unsigned long)h.seq, (unsigned long)h.total, (unsigned long)h.offset,
-             (unsigned long)h.len);
+  if (op.done) {
+    snprintf(why, sizeof(why), ": protocol error (chunk for finished message %lu)",
+             (unsigned long)h.seq);
     return breakLink(attnRemoteError, peerName_ + why);
   }
-  if (h.len == 0) {
+  const ChunkVerdict v = op.claims.claim(h, op.capacity, uint32_t(socks_.size()));
+  if (v == ChunkVerdict::kTruncated) {
+    snprintf(why, sizeof(why), ": message of %lu bytes truncated (receive posted %zu)",
+             (unsigned long)h.total, op.capacity);
+    std::string msg = peerName_ + why;
+    op.req->fail(attnInvalidUsage, msg);
+    op.done = true;
+    return breakLink(attnInvalidUsage, msg);
+  }
+  if (v != ChunkVerdict::kOk) return badChunk(h, v);
+  if (h.len == 0) {  // the one chunk of an empty message
     s.hdrGot = 0;
-    if (op.got == op.total) finishRecv(op);
+    finishRecv(op);
   } else {
     s.inPayload = true;
     s.payloadGot = 0;
@@ -243,10 +263,22 @@ attnResult_t TcpConnection::startChunk(Sock& s, bool* parked) {
   return attnSuccess;
 }
 
+attnResult_t TcpConnection::payloadTarget(Sock& s, RecvOp** op) {
+  const uint64_t seq = s.hdr.seq;
+  if (seq >= recvFrontSeq_ && seq - recvFrontSeq_ < recvOps_.size()) {
+    *op = &recvOps_[seq - recvFrontSeq_];
+    if (!(*op)->done) return attnSuccess;
+  }
+  char why[160];
+  snprintf(why, sizeof(why), ": protocol error (payload for message %lu, which is no longer queued)",
+           (unsigned long)seq);
+  return breakLink(attnRemoteError, peerName_ + why);
+}
+
 void TcpConnection::finishRecv(RecvOp& op) {
   op.done = true;
-  op.req->complete(op.total);
-  ATTN_TRACE(kLogNet, "tcp: received %lu bytes from %s", (unsigned long)op.total,
+  op.req->complete(op.claims.total());
+  ATTN_TRACE(kLogNet, "tcp: received %lu bytes from %s", (unsigned long)op.claims.total(),
              peerName_.c_str());
 }
 

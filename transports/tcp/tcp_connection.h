@@ -6,6 +6,11 @@
 // Receives are matched in posting order by message sequence number. A socket
 // whose next chunk belongs to a receive not yet posted is left unread (TCP
 // flow control pushes back on the sender); nothing is buffered on our side.
+//
+// Every header is checked before a payload byte is read (tcp_chunk_check.h):
+// a peer that sends overlapping, duplicate, out-of-range, reordered or
+// oversized chunks fails the connection (attnRemoteError naming it), and
+// nothing is written outside the posted buffers.
 #pragma once
 
 #include <poll.h>
@@ -17,6 +22,7 @@
 #include <vector>
 
 #include "src/core/transport.h"
+#include "transports/tcp/tcp_chunk_check.h"
 #include "transports/tcp/tcp_wire.h"
 
 namespace attn::tcp {
@@ -66,15 +72,17 @@ class TcpConnection : public Connection {
     SendOp* op;
   };
   struct RecvOp {
+    RecvOp(Request* r, char* b, size_t cap) : req(r), buf(b), capacity(cap) {}
     Request* req;
     char* buf;
     size_t capacity;
-    uint64_t total = UINT64_MAX;  // unknown until the first chunk
-    uint64_t got = 0;
+    MessageClaims claims;  // its chunks' ranges (and its size, from the first)
+    uint64_t got = 0;      // payload bytes arrived
     bool done = false;
   };
   struct Sock {
     int fd = -1;
+    uint32_t index = 0;  // TcpHello.index: which stripes travel here
     std::deque<Chunk> sendq;
     // Receive state: reading a header, or the payload of `hdr`.
     ChunkHeader hdr{};
@@ -82,15 +90,22 @@ class TcpConnection : public Connection {
     bool inPayload = false;
     uint64_t payloadGot = 0;
     bool eof = false;
+    SocketSeqWindow window;  // the seqs its next header may carry
     // Holds the header of a message whose receive is not posted yet.
     bool parked() const { return !inPayload && hdrGot == sizeof(ChunkHeader); }
   };
 
   attnResult_t progressSend(Sock& s, bool* progressed);
   attnResult_t progressRecv(Sock& s, bool* progressed);
-  // A whole header arrived: check it and find its receive. *parked when the
-  // receive is not posted yet.
+  // A whole header arrived: check its seq against the socket's window.
+  attnResult_t admitHeader(Sock& s);
+  // Matches an admitted header with its receive and claims its range.
+  // *parked when the receive is not posted yet.
   attnResult_t startChunk(Sock& s, bool* parked);
+  // The receive of s.hdr, looked up again before each payload read; breaks
+  // the link when it is no longer queued.
+  attnResult_t payloadTarget(Sock& s, RecvOp** op);
+  attnResult_t badChunk(const ChunkHeader& h, ChunkVerdict v);
   void finishRecv(RecvOp& op);
   void popFinished();
   // Fails every queued request, closes the sockets, remembers the cause.

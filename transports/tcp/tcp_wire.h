@@ -61,6 +61,11 @@ struct TcpAck {
   uint8_t mac[kTcpMacBytes];  // the acceptor's proof, over the status too
 };
 
+// Stripe j of message `seq` travels on socket (seq + j) % K (sockets
+// numbered by TcpHello.index), at most one stripe per socket, so every
+// message has a chunk on socket seq % K and each socket's chunks come in
+// increasing seq order. The receiver enforces this, and that a message's
+// chunks are disjoint ranges of it (tcp_chunk_check.h).
 struct ChunkHeader {
   uint64_t seq;     // message number in this direction
   uint64_t total;   // message size
