@@ -5,18 +5,19 @@
 #include <new>
 
 #include "src/core/error.h"
+#include "transports/shm/shm_header_check.h"
 
 namespace attn::shm {
 
-void Channel::bind(std::shared_ptr<Segment> s) {
+void Channel::bind(std::shared_ptr<Segment> s, uint32_t slotCount, uint64_t bytesPerSlot) {
   seg = std::move(s);
   auto* base = static_cast<uint8_t*>(seg->base());
   hdr = reinterpret_cast<ChannelHeader*>(base);
-  ChannelLayout l = ChannelLayout::make(hdr->nslots, hdr->slotBytes);
+  ChannelLayout l = ChannelLayout::make(slotCount, bytesPerSlot);
   slots = reinterpret_cast<SlotHeader*>(base + l.slotHeadersOffset);
   data = base + l.dataOffset;
-  nslots = hdr->nslots;
-  slotBytes = hdr->slotBytes;
+  nslots = slotCount;
+  slotBytes = bytesPerSlot;
 }
 
 attnResult_t Channel::create(const std::string& name, int senderRank, uint32_t nslots,
@@ -33,7 +34,7 @@ attnResult_t Channel::create(const std::string& name, int senderRank, uint32_t n
   h->slotBytes = slotBytes;
   h->senderPid = getpid();
   h->totalBytes = l.totalBytes;
-  out->bind(std::move(s));
+  out->bind(std::move(s), nslots, slotBytes);
   return attnSuccess;
 }
 
@@ -41,17 +42,19 @@ attnResult_t Channel::attach(const std::string& name, int senderRank, Channel* o
   std::shared_ptr<Segment> s;
   ATTN_CHECK(Segment::open(name, 0, &s));
   if (s->size() < sizeof(ChannelHeader))
-    return setError(attnInternalError, "shm: segment %s from peer %d is too small", name.c_str(),
+    return setError(attnRemoteError, "shm: segment %s from peer %d is too small", name.c_str(),
                     senderRank);
-  const auto* h = static_cast<const ChannelHeader*>(s->base());
-  if (h->magic != kChannelMagic || h->version != kLayoutVersion ||
-      h->senderRank != static_cast<uint32_t>(senderRank) || h->nslots < 1 ||
-      h->totalBytes != s->size() ||
-      ChannelLayout::make(h->nslots, h->slotBytes).totalBytes != s->size())
-    return setError(attnInternalError,
-                    "shm: segment %s from peer %d has a bad header (magic %#x, version %u)",
-                    name.c_str(), senderRank, h->magic, h->version);
-  out->bind(std::move(s));
+  // One copy of the header, checked and used: the peer may rewrite it.
+  const ChannelView v = copyChannelHeader(*static_cast<const ChannelHeader*>(s->base()));
+  ChannelLayout layout;
+  const char* why = "";
+  if (!checkChannelHeader(v, senderRank, s->size(), &layout, &why))
+    return setError(attnRemoteError,
+                    "shm: segment %s from peer %d has a bad header (%s: magic %#x, version %u, "
+                    "%u slots of %llu bytes, %llu bytes in all, segment %zu bytes)",
+                    name.c_str(), senderRank, why, v.magic, v.version, v.nslots,
+                    (unsigned long long)v.slotBytes, (unsigned long long)v.totalBytes, s->size());
+  out->bind(std::move(s), v.nslots, v.slotBytes);
   return attnSuccess;
 }
 

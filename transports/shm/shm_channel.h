@@ -27,11 +27,12 @@ struct Channel {
   // Sender side: a fresh segment with an initialised header.
   static attnResult_t create(const std::string& name, int senderRank, uint32_t nslots,
                              uint64_t slotBytes, Channel* out);
-  // Receiver side: maps the sender's segment and checks its header.
+  // Receiver side: maps the sender's segment and checks its header (once:
+  // the sizes used are those checked, whatever the sender writes later).
   static attnResult_t attach(const std::string& name, int senderRank, Channel* out);
 
  private:
-  void bind(std::shared_ptr<Segment> s);
+  void bind(std::shared_ptr<Segment> s, uint32_t slotCount, uint64_t bytesPerSlot);
 };
 
 }  // namespace attn::shm

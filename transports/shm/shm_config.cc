@@ -2,6 +2,7 @@
 
 #include "src/core/env.h"
 #include "src/core/log.h"
+#include "transports/shm/shm_header_check.h"
 
 namespace attn::shm {
 
@@ -9,12 +10,13 @@ Config Config::fromEnv() {
   Config c;
   int64_t slots = envInt("ATTN_SHM_SLOTS", c.nslots);
   int64_t slotBytes = envInt("ATTN_SHM_SLOT_BYTES", static_cast<int64_t>(c.slotBytes));
-  if (slots < 2 || slots > 1024) {
+  // The bounds a peer checks our channel header against (shm_header_check.h).
+  if (slots < kMinSlots || slots > kMaxSlots) {
     ATTN_WARN(kLogShm, "ATTN_SHM_SLOTS=%lld out of [2, 1024]; using %u", (long long)slots, c.nslots);
   } else {
     c.nslots = static_cast<uint32_t>(slots);
   }
-  if (slotBytes < 4096 || slotBytes > (int64_t(1) << 30)) {
+  if (slotBytes < int64_t(kMinSlotBytes) || slotBytes > int64_t(kMaxSlotBytes)) {
     ATTN_WARN(kLogShm, "ATTN_SHM_SLOT_BYTES=%lld out of [4096, 1 GiB]; using %zu",
               (long long)slotBytes, c.slotBytes);
   } else {

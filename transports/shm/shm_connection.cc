@@ -10,8 +10,8 @@ ShmConnection::ShmConnection(int peer, Parts p)
       peerBellSeg_(std::move(p.peerBellSeg)),
       myBell_(std::move(p.myBell)),
       peerPid_(p.peerPid),
-      sender_(std::move(p.out), static_cast<Bell*>(peerBellSeg_->base()), p.directMin,
-              p.mappedMin, peer, p.hugePages),
+      sender_(std::move(p.out), static_cast<Bell*>(peerBellSeg_->base()), p.outMode, p.directMin,
+              p.mappedMin, peer, p.hugePages, p.closeWait),
       receiver_(std::move(p.in), static_cast<Bell*>(peerBellSeg_->base()),
                 PeerMemory{p.inMode, p.peerPid}, peer, p.mapCache, p.hugePages,
                 p.hugePagesMin) {
@@ -22,8 +22,16 @@ ShmConnection::ShmConnection(int peer, Parts p)
 // failed: their owner may already have freed them.
 ShmConnection::~ShmConnection() {
   if (broken_) return;
-  receiver_.markClosed(kClosed);
-  sender_.markClosed();
+  markClosed(kClosed);
+}
+
+void ShmConnection::markClosed(uint32_t reason) {
+  receiver_.markClosed(reason);
+  if (!sender_.markClosed())
+    ATTN_WARN(kLogShm,
+              "peer %d still holds its reader's busy flag on our channel at the communicator's "
+              "deadline (or abort); giving up waiting for it",
+              peer());
 }
 
 attnResult_t ShmConnection::failPost(Request* req) {
@@ -50,9 +58,9 @@ attnResult_t ShmConnection::progress(bool* progressed) {
   // Read the peer's state before moving data: whatever it published before
   // it closed or died is then visible below and still gets delivered.
   const PeerState peer = peerState();
-  sender_.progress(progressed);
   std::string why;
-  attnResult_t r = receiver_.progress(progressed, &why);
+  attnResult_t r = sender_.progress(progressed, &why);
+  if (r == attnSuccess) r = receiver_.progress(progressed, &why);
   if (r != attnSuccess) {
     breakLink(r, why, r == attnInvalidUsage ? kTruncated : kClosed);
     return setError(r, "%s", why.c_str());
@@ -100,8 +108,7 @@ void ShmConnection::breakLink(attnResult_t code, const std::string& why, uint32_
   brokenWhy_ = why;
   // Tell the peer first; markClosed also waits until a same-process reader
   // is out of our send buffers, before their owners learn they failed.
-  receiver_.markClosed(reason);
-  sender_.markClosed();
+  markClosed(reason);
   sender_.failAll(code, why);
   receiver_.failAll(code, why);
   ATTN_INFO(kLogShm, "connection to peer %d broken: %s", peer(), why.c_str());

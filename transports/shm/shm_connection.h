@@ -25,6 +25,7 @@ class ShmConnection final : public Connection {
     std::shared_ptr<Segment> peerBellSeg; // the peer's bell, mapped here
     std::shared_ptr<LocalBell> myBell;
     DirectMode inMode = kDirectNone;      // how we read the peer's direct messages
+    DirectMode outMode = kDirectNone;     // how the peer reads ours (its ack said)
     size_t directMin = 0;                 // our sends by address from here on (0: never)
     size_t mappedMin = 0;                 // same, from shareable regions (0: never)
     size_t mapCache = 64;                 // peer regions kept mapped
@@ -33,6 +34,7 @@ class ShmConnection final : public Connection {
     pid_t peerPid = 0;
     bool sameProcess = false;
     int livenessMs = 50;
+    WaitLimit closeWait;                  // the communicator's timeout and abort flag
   };
   ShmConnection(int peer, Parts parts);
   ~ShmConnection() override;
@@ -55,6 +57,8 @@ class ShmConnection final : public Connection {
   attnResult_t failFor(PeerState state);
   // Fails everything queued, tells the peer, and stays broken.
   void breakLink(attnResult_t code, const std::string& why, uint32_t reason);
+  // Tells the peer we are gone (both channels).
+  void markClosed(uint32_t reason);
   attnResult_t failPost(Request* req);
 
   std::shared_ptr<Segment> peerBellSeg_;  // outlives sender_/receiver_ (they ring it)

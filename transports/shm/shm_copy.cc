@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "transports/shm/shm_process.h"
@@ -27,8 +28,17 @@ int guardedCopy(const PeerMemory& peer, uint8_t* local, uint64_t remote, size_t 
   return err;
 }
 
-void waitWhileBusy(const std::atomic<uint32_t>& busy) {
-  while (busy.load(std::memory_order_seq_cst) != 0) sched_yield();
+bool waitWhileBusy(const std::atomic<uint32_t>& busy, const WaitLimit& limit) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::milliseconds(limit.timeoutMs);
+  for (unsigned spins = 0; busy.load(std::memory_order_seq_cst) != 0; ++spins) {
+    if (spins % 64 == 63) {  // the clock and the flag now and then, not every pass
+      if (limit.abort && limit.abort->load(std::memory_order_relaxed)) return false;
+      if (limit.timeoutMs > 0 && Clock::now() > end) return false;
+    }
+    sched_yield();
+  }
+  return true;
 }
 
 }  // namespace attn::shm

@@ -32,9 +32,17 @@ struct PeerMemory {
 int guardedCopy(const PeerMemory& peer, uint8_t* local, uint64_t remote, size_t n,
                 std::atomic<uint32_t>& busy, const std::atomic<uint32_t>& ownerClosed);
 
+// How long an owner waits for a reader to leave its buffers: the
+// communicator's timeout (0: no limit) and its abort flag (may be null).
+struct WaitLimit {
+  int timeoutMs = 0;
+  const std::atomic<bool>* abort = nullptr;
+};
+
 // The owner's side, same address space only: after marking itself closed,
-// waits until the reader is out of its buffers (it is one memcpy piece
-// away from done, never blocked on us).
-void waitWhileBusy(const std::atomic<uint32_t>& busy);
+// waits until the reader is out of its buffers (a reader that works is one
+// memcpy piece away from done, never blocked on us). The flag lives in
+// memory the peer writes, so the wait ends at the limit too: false then.
+bool waitWhileBusy(const std::atomic<uint32_t>& busy, const WaitLimit& limit);
 
 }  // namespace attn::shm

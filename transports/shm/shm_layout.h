@@ -116,12 +116,28 @@ struct ChannelLayout {
   size_t dataOffset;
   size_t totalBytes;
 
+  // For sizes this process chose (shm_config.h bounds them).
   static ChannelLayout make(uint32_t nslots, uint64_t slotBytes) {
     ChannelLayout l;
     l.slotHeadersOffset = roundUp(sizeof(ChannelHeader), kPage);
     l.dataOffset = l.slotHeadersOffset + roundUp(nslots * sizeof(SlotHeader), kPage);
     l.totalBytes = l.dataOffset + nslots * slotBytes;
     return l;
+  }
+  // The same for sizes read from a peer's header: false when any of it
+  // overflows.
+  static bool fit(uint32_t nslots, uint64_t slotBytes, ChannelLayout* out) {
+    ChannelLayout l;
+    uint64_t headers = 0, data = 0;
+    l.slotHeadersOffset = roundUp(sizeof(ChannelHeader), kPage);
+    if (__builtin_mul_overflow(uint64_t(nslots), uint64_t(sizeof(SlotHeader)), &headers) ||
+        headers > UINT64_MAX - kPage ||
+        __builtin_add_overflow(uint64_t(l.slotHeadersOffset), roundUp(headers, kPage), &l.dataOffset) ||
+        __builtin_mul_overflow(uint64_t(nslots), slotBytes, &data) ||
+        __builtin_add_overflow(uint64_t(l.dataOffset), data, &l.totalBytes))
+      return false;
+    *out = l;
+    return true;
   }
 };
 

@@ -17,7 +17,7 @@ PeerRegions::~PeerRegions() {
   for (Mapping& m : lru_) munmap(m.base, m.bytes);
 }
 
-const uint8_t* PeerRegions::lookup(const SlotHeader& s) {
+const uint8_t* PeerRegions::lookup(const SlotView& s) {
   if (s.regionOffset > s.regionBytes || s.msgBytes > s.regionBytes - s.regionOffset) return nullptr;
   const Key key{s.regionPid, s.regionSerial};
   auto it = byKey_.find(key);
@@ -33,7 +33,7 @@ const uint8_t* PeerRegions::lookup(const SlotHeader& s) {
 
 // Opens the peer's descriptor (checked to be the region the slot names:
 // the number may since have been reused for another file) and maps it.
-const uint8_t* PeerRegions::mapRegion(const SlotHeader& s) {
+const uint8_t* PeerRegions::mapRegion(const SlotView& s) {
   ShareableRegion r;
   r.ownerPid = s.regionPid;
   r.fd = s.regionFd;

@@ -18,7 +18,7 @@
 #include <map>
 #include <utility>
 
-#include "transports/shm/shm_layout.h"
+#include "transports/shm/shm_header_check.h"
 
 namespace attn::shm {
 
@@ -30,8 +30,9 @@ class PeerRegions {
   PeerRegions& operator=(const PeerRegions&) = delete;
 
   // Local address of the message the slot describes (region base + offset),
-  // or null when it cannot be mapped (use CMA from s.addr).
-  const uint8_t* lookup(const SlotHeader& s);
+  // or null when it cannot be mapped (use CMA from s.addr). `s` is the
+  // receiver's copy of the slot, so what is checked is what is used.
+  const uint8_t* lookup(const SlotView& s);
   size_t mapped() const { return lru_.size(); }
 
  private:
@@ -41,7 +42,7 @@ class PeerRegions {
     uint8_t* base;
     size_t bytes;
   };
-  const uint8_t* mapRegion(const SlotHeader& s);
+  const uint8_t* mapRegion(const SlotView& s);
 
   pid_t pid_;
   int peer_;

@@ -4,16 +4,20 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <mutex>
 #include <random>
+
+#include "src/core/log.h"
 
 namespace attn::shm {
 namespace {
 
 uint64_t gProbeToken = 0;
 std::once_flag gProbeOnce;
+std::atomic<bool> gReadersRequested{false};
 
 }  // namespace
 
@@ -29,14 +33,20 @@ ProcessProbe processProbe() {
 void allowCmaReaders() {
   static std::once_flag once;
   std::call_once(once, [] {
+    gReadersRequested.store(true);
     FILE* f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
     if (!f) return;  // no Yama: classic same-uid rule applies
     int scope = 0;
     if (fscanf(f, "%d", &scope) != 1) scope = 0;
     fclose(f);
-    if (scope == 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    // 2 and 3 admit only CAP_SYS_PTRACE (or nobody): nothing to open.
+    if (scope == 1 && prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0)
+      ATTN_INFO(kLogShm, "Yama ptrace_scope 1: allowed any process of this user to read this "
+                         "one (PR_SET_PTRACER_ANY) for CMA from peer processes");
   });
 }
+
+bool cmaReadersRequested() { return gReadersRequested.load(); }
 
 bool cmaProbe(pid_t pid, const ProcessProbe& probe) {
   // The peer's token as it computes it (its own pid mixed in).

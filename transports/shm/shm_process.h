@@ -20,8 +20,13 @@ struct ProcessProbe {
 ProcessProbe processProbe();
 
 // Lets any process of ours read this one's memory where the Yama LSM would
-// otherwise forbid it (ptrace_scope 1). Done once per process, only there.
+// otherwise forbid it (ptrace_scope 1): PR_SET_PTRACER_ANY, process-wide,
+// for the rest of its life (Yama keeps one ptracer per process, so the peers
+// cannot be named one by one). Done once per process, only there; the shm
+// transport asks only when a peer is another process.
 void allowCmaReaders();
+// Whether allowCmaReaders ran in this process (whatever Yama's setting).
+bool cmaReadersRequested();
 
 // True when process_vm_readv from `pid` at probe.address yields probe.token.
 bool cmaProbe(pid_t pid, const ProcessProbe& probe);

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "src/core/error.h"
 #include "src/core/log.h"
 #include "transports/shm/shm_bell.h"
 #include "transports/shm/shm_config.h"
@@ -35,10 +36,10 @@ void Receiver::consumeSlot() {
 }
 
 // One piece per call keeps progress() short on huge messages.
-attnResult_t Receiver::copyDirectPiece(Op& op, const SlotHeader& s, std::string* why) {
+attnResult_t Receiver::copyDirectPiece(Op& op, std::string* why) {
   size_t n = op.total - op.got < kDirectPieceBytes ? op.total - op.got : kDirectPieceBytes;
   ChannelHeader* h = ch_.hdr;
-  int err = guardedCopy(peerMemory_, op.buf + op.got, s.addr + op.got, n, h->readerBusy,
+  int err = guardedCopy(peerMemory_, op.buf + op.got, op.slot.addr + op.got, n, h->readerBusy,
                         h->senderClosed);
   if (err != 0) {
     const std::string p = "peer " + std::to_string(peer_);
@@ -65,47 +66,62 @@ attnResult_t Receiver::copyMappedPiece(Op& op, const uint8_t* src, std::string* 
   return attnSuccess;
 }
 
+attnResult_t Receiver::acceptSlot(Op& op, const SlotView& v, std::string* why) {
+  const SlotExpect e{op.index, op.started, op.total, op.got, op.capacity, ch_.slotBytes,
+                     peerMemory_.mode};
+  const SlotVerdict verdict = checkSlot(v, e);
+  if (verdict == SlotVerdict::kTruncated) {
+    *why = "peer " + std::to_string(peer_) + " sent a message of " + std::to_string(v.msgBytes) +
+           " bytes to a receive of " + std::to_string(op.capacity) + " bytes (truncated)";
+    // Details for the sender; published by markClosed(kTruncated).
+    ch_.hdr->truncMsgBytes = v.msgBytes;
+    ch_.hdr->truncCapacity = op.capacity;
+    return attnInvalidUsage;
+  }
+  if (verdict != SlotVerdict::kOk) {
+    char detail[192];
+    snprintf(detail, sizeof(detail),
+             " (message #%llu, slot %llu: kind %u, message #%llu of %llu bytes, chunk %llu+%llu)",
+             (unsigned long long)op.index, (unsigned long long)tail_, v.kind,
+             (unsigned long long)v.msgIndex, (unsigned long long)v.msgBytes,
+             (unsigned long long)v.offset, (unsigned long long)v.chunkBytes);
+    *why = "peer " + std::to_string(peer_) + ": protocol error in its shm ring: " +
+           slotVerdictText(verdict) + detail;
+    return attnRemoteError;
+  }
+  op.started = true;
+  op.total = v.msgBytes;  // <= capacity: checked
+  return attnSuccess;
+}
+
 attnResult_t Receiver::progress(bool* progressed, std::string* why) {
   while (!q_.empty()) {
     Op& op = q_.front();
     const SlotHeader& s = ch_.slot(tail_);
     // acquire: pairs with the sender's release of seq (Sender::publish).
-    if (s.seq.load(std::memory_order_acquire) != tail_ + 1) break;
-    if (!op.started) {
-      if (s.offset != 0 || s.msgIndex != op.index) {
-        *why = "shm ring from peer " + std::to_string(peer_) + " out of sequence";
-        return attnInternalError;
+    // A direct message under way holds its slot: nothing there is read again.
+    if (!op.direct && s.seq.load(std::memory_order_acquire) != tail_ + 1) break;
+    if (!op.direct) {
+      const SlotView v = copySlotHeader(s);
+      ATTN_CHECK(acceptSlot(op, v, why));
+      if (v.kind == kSlotInline) {
+        // chunkBytes <= slotBytes (the checked layout's) and <= what the receive has left.
+        if (v.chunkBytes)
+          std::memcpy(op.buf + op.got,
+                      v.chunkBytes <= kSlotInlineBytes ? s.small : ch_.slotData(tail_),
+                      v.chunkBytes);
+        op.got += v.chunkBytes;
+        consumeSlot();
+      } else {
+        op.direct = true;
+        op.slot = v;  // every piece reads from where the checked copy says
       }
-      if (s.msgBytes > op.capacity) {
-        *why = "peer " + std::to_string(peer_) + " sent a message of " +
-               std::to_string(s.msgBytes) + " bytes to a receive of " +
-               std::to_string(op.capacity) + " bytes (truncated)";
-        // Details for the sender; published by markClosed(kTruncated).
-        ch_.hdr->truncMsgBytes = s.msgBytes;
-        ch_.hdr->truncCapacity = op.capacity;
-        return attnInvalidUsage;
-      }
-      op.started = true;
-      op.total = s.msgBytes;
     }
-    if (s.kind == kSlotInline) {
-      if (s.offset != op.got || s.chunkBytes > ch_.slotBytes || s.chunkBytes > op.total - op.got) {
-        *why = "shm ring from peer " + std::to_string(peer_) + " holds a malformed chunk";
-        return attnInternalError;
-      }
-      if (s.chunkBytes)
-        std::memcpy(op.buf + op.got, s.chunkBytes <= kSlotInlineBytes ? s.small : ch_.slotData(tail_),
-                    s.chunkBytes);
-      op.got += s.chunkBytes;
-      consumeSlot();
-    } else {
-      if (peerMemory_.mode == kDirectNone) {
-        *why = "peer " + std::to_string(peer_) + " sent a direct message to a ring-only receiver";
-        return attnInternalError;
-      }
-      const uint8_t* mapped =
-          s.kind == kSlotMapped && peerMemory_.mode == kDirectCma ? regions_.lookup(s) : nullptr;
-      attnResult_t r = mapped ? copyMappedPiece(op, mapped, why) : copyDirectPiece(op, s, why);
+    if (op.direct) {
+      const uint8_t* mapped = op.slot.kind == kSlotMapped && peerMemory_.mode == kDirectCma
+                                  ? regions_.lookup(op.slot)
+                                  : nullptr;
+      attnResult_t r = mapped ? copyMappedPiece(op, mapped, why) : copyDirectPiece(op, why);
       if (r != attnSuccess) return r;
       *progressed = true;
       if (op.got < op.total) return attnSuccess;

@@ -1,6 +1,12 @@
 // The receiving half of a shm connection: matches ring slots with posted
 // receives in order and copies the bytes out (from the slot, or straight
 // from the sender's buffer for a direct message).
+//
+// Each slot header is copied out of the ring once and checked
+// (shm_header_check.h); only the copy is used, so a peer that rewrites a
+// header after publishing it, or writes nonsense, gets its connection
+// failed (attnRemoteError naming it) and nothing is written outside the
+// posted buffers.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +34,8 @@ class Receiver {
   void post(void* buf, size_t capacity, Request* req);
   // Copies what has arrived. On failure returns the code, with *why set:
   // attnInvalidUsage for a truncated message, attnRemoteError when the
-  // sender's buffer could not be read (it closed or died).
+  // sender's buffer could not be read (it closed or died) or it broke the
+  // ring's protocol.
   attnResult_t progress(bool* progressed, std::string* why);
   bool idle() const { return q_.empty(); }
   void failAll(attnResult_t code, const std::string& why);
@@ -48,9 +55,14 @@ class Receiver {
     bool started = false;
     size_t total = 0;
     size_t got = 0;
+    bool direct = false;  // a direct message, read from `slot` piece by piece
+    SlotView slot{};      // its slot, as checked when it started
   };
   void consumeSlot();
-  attnResult_t copyDirectPiece(Op& op, const SlotHeader& s, std::string* why);
+  // Checks a freshly copied slot against the front receive; on success
+  // the receive has started (total known).
+  attnResult_t acceptSlot(Op& op, const SlotView& v, std::string* why);
+  attnResult_t copyDirectPiece(Op& op, std::string* why);
   attnResult_t copyMappedPiece(Op& op, const uint8_t* src, std::string* why);
 
   Channel ch_;

@@ -8,10 +8,12 @@
 
 namespace attn::shm {
 
-Sender::Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer,
-               HugePageAdvisor* hugePages)
+Sender::Sender(Channel ch, Bell* peerBell, DirectMode mode, size_t directMin, size_t mappedMin,
+               int peer, HugePageAdvisor* hugePages, WaitLimit closeWait)
     : ch_(std::move(ch)),
       peerBell_(peerBell),
+      mode_(mode),
+      closeWait_(closeWait),
       directMin_(directMin),
       mappedMin_(mappedMin),
       peer_(peer),
@@ -42,12 +44,21 @@ void Sender::publish(SlotHeader& s) {
   ringBell(peerBell_);
 }
 
-void Sender::progress(bool* progressed) {
+attnResult_t Sender::progress(bool* progressed, std::string* why) {
   // The tail is on a line the receiver writes: read it only when waiting
   // for a direct send to be read or for room in the ring.
-  if (!inFlight_.empty() || (!toSend_.empty() && head_ - tailSeen_ >= ch_.nslots))
+  if (!inFlight_.empty() || (!toSend_.empty() && head_ - tailSeen_ >= ch_.nslots)) {
     // acquire: the receiver finished with a slot before it moved tail past it.
-    tailSeen_ = ch_.hdr->tail.load(std::memory_order_acquire);
+    const uint64_t t = ch_.hdr->tail.load(std::memory_order_acquire);
+    // It only moves forward, and never past what we published.
+    if (t < tailSeen_ || t > head_) {
+      *why = "peer " + std::to_string(peer_) + ": protocol error in our shm ring (its tail " +
+             std::to_string(t) + " is outside [" + std::to_string(tailSeen_) + ", " +
+             std::to_string(head_) + "])";
+      return attnRemoteError;
+    }
+    tailSeen_ = t;
+  }
   const uint64_t tail = tailSeen_;
   while (!inFlight_.empty() && tail > inFlight_.front().slot) {
     inFlight_.front().req->complete(inFlight_.front().bytes);
@@ -55,7 +66,7 @@ void Sender::progress(bool* progressed) {
     *progressed = true;
   }
   // A receiver that closed will not read: leave the rest to fail.
-  if (ch_.hdr->receiverClosed.load(std::memory_order_acquire) != kOpen) return;
+  if (ch_.hdr->receiverClosed.load(std::memory_order_acquire) != kOpen) return attnSuccess;
   while (!toSend_.empty() && head_ - tail < ch_.nslots) {
     Op& op = toSend_.front();
     SlotHeader& s = ch_.slot(head_);
@@ -94,6 +105,7 @@ void Sender::progress(bool* progressed) {
     }
     *progressed = true;
   }
+  return attnSuccess;
 }
 
 void Sender::failAll(attnResult_t code, const std::string& why) {
@@ -103,11 +115,12 @@ void Sender::failAll(attnResult_t code, const std::string& why) {
   toSend_.clear();
 }
 
-void Sender::markClosed() {
+bool Sender::markClosed() {
   uint32_t open = kOpen;
   ch_.hdr->senderClosed.compare_exchange_strong(open, kClosed, std::memory_order_seq_cst);
-  if (mode() == kDirectMemcpy) waitWhileBusy(ch_.hdr->readerBusy);
+  const bool out = mode_ != kDirectMemcpy || waitWhileBusy(ch_.hdr->readerBusy, closeWait_);
   ringBell(peerBell_);
+  return out;
 }
 
 }  // namespace attn::shm

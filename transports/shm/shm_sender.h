@@ -24,32 +24,38 @@
 #include "src/core/shareable_memory.h"
 #include "src/core/transport.h"
 #include "transports/shm/shm_channel.h"
+#include "transports/shm/shm_copy.h"
 #include "transports/shm/shm_huge_pages.h"
 
 namespace attn::shm {
 
 class Sender {
  public:
+  // mode: how the receiver reads our direct messages, as it said at connect
+  // (read once: the header's copy is the peer's to scribble on);
   // directMin: smallest message sent by address (0: never); mappedMin: the
   // same for messages inside a shareable region (attnMemAlloc), which the
   // receiver maps instead (0: never); hugePages: moves the buffers the
-  // receiver reads with CMA to huge pages (null: leave them).
-  Sender(Channel ch, Bell* peerBell, size_t directMin, size_t mappedMin, int peer,
-         HugePageAdvisor* hugePages);
+  // receiver reads with CMA to huge pages (null: leave them); closeWait:
+  // how long markClosed waits for a same-process reader.
+  Sender(Channel ch, Bell* peerBell, DirectMode mode, size_t directMin, size_t mappedMin, int peer,
+         HugePageAdvisor* hugePages, WaitLimit closeWait);
 
   void post(const void* buf, size_t bytes, Request* req);
-  // Publishes what fits in the ring and completes finished sends.
-  void progress(bool* progressed);
+  // Publishes what fits in the ring and completes finished sends. Fails
+  // (attnRemoteError, *why set) when the receiver's tail is impossible.
+  attnResult_t progress(bool* progressed, std::string* why);
   bool idle() const { return toSend_.empty() && inFlight_.empty(); }
   void failAll(attnResult_t code, const std::string& why);
 
   ChannelHeader* header() const { return ch_.hdr; }
   // How the receiver reads our direct messages (it decided at connect).
   size_t mappedMin() const { return mappedMin_; }
-  DirectMode mode() const { return static_cast<DirectMode>(ch_.hdr->directMode.load()); }
+  DirectMode mode() const { return mode_; }
   // Marks our side closed and waits until a receiver thread is out of our
   // send buffers, so their owners may free them once their requests failed.
-  void markClosed();
+  // False when the reader was still busy at the wait's limit.
+  bool markClosed();
 
  private:
   struct Op {
@@ -66,6 +72,8 @@ class Sender {
 
   Channel ch_;
   Bell* peerBell_;
+  DirectMode mode_;
+  WaitLimit closeWait_;
   size_t directMin_;
   size_t mappedMin_;
   int peer_;

@@ -96,7 +96,11 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
       return setError(attnInvalidUsage, "shm: peer %d is on another host (%s)", p,
                       ctx.peers[p].hostId);
   }
-  if (cfg_.cma) allowCmaReaders();
+  // Yama (ptrace_scope 1) lets no peer process read us with CMA unless we
+  // open the door, process-wide: only when some peer is another process.
+  bool peerProcess = false;
+  for (int p : peers) peerProcess |= ctx.peers[p].pid != int64_t(getpid());
+  if (cfg_.cma && peerProcess) allowCmaReaders();
   const ProcessProbe probe = processProbe();
   const uint32_t tagHello = kTagBase | ((serial & 0xfff) << 4) | 1;
   const uint32_t tagAck = kTagBase | ((serial & 0xfff) << 4) | 2;
@@ -111,6 +115,8 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
   std::vector<std::shared_ptr<Segment>> peerBells(n);
   std::vector<Hello> theirs(n);
   std::vector<char> sameProcess(n, 0);  // the peer is a thread of ours
+  std::vector<uint32_t> outModes(n, kDirectNone);  // how each peer reads us (its ack)
+  std::vector<uint32_t> inModes(n, kDirectNone);   // how we read each peer (we chose)
   for (size_t i = 0; i < n; ++i)
     ATTN_CHECK(Channel::create(segmentName(myInfo.commHash, "ch", me, peers[i], serial), me,
                                cfg_.nslots, cfg_.slotBytes, &out[i]));
@@ -149,19 +155,26 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
       mode = kDirectMemcpy;
     else if (cfg_.cma && h.cmaAllowed && cmaProbe(static_cast<pid_t>(h.pid), h.probe))
       mode = kDirectCma;
+    inModes[i] = mode;  // ours: the copy in the peer's header is the peer's to change
     in[i].hdr->directMode.store(mode, std::memory_order_release);
   }
 
   // 4. acks: every peer mapped our segments, so our names can go
   for (size_t i = 0; i < n; ++i) {
-    Ack a{kHelloMagic, in[i].hdr->directMode.load()};
+    Ack a{kHelloMagic, inModes[i]};
     ATTN_CHECK(ctx.bootstrap->send(peers[i], tagAck, &a, sizeof(a)));
   }
   for (size_t i = 0; i < n; ++i) {
     Ack a{};
     ATTN_CHECK(ctx.bootstrap->recv(peers[i], tagAck, &a, sizeof(a)));
-    if (a.magic != kHelloMagic || a.inMode != out[i].hdr->directMode.load())
-      return setError(attnInternalError, "shm: bad ack from peer %d", peers[i]);
+    // Read once: the peer may rewrite the header's copy later. Only a
+    // thread of ours may read our buffers with memcpy.
+    outModes[i] = out[i].hdr->directMode.load(std::memory_order_acquire);
+    const bool modeOk = outModes[i] == kDirectNone || outModes[i] == kDirectCma ||
+                        (outModes[i] == kDirectMemcpy && sameProcess[i]);
+    if (a.magic != kHelloMagic || a.inMode != outModes[i] || !modeOk)
+      return setError(attnRemoteError, "shm: bad ack from peer %d (read mode %u)", peers[i],
+                      outModes[i]);
   }
   bell->seg->unlink();
   for (Channel& c : out) c.seg->unlink();
@@ -169,7 +182,7 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
   for (size_t i = 0; i < n; ++i) {
     const int p = peers[i];
     ShmConnection::Parts parts;
-    const uint32_t outMode = out[i].hdr->directMode.load(std::memory_order_acquire);
+    const uint32_t outMode = outModes[i];
     parts.directMin = outMode == kDirectMemcpy ? cfg_.memcpyMin
                       : outMode == kDirectCma  ? cfg_.cmaMin
                                                : 0;
@@ -182,7 +195,9 @@ attnResult_t ShmTransport::connect(const TransportContext& ctx, const std::vecto
     parts.in = std::move(in[i]);
     parts.peerBellSeg = std::move(peerBells[i]);
     parts.myBell = bell;
-    parts.inMode = static_cast<DirectMode>(parts.in.hdr->directMode.load());
+    parts.inMode = static_cast<DirectMode>(inModes[i]);
+    parts.outMode = static_cast<DirectMode>(outMode);
+    parts.closeWait = WaitLimit{ctx.timeoutMs, ctx.abortFlag};
     parts.peerPid = static_cast<pid_t>(theirs[i].pid);
     parts.sameProcess = sameProcess[i];
     parts.livenessMs = cfg_.livenessMs;
