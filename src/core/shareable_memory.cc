@@ -62,6 +62,16 @@ void* mapPeerShareable(int64_t holder, const ShareableRegion& r, size_t bytes, b
            std::to_string(bytes) + " bytes";
     return nullptr;
   }
+  // A region its owner could shrink would turn our reads of the mapping
+  // into SIGBUS: map only memfds sealed against that (shareableAlloc seals
+  // its own; a peer that did not is read by CMA instead).
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    close(fd);
+    *why = path + " (region " + shareableName(r.ownerPid, r.serial) +
+           ") is not sealed against shrinking";
+    return nullptr;
+  }
   // Populate on request: one pass over the page tables instead of a fault
   // per page during the copies.
   void* p = mmap(nullptr, bytes, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | (populate ? MAP_POPULATE : 0),
@@ -83,13 +93,15 @@ attnResult_t shareableAlloc(size_t bytes, void** ptr) {
   Registry& reg = registry();
   const uint64_t serial = reg.nextSerial.fetch_add(1);
   const int64_t pid = getpid();
-  int fd = memfd_create(shareableName(pid, serial).c_str(), MFD_CLOEXEC);
+  int fd = memfd_create(shareableName(pid, serial).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   const int memfdErrno = errno;
-  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(len)) != 0) {
+  // Sealed at its size: peers that map it can trust it never shrinks.
+  if (fd >= 0 && (ftruncate(fd, static_cast<off_t>(len)) != 0 ||
+                  fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0)) {
     int e = errno;
     close(fd);
-    return setError(attnSystemError, "attnMemAlloc: sizing a memfd of %zu bytes failed: %s", len,
-                    strerror(e));
+    return setError(attnSystemError, "attnMemAlloc: sizing and sealing a memfd of %zu bytes failed: %s",
+                    len, strerror(e));
   }
   void* p = fd >= 0 ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                     : mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
