@@ -1,5 +1,8 @@
 #include "src/core/config.h"
 
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -7,6 +10,29 @@
 #include "src/core/error.h"
 
 namespace attn {
+namespace {
+
+// A millisecond count from the environment, strictly: a value that is not
+// a whole number in [0, INT_MAX] is an error, never a wrapped or default
+// value (a timeout that wrapped to 0 would mean "wait forever").
+attnResult_t envMillis(const char* name, int fallback, int* out) {
+  const auto v = envString(name);
+  if (!v) {
+    *out = fallback;
+    return attnSuccess;
+  }
+  errno = 0;
+  char* end = nullptr;
+  const long long x = std::strtoll(v->c_str(), &end, 10);
+  if (errno != 0 || end == v->c_str() || *end != '\0' || x < 0 || x > INT_MAX)
+    return setError(attnInvalidArgument,
+                    "%s=\"%s\" is not a number of milliseconds in [0, %d] (0: wait forever)",
+                    name, v->c_str(), INT_MAX);
+  *out = int(x);
+  return attnSuccess;
+}
+
+}  // namespace
 
 attnResult_t parseTransportList(const std::string& list, uint32_t* mask) {
   uint32_t m = 0;
@@ -68,9 +94,7 @@ attnResult_t resolveConfig(const attnConfig_t* user, const CommConfig* inherit,
     c = *inherit;
   } else {
     c.blocking = envBool("ATTN_COMM_BLOCKING", true);
-    c.timeoutMs = static_cast<int>(envInt("ATTN_TIMEOUT_MS", 300000));
-    if (c.timeoutMs < 0)
-      return setError(attnInvalidArgument, "ATTN_TIMEOUT_MS=%d must be >= 0", c.timeoutMs);
+    ATTN_CHECK(envMillis("ATTN_TIMEOUT_MS", 300000, &c.timeoutMs));
     if (auto t = envString("ATTN_TRANSPORT")) ATTN_CHECK(parseTransportList(*t, &c.transports));
     c.checkSignatures = envBool("ATTN_CHECK", false);
   }
