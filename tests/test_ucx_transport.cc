@@ -227,6 +227,53 @@ TEST(Ucx, LocalCloseFailsQueuedRequests) {
   EXPECT_EQ(ranks[0]->conns[1]->postSend(buf.data(), buf.size(), &s), attnRemoteError);
 }
 
+// A receive that UCX has begun to fill (the first fragments of a long eager
+// message are in) when the connection closes: UCX cannot cancel it, and
+// whatever fragments the sender pushes later would land in a buffer whose
+// owner freed it once close() failed the request. Poisoned right after
+// close(), the buffer must stay poisoned while the sender goes on and the
+// worker is torn down.
+TEST(Ucx, CloseMidMessageLeavesTheBufferAlone) {
+  // Shared memory: one receive FIFO per worker, so the sender's fragments
+  // keep arriving after our endpoint is gone; no rendezvous: UCX writes the
+  // message fragment by fragment as they arrive.
+  setenv("UCX_TLS", "sm", 1);
+  setenv("UCX_RNDV_THRESH", "inf", 1);
+  attn::testing::FakeBootstrapHub hub(3);
+  auto ranks = makeRanks(3, &hub);
+  unsetenv("UCX_TLS");
+  unsetenv("UCX_RNDV_THRESH");
+  const size_t n = size_t(8) << 20;
+  std::vector<uint8_t> out(n, 0x11), in(n, 0);
+  Request s, q;
+  ASSERT_EQ(ranks[1]->conns[0]->postRecv(in.data(), n, &q), attnSuccess);
+  ASSERT_EQ(ranks[0]->conns[1]->postSend(out.data(), n, &s), attnSuccess);
+  // Both sides step until the receive has its first bytes, and no further.
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  while (in[0] != 0x11 && q.pending() && Clock::now() < end) {
+    bool p;
+    ranks[0]->conns[1]->progress(&p);
+    ranks[1]->conns[0]->progress(&p);
+  }
+  ASSERT_EQ(in[0], 0x11) << "the message never started";
+  if (!q.pending()) GTEST_SKIP() << "the whole message arrived at once";
+
+  ranks[1]->conns[0]->close();
+  EXPECT_EQ(q.state.load(), Request::kFailed);
+  std::fill(in.begin(), in.end(), 0xDD);  // the owner's: freed and reused
+  // Rank 1's worker is never progressed again: its other link fails too.
+  std::vector<uint8_t> small(16);
+  Request other;
+  EXPECT_EQ(ranks[1]->conns[2]->postRecv(small.data(), small.size(), &other), attnRemoteError);
+  EXPECT_EQ(other.state.load(), Request::kFailed);
+  EXPECT_NE(other.message.find("peer 2"), std::string::npos) << other.message;
+  drive(ranks[0].get(), {&s}, 5000);      // the sender goes on as far as it can
+  ranks[1].reset();                       // rank 1's worker is progressed and destroyed
+  size_t written = 0;
+  for (uint8_t b : in) written += b != 0xDD;
+  EXPECT_EQ(written, 0u) << "UCX wrote into a receive buffer after close() returned";
+}
+
 // The registration cache reuses a registration for any range inside it and
 // forgets it once the memory is unmapped.
 TEST(Ucx, RegistrationCache) {

@@ -12,7 +12,8 @@ namespace attn::ucx {
 namespace {
 
 // How long a closing connection lets UCX finish or cancel the operations
-// that still point into the caller's buffers before orphaning them.
+// that still point into the caller's buffers before it quarantines the
+// worker (ucx_context.h) and fails them.
 constexpr auto kCancelDrain = std::chrono::milliseconds(1000);
 constexpr auto kByeDrain = std::chrono::milliseconds(200);
 
@@ -23,6 +24,7 @@ void opDone(void* request, UcxConnection::Op* op, ucs_status_t st, size_t length
   if (op->posting) return;  // the poster finishes it
   ucp_request_free(request);
   if (op->conn) op->conn->onComplete(op, st, length);
+  else if (op->orphanOf) op->orphanOf->dropOrphan(op);  // deletes it
   else delete op;
 }
 
@@ -182,9 +184,10 @@ void UcxConnection::sendBye() {
       ucp_tag_send_nbx(ep_, count, sizeof(*count), tagOf(myRank_, kByeSeq), &prm);
   if (!UCS_PTR_IS_PTR(sp)) return;
   // Usually gone at once (8 bytes, eager); give it a moment otherwise, as
-  // a forced close would drop it.
+  // a forced close would drop it (a quarantined worker moves nothing).
   const auto end = std::chrono::steady_clock::now() + kByeDrain;
-  while (ucp_request_check_status(sp) == UCS_INPROGRESS && std::chrono::steady_clock::now() < end)
+  while (!worker_->quarantined() && ucp_request_check_status(sp) == UCS_INPROGRESS &&
+         std::chrono::steady_clock::now() < end)
     worker_->progressLocked();
   worker_->adoptCloseRequest(sp);
 }
@@ -229,6 +232,7 @@ attnResult_t UcxConnection::postDeviceRecv(void* buf, size_t capacity, Request* 
 // cache, which also hears of cudaFree (ours hears only of munmap).
 attnResult_t UcxConnection::send(const void* buf, size_t bytes, Request* req, bool device) {
   std::lock_guard<std::mutex> g(worker_->mutex());
+  if (!broken_ && worker_->quarantined()) shutDownLocked(attnRemoteError, quarantinedWhy(), false);
   if (broken_) {
     req->fail(attnRemoteError, brokenWhy_);
     return setError(attnRemoteError, "%s", brokenWhy_.c_str());
@@ -271,6 +275,7 @@ attnResult_t UcxConnection::send(const void* buf, size_t bytes, Request* req, bo
 
 attnResult_t UcxConnection::recv(void* buf, size_t capacity, Request* req, bool device) {
   std::lock_guard<std::mutex> g(worker_->mutex());
+  if (!broken_ && worker_->quarantined()) shutDownLocked(attnRemoteError, quarantinedWhy(), false);
   if (broken_) {
     req->fail(attnRemoteError, brokenWhy_);
     return setError(attnRemoteError, "%s", brokenWhy_.c_str());
@@ -368,6 +373,7 @@ attnResult_t UcxConnection::progress(bool* progressed) {
   *progressed = false;
   std::lock_guard<std::mutex> g(worker_->mutex());
   if (broken_) return setError(brokenCode_, "%s", brokenWhy_.c_str());
+  if (worker_->quarantined()) return breakLinkLocked(attnRemoteError, quarantinedWhy());
   const size_t before = completions_;
   const unsigned events = worker_->progressLocked();
   *progressed = events > 0 || completions_ != before;
@@ -434,17 +440,28 @@ void UcxConnection::shutDownLocked(attnResult_t code, const std::string& why, bo
     ep_ = nullptr;
   }
   const auto end = std::chrono::steady_clock::now() + kCancelDrain;
-  while (!inflight_.empty() && std::chrono::steady_clock::now() < end)
+  while (!inflight_.empty() && !worker_->quarantined() && std::chrono::steady_clock::now() < end)
     if (worker_->progressLocked() == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
-  for (Op* op : inflight_) {  // UCX did not let go in time: orphan them
-    if (op->req) op->req->fail(attnRemoteError, brokenWhy_);
-    op->req = nullptr;
-    op->conn = nullptr;
+  if (!inflight_.empty()) {
+    // UCX still holds them (a receive it began to fill cannot be cancelled,
+    // and the rest of its message may still come): it must never run again
+    // before their owners, told below that they failed, free the buffers.
+    worker_->quarantine(peerName_ + ": " + std::to_string(inflight_.size()) +
+                        " operation(s) still held by UCX at close");
+    for (Op* op : inflight_) {
+      if (op->req) op->req->fail(attnRemoteError, brokenWhy_);
+      op->req = nullptr;
+      op->conn = nullptr;
+      op->orphanOf = worker_;
+      worker_->adoptOrphan(op);
+    }
   }
-  if (!inflight_.empty())
-    ATTN_WARN(kLogNet, "ucx: %zu operation(s) to %s still held by UCX after close",
-              inflight_.size(), peerName_.c_str());
   inflight_.clear();
+}
+
+std::string UcxConnection::quarantinedWhy() const {
+  return peerName_ + ": connection closed: this communicator's UCX worker was stopped (" +
+         worker_->quarantineWhy() + ")";
 }
 
 attnResult_t UcxConnection::breakLinkLocked(attnResult_t code, const std::string& why) {

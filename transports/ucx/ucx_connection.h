@@ -56,7 +56,8 @@ class UcxConnection : public Connection {
   void close() override;
 
   // An operation UCX holds. Freed when UCX completes it; if the connection
-  // goes first, it is orphaned (conn = nullptr) and freed by the callback.
+  // goes first, it is orphaned (conn = nullptr), the quarantined worker
+  // keeps it (orphanOf) and UCX's callback, if ever, drops it there.
   struct Op {
     UcxConnection* conn;
     Request* req;
@@ -71,6 +72,7 @@ class UcxConnection : public Connection {
     bool finished = false;
     ucs_status_t status = UCS_OK;
     size_t length = 0;
+    UcxWorker* orphanOf = nullptr;
   };
   // The always-posted receive of the peer's goodbye.
   struct Bye {
@@ -103,10 +105,14 @@ class UcxConnection : public Connection {
   // Records a failure seen in a callback; progress() breaks the link.
   void noteBreak(attnResult_t code, const std::string& why);
   // Fails every queued request, makes UCX let go of the buffers, closes the
-  // endpoint. Caller holds the worker mutex.
-  // graceful: a healthy idle link is flushed before the peer sees the end.
+  // endpoint; what UCX will not let go of quarantines the worker
+  // (ucx_context.h), so it is never touched again. Caller holds the worker
+  // mutex. graceful: a healthy idle link is flushed before the peer sees
+  // the end.
   void shutDownLocked(attnResult_t code, const std::string& why, bool graceful);
   attnResult_t breakLinkLocked(attnResult_t code, const std::string& why);
+  // Why this link fails once another one quarantined the worker.
+  std::string quarantinedWhy() const;
   attnResult_t postFailure(Op* op, attnResult_t code, const std::string& why);
   void postByeRecv();
   void sendBye();

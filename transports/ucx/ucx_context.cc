@@ -104,7 +104,10 @@ UcxWorker::~UcxWorker() {
   if (worker_) {
     std::lock_guard<std::mutex> g(mu_);
     auto end = std::chrono::steady_clock::now() + kCloseDrain;
+    // Quarantined: no progress, not even to finish goodbyes (see the header).
+    if (quarantined_) finishFlushes(true);
     for (;;) {
+      if (quarantined_) break;
       ucp_worker_progress(worker_);
       finishFlushes(std::chrono::steady_clock::now() > end);
       size_t open = 0;
@@ -124,7 +127,7 @@ UcxWorker::~UcxWorker() {
     }
     for (void* r : closing_)
       if (r) ucp_request_free(r);  // the worker's destruction releases it
-    drainUnexpected();
+    if (!quarantined_) drainUnexpected();
     ucp_worker_destroy(worker_);
   }
   if (context_) ucp_cleanup(context_);
@@ -143,6 +146,7 @@ attnResult_t UcxWorker::address(std::vector<uint8_t>* out) const {
 }
 
 unsigned UcxWorker::progressLocked() {
+  if (quarantined_) return 0;
   unsigned total = 0;
   for (unsigned i = 0; i < kMaxProgressRounds; ++i) {
     unsigned n = ucp_worker_progress(worker_);
@@ -152,8 +156,21 @@ unsigned UcxWorker::progressLocked() {
   return total;
 }
 
+void UcxWorker::quarantine(const std::string& why) {
+  if (quarantined_) return;
+  quarantined_ = true;
+  quarantineWhy_ = why;
+  ATTN_WARN(kLogNet, "ucx: %s; the worker is never progressed again and every connection on it "
+                     "fails (UCX could write into a buffer whose request failed)",
+            why.c_str());
+}
+
 void UcxWorker::wait(int timeoutUs) {
   if (timeoutUs < 0) timeoutUs = 0;
+  if (quarantined_) {  // nothing will ever arrive: a short nap, no arming
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(timeoutUs, 1000)));
+    return;
+  }
   {
     // No progress here: callbacks would touch the connections outside the
     // engine's lock. The engine progressed just before it chose to sleep.

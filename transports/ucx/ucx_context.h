@@ -5,14 +5,26 @@
 // engine serialises calls, so the worker runs in SERIALIZED mode; `mu`
 // still guards it because the engine may sleep in waitForActivity (which
 // arms the worker) while a background thread progresses.
+//
+// Quarantine: UCX cannot cancel a receive it has begun to fill (the first
+// fragments of an eager message matched it); it writes the rest into the
+// caller's buffer whenever the worker is progressed and they arrive, even
+// after the endpoint closed (shared memory has one receive queue per
+// worker). A connection that closes with such a receive still held, past a
+// short drain, quarantines the worker: from then on it is never progressed
+// again (every connection on it fails) and it is destroyed without
+// progress, so UCX cannot touch a buffer whose request failed.
 #pragma once
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "attncomm.h"
@@ -39,8 +51,21 @@ class UcxWorker {
   attnResult_t address(std::vector<uint8_t>* out) const;
 
   // Drains the worker: progresses until it reports nothing more (bounded).
-  // Caller holds mutex(). Returns the number of events handled.
+  // Caller holds mutex(). Returns the number of events handled; 0 and no
+  // progress once quarantined.
   unsigned progressLocked();
+
+  // Stops all progress for good (see above). Caller holds mutex().
+  void quarantine(const std::string& why);
+  bool quarantined() const { return quarantined_.load(std::memory_order_relaxed); }
+  const std::string& quarantineWhy() const { return quarantineWhy_; }
+  // An operation UCX may still hold into a failed request's buffer, kept
+  // until UCX completes it (dropOrphan, from its callback) or the worker
+  // goes. Only on a quarantined worker.
+  template <class T> void adoptOrphan(T* p) {
+    orphans_.emplace(p, std::shared_ptr<void>(p, [](void* q) { delete static_cast<T*>(q); }));
+  }
+  void dropOrphan(void* p) { orphans_.erase(p); }
 
   // Sleeps until the worker may have events or `timeoutUs` passed.
   void wait(int timeoutUs);
@@ -78,6 +103,9 @@ class UcxWorker {
   };
   std::vector<Closing> flushing_;
   std::vector<std::shared_ptr<void>> objects_;
+  std::atomic<bool> quarantined_{false};  // read by wait() without the mutex
+  std::string quarantineWhy_;
+  std::map<void*, std::shared_ptr<void>> orphans_;
   void finishFlushes(bool force);
   void drainUnexpected();
 };
