@@ -73,6 +73,14 @@ extern "C" {
 #define ATTN_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
 #define ATTN_VERSION_CODE ATTN_VERSION(ATTN_MAJOR, ATTN_MINOR, ATTN_PATCH)
 
+/* Every enum of this header spans the whole of int (the two members this
+ * macro adds to each): a caller in C or another language may pass any int,
+ * and the library refuses values it does not know instead of holding an enum
+ * out of its range, which C++ leaves undefined (NCCL's ncclRedOp_t is made
+ * int-sized the same way). Not values to pass. */
+#define ATTN_ENUM_SPANS_INT(prefix) \
+  prefix##EnumMin_ = -2147483647 - 1, prefix##EnumMax_ = 2147483647
+
 /* ------------------------------------------------------------------ */
 /* Result codes                                                        */
 /* ------------------------------------------------------------------ */
@@ -87,7 +95,8 @@ typedef enum {
   attnInProgress = 7,         /* a non-blocking operation is still running */
   attnTimeout = 8,            /* no progress within the communicator's timeout */
   attnNotSupported = 9,       /* not built in, or not possible on this setup */
-  attnNumResults = 10
+  attnNumResults = 10,
+  ATTN_ENUM_SPANS_INT(attnResult)
 } attnResult_t;
 
 /* ------------------------------------------------------------------ */
@@ -102,7 +111,8 @@ typedef enum {
   attnFloat32 = 5,
   attnFloat64 = 6,
   attnBfloat16 = 7, /* bfloat16; reductions accumulate in fp32 */
-  attnNumTypes = 8
+  attnNumTypes = 8,
+  ATTN_ENUM_SPANS_INT(attnDataType)
 } attnDataType_t;
 
 typedef enum {
@@ -111,23 +121,13 @@ typedef enum {
   attnMax = 2,
   attnMin = 3,
   attnAvg = 4, /* sum divided by the number of ranks */
-  attnNumOps = 5
+  attnNumOps = 5,
+  ATTN_ENUM_SPANS_INT(attnRedOp)
 } attnRedOp_t;
 
 /* ------------------------------------------------------------------ */
 /* Handles                                                             */
 /* ------------------------------------------------------------------ */
-typedef struct attnComm* attnComm_t;
-
-/* A stream. NULL for host-memory communicators; a cudaStream_t (cast) for
- * device communicators. */
-typedef struct attnStream_st* attnStream_t;
-
-#define ATTN_UNIQUE_ID_BYTES 128
-/* Created by attnGetUniqueId on one rank and passed to all others out of
- * band. Carries the bootstrap root's address and a random 128-bit secret: a
- * peer that does not present the secret is refused. Treat it as a
- * credential. */
 /* The opaque handles are attnComm_t, attnKvPool_t and attnPlan_t
  * (attnStream_t is the caller's CUDA stream, not a library object). Every
  * call checks its handle against the handles this process holds: a
@@ -140,8 +140,8 @@ typedef struct attnStream_st* attnStream_t;
  * one of the same type that the allocator placed at the same address. No
  * C++ exception crosses this API: every function returns a code (out of
  * memory is attnSystemError). */
-typedef struct {
-  char internal[ATTN_UNIQUE_ID_BYTES];
+typedef struct attnComm* attnComm_t;
+
 /* The largest communicator: nranks (ndev for attnCommInitAll) above it is
  * attnInvalidArgument. */
 #define ATTN_MAX_NRANKS 65536
@@ -529,7 +529,7 @@ typedef enum {
                          all-to-all and merge on receive (Alg. 3) */
   attnModeShipQ = 3,  /* one hop: Q goes to every KV holder, partials come
                          back and merge on receive (decode, small N) */
-  attnModeHeadParallel = 4 /* all-to-all over heads (CSPS SP-NTP,
+  attnModeHeadParallel = 4, /* all-to-all over heads (CSPS SP-NTP,
                          DeepSpeed-Ulysses): each rank gets the whole
                          sequence for a share of the heads, attends, and a
                          second all-to-all brings the outputs home. Sends
@@ -537,6 +537,7 @@ typedef enum {
                          blocks; balanced whatever the placement. KV heads
                          are replicated when num_kv_heads < N. AUTO
                          weighs it with the rings */
+  ATTN_ENUM_SPANS_INT(attnAttnMode)
 } attnAttnMode_t;
 
 /* Exact attention of this rank's queries over the keys of all ranks.
@@ -574,7 +575,8 @@ typedef enum {
   attnTierDevice = 0,  /* same host, same GPU */
   attnTierHost = 1,    /* same host */
   attnTierRack = 2,    /* another host of the same rack */
-  attnTierCluster = 3  /* anything farther */
+  attnTierCluster = 3,  /* anything farther */
+  ATTN_ENUM_SPANS_INT(attnTier)
 } attnTier_t;
 
 /* Which of its peers' keys a rank attends to. Farther peers send fewer:
@@ -979,7 +981,8 @@ typedef enum {
                                    host; the other ranks get *newcomm = NULL */
   attnSplitTypeRack = 2,        /* the ranks of my rack (a host without a rack
                                    id is a rack of its own) */
-  attnSplitTypeProximity = 3    /* every rank, renumbered in proximity order */
+  attnSplitTypeProximity = 3,    /* every rank, renumbered in proximity order */
+  ATTN_ENUM_SPANS_INT(attnSplitType)
 } attnSplitType_t;
 
 /* Splits by locality, like MPI_Comm_split_type: collective over comm, every
@@ -995,8 +998,9 @@ typedef enum {
                              order, this rank's local hardware view */
   attnTopoFormatDot = 1,  /* Graphviz DOT: racks and hosts as boxes, the
                              proximity ring coloured by tier */
-  attnTopoFormatJson = 2  /* the ATTN_TOPO_FILE / ATTN_TOPO_DUMP_FILE schema
+  attnTopoFormatJson = 2,  /* the ATTN_TOPO_FILE / ATTN_TOPO_DUMP_FILE schema
                              (topology/README.md) */
+  ATTN_ENUM_SPANS_INT(attnTopoFormat)
 } attnTopoFormat_t;
 
 /* Writes the communicator's fabric model as text into buf (NUL-terminated).

@@ -38,6 +38,7 @@ namespace {
 // heads to rows of `count`.
 void copyHeads(char* dst, const void* src, int64_t rows, int rowHeads, int first, int count,
                size_t headBytes) {
+  if (rows == 0) return;  // src may be null then: no pointer arithmetic on it
   const char* s = static_cast<const char*>(src) + first * headBytes;
   const size_t srcRow = rowHeads * headBytes, dstRow = count * headBytes;
   if (count == rowHeads) {
@@ -224,7 +225,8 @@ attnResult_t runHeadParallel(AttnCall& c) {
       const ReturnMessage m(c.qRowsOf[r], mine.q(), D, elem);
       char* slot = ret + retSlot.offset[r];
       ATTN_CHECK(cpu::convertFromFloat(slot, c.cfg.dtype, share.o[r].data(), share.o[r].size()));
-      std::memcpy(slot + m.lseAt, share.lse[r].data(), share.lse[r].size() * sizeof(float));
+      if (!share.lse[r].empty())  // an empty vector's data() may be null
+        std::memcpy(slot + m.lseAt, share.lse[r].data(), share.lse[r].size() * sizeof(float));
       outbox.queue(Outbox::kOutputs, r, slot, m.total);
       return outbox.pump(*driver, look());
     };
