@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "src/core/auth.h"
 #include "src/core/error.h"
 #include "topology/host_identity.h"
 #include "src/core/log.h"
@@ -65,7 +66,11 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
   const std::string rack = rackIdentity();
   std::strncpy(me.info.rackId, rack.c_str(), sizeof(me.info.rackId) - 1);
   me.info.rackHash = hash64(rack.data(), rack.size());
-  me.info.commHash = hash64(&id, sizeof(id));
+  // Keyed by the secret: the hash names /dev/shm segments anyone on the
+  // host can list, and must tell nothing of the id it comes from.
+  const auth::Mac idMac = auth::prove(comm->bootstrap->secret(), "attncomm communicator",
+                                      {auth::bytesOf(id)});
+  std::memcpy(&me.info.commHash, idMac.bytes, sizeof(me.info.commHash));
   me.transportMask = comm->config.transports;
   me.version = ATTN_VERSION_CODE;
   ATTN_CHECK(comm->bootstrap->allGather(cards.data(), sizeof(RankCard)));
