@@ -43,6 +43,12 @@ attnResult_t randomBytes(void* out, size_t n) {
 
 attnResult_t freshNonce(Nonce* out) { return randomBytes(out->bytes, kNonceBytes); }
 
+void threadDone() { OPENSSL_thread_stop(); }
+
+// Some option must be asked for: with none, OPENSSL_init_crypto returns
+// before it registers its exit-time cleanup.
+void initCrypto() { OPENSSL_init_crypto(OPENSSL_INIT_ADD_ALL_DIGESTS, nullptr); }
+
 namespace {
 
 bool computeMac(const uint8_t secret[kSecretBytes], std::string_view label,

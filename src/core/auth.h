@@ -47,6 +47,17 @@ Bytes bytesOf(const T& v) {
   return Bytes(reinterpret_cast<const uint8_t*>(&v), sizeof(T));
 }
 
+// Frees libcrypto's state of the calling thread (its error queue, which an
+// HMAC allocates). Threads of the library that ran HMACs call it as they
+// end: at process exit libcrypto's own cleanup may already have run, and
+// then nothing else frees it.
+void threadDone();
+// Initialises libcrypto now. An object whose destructor joins such threads
+// at exit calls it first, so that libcrypto's exit-time cleanup (after
+// which threadDone frees nothing) is registered before, and runs after,
+// that destructor.
+void initCrypto();
+
 // Cryptographically strong random bytes (attnSystemError if the generator
 // cannot be seeded).
 attnResult_t randomBytes(void* out, size_t n);

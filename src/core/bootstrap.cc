@@ -90,7 +90,10 @@ attnResult_t SocketBootstrap::start(const UniqueIdData& id) {
   outMu_ = std::make_unique<std::mutex[]>(nranks_);
   peerMail_.assign(nranks_, PeerMail{});
   try {
-    rx_ = std::thread([this] { rxLoop(); });
+    rx_ = std::thread([this] {
+      rxLoop();
+      auth::threadDone();  // it checked proofs: free libcrypto's state of this thread
+    });
   } catch (const std::exception& e) {
     return setError(attnSystemError, "bootstrap: cannot start receive thread: %s", e.what());
   }

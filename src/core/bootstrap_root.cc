@@ -277,12 +277,17 @@ class RootServer {
 // next root starts, running ones are stopped and joined at exit.
 class RootRegistry {
  public:
+  // Its destructor joins root threads, which run HMACs (auth.h).
+  RootRegistry() { auth::initCrypto(); }
   void start(std::unique_ptr<RootServer> server) {
     std::lock_guard<std::mutex> g(mu_);
     forgetInheritedLocked();
     reapLocked();
     auto s = std::shared_ptr<RootServer>(std::move(server));
-    roots_.push_back(Entry{s, std::thread([s] { s->run(); })});
+    roots_.push_back(Entry{s, std::thread([s] {
+      s->run();
+      auth::threadDone();
+    })});
   }
   ~RootRegistry() {
     std::lock_guard<std::mutex> g(mu_);
