@@ -39,7 +39,10 @@ ucx_env
 
 prepare() {
   mkdir -p "$DEV"
-  (cd "$DEV" && apt-get download libgtest-dev >/dev/null) || { echo "apt-get download failed" >&2; exit 1; }
+  # GoogleTest, and OpenSSL's headers with its libcrypto (required since the
+  # handshakes are HMACs): extracted on the GPU machine where it lacks them.
+  (cd "$DEV" && apt-get download libgtest-dev libssl-dev libssl3 >/dev/null) ||
+    { echo "apt-get download failed" >&2; exit 1; }
   # Optional: without it the GPU build goes without UCX.
   bash "$ROOT/scripts/build_ucx_cuda.sh" || echo "UCX with CUDA not built; the GPU build will have no UCX" >&2
   ls -l "$DEV"
@@ -52,18 +55,49 @@ ucx_flags() {
   else echo "-DATTN_ENABLE_UCX=OFF"; fi
 }
 
-# GoogleTest from the carried packages when the machine lacks it.
-gtest_prefix() {
-  if [ -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake ] ||
-     [ -f /usr/lib/cmake/GTest/GTestConfig.cmake ]; then return; fi
+# The carried packages, unpacked once into .device/root.
+extract_debs() {
+  [ -f "$DEV/root/.complete" ] && return
   mkdir -p "$DEV/root"
   for deb in "$DEV"/*.deb; do
     [ -f "$deb" ] || continue
     if command -v dpkg >/dev/null; then dpkg -x "$deb" "$DEV/root"
     else (cd "$DEV/root" && ar p "$deb" data.tar.xz | tar -xJ); fi
   done
+  touch "$DEV/root/.complete"
+}
+
+# GoogleTest from the carried packages when the machine lacks it.
+gtest_prefix() {
+  if [ -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake ] ||
+     [ -f /usr/lib/cmake/GTest/GTestConfig.cmake ]; then return; fi
+  extract_debs
   echo "-DCMAKE_PREFIX_PATH=$DEV/root/usr"
 }
+
+# OpenSSL's headers from the carried libssl-dev when the machine lacks
+# them (Debian keeps two of them under the multiarch directory: copied next
+# to the others); the machine's own libcrypto.so.3 when it has one (OpenSSL
+# 3 keeps its ABI), else the carried one.
+SYS_CRYPTO=/usr/lib/x86_64-linux-gnu/libcrypto.so.3
+openssl_flags() {
+  [ -f /usr/include/openssl/hmac.h ] && return
+  extract_debs
+  cp -n "$DEV"/root/usr/include/x86_64-linux-gnu/openssl/*.h "$DEV/root/usr/include/openssl/" 2>/dev/null
+  local lib=$SYS_CRYPTO
+  [ -f "$lib" ] || lib=$DEV/root/usr/lib/x86_64-linux-gnu/libcrypto.so.3
+  echo "-DOPENSSL_INCLUDE_DIR=$DEV/root/usr/include -DOPENSSL_CRYPTO_LIBRARY=$lib"
+}
+# Every stage's binaries find the carried libcrypto where the machine has
+# none (called at start, and after the build has unpacked it).
+crypto_env() {
+  local carried=$DEV/root/usr/lib/x86_64-linux-gnu
+  if [ ! -f "$SYS_CRYPTO" ] && [ -f "$carried/libcrypto.so.3" ] &&
+     [[ ":${LD_LIBRARY_PATH:-}:" != *":$carried:"* ]]; then
+    export LD_LIBRARY_PATH=$carried${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+}
+crypto_env
 
 # NCCL from the CUDA toolkit, else from the nvidia-nccl Python wheel.
 nccl_flags() {
@@ -80,9 +114,10 @@ stage_build() {
   # shellcheck disable=SC2046
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA_ARCHS=90a-real \
         -DATTN_CUDA_PTXAS_VERBOSE=ON -DATTN_ENABLE_MPI=OFF \
-        $(ucx_flags) $(gtest_prefix) $(nccl_flags) >>"$OUT/build.log" 2>&1 &&
+        $(ucx_flags) $(gtest_prefix) $(openssl_flags) $(nccl_flags) >>"$OUT/build.log" 2>&1 &&
     ninja -C "$BUILD" -j"$JOBS" >>"$OUT/build.log" 2>&1
   local rc=$?
+  crypto_env
   # ptxas: registers and spills of every kernel (the hot ones must not spill).
   grep -E "Compiling entry|Used [0-9]+ registers|spill" "$OUT/build.log" >"$OUT/ptxas.log" || true
   echo "build rc=$rc"
