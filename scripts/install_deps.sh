@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what attncomm needs to build and test on Debian 12 / Ubuntu.
 # Idempotent: packages already present are not reinstalled. Optional
-# dependencies (hwloc, UCX, ibverbs, MPI, Gloo, OpenBLAS) are installed too so
-# the perf baselines and topology code are exercised; the library builds
-# without them.
+# dependencies (hwloc, UCX, ibverbs, MPI, Gloo, OpenBLAS; clang with its
+# libFuzzer and sanitizer runtimes for scripts/sanitize.sh and fuzz.sh) are
+# installed too so the perf baselines, topology code and fuzzers are
+# exercised; the library builds without them.
 set -euo pipefail
 REQUIRED=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libssl-dev iproute2 python3)
 OPTIONAL=(libopenblas-dev libhwloc-dev hwloc libucx-dev ucx-utils libibverbs-dev
-          openmpi-bin libopenmpi-dev libgloo-dev graphviz python3-numpy python3-matplotlib)
+          openmpi-bin libopenmpi-dev libgloo-dev graphviz python3-numpy python3-matplotlib
+          clang libclang-rt-dev)
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=$(command -v sudo || true); fi
 missing=()

@@ -3,6 +3,10 @@
 # + UBSan) or `bash scripts/sanitize.sh thread` (TSan). Builds the host path
 # in build-<sanitizer> (no CUDA, no UCX: their libraries are not built with
 # the sanitizer) and runs ctest there; any report fails the test it came from.
+# The address build uses clang where it is installed, with libFuzzer's
+# coverage (ATTN_FUZZ), so scripts/fuzz.sh runs its harnesses from the same
+# build. SANITIZE_PERF=0 leaves the perf binaries (and their smoke tests)
+# out; ATTN_TEST_CUDA_EMU=0 the emulated device stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-address}
@@ -13,8 +17,15 @@ case "$kind" in
 esac
 bash scripts/install_deps.sh
 dir=${SANITIZE_BUILD_DIR:-build-$kind}
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE="$flags" \
-      -DATTN_ENABLE_MPI=OFF
+compilers=()
+extra=()
+if [ "$kind" = address ] && command -v clang++ >/dev/null; then
+  compilers=(CC=clang CXX=clang++)
+  extra=(-DATTN_FUZZ=ON)
+fi
+env "${compilers[@]}" cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DATTN_SANITIZE="$flags" -DATTN_ENABLE_MPI=OFF -DATTN_BUILD_PERF="${SANITIZE_PERF:-ON}" \
+      "${extra[@]}"
 cmake --build "$dir" -j "$(nproc)"
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -4,6 +4,9 @@
 # root; GPU tests skip without a GPU). Then, where the CUDA headers are, the
 # device tests again on the emulated CUDA runtime (tests/cuda_emu), so the
 # device code runs even without a GPU; ATTN_TEST_CUDA_EMU=0 leaves that out.
+# Last, the host suite under ASan + UBSan (built with clang) and every fuzz
+# harness for ATTN_FUZZ_SECONDS (30) from its seed corpus; ATTN_TEST_SANITIZE=0
+# leaves both out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -22,4 +25,11 @@ if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
   # the -G smoke tests).
   cmake --build "$EMU_DIR" -j "$(nproc)" --target attn_device_tests
   (cd "$EMU_DIR" && ctest -L device --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")
+fi
+
+if [ "${ATTN_TEST_SANITIZE:-1}" != 0 ]; then
+  # Without the perf binaries and the emulated device stage: the host suite
+  # is what peers' bytes reach, and the stage must stay short on 2 cores.
+  SANITIZE_PERF=0 ATTN_TEST_CUDA_EMU=0 bash scripts/sanitize.sh address
+  bash scripts/fuzz.sh "${ATTN_FUZZ_SECONDS:-30}"
 fi
