@@ -298,14 +298,8 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   std::vector<KvPeerLimits> limits(static_cast<size_t>(n));
   std::vector<uint64_t> maxBytes(static_cast<size_t>(n), 0);
   for (int p = 0; p < n; ++p) {
-    KvPeerLimits& lim = limits[size_t(p)];
-    lim.peer = p;
-    lim.what = "attnKvAttention";
-    lim.maxReleases = pool.releaseBound();
+    KvPeerLimits& lim = limits[size_t(p)] = pool.limitsFor(p, "attnKvAttention");
     lim.maxEntries = p == me ? 0 : pool.requestsHeldFor(p);
-    lim.numKvHeads = pool.config().num_kv_heads;
-    lim.headDim = pool.config().head_dim;
-    lim.dtype = pool.config().dtype;
     maxBytes[size_t(p)] = kvQueryRequestBound(lim);
   }
   PeerExchange got;

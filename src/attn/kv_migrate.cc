@@ -229,10 +229,7 @@ attnResult_t kvMigrate(KvPool& pool, const std::vector<attnKvMove_t>& moves, att
   std::vector<KvPeerLimits> limits(static_cast<size_t>(n));
   std::vector<uint64_t> maxBytes(static_cast<size_t>(n), 0);
   for (int p = 0; p < n; ++p) {
-    KvPeerLimits& lim = limits[size_t(p)];
-    lim.peer = p;
-    lim.what = "attnKvMigrate";
-    lim.maxReleases = pool.releaseBound();
+    KvPeerLimits& lim = limits[size_t(p)] = pool.limitsFor(p, "attnKvMigrate");
     lim.maxMoves = size_t(p) < pool.peerCapacity.size() ? uint64_t(pool.peerCapacity[size_t(p)]) : 0;
     maxBytes[size_t(p)] = kvMigrateRequestBound(lim);
   }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "src/attn/kv_wire.h"
 
 struct attnComm;
 
@@ -182,6 +183,18 @@ class KvPool {
   uint64_t releaseBound() const { return 2 * uint64_t(cfg_.capacity_blocks) + 1; }
   // The peer's requests with blocks here (what its queries may ask for).
   uint64_t requestsHeldFor(int peer) const;
+  // What `peer` may send in `what` as far as the pool's books say: the
+  // releases it may owe and the pool's layout; the call sets the rest.
+  KvPeerLimits limitsFor(int peer, const char* what) const {
+    KvPeerLimits lim;
+    lim.peer = peer;
+    lim.what = what;
+    lim.maxReleases = releaseBound();
+    lim.numKvHeads = cfg_.num_kv_heads;
+    lim.headDim = cfg_.head_dim;
+    lim.dtype = cfg_.dtype;
+    return lim;
+  }
 
   // After attnCommShrink (kv_shrink.cc), with no collective queued: moves
   // the pool to `shrunk`, whose rank r was rank parentRanks[r] of the

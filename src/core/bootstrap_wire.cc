@@ -14,15 +14,6 @@ constexpr const char* kPeerDialerLabel = "attncomm bootstrap v2: peer dialer pro
 constexpr const char* kPeerAckLabel = "attncomm bootstrap v2: peer listener ack";
 constexpr const char* kEnvNonceLabel = "attncomm bootstrap v2: communicator nonce from secret";
 
-auth::Bytes nonceBytes(const auth::Nonce& n) { return auth::Bytes(n.bytes, auth::kNonceBytes); }
-
-template <typename T>
-bool readExact(const uint8_t* bytes, size_t len, T* out) {
-  if (bytes == nullptr || len != sizeof(T)) return false;
-  std::memcpy(out, bytes, sizeof(T));
-  return true;
-}
-
 }  // namespace
 
 Challenge makeChallenge(uint32_t magic, const auth::Nonce& nonce) {
@@ -35,7 +26,7 @@ Challenge makeChallenge(uint32_t magic, const auth::Nonce& nonce) {
 
 bool parseChallenge(const uint8_t* bytes, size_t len, uint32_t magic, auth::Nonce* out) {
   Challenge c;
-  if (!readExact(bytes, len, &c) || c.magic != magic) return false;
+  if (!frameAs(bytes, len, &c) || c.magic != magic) return false;
   std::memcpy(out->bytes, c.nonce, sizeof(c.nonce));
   return true;
 }
@@ -61,7 +52,7 @@ RootHello makeRootHello(uint64_t commNonce, int rank, int nranks, int timeoutMs,
 bool parseRootHello(const uint8_t* bytes, size_t len, uint64_t commNonce, RootHello* out) {
   RootHello h;
   SocketAddress a;
-  if (!readExact(bytes, len, &h) || h.magic != kRootHelloMagic || h.version != kWireVersion ||
+  if (!frameAs(bytes, len, &h) || h.magic != kRootHelloMagic || h.version != kWireVersion ||
       h.commNonce != commNonce || !deserializeAddress(h.addr, h.addrLen, &a))
     return false;
   *out = h;
@@ -73,7 +64,7 @@ Proof makeRootProof(const uint8_t secret[16], const RootHello& hello, const auth
   std::memset(&p, 0, sizeof(p));
   p.magic = kRootProofMagic;
   const auth::Mac m =
-      auth::prove(secret, kRankToRootLabel, {auth::bytesOf(hello), nonceBytes(rootNonce)});
+      auth::prove(secret, kRankToRootLabel, {auth::bytesOf(hello), auth::bytesOf(rootNonce)});
   std::memcpy(p.mac, m.bytes, sizeof(p.mac));
   return p;
 }
@@ -81,8 +72,8 @@ Proof makeRootProof(const uint8_t secret[16], const RootHello& hello, const auth
 bool checkRootProof(const uint8_t* bytes, size_t len, const uint8_t secret[16],
                     const RootHello& hello, const auth::Nonce& rootNonce) {
   Proof p;
-  return readExact(bytes, len, &p) && p.magic == kRootProofMagic &&
-         auth::verify(secret, kRankToRootLabel, {auth::bytesOf(hello), nonceBytes(rootNonce)},
+  return frameAs(bytes, len, &p) && p.magic == kRootProofMagic &&
+         auth::verify(secret, kRankToRootLabel, {auth::bytesOf(hello), auth::bytesOf(rootNonce)},
                       p.mac);
 }
 
@@ -96,7 +87,7 @@ namespace {
 auth::Mac replyMac(const uint8_t secret[16], const RootHello& hello, const auth::Nonce& rootNonce,
                    const uint8_t* header, const auth::Digest& tableDigest) {
   return auth::prove(secret, kRootReplyLabel,
-                     {auth::bytesOf(hello), nonceBytes(rootNonce),
+                     {auth::bytesOf(hello), auth::bytesOf(rootNonce),
                       auth::Bytes(header, sizeof(RootReply)),
                       auth::Bytes(tableDigest.bytes, sizeof(tableDigest.bytes))});
 }
@@ -172,7 +163,7 @@ PeerHello makePeerHello(uint64_t commNonce, int from, int to, const auth::Nonce&
 bool parsePeerHello(const uint8_t* bytes, size_t len, uint64_t commNonce, int self, int nranks,
                     PeerHello* out) {
   PeerHello h;
-  if (!readExact(bytes, len, &h) || h.magic != kPeerHelloMagic || h.version != kWireVersion ||
+  if (!frameAs(bytes, len, &h) || h.magic != kPeerHelloMagic || h.version != kWireVersion ||
       h.commNonce != commNonce || h.to != self || h.from < 0 || h.from >= nranks ||
       h.from == self)
     return false;
@@ -186,7 +177,7 @@ Proof makePeerProof(const uint8_t secret[16], const PeerHello& hello,
   std::memset(&p, 0, sizeof(p));
   p.magic = kPeerProofMagic;
   const auth::Mac m =
-      auth::prove(secret, kPeerDialerLabel, {auth::bytesOf(hello), nonceBytes(listenerNonce)});
+      auth::prove(secret, kPeerDialerLabel, {auth::bytesOf(hello), auth::bytesOf(listenerNonce)});
   std::memcpy(p.mac, m.bytes, sizeof(p.mac));
   return p;
 }
@@ -194,8 +185,8 @@ Proof makePeerProof(const uint8_t secret[16], const PeerHello& hello,
 bool checkPeerProof(const uint8_t* bytes, size_t len, const uint8_t secret[16],
                     const PeerHello& hello, const auth::Nonce& listenerNonce) {
   Proof p;
-  return readExact(bytes, len, &p) && p.magic == kPeerProofMagic &&
-         auth::verify(secret, kPeerDialerLabel, {auth::bytesOf(hello), nonceBytes(listenerNonce)},
+  return frameAs(bytes, len, &p) && p.magic == kPeerProofMagic &&
+         auth::verify(secret, kPeerDialerLabel, {auth::bytesOf(hello), auth::bytesOf(listenerNonce)},
                       p.mac);
 }
 
@@ -207,7 +198,7 @@ PeerAck makePeerAck(const uint8_t secret[16], const PeerHello& hello,
   a.status = status;
   const int32_t st = status;
   const auth::Mac m = auth::prove(
-      secret, kPeerAckLabel, {auth::bytesOf(hello), nonceBytes(listenerNonce), auth::bytesOf(st)});
+      secret, kPeerAckLabel, {auth::bytesOf(hello), auth::bytesOf(listenerNonce), auth::bytesOf(st)});
   std::memcpy(a.mac, m.bytes, sizeof(a.mac));
   return a;
 }
@@ -215,10 +206,10 @@ PeerAck makePeerAck(const uint8_t secret[16], const PeerHello& hello,
 bool parsePeerAck(const uint8_t* bytes, size_t len, const uint8_t secret[16],
                   const PeerHello& hello, const auth::Nonce& listenerNonce, int32_t* status) {
   PeerAck a;
-  if (!readExact(bytes, len, &a) || a.magic != kPeerAckMagic) return false;
+  if (!frameAs(bytes, len, &a) || a.magic != kPeerAckMagic) return false;
   const int32_t st = a.status;
   if (!auth::verify(secret, kPeerAckLabel,
-                    {auth::bytesOf(hello), nonceBytes(listenerNonce), auth::bytesOf(st)}, a.mac))
+                    {auth::bytesOf(hello), auth::bytesOf(listenerNonce), auth::bytesOf(st)}, a.mac))
     return false;
   *status = st;
   return true;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,15 @@ attnResult_t sendFrame(int fd, const void* body, size_t bytes,
 // connection's send buffer always has room for a handshake frame); on false
 // the stream is unusable and should be closed.
 bool sendFrameNow(int fd, const void* body, size_t bytes);
+// A received frame read as the fixed-size struct T: false unless it has
+// exactly sizeof(T) bytes.
+template <typename T>
+bool frameAs(const uint8_t* bytes, size_t len, T* out) {
+  if (bytes == nullptr || len != sizeof(T)) return false;
+  std::memcpy(out, bytes, sizeof(T));
+  return true;
+}
+
 // Receives one frame of at most maxBytes into *body.
 attnResult_t recvFrame(int fd, size_t maxBytes, std::vector<uint8_t>* body,
                        const Deadline& deadline, const Cancel& cancel,

@@ -18,6 +18,8 @@
 #include <memory>
 #include <vector>
 
+#include "tests/fuzz/fuzz_input.h"
+
 #include "src/core/auth.h"
 #include "src/core/bootstrap_wire.h"
 #include "src/core/env_secret.h"
@@ -48,20 +50,7 @@ SocketAddress loopback(int port) {
   return a;
 }
 
-struct Input {
-  const uint8_t* p;
-  size_t n;
-  uint8_t byte() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  int32_t i32() {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v = v << 8 | byte();
-    return int32_t(v);
-  }
-};
+using attn::fuzz::Input;
 
 // The frame exactly as long as the input's rest, so a read past it is seen.
 std::unique_ptr<uint8_t[]> frameOf(const Input& in) {

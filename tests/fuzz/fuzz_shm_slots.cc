@@ -17,23 +17,13 @@
 #include <memory>
 #include <vector>
 
+#include "tests/fuzz/fuzz_input.h"
+
 #include "tests/support/shm_far_end.h"
 
 namespace {
 
-struct Input {
-  const uint8_t* p;
-  size_t n;
-  uint8_t byte() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  uint64_t u16() {
-    uint64_t hi = byte();
-    return hi << 8 | byte();
-  }
-};
+using attn::fuzz::Input;
 
 void drain(attn::testing::ShmFarEnd& far, std::vector<std::unique_ptr<char[]>>& bufs,
            const std::vector<std::unique_ptr<attn::Request>>& reqs) {

@@ -20,24 +20,14 @@
 #include <memory>
 #include <vector>
 
+#include "tests/fuzz/fuzz_input.h"
+
 #include "src/core/transport.h"
 #include "transports/tcp/tcp_connection.h"
 
 namespace {
 
-struct Input {
-  const uint8_t* p;
-  size_t n;
-  uint8_t byte() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  size_t u16() {
-    size_t hi = byte();
-    return hi << 8 | byte();
-  }
-};
+using attn::fuzz::Input;
 
 void writeAll(int fd, const uint8_t* p, size_t n) {
   while (n > 0) {

@@ -4,20 +4,13 @@
 
 #include <cstring>
 
+#include "src/core/socket.h"
+
 namespace attn::tcp {
 namespace {
 
 constexpr const char* kDialerLabel = "attncomm tcp v2: dialer proves";
 constexpr const char* kAckLabel = "attncomm tcp v2: acceptor ack";
-
-auth::Bytes nonceBytes(const auth::Nonce& n) { return auth::Bytes(n.bytes, auth::kNonceBytes); }
-
-template <typename T>
-bool readExact(const uint8_t* bytes, size_t len, T* out) {
-  if (bytes == nullptr || len != sizeof(T)) return false;
-  std::memcpy(out, bytes, sizeof(T));
-  return true;
-}
 
 }  // namespace
 
@@ -48,7 +41,7 @@ TcpProof makeTcpProof(const uint8_t secret[16], uint64_t commHash, const TcpHell
   std::memset(&p, 0, sizeof(p));
   p.magic = kProofMagic;
   const auth::Mac m = auth::prove(
-      secret, kDialerLabel, {auth::bytesOf(commHash), auth::bytesOf(hello), nonceBytes(acceptorNonce)});
+      secret, kDialerLabel, {auth::bytesOf(commHash), auth::bytesOf(hello), auth::bytesOf(acceptorNonce)});
   std::memcpy(p.mac, m.bytes, sizeof(p.mac));
   return p;
 }
@@ -62,14 +55,14 @@ TcpAck makeTcpAck(const uint8_t secret[16], uint64_t commHash, const TcpHello& h
   const int32_t st = status;
   const auth::Mac m = auth::prove(secret, kAckLabel,
                                   {auth::bytesOf(commHash), auth::bytesOf(hello),
-                                   nonceBytes(acceptorNonce), auth::bytesOf(st)});
+                                   auth::bytesOf(acceptorNonce), auth::bytesOf(st)});
   std::memcpy(a.mac, m.bytes, sizeof(a.mac));
   return a;
 }
 
 bool parseTcpHello(const uint8_t* bytes, size_t len, int self, int nranks, TcpHello* out) {
   TcpHello h;
-  if (!readExact(bytes, len, &h) || h.magic != kHelloMagic || h.version != kWireVersion ||
+  if (!frameAs(bytes, len, &h) || h.magic != kHelloMagic || h.version != kWireVersion ||
       h.to != self || self >= nranks || h.from < 0 || h.from >= self || h.nsocks < 1 ||
       h.nsocks > kMaxSockets || h.index < 0 || h.index >= h.nsocks)
     return false;
@@ -79,7 +72,7 @@ bool parseTcpHello(const uint8_t* bytes, size_t len, int self, int nranks, TcpHe
 
 bool parseTcpChallenge(const uint8_t* bytes, size_t len, auth::Nonce* out) {
   TcpChallenge c;
-  if (!readExact(bytes, len, &c) || c.magic != kChallengeMagic) return false;
+  if (!frameAs(bytes, len, &c) || c.magic != kChallengeMagic) return false;
   std::memcpy(out->bytes, c.nonce, sizeof(c.nonce));
   return true;
 }
@@ -87,19 +80,19 @@ bool parseTcpChallenge(const uint8_t* bytes, size_t len, auth::Nonce* out) {
 bool checkTcpProof(const uint8_t* bytes, size_t len, const uint8_t secret[16], uint64_t commHash,
                    const TcpHello& hello, const auth::Nonce& acceptorNonce) {
   TcpProof p;
-  return readExact(bytes, len, &p) && p.magic == kProofMagic &&
+  return frameAs(bytes, len, &p) && p.magic == kProofMagic &&
          auth::verify(secret, kDialerLabel,
-                      {auth::bytesOf(commHash), auth::bytesOf(hello), nonceBytes(acceptorNonce)},
+                      {auth::bytesOf(commHash), auth::bytesOf(hello), auth::bytesOf(acceptorNonce)},
                       p.mac);
 }
 
 bool parseTcpAck(const uint8_t* bytes, size_t len, const uint8_t secret[16], uint64_t commHash,
                  const TcpHello& hello, const auth::Nonce& acceptorNonce, int32_t* status) {
   TcpAck a;
-  if (!readExact(bytes, len, &a) || a.magic != kAckMagic) return false;
+  if (!frameAs(bytes, len, &a) || a.magic != kAckMagic) return false;
   const int32_t st = a.status;
   if (!auth::verify(secret, kAckLabel,
-                    {auth::bytesOf(commHash), auth::bytesOf(hello), nonceBytes(acceptorNonce),
+                    {auth::bytesOf(commHash), auth::bytesOf(hello), auth::bytesOf(acceptorNonce),
                      auth::bytesOf(st)},
                     a.mac))
     return false;
