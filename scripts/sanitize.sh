@@ -53,9 +53,13 @@ if [ "${ATTN_TEST_CUDA_EMU:-1}" != 0 ] &&
   emu="$dir-emu"
   cmake -S . -B "$emu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE="$flags" \
         -DATTN_CUDA_EMULATION=ON -DATTN_ENABLE_VERBS=OFF -DATTN_ENABLE_MPI=OFF
+  # The device test binaries and the -G smoke tests' perf binaries, but not
+  # the SIMT simulator's (so not CMake's attn_device_tests, which has them).
   cmake --build "$emu" -j "$(nproc)" --target test_cuda_emu test_device_comm test_device_staging \
-        test_device_direct test_cuda_ipc test_device_fuzz test_device_check test_nccl_bridge all_gather_perf reduce_scatter_perf \
-        all_reduce_perf alltoall_perf broadcast_perf reduce_perf sendrecv_perf ring_attn_perf decode_attn_perf
+        test_device_direct test_cuda_ipc test_device_fuzz test_device_check test_device_graph \
+        test_device_kv_pool test_nccl_bridge all_gather_perf reduce_scatter_perf \
+        all_reduce_perf alltoall_perf broadcast_perf reduce_perf sendrecv_perf ring_attn_perf \
+        decode_attn_perf level_attn_perf kv_attn_perf
   (cd "$emu" && ctest -L device --output-on-failure --timeout 900 -j "${CTEST_JOBS:-2}" \
         -E '^simt\.|^Cuda(Simt|Attention|Merge|Pack|Reduce|KernelsArgs)\.')
 fi

@@ -47,16 +47,25 @@ attnResult_t findStreamValue32(const char* name, void** fn) {
 class CounterWords {
  public:
   attnResult_t take(volatile uint32_t** word) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (free_.empty()) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!free_.empty()) {
+          *word = free_.back();
+          free_.pop_back();
+          return attnSuccess;
+        }
+      }
+      // The page is allocated outside the lock: give() runs in a graph's
+      // user-object destructor, on CUDA's side of a call that may hold
+      // CUDA's own locks, so this lock is never held across a CUDA call
+      // (TSan found the cycle on the emulated runtime).
       void* page = nullptr;
       ATTN_CUDA_CHECK(cudaHostAlloc(&page, kPage, cudaHostAllocMapped | cudaHostAllocPortable));
+      std::lock_guard<std::mutex> g(mu_);
       for (size_t off = 0; off < kPage; off += kLine)
         free_.push_back(reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + off));
     }
-    *word = free_.back();
-    free_.pop_back();
-    return attnSuccess;
   }
   void give(volatile uint32_t* word) {
     std::lock_guard<std::mutex> g(mu_);
