@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs dependencies, builds, and runs the whole
+# The test command: installs dependencies, configures once with CMake's
+# default generator, builds (Ninja), and runs the whole
 # GoogleTest suite through ctest (threads, processes, emulated hosts when
 # root; GPU tests skip without a GPU). Then, where the CUDA headers are, the
 # device tests again on the emulated CUDA runtime (tests/cuda_emu), so the
@@ -10,6 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
+# A plain `cmake -S . -B dir` (the default generator, Unix Makefiles) must
+# configure as well as scripts/build.sh's Ninja does (it once did not).
+bash scripts/check_generators.sh --default
 bash scripts/build.sh
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}")
 

@@ -38,7 +38,14 @@ if(ATTN_CUDA_PTXAS_VERBOSE)  # -DATTN_CUDA_PTXAS_VERBOSE=ON: registers / spills 
   target_compile_options(attncomm_cuda_obj PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
 endif()
 
+# The libraries were made before CUDA was enabled, so they did not inherit
+# these; the Makefile generator checks them when CUDA objects join a target
+# (Ninja does not), and would stop at "CUDA_ARCHITECTURES is empty" and at a
+# CUDA dialect taken from the C++ one (CUDA20, which nvcc's CMake support
+# does not know).
 foreach(t attncomm attncomm_static)
   target_sources(${t} PRIVATE $<TARGET_OBJECTS:attncomm_cuda_obj>)
   target_link_libraries(${t} PRIVATE CUDA::cudart_static)
+  set_target_properties(${t} PROPERTIES CUDA_ARCHITECTURES "${ATTN_CUDA_ARCHS}"
+                                        CUDA_STANDARD 17)
 endforeach()
