@@ -257,9 +257,19 @@ ATTN_API attnResult_t attnCommInitAll(attnComm_t* comms, int ndev,
 /* Creates this process's rank from launcher environment variables, tried in
  * order: ATTN_RANK / ATTN_NRANKS / ATTN_ROOT (host:port); torchrun's RANK /
  * WORLD_SIZE / MASTER_ADDR / MASTER_PORT; Open MPI's OMPI_COMM_WORLD_RANK /
- * OMPI_COMM_WORLD_SIZE (with ATTN_ROOT or MASTER_ADDR/MASTER_PORT naming
- * the root). Rank 0 starts the bootstrap root on that address. config may
- * be NULL.
+ * OMPI_COMM_WORLD_SIZE; MPICH's (Hydra's) PMI_RANK / PMI_SIZE; srun's
+ * SLURM_PROCID / SLURM_STEP_NUM_TASKS (or SLURM_NTASKS). Rank 0 starts the
+ * bootstrap root at ATTN_ROOT, else at MASTER_ADDR:MASTER_PORT+1; mpirun,
+ * mpiexec and srun need neither: under srun the root is the first host of
+ * SLURM_STEP_NODELIST (Slurm's "node[01-04]" syntax expanded), under mpirun
+ * or mpiexec with every rank on one host (OMPI_COMM_WORLD_LOCAL_SIZE or
+ * MPI_LOCALNRANKS equal to the size) it is this host; the port then comes
+ * from the launcher's job id, 29600 + (SLURM_JOB_ID * 31 + SLURM_STEP_ID)
+ * % 3000 or a hash of OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE / PMI_JOBID
+ * into the same range. MASTER_ADDR or MASTER_PORT alone overrides the host
+ * or the port. mpirun ranks on several hosts need MASTER_ADDR or
+ * ATTN_ROOT; a missing or malformed variable fails with attnInvalidArgument
+ * and one line naming it. config may be NULL.
  *
  * The secret comes from ATTN_SECRET_FILE (a file only its owner may read,
  * mode 0600 or stricter, holding 32 hex digits) or ATTN_SECRET (the digits

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "perf/mpi_launch.h"
 #include "perf/timing.h"
 
 namespace attnperf {
@@ -70,7 +71,7 @@ int processRank(int rank, int nranks, std::vector<int>& pipes, const RankBody& b
 }  // namespace
 
 bool launchedExternally() {
-  for (const char* v : {"ATTN_RANK", "RANK", "OMPI_COMM_WORLD_RANK"})
+  for (const char* v : {"ATTN_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
     if (getenv(v)) return true;
   return false;
 }
@@ -164,3 +165,4 @@ int launchExternal(const RankBody& body, int device) {
 }
 
 }  // namespace attnperf
+  if (int rc = 0; launchWithMpi(body, device, &rc)) return rc;

@@ -417,8 +417,8 @@ class Comm:
 
     @classmethod
     def from_env(cls, **config):
-        """attnCommInitFromEnv (ATTN_RANK/ATTN_NRANKS/ATTN_ROOT, torchrun's or
-        Open MPI's variables)."""
+        """attnCommInitFromEnv (ATTN_RANK/ATTN_NRANKS/ATTN_ROOT, torchrun's,
+        Open MPI's, MPICH's or srun's variables)."""
         h = _p()
         cfg = _config(**config)
         _check(_InitFromEnv(ctypes.byref(h), ctypes.byref(cfg)), None, "attnCommInitFromEnv")
