@@ -7,6 +7,8 @@
 //   attn_topo -t 4 | -p 4          four ranks as threads / processes
 //   mpirun -np 8 attn_topo         ranks from a launcher (ATTN_RANK, RANK, ...)
 //   attn_topo --dot topo.dot --png topo.png --json topo.json
+//   attn_topo --nccl-topo ndv5-topo.xml   a cloud's NCCL topology file: GPU-NIC
+//                                         pairs and NUMA nodes from it
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 
 #include "attncomm.h"
 #include "perf/launch.h"
+#include "topology/nccl_topo_xml.h"
 
 extern char** environ;
 
@@ -26,16 +29,18 @@ namespace {
 struct Args {
   int threads = 0, procs = 0;
   bool probe = false;
-  std::string dot, png, json;
+  std::string dot, png, json, ncclTopo;
 };
 
 void usage(FILE* f) {
   std::fprintf(f,
-               "usage: attn_topo [-t N | -p N] [--probe] [--dot FILE] [--png FILE] [--json FILE]\n"
+               "usage: attn_topo [-t N | -p N] [--probe] [--nccl-topo FILE] [--dot FILE] [--png FILE] [--json FILE]\n"
                "  -t N        N ranks as threads (default 1)\n"
                "  -p N        N ranks as forked processes (set ATTN_HOSTID/ATTN_RACKID per rank\n"
                "              through a launcher to emulate hosts and racks)\n"
                "  --probe     measure the tiers at init (same as ATTN_TOPO_PROBE=1)\n"
+               "  --nccl-topo FILE  read the machine's PCI tree from an NCCL topology XML file\n"
+               "              (same as ATTN_NCCL_TOPO_FILE; NCCL_TOPO_FILE is read when neither is set)\n"
                "  --dot FILE  write the model as Graphviz DOT\n"
                "  --png FILE  render it with `dot -Tpng` (needs Graphviz)\n"
                "  --json FILE write the model as JSON (the ATTN_TOPO_FILE schema)\n");
@@ -59,6 +64,7 @@ bool parse(int argc, char** argv, Args* a) {
       a->procs = std::atoi(v.c_str());
     } else if (s == "--probe") {
       a->probe = true;
+    } else if (s == "--nccl-topo" && value(&a->ncclTopo)) {
     } else if (s == "--dot" && value(&a->dot)) {
     } else if (s == "--png" && value(&a->png)) {
     } else if (s == "--json" && value(&a->json)) {
@@ -163,6 +169,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (a.probe) setenv("ATTN_TOPO_PROBE", "1", 1);
+  if (!a.ncclTopo.empty()) {
+    // Checked here so a bad file stops the tool with its line; the library
+    // itself warns and goes on without it.
+    attn::MachineView m;
+    std::string err;
+    if (!attn::loadNcclTopoFile(a.ncclTopo, &m, &err)) {
+      std::fprintf(stderr, "attn_topo: %s\n", err.c_str());
+      return 2;
+    }
+    setenv("ATTN_NCCL_TOPO_FILE", a.ncclTopo.c_str(), 1);
+  }
   auto body = [&a](attnComm_t comm) { return report(comm, a); };
   if (a.procs) return attnperf::launchProcesses(a.procs, body);
   if (a.threads || !attnperf::launchedExternally()) return attnperf::launchThreads(a.threads ? a.threads : 1, body);

@@ -7,7 +7,7 @@
 # exercised; the library builds without them.
 set -euo pipefail
 REQUIRED=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libssl-dev iproute2 python3)
-OPTIONAL=(libopenblas-dev libhwloc-dev hwloc libucx-dev ucx-utils libibverbs-dev
+OPTIONAL=(libopenblas-dev libhwloc-dev hwloc libxml2-dev libucx-dev ucx-utils libibverbs-dev
           openmpi-bin libopenmpi-dev libgloo-dev graphviz python3-numpy python3-matplotlib
           clang libclang-rt-dev)
 SUDO=""

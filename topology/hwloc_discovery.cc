@@ -81,6 +81,7 @@ bool discoverWithHwloc(MachineView* m) {
 #else
   m->source = "hwloc";
 #endif
+  m->thisSystem = hwloc_topology_is_thissystem(t) != 0;
   m->cores = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE);
   m->pus = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
   for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n));) {

@@ -9,19 +9,13 @@
 #include <set>
 #include <sstream>
 
+#include "src/core/env.h"
+#include "src/core/log.h"
+#include "topology/nccl_topo_xml.h"
+
 namespace attn {
 
 namespace {
-
-MachineView discoverMachine() {
-  MachineView m;
-  if (!discoverWithHwloc(&m)) {
-    m = MachineView{};
-    discoverWithSysfs(&m);
-  }
-  discoverVerbs(&m);
-  return m;
-}
 
 std::vector<int> currentBinding() {
   cpu_set_t set;
@@ -39,12 +33,18 @@ int numaOfCpu(const MachineView& m, int cpu) {
   return -1;
 }
 
-// RDMA first (the fast path), then nearest to the rank's GPU, then on the
-// rank's NUMA node, then the fastest link; ties by position (PCI order).
+// RDMA first (the fast path), then the NIC paired with the rank's GPU, then
+// nearest to that GPU, then on the rank's NUMA node, then the fastest link;
+// ties by position (PCI order).
 int pickBestNic(const LocalView& v) {
   int best = -1;
+  std::vector<int> pairs = pairGpusWithNics(v.machine);
+  int paired = v.gpu >= 0 ? pairs[size_t(v.gpu)] : -1;
   auto better = [&](const NicInfo& a, const NicInfo& b) {
     if (a.rdma != b.rdma) return a.rdma;
+    bool pa = paired >= 0 && &a == &v.machine.nics[size_t(paired)];
+    bool pb = paired >= 0 && &b == &v.machine.nics[size_t(paired)];
+    if (pa != pb) return pa;
     if (v.gpu >= 0) {
       int ha = a.hopsToGpu.size() > size_t(v.gpu) ? a.hopsToGpu[v.gpu] : -1;
       int hb = b.hopsToGpu.size() > size_t(v.gpu) ? b.hopsToGpu[v.gpu] : -1;
@@ -67,10 +67,50 @@ void copyText(char* dst, size_t cap, const std::string& s) {
 
 }  // namespace
 
+DiscoveryOptions discoveryOptionsFromEnv() {
+  DiscoveryOptions o;
+  // ATTN_NCCL_TOPO_FILE=none ignores an NCCL_TOPO_FILE meant for NCCL only.
+  if (auto f = envString("ATTN_NCCL_TOPO_FILE")) {
+    if (*f != "none") o.ncclTopoFile = *f, o.ncclTopoVar = "ATTN_NCCL_TOPO_FILE";
+  } else if (auto n = envString("NCCL_TOPO_FILE")) {
+    o.ncclTopoFile = *n, o.ncclTopoVar = "NCCL_TOPO_FILE";
+  }
+  o.hwlocXmlFile = envString("HWLOC_XMLFILE").value_or("");
+  o.hwlocThisSystem = envString("HWLOC_THISSYSTEM").value_or("0") != "0";
+  return o;
+}
+
+MachineView discoverMachine(const DiscoveryOptions& opts) {
+  MachineView m;
+  bool hwloc = discoverWithHwloc(&m);
+  if (!hwloc) {
+    m = MachineView{};
+    discoverWithSysfs(&m);
+  }
+  // hwloc falls back to this machine, silently, when it cannot load the file.
+  if (!opts.hwlocXmlFile.empty() && (!hwloc || (m.thisSystem && !opts.hwlocThisSystem)))
+    m.warnings.push_back("HWLOC_XMLFILE=" + opts.hwlocXmlFile + ": hwloc could not load it" +
+                         (hwloc ? "" : " (no hwloc in this build)") + "; topology discovered from " +
+                         m.source + " on this machine instead");
+  if (!opts.ncclTopoFile.empty()) {
+    MachineView file;
+    std::string err;
+    if (loadNcclTopoFile(opts.ncclTopoFile, &file, &err))
+      overlayNcclTopo(file, &m);
+    else
+      m.warnings.push_back(opts.ncclTopoVar + " not used: " + err);
+  }
+  discoverVerbs(&m);
+  return m;
+}
+
 const MachineView& machineView() {
   static std::once_flag once;
   static MachineView m;
-  std::call_once(once, [] { m = discoverMachine(); });
+  std::call_once(once, [] {
+    m = discoverMachine(discoveryOptionsFromEnv());
+    for (const std::string& w : m.warnings) ATTN_WARN(kLogTopo, "%s", w.c_str());
+  });
   return m;
 }
 
@@ -134,7 +174,10 @@ std::string cpuListString(const std::vector<int>& cpus) {
     while (j + 1 < c.size() && c[j + 1] == c[j] + 1) ++j;
     if (!out.empty()) out += ',';
     out += std::to_string(c[i]);
-    if (j > i) out += "-" + std::to_string(c[j]);
+    if (j > i) {
+      out += '-';
+      out += std::to_string(c[j]);
+    }
     i = j + 1;
   }
   return out;
@@ -186,6 +229,21 @@ std::string describeLocalView(const LocalView& v) {
   }
   if (!v.hasRdma())
     o << "RDMA: " << (m.rdmaNote.empty() ? "no RDMA devices" : m.rdmaNote) << "\n";
+  std::vector<int> pairs = pairGpusWithNics(m);
+  if (!m.gpus.empty()) o << "GPU-NIC pairs:\n";
+  for (size_t g = 0; g < m.gpus.size(); ++g) {
+    o << "  GPU " << m.gpus[g].busId << " -> ";
+    if (pairs[g] < 0) {
+      o << "no NIC, NUMA node " << m.gpus[g].numaNode << "\n";
+      continue;
+    }
+    const NicInfo& n = m.nics[size_t(pairs[g])];
+    int h = g < n.hopsToGpu.size() ? n.hopsToGpu[g] : -1;
+    std::string bus = n.busId.empty() ? "-" : n.busId;
+    o << "NIC " << (n.name() == n.busId ? "pci " + bus : n.name() + " (pci " + bus + ")") << ", NUMA node "
+      << m.gpus[g].numaNode << ", " << (h >= 0 ? std::to_string(h) + " PCI hop(s)" : "no PCI path known") << "\n";
+  }
+  for (const std::string& w : m.warnings) o << "warning: " << w << "\n";
   return o.str();
 }
 

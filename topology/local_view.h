@@ -2,7 +2,8 @@
 // PCI bus ids, link rates, RDMA capability and distance to the rank's GPU /
 // NUMA node). Filled by hwloc (hwloc_discovery.cc) or, without hwloc, by
 // sysfs (sysfs_discovery.cc); libibverbs adds RDMA ports and rates
-// (verbs_discovery.cc).
+// (verbs_discovery.cc). An NCCL topology file (nccl_topo_xml.*) can replace
+// the PCI tree where the VM's own is virtualised.
 //
 // The machine part is discovered once per process (hwloc's I/O scan is the
 // slow part and thread ranks share a process); the rank part (CPU binding,
@@ -36,7 +37,8 @@ struct NicInfo {
   bool rdma = false;         // verbs device with an active port
   int numaNode = -1;         // local NUMA node, -1 unknown
   std::vector<int> hopsToGpu;  // PCI-tree hops to each MachineView::gpus[i], -1 unknown
-  std::string name() const { return !rdmaDevice.empty() ? rdmaDevice : netdev; }
+  // Device name; a NIC known only from a topology file goes by its bus id.
+  std::string name() const { return !rdmaDevice.empty() ? rdmaDevice : !netdev.empty() ? netdev : busId; }
 };
 
 // The machine, as seen by this process (shared by its thread ranks).
@@ -48,7 +50,21 @@ struct MachineView {
   std::vector<GpuInfo> gpus;
   std::vector<NicInfo> nics;
   std::string rdmaNote;      // why there is no RDMA ("no RDMA devices (...)"), or ""
+  bool thisSystem = true;    // false when hwloc loaded an XML file (HWLOC_XMLFILE)
+  std::vector<std::string> warnings;  // what discovery could not honour (logged once)
 };
+
+// Where discovery may look besides this machine. machineView() fills it
+// from the environment; tests and tools pass their own.
+struct DiscoveryOptions {
+  std::string ncclTopoFile;  // ATTN_NCCL_TOPO_FILE, else NCCL_TOPO_FILE ("" none)
+  std::string ncclTopoVar;   // which variable named it (for messages)
+  std::string hwlocXmlFile;  // HWLOC_XMLFILE: hwloc reads it itself; we check it did
+  bool hwlocThisSystem = false;  // HWLOC_THISSYSTEM=1: hwloc cannot tell us
+};
+DiscoveryOptions discoveryOptionsFromEnv();
+// Discovers the machine now (not cached); warnings land in m.warnings.
+MachineView discoverMachine(const DiscoveryOptions& opts);
 
 // One rank's view: the machine plus where this rank sits in it.
 struct LocalView {
@@ -81,6 +97,12 @@ struct LocalSummary {
 LocalView discoverLocalView();
 // The machine part only, cached. Never fails: unknown parts stay empty.
 const MachineView& machineView();
+
+// GPU -> NIC pairing (gpu_nic_pairing.cc): for each GPU, the index of its
+// NIC, or -1 when there is none. The nearest NIC in the PCI tree (under the
+// same switch first, as NCCL pairs them), else one on the GPU's NUMA node;
+// equally near NICs are shared out (RDMA first, then the least used).
+std::vector<int> pairGpusWithNics(const MachineView& m);
 
 LocalSummary summarize(const LocalView& v);
 // Multi-line human description (used by attn_topo and TRACE logs).
