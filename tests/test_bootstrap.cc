@@ -568,6 +568,15 @@ void floodAndCheckCutOff(size_t frameBytes, size_t maxFrames) {
   size_t sent = 0;
   for (; sent < maxFrames && last == attnSuccess; ++sent)
     last = bs[1]->send(0, 7, payload.data(), payload.size());
+  // Sends only fill rank 1's socket: on a loaded machine rank 0's receive
+  // thread may cut the connection after the flood has already been
+  // written. Then later sends must fail, soon.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (last == attnSuccess && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    last = bs[1]->send(0, 7, payload.data(), payload.size());
+    ++sent;
+  }
   EXPECT_NE(last, attnSuccess) << "rank 0 took " << sent << " unread frames of " << frameBytes
                                << " bytes from rank 1";
   int x = 0;
