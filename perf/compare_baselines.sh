@@ -4,17 +4,18 @@
 # For all_gather, reduce_scatter and alltoall (float, sum; also all_reduce,
 # broadcast and reduce through COLLS), NRANKS ranks as
 # local processes and sizes MINB..MAXB, runs REPS times each:
-#   attn-shm  our *_perf -p N with ATTN_TRANSPORT=shm
-#   attn-shm-R  the same with buffers from attnMemAlloc (-R 1): peers map
+#   attn-shm  our *_perf --procs N with ATTN_TRANSPORT=shm
+#   attn-shm-R  the same with buffers from attnMemAlloc (--mem shareable): peers map
 #             them instead of reading with CMA
-#   attn-tcp  our *_perf -p N with ATTN_TRANSPORT=tcp
+#   attn-tcp  our *_perf --procs N with ATTN_TRANSPORT=tcp
 #   mpi-shm   mpi_coll_bench, Open MPI ob1 + vader (shared memory)
 #   mpi-tcp   mpi_coll_bench, --mca pml ob1 --mca btl tcp,self
-#   gloo-tcp  gloo_coll_bench -p N, Gloo TCP transport on 127.0.0.1
+#   gloo-tcp  gloo_coll_bench --procs N, Gloo TCP transport on 127.0.0.1
 #   (not run by default: attn-threads, our *_perf -t N, default transport;
 #    attn-shm-4k, attn-shm with ATTN_SHM_HUGEPAGES=0: CMA from 4 KiB pages)
-# Every program uses the same sizes, timing (median over iterations of the
-# max over ranks) and columns; the table holds the median busbw over reps.
+# Every program uses the same sizes, timing (--timing median: median over
+# iterations of the max over ranks) and columns; the table holds the median
+# busbw over reps.
 # Repetitions are the outer loop so background load hits all configs alike.
 #
 # Usage: compare_baselines.sh [OUT.md]
@@ -25,6 +26,8 @@
 #        RESULTS=DIR (keep the JSON/logs there; default a temp dir)
 #        RUN_TIMEOUT=900 (seconds per run)
 #        METRIC=busbw|time (the table's figure; time in us suits small sizes)
+#        PLOT=FILE.png (busbw of every configuration side by side, one panel
+#        per collective; default RESULTS/compare_baselines.png; needs matplotlib)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT_MD="${1:-}"
@@ -45,7 +48,7 @@ RESULTS="${RESULTS:-$(mktemp -d /tmp/attn_compare.XXXXXX)}"
 mkdir -p "$RESULTS"
 
 TIMEFORMAT='%R %U %S'  # wall user sys, written to <run>.time
-COMMON=(-b "$MINB" -e "$MAXB" -f 2 -n "$ITERS" -w "$WARMUP" -c "$CHECK" -d float -o sum)
+COMMON=(-b "$MINB" -e "$MAXB" -f 2 -n "$ITERS" -w "$WARMUP" -c "$CHECK" -d float -o sum --timing median)
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NRANKS")
 
 # Prints the command line for one configuration and collective; empty if
@@ -56,33 +59,33 @@ command_for() {
     attn-shm|attn-tcp)
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
-      echo env "ATTN_TRANSPORT=${cfg#attn-}" "$bin" -p "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
+      echo env "ATTN_TRANSPORT=${cfg#attn-}" "$bin" --procs "$NRANKS" --inplace 0 "${COMMON[@]}" -J "$json" ;;
     attn-shm-4k)
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
-      echo env ATTN_TRANSPORT=shm ATTN_SHM_HUGEPAGES=0 "$bin" -p "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
+      echo env ATTN_TRANSPORT=shm ATTN_SHM_HUGEPAGES=0 "$bin" --procs "$NRANKS" --inplace 0 "${COMMON[@]}" -J "$json" ;;
     attn-shm-R)
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
-      echo env ATTN_TRANSPORT=shm "$bin" -p "$NRANKS" -I 0 -R 1 "${COMMON[@]}" -J "$json" ;;
+      echo env ATTN_TRANSPORT=shm "$bin" --procs "$NRANKS" --inplace 0 --mem shareable "${COMMON[@]}" -J "$json" ;;
     attn-threads)  # optional: ranks as threads, the library's default transport
       bin="$B/perf/${coll}_perf"
       [[ -x $bin ]] || return 0
-      echo "$bin" -t "$NRANKS" -I 0 "${COMMON[@]}" -J "$json" ;;
+      echo "$bin" -t "$NRANKS" --inplace 0 "${COMMON[@]}" -J "$json" ;;
     mpi-shm|mpi-tcp)
       bin="$B/perf/baselines/mpi_coll_bench"
       [[ -x $bin ]] && command -v mpirun >/dev/null || return 0
       if [[ $cfg == mpi-shm ]]; then
-        echo "${MPIRUN[@]}" --mca pml ob1 --mca btl vader,self "$bin" -C "$coll" "${COMMON[@]}" \
-             -T ob1+vader -J "$json"
+        echo "${MPIRUN[@]}" --mca pml ob1 --mca btl vader,self "$bin" --coll "$coll" "${COMMON[@]}" \
+             --transport ob1+vader -J "$json"
       else
-        echo "${MPIRUN[@]}" --mca pml ob1 --mca btl tcp,self "$bin" -C "$coll" "${COMMON[@]}" \
-             -T ob1+tcp -J "$json"
+        echo "${MPIRUN[@]}" --mca pml ob1 --mca btl tcp,self "$bin" --coll "$coll" "${COMMON[@]}" \
+             --transport ob1+tcp -J "$json"
       fi ;;
     gloo-tcp)
       bin="$B/perf/baselines/gloo_coll_bench"
       [[ -x $bin ]] || return 0
-      echo "$bin" -p "$NRANKS" -C "$coll" "${COMMON[@]}" -J "$json" ;;
+      echo "$bin" --procs "$NRANKS" --coll "$coll" "${COMMON[@]}" -J "$json" ;;
     *) echo "unknown config $cfg" >&2; return 1 ;;
   esac
 }
@@ -123,6 +126,10 @@ args=(--order "${CONFIGS// /,}" --metric "$METRIC"
       --ratio "attn-shm:mpi-shm" --ratio "attn-shm-4k:mpi-shm" --ratio "attn-shm-R:mpi-shm" --ratio "attn-tcp:mpi-tcp|gloo-tcp")
 [[ -n $OUT_MD ]] && args+=(--out "$OUT_MD")
 python3 "$HERE/summarize.py" "${args[@]}" "$RESULTS"
+# One picture of every configuration side by side; no matplotlib is no failure.
+PLOT="${PLOT:-$RESULTS/compare_baselines.png}"
+python3 "$HERE/plot_perf.py" --label-from-file --title "$NRANKS ranks, median of $REPS runs" \
+  "$RESULTS"/*.json -o "$PLOT" >/dev/null && echo "# plot: $PLOT" >&2
 if ((${#FAILS[@]})); then
   printf 'FAILED: %s\n' "${FAILS[@]}" >&2
   [[ -n $OUT_MD ]] && printf '\nFailed runs: %s\n' "${FAILS[*]}" >> "$OUT_MD"

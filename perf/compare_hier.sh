@@ -5,16 +5,19 @@
 #
 #   sudo perf/compare_hier.sh [--build build] [--hosts 2] [--ranks-per-host 4]
 #        [--rate 1gbit] [--reps 3] [--sizes "16M 32M 64M"] [--iters 3]
+#        [--plot FILE.png]
 #
 # For each repetition, size and collective it runs ring then hier (same
 # fabric, interleaved so drift hits both) and prints medians over the
 # repetitions. Lower bound: what must cross one host's link, the other
 # hosts' share of the data, (G-1)/G x size, over the link rate (tbf also
 # counts packet headers, so ~3% above it is the practical floor). Exit 77
-# when hosts cannot be emulated here.
+# when hosts cannot be emulated here. --plot (default compare_hier.png in
+# the current directory) draws ring and hier busbw side by side (needs
+# matplotlib; skipped without it).
 set -uo pipefail
 
-BUILD=build HOSTS=2 RPH=4 RATE=1gbit REPS=3 SIZES="16M 32M 64M" ITERS=3
+BUILD=build HOSTS=2 RPH=4 RATE=1gbit REPS=3 SIZES="16M 32M 64M" ITERS=3 PLOT=compare_hier.png
 while (($#)); do
   case "$1" in
     --build) BUILD="$2"; shift 2 ;;
@@ -24,6 +27,7 @@ while (($#)); do
     --reps) REPS="$2"; shift 2 ;;
     --sizes) SIZES="$2"; shift 2 ;;
     --iters) ITERS="$2"; shift 2 ;;
+    --plot) PLOT="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare_hier: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -47,8 +51,10 @@ RESULTS="$TMP/results"  # coll algo size seconds
 
 run() {  # run COLL ALGO SIZE REP
   local dir="$TMP/$1.$2.$3.$4"
+  # Rank 0's JSON; one name per (coll, algo) so the plot merges sizes and reps.
+  mkdir -p "$TMP/json/$3.$4"
   "$EMU" --hosts "$HOSTS" --ranks-per-host "$RPH" --rate "$RATE" --timeout 600 --log-dir "$dir" -- \
-    "$BUILD/perf/$1_perf" -b "$3" -e "$3" -n "$ITERS" -w 1 -c 0 -I 0 -A "$2" 2>"$dir.err"
+    "$BUILD/perf/$1_perf" -b "$3" -e "$3" -n "$ITERS" -w 1 -c 0 --inplace 0 --timing median -A "$2" -J "$TMP/json/$3.$4/$1.$2.json" 2>"$dir.err"
   local rc=$?
   if ((rc == 77)); then cat "$dir.err" >&2; exit 77; fi
   if ((rc != 0)); then
@@ -87,3 +93,8 @@ for (c, size) in sorted(t):
     print(f"{c:<15}{size:>10}{ring:>10.3f}{hier:>10.3f}{bound:>10.3f}"
           f"{ring / hier:>11.2f}{hier / bound:>12.2f}")
 EOF
+status=$?
+# One picture: ring and hier side by side per collective; no matplotlib is no failure.
+python3 "$HERE/plot_perf.py" --label-from-file --title "$HOSTS hosts x $RPH ranks, host link $RATE" \
+  "$TMP"/json/*/*.json -o "$PLOT" >/dev/null && echo "# plot: $PLOT"
+exit $status

@@ -22,6 +22,8 @@
 #        PERFTEST=1 (0: skip ucx_perftest)  PERFTEST_ITERS=200
 #        RESULTS=DIR (keep JSON/logs there; default a temp dir)
 #        RUN_TIMEOUT=900 (seconds per run)
+#        PLOT=FILE.png (busbw of every configuration side by side; default
+#        RESULTS/compare_ucx.png; needs matplotlib)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT_MD="${1:-}"
@@ -40,7 +42,7 @@ fi
 B="${BUILD_DIR:?set BUILD_DIR to a build with perf/all_gather_perf}"
 RESULTS="${RESULTS:-$(mktemp -d /tmp/attn_ucx.XXXXXX)}"
 mkdir -p "$RESULTS"
-COMMON=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c "$CHECK" -d float -o sum -I 0)
+COMMON=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c "$CHECK" -d float -o sum --inplace 0 --timing median)
 
 # "1M" -> 1048576
 bytes_of() {
@@ -71,7 +73,7 @@ for rep in $(seq 1 "$REPS"); do
       envs=$(env_for "$cfg") || exit 2
       echo "== rep $rep $cfg $coll" >&2
       # shellcheck disable=SC2086
-      timeout "$RUN_TIMEOUT" env $envs "$bin" -p "$NRANKS" "${COMMON[@]}" -J "$base.json" \
+      timeout "$RUN_TIMEOUT" env $envs "$bin" --procs "$NRANKS" "${COMMON[@]}" -J "$base.json" \
         > "$base.log" 2>&1
       rc=$?
       if ((rc != 0)); then
@@ -132,6 +134,10 @@ args=(--order "${CONFIGS// /,}"
       --ratio "ucx-sm:attn-shm" --ratio "ucx-tcp:attn-tcp")
 [[ -n $OUT_MD ]] && args+=(--out "$OUT_MD")
 python3 "$HERE/summarize.py" "${args[@]}" "$RESULTS"
+# One picture of every configuration side by side; no matplotlib is no failure.
+PLOT="${PLOT:-$RESULTS/compare_ucx.png}"
+python3 "$HERE/plot_perf.py" --label-from-file --title "$NRANKS ranks as processes, median of $REPS runs" \
+  "$RESULTS"/*.json -o "$PLOT" >/dev/null && echo "# plot: $PLOT" >&2
 if [[ -n $PT_MD ]]; then
   echo
   echo "$PT_MD"

@@ -98,6 +98,52 @@ int launchThreads(int nranks, const RankBody& body, int device) {
   return *std::max_element(rc.begin(), rc.end());
 }
 
+int launchThreadSlots(int nthreads, int perThread, bool parallelInit, const SlotsBody& body,
+                      int device) {
+  const int nranks = nthreads * perThread;
+  std::vector<attnComm_t> comms(size_t(nranks), nullptr);
+  attnUniqueId id;
+  if (!parallelInit) {
+    const std::vector<int> devices(size_t(nranks), device);
+    attnResult_t r =
+        attnCommInitAll(comms.data(), nranks, device == ATTN_DEVICE_HOST ? nullptr : devices.data());
+    if (r != attnSuccess) return initFailed("attnCommInitAll", r), 2;
+  } else if (attnResult_t r = attnGetUniqueId(&id); r != attnSuccess) {
+    return initFailed("attnGetUniqueId", r), 2;
+  }
+  std::vector<int> rc(size_t(nranks), 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nthreads; t++)
+    threads.emplace_back([&, t] {
+      std::vector<attnComm_t> mine(comms.begin() + t * perThread, comms.begin() + (t + 1) * perThread);
+      if (parallelInit) {
+        attnConfig_t config = ATTN_CONFIG_INITIALIZER;
+        if (device != ATTN_DEVICE_HOST) config.device = device;
+        // attnCommInitRank blocks until every rank joined, so a thread's
+        // several ranks init side by side on short-lived helpers.
+        std::vector<attnResult_t> res(size_t(perThread), attnSuccess);
+        std::vector<std::thread> helpers;
+        for (int g = 0; g < perThread; g++)
+          helpers.emplace_back([&, g] {
+            res[size_t(g)] = attnCommInitRankConfig(&mine[size_t(g)], nranks, id, t * perThread + g, &config);
+          });
+        for (auto& h : helpers) h.join();
+        attnResult_t r = attnSuccess;
+        for (attnResult_t x : res)
+          if (x != attnSuccess) r = x;
+        if (r != attnSuccess) {
+          initFailed("attnCommInitRankConfig", r);
+          for (attnComm_t c : mine) attnCommAbort(c);
+          rc[size_t(t)] = 2;
+          return;
+        }
+      }
+      rc[size_t(t)] = body(t, mine);
+    });
+  for (auto& t : threads) t.join();
+  return *std::max_element(rc.begin(), rc.end());
+}
+
 int launchProcesses(int nranks, const RankBody& body, int device) {
   std::vector<int> pipes(2 * size_t(nranks), -1);
   for (int q = 1; q < nranks; q++)
@@ -156,6 +202,7 @@ int launchProcesses(int nranks, const RankBody& body, int device) {
 }
 
 int launchExternal(const RankBody& body, int device) {
+  if (int rc = 0; launchWithMpi(body, device, &rc)) return rc;
   attnConfig_t config = ATTN_CONFIG_INITIALIZER;
   if (device != ATTN_DEVICE_HOST) config.device = device;
   attnComm_t comm = nullptr;
@@ -165,4 +212,3 @@ int launchExternal(const RankBody& body, int device) {
 }
 
 }  // namespace attnperf
-  if (int rc = 0; launchWithMpi(body, device, &rc)) return rc;

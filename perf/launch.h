@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "attncomm.h"
 
@@ -26,6 +27,15 @@ bool launchedExternally();
 RankBody abortingOnFailure(RankBody body);
 
 int launchThreads(int nranks, const RankBody& body, int device = ATTN_DEVICE_HOST);
+
+// nccl-tests' -t/-g: `nthreads` threads, each driving `perThread` ranks
+// (ranks thread*perThread ...). The communicators come from one
+// attnCommInitAll, or with parallelInit (-p 1) from one attnCommInitRank
+// per rank, made side by side (each blocks until every rank has joined).
+// `body` gets the thread's index and its communicators and owns them.
+using SlotsBody = std::function<int(int thread, const std::vector<attnComm_t>& comms)>;
+int launchThreadSlots(int nthreads, int perThread, bool parallelInit, const SlotsBody& body,
+                      int device = ATTN_DEVICE_HOST);
 int launchProcesses(int nranks, const RankBody& body, int device = ATTN_DEVICE_HOST);
 int launchExternal(const RankBody& body, int device = ATTN_DEVICE_HOST);
 

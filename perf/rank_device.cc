@@ -52,11 +52,11 @@ int checkDeviceFlag(int device, const char* program) {
   if (device < 0) return 0;
   const int n = countDevicesInChild();
   if (n == 0) {
-    printf("# %s: no CUDA device on this machine, -G %d skipped\n", program, device);
+    printf("# %s: no CUDA device on this machine, --device %d skipped\n", program, device);
     return 77;
   }
   if (device >= n) {
-    fprintf(stderr, "%s: -G %d, but this machine has %d CUDA device(s)\n", program, device, n);
+    fprintf(stderr, "%s: --device %d, but this machine has %d CUDA device(s)\n", program, device, n);
     return 2;
   }
   return 0;
@@ -68,14 +68,16 @@ RankDevice::~RankDevice() {
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
   for (void* p : owned_) (void)(exportable_ ? cudaFree(p) : cudaFreeAsync(p, s));
   (void)cudaStreamSynchronize(s);
-  (void)cudaStreamDestroy(s);
+  if (s) (void)cudaStreamDestroy(s);
 }
 
-bool RankDevice::open(int device, bool exportable) {
+bool RankDevice::open(int device, bool exportable, bool nullStream) {
   if (device < 0) return true;
   if (!cudaOk(cudaSetDevice(device), "cudaSetDevice")) return false;
   cudaStream_t s = nullptr;
-  if (!cudaOk(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")) return false;
+  if (!nullStream &&
+      !cudaOk(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"))
+    return false;
   device_ = device;
   exportable_ = exportable;
   stream_ = reinterpret_cast<attnStream_t>(s);
@@ -124,21 +126,19 @@ bool RankDevice::finish(attnComm_t comm, const char* what) {
   return false;
 }
 
-attnResult_t RankDevice::captureGraph(const std::function<attnResult_t()>& call) {
+attnResult_t RankDevice::beginCapture() {
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
   if (graph_) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_));
   graph_ = nullptr;
-  // Thread-local: ranks that are threads capture at the same time.
-  if (!cudaOk(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"))
-    return attnUnhandledCudaError;
-  const attnResult_t r = call();
+  return cudaOk(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
+             ? attnSuccess
+             : attnUnhandledCudaError;
+}
+
+attnResult_t RankDevice::endCapture() {
   cudaGraph_t graph = nullptr;
-  const bool ended = cudaOk(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
-  if (r != attnSuccess) {
-    if (graph) (void)cudaGraphDestroy(graph);
-    return r;
-  }
-  if (!ended) return attnUnhandledCudaError;
+  if (!cudaOk(cudaStreamEndCapture(reinterpret_cast<cudaStream_t>(stream_), &graph), "cudaStreamEndCapture"))
+    return attnUnhandledCudaError;
   cudaGraphExec_t exec = nullptr;
   const bool made = cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   (void)cudaGraphDestroy(graph);
@@ -158,18 +158,19 @@ attnResult_t RankDevice::launchGraph() {
 
 int checkDeviceFlag(int device, const char* program) {
   if (device < 0) return 0;
-  fprintf(stderr, "%s: -G %d needs a build with CUDA (this one has none)\n", program, device);
+  fprintf(stderr, "%s: --device %d needs a build with CUDA (this one has none)\n", program, device);
   return 2;
 }
 
 RankDevice::~RankDevice() = default;
-bool RankDevice::open(int device, bool) { return device < 0; }
+bool RankDevice::open(int device, bool, bool) { return device < 0; }
 void* RankDevice::place(void* host, size_t) { return hostOrEmpty(host); }
 bool RankDevice::upload(void*, const void*, size_t) { return true; }
 bool RankDevice::download(void*, const void*, size_t) { return true; }
 bool RankDevice::finish(attnComm_t, const char*) { return true; }
-attnResult_t RankDevice::captureGraph(const std::function<attnResult_t()>&) { return attnNotSupported; }
 attnResult_t RankDevice::launchGraph() { return attnNotSupported; }
+attnResult_t RankDevice::beginCapture() { return attnNotSupported; }
+attnResult_t RankDevice::endCapture() { return attnNotSupported; }
 
 #endif
 

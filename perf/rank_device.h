@@ -1,5 +1,5 @@
 // Where a perf rank keeps its buffers: host memory (the default) or a CUDA
-// device (-G DEV), with one stream per rank. On a device a timed call runs
+// device (--device DEV), with one stream per rank. On a device a timed call runs
 // from its enqueue to its stream's completion, which is what an engine that
 // waits on its stream sees.
 #pragma once
@@ -32,7 +32,8 @@ class RankDevice {
   // open by IPC handle; else stream-ordered on the rank's stream, as ranks
   // that are threads sharing a GPU need (cudaMalloc / cudaFree may wait for
   // the whole device, where a peer's stream may wait for this rank).
-  bool open(int device, bool exportable);
+  // nullStream (-y 1): calls and copies use the NULL stream instead.
+  bool open(int device, bool exportable, bool nullStream = false);
   bool onDevice() const { return device_ >= 0; }
   attnStream_t stream() const { return stream_; }
 
@@ -43,10 +44,13 @@ class RankDevice {
   // Copies between a host buffer and its twin (no-ops in host memory).
   bool upload(void* twin, const void* host, size_t bytes);
   bool download(void* host, const void* twin, size_t bytes);
-  // -g: captures `call` (enqueued on the stream) into a CUDA graph, kept
-  // in place of the previous one; launchGraph() enqueues a launch of it.
-  // CUDA failures print why and answer attnUnhandledCudaError.
-  attnResult_t captureGraph(const std::function<attnResult_t()>& call);
+  // -G: captures what is enqueued on the stream between beginCapture and
+  // endCapture into a CUDA graph, kept in place of the previous one (with
+  // -g > 1, begin on every rank's stream, issue, end on every stream);
+  // launchGraph() enqueues a launch of it. CUDA failures print why and
+  // answer attnUnhandledCudaError.
+  attnResult_t beginCapture();
+  attnResult_t endCapture();
   attnResult_t launchGraph();
   // Waits until the stream is idle, then returns the communicator's
   // asynchronous error: a device operation that fails after its enqueue
@@ -58,7 +62,7 @@ class RankDevice {
   bool exportable_ = false;
   attnStream_t stream_ = nullptr;
   std::vector<void*> owned_;
-  void* graph_ = nullptr;  // cudaGraphExec_t from captureGraph
+  void* graph_ = nullptr;  // cudaGraphExec_t from endCapture
 };
 
 }  // namespace attnperf

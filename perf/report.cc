@@ -2,17 +2,19 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace attnperf {
 
-RankInfo localRankInfo(int rank) {
+RankInfo localRankInfo(int rank, int device, int group) {
   RankInfo ri;
   ri.rank = rank;
   ri.pid = int32_t(getpid());
+  ri.device = device;
+  ri.group = group;
   // Emulated hosts (tests/netns) name themselves through ATTN_HOSTID.
   const char* h = getenv("ATTN_HOSTID");
   if (h && *h)
@@ -22,142 +24,163 @@ RankInfo localRankInfo(int rank) {
   return ri;
 }
 
+std::string nowString() {
+  char b[64];
+  const time_t now = time(nullptr);
+  struct tm tmv;
+  localtime_r(&now, &tmv);
+  strftime(b, sizeof b, "%Y-%m-%d %H:%M:%S", &tmv);
+  return b;
+}
+
 Reporter::Reporter(RunInfo info, const Options& opts, FILE* out)
-    : info_(std::move(info)), opts_(opts), out_(out) {}
+    : info_(std::move(info)), opts_(opts), out_(out) {
+  if (info_.startTime.empty()) info_.startTime = nowString();
+}
 
 double Reporter::algbw(const Row& r, const Measure& m) const {
-  return m.t.medianUs > 0 ? double(r.bytes) / (m.t.medianUs * 1e3) : 0.0;
+  return m.timeUs > 0 ? double(r.bytes) / (m.timeUs * 1e3) : 0.0;
 }
 
 void Reporter::header(const std::vector<RankInfo>& ranks) {
+  ranks_ = ranks;
   FILE* f = out_;
+  const Options& o = opts_;
   fprintf(f, "# %s (%s): collective %s, nranks %d as %s\n", info_.program.c_str(),
           info_.library.c_str(), info_.coll.c_str(), info_.nranks, info_.mode.c_str());
-  if (opts_.stepBytes)
-    fprintf(f, "# minBytes %zu maxBytes %zu step: %zu(bytes)", opts_.minBytes,
-            opts_.maxBytes, opts_.stepBytes);
-  else
-    fprintf(f, "# minBytes %zu maxBytes %zu step: %g(factor)", opts_.minBytes,
-            opts_.maxBytes, opts_.stepFactor);
-  fprintf(f, " warmup iters: %d iters: %d validation: %d transport: %s algo: %s\n",
-          opts_.warmup, opts_.iters, opts_.check,
+  fprintf(f, "# nThread %d nGpus %d minBytes %zu maxBytes %zu step: ", o.nthreads, o.ngpus,
+          o.minBytes, o.maxBytes);
+  if (o.stepFactor > 1.0) fprintf(f, "%g(factor)", o.stepFactor);
+  else fprintf(f, "%zu(bytes)", o.stepBytes);
+  fprintf(f, " warmup iters: %d iters: %d agg iters: %d validation: %d graph: %d unalign: %d\n",
+          o.warmup, o.iters, o.aggIters, o.check, o.graphLaunches, o.unalign);
+  fprintf(f, "# transport: %s algo: %s\n",
           info_.transport.empty() ? "default" : info_.transport.c_str(),
           info_.algo.empty() ? "default" : info_.algo.c_str());
-  fprintf(f, "# time = median over iterations of (max over ranks of one call's "
-             "time), barrier before each call; algbw = size/time, "
-             "busbw = algbw*%.4g; GB = 1e9 B\n#\n", info_.busFactor);
-  for (const RankInfo& r : ranks)
-    fprintf(f, "#  Rank %3d Pid %7d on %20s\n", int(r.rank), int(r.pid), r.host);
+  fprintf(f, "# timing: %s; algbw = size/time, busbw = algbw*%.4g; GB = 1e9 B\n",
+          timingText(o).c_str(), info_.busFactor);
+  static const char* kBlocking[] = {
+      "", "wait and barrier after each inner iteration (-m)",
+      "wait after each inner iteration (-m), no barrier",
+      "wait and barrier after each outer iteration (-n); time excludes barrier"};
+  if (o.blocking) fprintf(f, "# Blocking Enabled: %s\n", kBlocking[o.blocking]);
+  if (o.perIterTiming) {
+    fprintf(f, "# Per-Iteration Report: host clock, waiting for the streams after each "
+               "iteration; i_* uses max over ranks");
+    if (o.perIterSkip) fprintf(f, "; summary skips first %d iterations", o.perIterSkip);
+    fprintf(f, "\n");
+  }
+  if (o.parallelInit) fprintf(f, "# Parallel Init Enabled: each thread calls attnCommInitRank\n");
+  fprintf(f, "#\n# Using devices\n");
+  for (const RankInfo& r : ranks) {
+    fprintf(f, "#  Rank %2d Group %2d Pid %6d on %10s device ", int(r.rank), int(r.group),
+            int(r.pid), r.host);
+    if (r.device >= 0) fprintf(f, "%2d [cuda:%d]\n", int(r.device), int(r.device));
+    else fprintf(f, "-1 [host memory]\n");
+  }
+  const char* t = o.reportCpuTime ? "cputime" : "time";
+  const char* ts = o.timestamps ? "timestamp" : "";
+  const int tsPad = o.timestamps ? 19 : 0;
   fprintf(f, "#\n");
-  fprintf(f, "#%73s%32s\n", "out-of-place", "in-place");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n",
-          "size", "count", "type", "redop", "root", "time", "algbw", "busbw",
-          "#wrong", "time", "algbw", "busbw", "#wrong");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n",
-          "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)",
-          "(GB/s)", "(GB/s)", "");
+  if (o.perIterTiming) {
+    fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %-68s%s\n", "", "", "", "", "",
+            "           out-of-place (+ per-iteration)", "        in-place (+ per-iteration)");
+    fprintf(f, "# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
+    for (int v = 0; v < 2; v++)
+      fprintf(f, "  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s", t, "algbw", "busbw", "#wrong",
+              "i_min", "i_max", "i_p99", "i_cv%");
+    fprintf(f, " %*s\n# %10s  %12s  %8s  %6s  %6s", tsPad, ts, "(B)", "(elements)", "", "", "");
+    for (int v = 0; v < 2; v++)
+      fprintf(f, "  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s", "(us)", "(GB/s)", "(GB/s)", "",
+              "(us)", "(us)", "(us)", "(%)");
+  } else {
+    fprintf(f, "# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
+               "in-place          \n", "", "", "", "", "");
+    fprintf(f, "# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
+    for (int v = 0; v < 2; v++) fprintf(f, "  %7s  %6s  %6s  %6s", t, "algbw", "busbw", "#wrong");
+    fprintf(f, " %*s\n# %10s  %12s  %8s  %6s  %6s", tsPad, ts, "(B)", "(elements)", "", "", "");
+    for (int v = 0; v < 2; v++) fprintf(f, "  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  fprintf(f, " %*s\n", tsPad, o.timestamps ? "%Y-%m-%d %H:%M:%S" : "");
   fflush(f);
 }
 
 namespace {
-// nccl-tests keeps the time column 7 wide by dropping decimals as it grows.
-void printTime(FILE* f, double us) {
-  if (us >= 10000.0) fprintf(f, "  %7.0f", us);
-  else if (us >= 100.0) fprintf(f, "  %7.1f", us);
-  else fprintf(f, "  %7.2f", us);
+// A number in `width` columns: fewer decimals as it grows, then exponent.
+std::string fit(double v, int width) {
+  char b[64];
+  for (const char* fmt : {"%*.2f", "%*.1f", "%*.0f"})
+    if (snprintf(b, sizeof b, fmt, width, v) <= width) return b;
+  snprintf(b, sizeof b, width >= 7 ? "%*.1e" : "%*.0e", width, v);
+  return b;
 }
 }  // namespace
 
 void Reporter::row(const Row& r) {
   rows_.push_back(r);
   FILE* f = out_;
-  fprintf(f, "  %10zu  %12zu  %8s  %6s  %6d", r.bytes, r.count, r.type, r.op, r.root);
+  fprintf(f, "%12zu  %12zu  %8s  %6s  %6d", r.bytes, r.count, r.type, r.op, r.root);
   for (const Measure* m : {&r.outOfPlace, &r.inPlace}) {
     if (!m->ran) {
       fprintf(f, "  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+      if (opts_.perIterTiming) fprintf(f, "  %7s  %7s  %7s  %7s", "N/A", "N/A", "N/A", "N/A");
       continue;
     }
     const double a = algbw(r, *m);
-    printTime(f, m->t.medianUs);
-    fprintf(f, "  %6.2f  %6.2f", a, a * info_.busFactor);
+    fprintf(f, "  %7s  %6s  %6s", fit(m->timeUs, 7).c_str(), fit(a, 6).c_str(),
+            fit(a * info_.busFactor, 6).c_str());
     if (m->wrong < 0) fprintf(f, "  %6s", "N/A");
     else fprintf(f, "  %6" PRId64, m->wrong);
+    if (opts_.perIterTiming) {
+      const std::vector<double>& t = m->iter.timesUs;
+      const IterStats s = iterStats(
+          std::vector<double>(t.begin() + std::min<size_t>(t.size(), size_t(opts_.perIterSkip)), t.end()));
+      fprintf(f, "  %7s  %7s  %7s  %7s", fit(s.minUs, 7).c_str(), fit(s.maxUs, 7).c_str(),
+              fit(s.p99Us, 7).c_str(), fit(s.cvPct(), 7).c_str());
+    }
   }
+  if (opts_.timestamps) fprintf(f, "  %19s", nowString().c_str());
   fprintf(f, "\n");
   fflush(f);
 }
 
-int64_t Reporter::footer() {
-  int64_t wrong = 0;
+double Reporter::avgBusBw() const {
   double sum = 0;
   int n = 0;
   for (const Row& r : rows_)
     for (const Measure* m : {&r.outOfPlace, &r.inPlace}) {
       if (!m->ran) continue;
-      if (m->wrong > 0) wrong += m->wrong;
       sum += algbw(r, *m) * info_.busFactor;
       n++;
     }
-  fprintf(out_, "# Out of bounds values : %" PRId64 " %s\n", wrong,
-          wrong ? "FAILED" : "OK");
-  fprintf(out_, "# Avg bus bandwidth    : %g\n#\n", n ? sum / n : 0.0);
+  return n ? sum / n : 0.0;
+}
+
+int64_t Reporter::footer() {
+  int64_t wrong = 0;
+  for (const Row& r : rows_)
+    for (const Measure* m : {&r.outOfPlace, &r.inPlace})
+      if (m->ran && m->wrong > 0) wrong += m->wrong;
+  fprintf(out_, "# %-20s : %" PRId64 " %s\n", "Out of bounds values", wrong, wrong ? "FAILED" : "OK");
+  fprintf(out_, "# %-20s : %g\n#\n", "Avg bus bandwidth", avgBusBw());
   fflush(out_);
   return wrong;
 }
 
-namespace {
-std::string jsonString(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else o += c;
-  }
-  return o + "\"";
-}
-}  // namespace
-
-bool Reporter::writeJson(const std::string& path) const {
-  FILE* f = fopen(path.c_str(), "w");
-  if (!f) {
-    fprintf(stderr, "cannot write %s: %s\n", path.c_str(), strerror(errno));
-    return false;
-  }
-  fprintf(f, "{\n  \"program\": %s,\n  \"library\": %s,\n  \"collective\": %s,\n",
-          jsonString(info_.program).c_str(), jsonString(info_.library).c_str(),
-          jsonString(info_.coll).c_str());
-  fprintf(f, "  \"nranks\": %d,\n  \"mode\": %s,\n  \"transport\": %s,\n  \"algo\": %s,\n",
-          info_.nranks, jsonString(info_.mode).c_str(),
-          jsonString(info_.transport).c_str(), jsonString(info_.algo).c_str());
-  fprintf(f, "  \"iters\": %d,\n  \"warmup\": %d,\n  \"check\": %d,\n  \"bus_factor\": %.17g,\n",
-          opts_.iters, opts_.warmup, opts_.check, info_.busFactor);
-  fprintf(f, "  \"timing\": \"median over iterations of max over ranks; barrier before each call\",\n");
-  fprintf(f, "  \"rows\": [");
-  for (size_t i = 0; i < rows_.size(); i++) {
-    const Row& r = rows_[i];
-    fprintf(f, "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": %s, \"redop\": %s, \"root\": %d",
-            i ? "," : "", r.bytes, r.count, jsonString(r.type).c_str(),
-            jsonString(r.op).c_str(), r.root);
-    const struct { const char* name; const Measure* m; } vs[] = {
-        {"out_of_place", &r.outOfPlace}, {"in_place", &r.inPlace}};
-    for (const auto& v : vs) {
-      if (!v.m->ran) continue;
-      const double a = algbw(r, *v.m);
-      fprintf(f, ",\n     \"%s\": {\"time_us\": %.3f, \"algbw\": %.6f, \"busbw\": %.6f, "
-                 "\"wrong\": %" PRId64 ", \"time_min_us\": %.3f, \"time_mean_us\": %.3f, "
-                 "\"time_max_us\": %.3f}",
-              v.name, v.m->t.medianUs, a, a * info_.busFactor, v.m->wrong,
-              v.m->t.minUs, v.m->t.meanUs, v.m->t.maxUs);
-    }
-    fprintf(f, "}");
-  }
-  fprintf(f, "\n  ]\n}\n");
-  const bool ok = fclose(f) == 0;
-  if (!ok) fprintf(stderr, "error writing %s\n", path.c_str());
-  return ok;
+void Reporter::memoryLine(size_t sendBytes, size_t recvBytes) {
+  auto mem = [](size_t b) {
+    char s[32];
+    const double v = double(b);
+    if (b >= (size_t(1) << 30)) snprintf(s, sizeof s, "%.2f GB", v / double(1 << 30));
+    else if (b >= (size_t(1) << 20)) snprintf(s, sizeof s, "%.2f MB", v / double(1 << 20));
+    else if (b >= 1024) snprintf(s, sizeof s, "%.2f KB", v / 1024.0);
+    else snprintf(s, sizeof s, "%zu B", b);
+    return std::string(s);
+  };
+  const char* where = opts_.onDevice() ? "device" : opts_.mem == MemKind::kShareable ? "shareable host" : "host";
+  fprintf(out_, "# %-20s : send %s | recv %s | Total %s per rank (%s)\n", "Buffer memory usage",
+          mem(sendBytes).c_str(), mem(recvBytes).c_str(), mem(sendBytes + recvBytes).c_str(), where);
+  fflush(out_);
 }
 
 }  // namespace attnperf

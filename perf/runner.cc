@@ -1,28 +1,29 @@
 #include "perf/runner.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <vector>
 
 #include "perf/datatypes.h"
-#include "perf/rank_device.h"
-#include "perf/report.h"
-#include "perf/timing.h"
+#include "perf/thread_runner.h"
+#include "perf/watchdog.h"
+
+#if __has_include("perf/plot.h")
+#include "perf/plot.h"
+#define ATTN_PERF_HAVE_PLOT 1
+#endif
 
 namespace attnperf {
 
-namespace {
+void BufferDeleter::operator()(void* p) const {
+  if (shareable) attnMemFree(p);
+  else free(p);
+}
 
-struct BufferDeleter {
-  bool shareable = false;  // from attnMemAlloc (-R 1)
-  void operator()(void* p) const {
-    if (shareable) attnMemFree(p);
-    else free(p);
-  }
-};
-using Buffer = std::unique_ptr<uint8_t, BufferDeleter>;
+namespace {
 
 // Page-aligned and touched now, so page faults never land in a timed call.
 Buffer allocTouched(size_t bytes, bool shareable) {
@@ -44,140 +45,105 @@ std::string envOr(const std::string& v, const char* name) {
   return e ? e : "";
 }
 
-class RankRunner {
- public:
-  RankRunner(const Options& o, const CollSpec& s, attnComm_t c)
-      : opts_(o), spec_(s), comm_(c) {}
+}  // namespace
 
-  // false: an attn call failed (already reported).
-  bool run(const std::string& program, const std::string& mode, int64_t* wrong);
-
- private:
-  bool ok(attnResult_t r, const char* what, int line);
-  bool measure(Bench& b, bool inPlace, Measure* m);
-
-  const Options& opts_;
-  const CollSpec& spec_;
-  attnComm_t comm_;
-  int rank_ = 0, nranks_ = 1;
-  // The host buffers hold the patterns; with -G the calls take their
-  // device twins (on the host, the twins are the same buffers).
-  Buffer send_, recv_;
-  RankDevice dev_;
-  uint8_t* devSend_ = nullptr;
-  uint8_t* devRecv_ = nullptr;
-};
-
-#define PERF_OK(call) ok((call), #call, __LINE__)
-// A call, then (with -G) the wait for the stream it was enqueued on.
-#define PERF_RUN(call) (ok((call), #call, __LINE__) && dev_.finish(comm_, #call))
-
-bool RankRunner::ok(attnResult_t r, const char* what, int line) {
-  if (r == attnSuccess) return true;
-  fprintf(stderr, "rank %d: %s:%d: %s failed: %s: %s\n", rank_, __FILE__, line,
-          what, attnGetErrorString(r), attnGetLastError(comm_));
-  fflush(stderr);
-  return false;
-}
-
-bool RankRunner::measure(Bench& b, bool inPlace, Measure* m) {
-  const size_t elt = typeSize(b.dtype);
-  const size_t nSend = spec_.sendElems(b), nRecv = spec_.recvElems(b);
-  const size_t sendOff = inPlace ? spec_.inPlaceSendOffset(b) : 0;
-  const size_t recvOff = inPlace ? spec_.inPlaceRecvOffset(b) : 0;
-  void* send = (inPlace ? devRecv_ : devSend_) + sendOff * elt;
-  void* recv = devRecv_ + recvOff * elt;
-  // -g: the call is captured once; the check, the warm-up and the timed
-  // iterations launch the graph.
-  if (opts_.cudaGraph && !PERF_OK(dev_.captureGraph([&] { return spec_.run(b, send, recv); }))) return false;
-  auto call = [&] { return opts_.cudaGraph ? dev_.launchGraph() : spec_.run(b, send, recv); };
-
-  if (opts_.check) {
-    // -1 marks slots nobody wrote (patterns are never negative); then the
-    // send data, which in place overwrites part of the marks.
-    const size_t marked = std::max(nRecv + recvOff, nSend + sendOff);
-    uint8_t* hostSend = (inPlace ? recv_.get() : send_.get()) + sendOff * elt;
-    uint8_t* hostRecv = recv_.get() + recvOff * elt;
-    fillBuffer(b.dtype, recv_.get(), marked, [](size_t) { return -1.0; });
-    fillBuffer(b.dtype, hostSend, nSend, [&](size_t i) { return spec_.sendValue(b, i); });
-    if (!dev_.upload(devRecv_, recv_.get(), marked * elt) ||
-        (!inPlace && !dev_.upload(devSend_, send_.get(), nSend * elt)))
-      return false;
-    if (!PERF_RUN(call())) return false;
-    if (!dev_.download(hostRecv, recv, nRecv * elt)) return false;
-    int64_t wrong = int64_t(countWrong(
-        b.dtype, hostRecv, nRecv, [&](size_t i) { return spec_.recvValue(b, i); },
-        spec_.tolerance(b)));
-    if (!PERF_RUN(attnAllReduce(&wrong, &wrong, 1, attnInt64, attnSum, comm_, dev_.stream())))
-      return false;
-    m->wrong = wrong;
+bool ThreadRunner::setup(const std::vector<attnComm_t>& comms, int nranks) {
+  nranks_ = nranks;
+  for (attnComm_t c : comms) {
+    auto s = std::make_unique<Slot>();
+    s->comm = c;
+    if (!ok(attnCommUserRank(c, &s->rank), "attnCommUserRank", *s)) return false;
+    // Processes' buffers must be exportable for cuda_ipc; threads' are
+    // stream-ordered (see RankDevice::open).
+    if (!s->dev.open(opts_.device, processes_, opts_.streamNull != 0)) return false;
+    s->b.comm = c;
+    s->b.rank = s->rank;
+    s->b.nranks = nranks;
+    s->b.stream = s->dev.stream();
+    slots_.push_back(std::move(s));
   }
-  for (int i = 0; i < opts_.warmup; i++)
-    if (!PERF_RUN(call())) return false;
-
-  std::vector<double> t(size_t(opts_.iters));
-  for (int i = 0; i < opts_.iters; i++) {
-    if (!PERF_RUN(attnBarrier(comm_, dev_.stream()))) return false;
-    const double t0 = nowUs();
-    if (!PERF_RUN(call())) return false;
-    t[size_t(i)] = nowUs() - t0;
+  // One pair of buffers for the largest size and type, reused by all.
+  size_t maxSend = 0, maxRecv = 0;
+  Bench b;
+  b.nranks = nranks;
+  for (attnDataType_t t : opts_.dtypes)
+    for (size_t bytes : sizeList(opts_)) {
+      const size_t elt = typeSize(t);
+      b.count = spec_.countFor(bytes, nranks, elt);
+      maxSend = std::max(maxSend, (spec_.sendElems(b) + spec_.inPlaceSendOffset(b)) * elt);
+      maxRecv = std::max(maxRecv, (spec_.recvElems(b) + spec_.inPlaceRecvOffset(b)) * elt);
+    }
+  maxRecv = std::max(maxSend, maxRecv);
+  const size_t pad = size_t(opts_.unalign) * 8;  // -u, for the widest type
+  sendBytes_ = maxSend + pad;
+  recvBytes_ = maxRecv + pad;
+  const bool shareable = opts_.mem == MemKind::kShareable;
+  for (auto& s : slots_) {
+    s->send = allocTouched(sendBytes_, shareable);
+    s->recv = allocTouched(recvBytes_, shareable);
+    if (!s->send || !s->recv) {
+      fprintf(stderr, "rank %d: out of memory for %zu-byte buffers\n", s->rank, recvBytes_);
+      return false;
+    }
+    s->devSend = static_cast<uint8_t*>(s->dev.place(s->send.get(), sendBytes_));
+    s->devRecv = static_cast<uint8_t*>(s->dev.place(s->recv.get(), recvBytes_));
+    if (!s->devSend || !s->devRecv) return false;
   }
-  // A call is as slow as its slowest rank.
-  if (!PERF_RUN(attnAllReduce(t.data(), t.data(), t.size(), attnFloat64, attnMax,
-                              comm_, dev_.stream())))
-    return false;
-  m->t = summarize(t);
-  m->ran = true;
   return true;
 }
 
-bool RankRunner::run(const std::string& program, const std::string& mode,
-                     int64_t* wrongTotal) {
-  if (!PERF_OK(attnCommCount(comm_, &nranks_)) || !PERF_OK(attnCommUserRank(comm_, &rank_)))
-    return false;
-  if (spec_.usesRoot && opts_.root >= nranks_) {
-    fprintf(stderr, "rank %d: root %d out of range (%d ranks)\n", rank_, opts_.root, nranks_);
+bool ThreadRunner::finishReport(int64_t) {
+  rep_->footer();
+  if (opts_.memoryReport) rep_->memoryLine(sendBytes_, recvBytes_);
+  std::string json = opts_.jsonPath, written;
+  if (json.empty() && !opts_.plotPath.empty())
+    json = "/tmp/" + std::string(getenv("USER") ? getenv("USER") : "attnperf") + "-plot-" +
+           std::to_string(getpid()) + ".json";
+  if (json.empty()) return true;
+  if (!rep_->writeJson(json, &written)) return false;
+  printf("# Wrote JSON output to %s\n", written.c_str());
+  if (opts_.plotPath.empty()) return true;
+#ifdef ATTN_PERF_HAVE_PLOT
+  std::string why;
+  if (writePlot(written, opts_.plotPath, &why)) printf("# Wrote plot to %s\n", opts_.plotPath.c_str());
+  else printf("# plot not written: %s\n", why.c_str());
+#else
+  printf("# plot not written: this build has no plot support (perf/plot.h)\n");
+#endif
+  if (opts_.jsonPath.empty()) unlink(written.c_str());
+  fflush(stdout);
+  return true;
+}
+
+bool ThreadRunner::run(const std::vector<attnComm_t>& comms, const std::string& program,
+                       const std::string& mode, int64_t* wrongTotal) {
+  processes_ = mode != "threads";
+  int nranks = 1;
+  if (attnCommCount(comms[0], &nranks) != attnSuccess) {
+    fprintf(stderr, "attnCommCount failed: %s\n", attnGetLastError(comms[0]));
     return false;
   }
-  // Processes' buffers must be exportable for cuda_ipc; threads' are
-  // stream-ordered (see RankDevice::open).
-  if (!dev_.open(opts_.device, /*exportable=*/mode != "threads")) return false;
-  RankInfo mine = localRankInfo(rank_);
-  std::vector<RankInfo> all(static_cast<size_t>(nranks_));
-  if (!PERF_RUN(attnAllGather(&mine, all.data(), sizeof mine, attnUint8, comm_, dev_.stream())))
+  if (!setup(comms, nranks)) return false;
+  if (spec_.usesRoot)
+    for (int r : opts_.roots)
+      if (!opts_.allRoots && r >= nranks) {
+        fprintf(stderr, "rank %d: root %d out of range (%d ranks)\n", slots_[0]->rank, r, nranks);
+        return false;
+      }
+
+  // Who is where, for the "# Rank" lines (and JSON devices).
+  std::vector<std::vector<RankInfo>> all(slots_.size(), std::vector<RankInfo>(size_t(nranks)));
+  std::vector<RankInfo> mine;
+  for (auto& s : slots_) mine.push_back(localRankInfo(s->rank, opts_.device, thread_));
+  size_t k = 0;
+  if (!onAll("attnAllGather", [&](Slot& s) {
+        const size_t i = k++;
+        return attnAllGather(&mine[i], all[i].data(), sizeof(RankInfo), attnUint8, s.comm, s.dev.stream());
+      }) || !waitAll("attnAllGather"))
     return false;
 
-  Bench b;
-  b.comm = comm_;
-  b.rank = rank_;
-  b.nranks = nranks_;
-  b.dtype = opts_.dtype;
-  b.op = opts_.op;
-  b.root = opts_.root;
-  b.stream = dev_.stream();
-  const size_t elt = typeSize(b.dtype);
-  const std::vector<size_t> sizes = sizeList(opts_);
-
-  // One pair of buffers for the largest size, reused by every size.
-  size_t maxSend = 0, maxRecv = 0;
-  for (size_t s : sizes) {
-    b.count = spec_.countFor(s, nranks_, elt);
-    maxSend = std::max(maxSend, spec_.sendElems(b) + spec_.inPlaceSendOffset(b));
-    maxRecv = std::max(maxRecv, spec_.recvElems(b) + spec_.inPlaceRecvOffset(b));
-  }
-  send_ = allocTouched(maxSend * elt, opts_.registered != 0);
-  recv_ = allocTouched(std::max(maxSend, maxRecv) * elt, opts_.registered != 0);
-  if (!send_ || !recv_) {
-    fprintf(stderr, "rank %d: out of memory for %zu-byte buffers\n", rank_,
-            std::max(maxSend, maxRecv) * elt);
-    return false;
-  }
-  devSend_ = static_cast<uint8_t*>(dev_.place(send_.get(), maxSend * elt));
-  devRecv_ = static_cast<uint8_t*>(dev_.place(recv_.get(), std::max(maxSend, maxRecv) * elt));
-  if (!devSend_ || !devRecv_) return false;
-
-  std::unique_ptr<Reporter> rep;
-  if (rank_ == 0) {
+  const bool holdsRank0 = slots_[0]->rank == 0;
+  if (holdsRank0) {
     int v = 0;
     attnGetVersion(&v);
     char lib[64];
@@ -185,56 +151,82 @@ bool RankRunner::run(const std::string& program, const std::string& mode,
     RunInfo info;
     info.program = program;
     info.library = lib;
+    info.versionCode = v;
     info.coll = spec_.name;
-    info.mode = opts_.device >= 0 ? mode + ", cuda:" + std::to_string(opts_.device) : mode;
-    if (opts_.cudaGraph) info.mode += ", graph";
+    info.mode = mode;
+    if (opts_.ngpus > 1) info.mode += ", " + std::to_string(opts_.ngpus) + " ranks per thread";
+    if (opts_.onDevice()) info.mode += ", cuda:" + std::to_string(opts_.device);
+    if (opts_.mem == MemKind::kShareable) info.mode += ", shareable buffers";
+    if (opts_.graphLaunches) info.mode += ", graph x" + std::to_string(opts_.graphLaunches);
+    if (opts_.streamNull && opts_.onDevice()) info.mode += ", NULL stream";
     info.transport = envOr(opts_.transports, "ATTN_TRANSPORT");
     info.algo = envOr(opts_.algo, "ATTN_ALGO");
-    info.nranks = nranks_;
-    info.busFactor = spec_.busFactor(nranks_);
+    info.nranks = nranks;
+    info.busFactor = spec_.busFactor(nranks);
     info.hasInPlace = spec_.hasInPlace && opts_.inPlace;
-    rep = std::make_unique<Reporter>(info, opts_);
-    rep->header(all);
+    rep_ = std::make_unique<Reporter>(info, opts_);
+    rep_->header(all[0]);
   }
 
-  for (size_t s : sizes) {
-    b.count = spec_.countFor(s, nranks_, elt);
-    if (b.count == 0) continue;  // same decision on every rank
-    Row row;
-    row.count = spec_.sizeElems(b);
-    row.bytes = row.count * elt;
-    row.type = typeName(b.dtype);
-    row.op = spec_.usesOp ? opName(b.op) : "none";
-    row.root = spec_.usesRoot ? b.root : -1;
-    if (!measure(b, false, &row.outOfPlace)) return false;
-    if (spec_.hasInPlace && opts_.inPlace && !measure(b, true, &row.inPlace)) return false;
-    *wrongTotal += std::max<int64_t>(0, row.outOfPlace.wrong) +
-                   std::max<int64_t>(0, row.inPlace.wrong);
-    if (rep) rep->row(row);
+  // The loops nccl-tests runs: types, ops, roots, then sizes; -N cycles.
+  std::vector<attnRedOp_t> ops = spec_.usesOp ? opts_.ops : std::vector<attnRedOp_t>{attnSum};
+  std::vector<int> roots = spec_.usesRoot ? opts_.roots : std::vector<int>{0};
+  if (spec_.usesRoot && opts_.allRoots) {
+    roots.clear();
+    for (int r = 0; r < nranks; r++) roots.push_back(r);
   }
-  if (rep) {
-    rep->footer();
-    if (!opts_.jsonPath.empty() && !rep->writeJson(opts_.jsonPath)) return false;
-  }
-  return true;
+  const std::vector<size_t> sizes = sizeList(opts_);
+  for (long cycle = 0; opts_.runCycles == 0 || cycle < opts_.runCycles; cycle++)
+    for (attnDataType_t t : opts_.dtypes)
+      for (attnRedOp_t op : ops)
+        for (int root : roots)
+          for (size_t bytes : sizes) {
+            const size_t elt = typeSize(t);
+            const size_t count = spec_.countFor(bytes, nranks, elt);
+            if (count == 0) continue;  // same decision on every rank
+            for (auto& s : slots_) {
+              s->b.dtype = t;
+              s->b.op = op;
+              s->b.root = root;
+              s->b.count = count;
+            }
+            const Bench& b = slots_[0]->b;
+            Row row;
+            row.count = spec_.sizeElems(b);
+            row.bytes = row.count * elt;
+            row.type = typeName(t);
+            row.op = spec_.usesOp ? opName(op) : "none";
+            row.root = spec_.usesRoot ? root : -1;
+            if (!measure(false, &row.outOfPlace)) return false;
+            if (spec_.hasInPlace && opts_.inPlace && !measure(true, &row.inPlace)) return false;
+            *wrongTotal += std::max<int64_t>(0, row.outOfPlace.wrong) +
+                           std::max<int64_t>(0, row.inPlace.wrong);
+            if (rep_) rep_->row(row);
+          }
+  return !rep_ || finishReport(*wrongTotal);
 }
 
-}  // namespace
-
-RankStatus runRank(const Options& opts, const CollSpec& spec, attnComm_t comm,
-                   const std::string& program, const std::string& mode) {
-  RankRunner r(opts, spec, comm);
+RankStatus runThread(const Options& opts, const CollSpec& spec, const std::vector<attnComm_t>& comms,
+                     int thread, const std::string& program, const std::string& mode) {
+  for (attnComm_t c : comms) watchdogAdd(c);
   int64_t wrong = 0;
-  if (!r.run(program, mode, &wrong)) {
-    attnCommAbort(comm);  // peers waiting on us fail instead of hanging
-    return kRankFailed;
+  // Destroyed last: its device buffers outlive the communicators' work.
+  ThreadRunner r(opts, spec, thread);
+  const bool good = r.run(comms, program, mode, &wrong);
+  RankStatus st = good ? (wrong ? kRankWrong : kRankOk) : kRankFailed;
+  for (attnComm_t c : comms) {
+    if (!watchdogRemove(c)) continue;  // the watchdog aborted it already
+    if (!good) {
+      attnCommAbort(c);  // peers waiting on us fail instead of hanging
+      continue;
+    }
+    const attnResult_t d = attnCommDestroy(c);
+    if (d != attnSuccess) {
+      fprintf(stderr, "attnCommDestroy failed: %s\n", attnGetErrorString(d));
+      st = kRankFailed;
+    }
   }
-  const attnResult_t d = attnCommDestroy(comm);
-  if (d != attnSuccess) {
-    fprintf(stderr, "attnCommDestroy failed: %s\n", attnGetErrorString(d));
-    return kRankFailed;
-  }
-  return wrong ? kRankWrong : kRankOk;
+  return st;
 }
 
 }  // namespace attnperf

@@ -21,6 +21,26 @@ import statistics
 import sys
 
 
+def normalize(j):
+    """nccl-tests' schema (version 3, written since 2026-11-27) -> the older
+    {"collective", "rows": [{"out_of_place": {"time_us", "busbw", "wrong"}}]}."""
+    if j.get("version") != 3:
+        return j
+    a = j.get("attncomm", {})
+    rows = []
+    for r in j.get("results", []):
+        m = r.get("out_of_place")
+        row = {"size": r["size"]}
+        if m:
+            row["out_of_place"] = {"time_us": m.get("time", m.get("cpu_time")), "busbw": m["bus_bw"],
+                                   "wrong": -1 if m.get("nwrong") is None else m["nwrong"]}
+        rows.append(row)
+    return {"program": a.get("program"), "library": j.get("attncomm_version"),
+            "collective": a.get("collective"), "nranks": a.get("nranks"), "mode": a.get("mode"),
+            "transport": a.get("transport"), "iters": j.get("config", {}).get("iterations"),
+            "rows": rows}
+
+
 def load(paths, metric="busbw"):
     """(cfg, coll, size) -> list of (metric value, wrong); plus per-cfg metadata."""
     files = []
@@ -31,7 +51,7 @@ def load(paths, metric="busbw"):
         cfg = os.path.basename(f).split(".")[0]
         try:
             with open(f) as fh:
-                j = json.load(fh)
+                j = normalize(json.load(fh))
         except (OSError, ValueError) as e:
             bad.append(f"{f}: {e}")
             continue

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <vector>
 
 namespace attnperf {
@@ -30,6 +31,32 @@ inline TimeStats summarize(std::vector<double> t) {
   double sum = 0;
   for (double v : t) sum += v;
   s.meanUs = sum / double(n);
+  return s;
+}
+
+// -I 1 summary of per-iteration times, as nccl-tests computes it: p50 is
+// the upper middle, p95/p99 nearest-rank, stdev over the population.
+struct IterStats {
+  double minUs = 0, maxUs = 0, avgUs = 0, p50Us = 0, p95Us = 0, p99Us = 0, stdevUs = 0;
+  double cvPct() const { return avgUs > 0 ? stdevUs / avgUs * 100.0 : 0.0; }
+};
+
+inline IterStats iterStats(std::vector<double> t) {
+  IterStats s;
+  if (t.empty()) return s;
+  std::sort(t.begin(), t.end());
+  const size_t n = t.size();
+  auto pct = [n](size_t p) { return std::min(n - 1, (n * p + 99) / 100 - 1); };
+  s.minUs = t.front();
+  s.maxUs = t.back();
+  s.p50Us = t[n / 2];
+  s.p95Us = t[pct(95)];
+  s.p99Us = t[pct(99)];
+  double sum = 0, var = 0;
+  for (double v : t) sum += v;
+  s.avgUs = sum / double(n);
+  for (double v : t) var += (v - s.avgUs) * (v - s.avgUs);
+  s.stdevUs = std::sqrt(var / double(n));
   return s;
 }
 

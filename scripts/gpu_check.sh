@@ -166,35 +166,36 @@ stage_perf() {
   run "$BUILD/perf/cuda_kernel_perf" -n 20 -w 3
   run python3 perf/attn/sdpa_reference.py -n 20 -w 3
   for n in 2 4; do
-    run "$BUILD/perf/ring_attn_perf" -G 0 -t $n -L 32768 -m 1,0.25,0.05 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
+    run "$BUILD/perf/ring_attn_perf" --device 0 -t $n -L 32768 --miss 1,0.25,0.05 -H 32 --kv-heads 8 --head-dim 128 -d bf16 -n 5 -w 2 -c 1
   done
-  run "$BUILD/perf/ring_attn_perf" -G 0 -p 2 -L 16384 -m 1,0.05 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
-  run "$BUILD/perf/decode_attn_perf" -G 0 -t 4 -L 131072 -b 1,8,32 -H 32 -K 8 -D 128 -d bf16 -n 10 -w 2 -c 1
+  run "$BUILD/perf/ring_attn_perf" --device 0 --procs 2 -L 16384 --miss 1,0.05 -H 32 --kv-heads 8 --head-dim 128 -d bf16 -n 5 -w 2 -c 1
+  run "$BUILD/perf/decode_attn_perf" --device 0 -t 4 -L 131072 --batches 1,8,32 -H 32 --kv-heads 8 --head-dim 128 -d bf16 -n 10 -w 2 -c 1
   # Head-parallel against the rings without GQA, and level attention
   # against pass-KV, on the device.
-  run "$BUILD/perf/ring_attn_perf" -G 0 -t 4 -L 16384 -m 1 -M kv,q,heads -H 32 -K 32 -D 128 -d bf16 -n 5 -w 2 -c 1
-  run "$BUILD/perf/level_attn_perf" -G 0 -t 4 -L 16384 -k 1,1:0.5:0.25,0.5:0.25:0.125 -H 32 -K 8 -D 128 -d bf16 -n 5 -w 2 -c 1
+  run "$BUILD/perf/ring_attn_perf" --device 0 -t 4 -L 16384 --miss 1 --modes kv,q,heads -H 32 --kv-heads 32 --head-dim 128 -d bf16 -n 5 -w 2 -c 1
+  run "$BUILD/perf/level_attn_perf" --device 0 -t 4 -L 16384 -k 1,1:0.5:0.25,0.5:0.25:0.125 -H 32 --kv-heads 8 --head-dim 128 -d bf16 -n 5 -w 2 -c 1
   # DistAttention decode over device pools: lending blocks to 3 peers.
-  run "$BUILD/perf/kv_attn_perf" -G 0 -t 4 -L 131072 -H 32:8:128 -d bf16 -f 0,0.25,0.5,0.75 -n 10 -w 2
+  run "$BUILD/perf/kv_attn_perf" --device 0 -t 4 -L 131072 -H 32:8:128 -d bf16 --lend 0,0.25,0.5,0.75 -n 10 -w 2
   # The same request with its blocks scattered (every 4th): paged K/V, one
   # launch per request instead of one per block.
-  run "$BUILD/perf/kv_attn_perf" -G 0 -t 4 -L 131072 -H 32:8:128 -d bf16 -f 0,0.5 -n 10 -w 2 -I 4
+  run "$BUILD/perf/kv_attn_perf" --device 0 -t 4 -L 131072 -H 32:8:128 -d bf16 --lend 0,0.5 -n 10 -w 2 --requests 4
   for coll in all_gather reduce_scatter alltoall sendrecv; do
-    run "$BUILD/perf/${coll}_perf" -G 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
+    run "$BUILD/perf/${coll}_perf" --device 0 -t 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
   done
-  run "$BUILD/perf/all_gather_perf" -G 0 -p 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
-  # Small all-reduces launched eagerly and as CUDA graphs (-g 1), one after
-  # the other: what a captured decode step pays per collective.
-  for g in 0 1 0 1; do
-    run "$BUILD/perf/all_reduce_perf" -G 0 -t 2 -g $g -b 8 -e 64K -f 8 -n 200 -w 20 -c 1
+  run "$BUILD/perf/all_gather_perf" --device 0 --procs 4 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1
+  # Small all-reduces launched eagerly and as CUDA graphs (-G 1: the 200
+  # calls captured, replayed once), one after the other: what a captured
+  # decode step pays per collective.
+  for graph in 0 1 0 1; do
+    run "$BUILD/perf/all_reduce_perf" --device 0 -t 2 -G $graph -b 8 -e 64K -f 8 -n 200 -w 20 -c 1
   done
   # The staging backend (cuda_ipc off) in one piece, then pipelined:
   # collectives, and send/recv (src/device/staged_p2p.h).
   for chunk in 0 4194304; do
     run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
-      "$BUILD/perf/all_reduce_perf" -G 0 -p 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
+      "$BUILD/perf/all_reduce_perf" --device 0 --procs 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
     run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
-      "$BUILD/perf/sendrecv_perf" -G 0 -p 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
+      "$BUILD/perf/sendrecv_perf" --device 0 --procs 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1
   done
   grep -E "^\\$|rc=|# max error|Avg bus|TFLOP|GB/s|overlap| heads | level |pass-kv |[0-9]x$" "$log" | head -160
 }

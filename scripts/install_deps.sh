@@ -39,3 +39,10 @@ if ! python3 -c "import numpy" >/dev/null 2>&1; then
   python3 -m pip install --quiet numpy >/dev/null 2>&1 ||
     echo "install_deps: pip could not install numpy; the Python tests will skip" >&2
 fi
+# The same for matplotlib: the perf binaries' --plot and compare_*.sh's
+# pictures run perf/plot_perf.py on that python3 (they skip without it).
+if ! python3 -c "import matplotlib" >/dev/null 2>&1; then
+  echo "install_deps: matplotlib for $(command -v python3) through pip"
+  python3 -m pip install --quiet matplotlib >/dev/null 2>&1 ||
+    echo "install_deps: pip could not install matplotlib; --plot and the plot tests will skip" >&2
+fi

@@ -104,6 +104,24 @@ bool maxOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v) {
          dev.finish(comm, "attnAllReduce");
 }
 
+bool combineOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v, int average) {
+  if (average == 3) return maxOverRanks(comm, dev, v);
+  int n, me;
+  attnCommCount(comm, &n);
+  attnCommUserRank(comm, &me);
+  // Rank 0's values: a sum where every other rank adds zeros (the same
+  // all-reduce path as the max, no broadcast buffers to place).
+  if (average == 0 && me != 0) std::fill(v->begin(), v->end(), 0.0);
+  const attnRedOp_t op = average == 2 ? attnMin : attnSum;
+  if (!ok(attnAllReduce(v->data(), v->data(), v->size(), attnFloat64, op, comm, dev.stream()), comm,
+          "attnAllReduce") ||
+      !dev.finish(comm, "attnAllReduce"))
+    return false;
+  if (average == 1)
+    for (double& x : *v) x /= n;
+  return true;
+}
+
 void Shard::finish() {
   layout.num_seqs = static_cast<int>(qOffsets.size()) - 1;
   layout.q_offsets = qOffsets.data();
@@ -201,7 +219,7 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
   b.fillQ(s.qGlobal, q.data());
   b.fillKV(s.kvGlobal, k.data(), v.data());
   attn::AttnState& st = attn::attnStateOf(comm);
-  // With -G the calls take device twins of these tensors.
+  // With --device the calls take device twins of these tensors.
   RankDevice dev;
   if (!dev.open(o.device, /*exportable=*/false)) return 1;  // attention never maps peers' buffers
   void* dq = dev.place(q.data(), q.size());
@@ -215,7 +233,7 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     return 1;
   }
 
-  SeqDevice seqDevice(dev, o.processes);  // -M seq with -G
+  SeqDevice seqDevice(dev, o.processes);  // --modes seq with --device
   // One call of `mode`; its compute time in *computeUs, AUTO's pick in *chose.
   auto once = [&](int mode, double* computeUs, int* chose) -> bool {
     if (mode < 0 && dev.onDevice()) return seqDevice.once(comm, b, s, dq, dk, dv, dout, dlse, computeUs);
@@ -263,7 +281,8 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     st.skipCompute = false;
     if (!good) return false;
     for (size_t j = 0; j < m; ++j)
-      if (!(*t)[j].empty() && !(maxOverRanks(comm, dev, &(*t)[j]) && maxOverRanks(comm, dev, &(*c)[j])))
+      if (!(*t)[j].empty() &&
+          !(combineOverRanks(comm, dev, &(*t)[j], o.average) && combineOverRanks(comm, dev, &(*c)[j], o.average)))
         return false;
     return true;
   };

@@ -33,7 +33,8 @@ struct Batch {
   void fillKV(const std::vector<int64_t>& rows, void* k, void* v) const;
 };
 
-// One mode's measurement, medians over iterations of the max over ranks.
+// One mode's measurement, medians over iterations of the ranks' times
+// combined as -a says (the max over ranks by default).
 struct ModeResult {
   std::string mode;        // "pass-kv", "pass-q", "ship-q", "auto", "sequential"
   std::string autoChose;   // for auto
@@ -46,8 +47,9 @@ struct ModeResult {
 struct RunOptions {
   int iters = 5, warmup = 1;
   bool check = true;
-  int device = ATTN_DEVICE_HOST;  // -G: tensors on this CUDA device
-  bool processes = false;         // ranks are processes (-p, or launched externally)
+  int device = ATTN_DEVICE_HOST;  // --device: tensors on this CUDA device
+  bool processes = false;         // ranks are processes (--procs, or launched externally)
+  int average = 3;                // -a: 0 rank 0, 1 mean, 2 min, 3 max over ranks
 };
 
 // Runs every mode of `modes` (attnModeAuto.. or -1 for the
@@ -67,6 +69,9 @@ bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, con
 // Max over ranks, element-wise (host vectors, on a device communicator
 // too, ordered on dev's stream). Collective.
 bool maxOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v);
+// The same, combined as nccl-tests' -a: 0 rank 0's, 1 the mean, 2 the
+// min, 3 the max. Collective.
+bool combineOverRanks(attnComm_t comm, RankDevice& dev, std::vector<double>* v, int average);
 
 const char* modeName(int mode);
 // Fixed-width table row and header; JSON object.

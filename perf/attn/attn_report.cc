@@ -48,13 +48,16 @@ int AttnReport::finish(const std::string& jsonPath) {
            autoRunRight_, autoRunPoints_);
   if (!jsonPath.empty()) {
     if (FILE* f = fopen(jsonPath.c_str(), "w")) {
-      fprintf(f, "{\"results\": [\n");
+      fprintf(f, "{\"program\": \"%s\", \"results\": [\n", program_);
       for (size_t i = 0; i < json_.size(); ++i)
         fprintf(f, "  %s%s\n", json_[i].c_str(), i + 1 < json_.size() ? "," : "");
       fprintf(f, "], \"auto_right\": %d, \"auto_points\": %d, \"auto_run_right\": %d, "
                  "\"auto_run_points\": %d, \"max_err\": %.3e}\n",
               autoRight_, autoPoints_, autoRunRight_, autoRunPoints_, worstErr_);
       fclose(f);
+    } else {
+      fprintf(stderr, "%s: -J %s: cannot write the file\n", program_, jsonPath.c_str());
+      return 1;
     }
   }
   return good ? 0 : 1;

@@ -14,13 +14,16 @@ namespace attnperf {
 
 class AttnReport {
  public:
-  AttnReport(attnDataType_t dtype, int nranks) : dtype_(dtype), nranks_(nranks) {}
+  // `program` heads the JSON, so perf/plot_perf.py knows what it reads.
+  AttnReport(const char* program, attnDataType_t dtype, int nranks)
+      : program_(program), dtype_(dtype), nranks_(nranks) {}
   // One grid point: all modes measured at (T, P, B).
   void add(int64_t T, int64_t P, int B, const std::vector<ModeResult>& rows);
   // Prints the summary; returns the exit code (non-zero if an error bound failed).
   int finish(const std::string& jsonPath);
 
  private:
+  const char* program_;
   attnDataType_t dtype_;
   int nranks_;
   std::vector<std::string> json_;

@@ -5,12 +5,14 @@
 // its query lives on rank s % N. No query is padded. Same columns as
 // ring_attn_perf.
 //
-//   decode_attn_perf -t 4 -L 8192 -b 1,8,32 -M q,ship,auto
+//   decode_attn_perf -t 4 -L 8192 --batches 1,8,32 --modes q,ship,auto
 #include <cstdio>
 
 #include "perf/attn/attn_bench.h"
 #include "perf/attn/attn_cli.h"
+#include "perf/attn/attn_plot_out.h"
 #include "perf/attn/attn_report.h"
+#include "perf/watchdog.h"
 #include "perf/launch.h"
 #include "perf/rank_device.h"
 
@@ -58,12 +60,15 @@ bool decodeShard(const Batch& b, int nranks, int rank, int64_t step, Shard* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  AttnOptions o;
-  o.length = 8192;
+  AttnOptions o = defaultOptions(AttnProgram::Decode);
   int code;
-  if (!parseAttnOptions(argc, argv, true, &o, &code)) return code;
+  if (!parseAttnOptions(argc, argv, AttnProgram::Decode, &o, &code)) return code;
+  PlotOutput plot(&o, AttnProgram::Decode);
+  if (!plot.ok()) return 2;
+  watchdogArm("decode_attn_perf", o.timeoutS);
   const int nranks = o.procs ? o.procs : o.threads;
   RankBody body = abortingOnFailure([&](attnComm_t comm) -> int {
+    WatchdogGuard watchdog(comm);
     int me, n;
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
@@ -71,10 +76,11 @@ int main(int argc, char** argv) {
       printf("# decode_attn_perf: %d ranks (%s), context %lld, heads %d/%d, head_dim %d\n", n,
              rankMode(o).c_str(), (long long)o.length, o.cfg.num_q_heads,
              o.cfg.num_kv_heads, o.cfg.head_dim);
+      printf("# times are medians over %d iterations of %s (-a %d)\n", o.iters, averageName(o.average), o.average);
       printHeader();
     }
-    AttnReport report(o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally()};
+    AttnReport report("decode_attn_perf", o.cfg.dtype, n);
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally(), o.average};
     for (int B : o.batches) {
       Batch b;
       b.cfg = o.cfg;
@@ -86,7 +92,9 @@ int main(int argc, char** argv) {
       if (runModes(comm, b, s, o.modes, ro, &rows) != 0) return 1;
       if (me == 0) report.add(B, static_cast<int64_t>(B) * (o.length - 1), B, rows);
     }
-    return me == 0 ? report.finish(o.json) : 0;
+    if (me != 0) return 0;
+    const int rc = report.finish(o.json);
+    return plot.draw() ? 1 : rc;
   });
   if (int rc = checkDeviceFlag(o.device, "decode_attn_perf")) return rc;
   if (launchedExternally()) return launchExternal(body, o.device);

@@ -1,6 +1,6 @@
 // kv_attn_perf: DistAttention decode over the distributed KV cache.
 // Rank 0 owns one long request (-L tokens); the other ranks are creditors.
-// For each lent fraction (-f), rank 0 lends that share of the request's
+// For each lent fraction (--lend), rank 0 lends that share of the request's
 // blocks evenly to the creditors (attnKvMigrate, timed: the cost of moving
 // KV), then decodes: attnKvAttention of one query row ships the query to
 // the holders, which attend over their blocks in parallel and return
@@ -12,18 +12,19 @@
 // cost per step). Each output is checked against the f = 0 output; the run
 // fails when they differ beyond rounding.
 //
-// With -I N rank 0's pool holds N requests appended block by block in
+// With --requests N rank 0's pool holds N requests appended block by block in
 // turn, as N sequences decoding together fill a pool, so the measured
 // request's blocks are scattered (every N-th block) instead of one run.
 //
-// With -G DEV the pools are on CUDA device DEV (device communicators): the
+// With --device DEV the pools are on CUDA device DEV (device communicators): the
 // K and V appended, the query and the outputs are device buffers, every
 // call is enqueued on the rank's stream, and a timed call runs from its
 // enqueue until its stream is idle.
 //
-//   kv_attn_perf -p 2 -L 32768 -f 0,0.25,0.5,0.75
-#include <getopt.h>
-
+// -J writes the rows as JSON, --plot draws them; -a takes 0 only (rank 0
+// times the step), -c 0 reports differences without failing.
+//
+//   kv_attn_perf --procs 2 -L 32768 --lend 0,0.25,0.5,0.75
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,9 @@
 
 #include "attncomm.h"
 #include "kernels/cpu/convert.h"
+#include "perf/attn/attn_cli.h"
+#include "perf/attn/attn_plot_out.h"
+#include "perf/watchdog.h"
 #include "perf/launch.h"
 #include "perf/rank_device.h"
 #include "perf/timing.h"
@@ -40,58 +44,6 @@
 using namespace attnperf;
 
 namespace {
-
-struct Options {
-  int threads = 0, procs = 0;
-  int64_t length = 32768;
-  int blockTokens = 16;
-  int hq = 32, hkv = 8, d = 128;
-  attnDataType_t dtype = attnFloat32;
-  int iters = 20, warmup = 3;
-  int interleave = 1;  // requests filling rank 0's pool together (-I)
-  std::vector<double> fractions{0, 0.25, 0.5, 0.75};
-  int device = ATTN_DEVICE_HOST;
-};
-
-void usage() {
-  fprintf(stderr,
-          "usage: kv_attn_perf [-t threads | -p procs] [-L tokens] [-b block_tokens] [-H hq:hkv:d]\n"
-          "                    [-d fp32|bf16|fp16] [-f f1,f2,...] [-n iters] [-w warmup] [-I requests]\n"
-          "                    [-G device]\n");
-}
-
-bool parse(int argc, char** argv, Options* o) {
-  int c;
-  while ((c = getopt(argc, argv, "t:p:L:b:H:d:f:n:w:I:G:h")) != -1) {
-    switch (c) {
-      case 't': o->threads = atoi(optarg); break;
-      case 'p': o->procs = atoi(optarg); break;
-      case 'L': o->length = atoll(optarg); break;
-      case 'b': o->blockTokens = atoi(optarg); break;
-      case 'H': if (sscanf(optarg, "%d:%d:%d", &o->hq, &o->hkv, &o->d) != 3) return false; break;
-      case 'd':
-        if (!strcmp(optarg, "fp32")) o->dtype = attnFloat32;
-        else if (!strcmp(optarg, "bf16")) o->dtype = attnBfloat16;
-        else if (!strcmp(optarg, "fp16")) o->dtype = attnFloat16;
-        else return false;
-        break;
-      case 'f': {
-        o->fractions.clear();
-        for (char* s = strtok(optarg, ","); s; s = strtok(nullptr, ",")) o->fractions.push_back(atof(s));
-        break;
-      }
-      case 'n': o->iters = atoi(optarg); break;
-      case 'w': o->warmup = atoi(optarg); break;
-      case 'I': o->interleave = atoi(optarg); break;
-      case 'G': o->device = atoi(optarg); break;
-      default: return false;
-    }
-  }
-  if (o->threads == 0 && o->procs == 0) o->threads = 2;
-  const int n = o->procs ? o->procs : o->threads;
-  return n >= 2 && o->length >= 1 && o->blockTokens >= 1 && o->iters >= 1 && o->warmup >= 0 && o->interleave >= 1 &&
-         o->hq >= 1 && o->hkv >= 1 && o->hq % o->hkv == 0 && o->d >= 1 && o->d <= 256;
-}
 
 bool ok(attnResult_t r, attnComm_t comm, const char* what) {
   if (r == attnSuccess) return true;
@@ -124,16 +76,32 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  if (!parse(argc, argv, &o)) {
-    usage();
+  AttnOptions opts = defaultOptions(AttnProgram::Kv);
+  int code;
+  if (!parseAttnOptions(argc, argv, AttnProgram::Kv, &opts, &code)) return code;
+  if (opts.cfg.head_dim > 256) {
+    fprintf(stderr, "kv_attn_perf: --head-dim %d: at most 256\n", opts.cfg.head_dim);
     return 2;
   }
+  PlotOutput plot(&opts, AttnProgram::Kv);
+  if (!plot.ok()) return 2;
+  watchdogArm("kv_attn_perf", opts.timeoutS);
+  // The names the measuring code below was written with.
+  struct {
+    int procs, threads;
+    int64_t length;
+    int blockTokens, hq, hkv, d;
+    attnDataType_t dtype;
+    int iters, warmup, interleave, device;
+    std::vector<double> fractions;
+  } o{opts.procs, opts.threads, opts.length, opts.blockTokens, opts.cfg.num_q_heads, opts.cfg.num_kv_heads,
+      opts.cfg.head_dim, opts.cfg.dtype, opts.iters, opts.warmup, opts.requests, opts.device, opts.lend};
   const int nranks = o.procs ? o.procs : o.threads;
   if (int rc = checkDeviceFlag(o.device, "kv_attn_perf")) return rc;
   const size_t es = o.dtype == attnFloat32 ? 4 : 2;
   const int64_t blocks = (o.length + o.blockTokens - 1) / o.blockTokens;
   RankBody body = abortingOnFailure([&](attnComm_t comm) -> int {
+    WatchdogGuard watchdog(comm);
     int me, n;
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
@@ -151,7 +119,7 @@ int main(int argc, char** argv) {
     const int64_t req = 1;
     if (me == 0) {
       // Appended in pieces, as decoding would (positions 0 .. L-1); with
-      // -I, a block at a time, each followed by a block of every other
+      // --requests, a block at a time, each followed by a block of every other
       // request.
       const int64_t piece = o.interleave > 1 ? o.blockTokens : 4096;
       const size_t row = size_t(o.hkv) * size_t(o.d);
@@ -271,6 +239,13 @@ int main(int argc, char** argv) {
                o.interleave, o.interleave);
       printf("# medians of %d iterations (rank 0's time); baseline: f = %g, the owner attends alone\n", o.iters,
              rows.front().f);
+      FILE* json = opts.json.empty() ? nullptr : fopen(opts.json.c_str(), "w");
+      if (!opts.json.empty() && !json) {
+        fprintf(stderr, "kv_attn_perf: -J %s: cannot write the file\n", opts.json.c_str());
+        rc = 1;
+      }
+      if (json) fprintf(json, "{\"program\": \"kv_attn_perf\", \"nranks\": %d, \"tokens\": %lld, \"results\": [\n", n,
+                        (long long)o.length);
       printf("%6s %8s %12s %8s %12s %12s %12s %10s %10s\n", "lent", "blocks", "step_us", "speedup",
              "shipped_B", "kv_lent_B", "migrate_us", "mig_GB/s", "max|diff|");
       for (const Row& r : rows) {
@@ -280,11 +255,22 @@ int main(int argc, char** argv) {
         printf("%6.2f %8lld %12.1f %7.2fx %12.0f %12.0f %12.1f %10.2f %10.2e%s\n", r.f, (long long)r.lent,
                r.stepUs, rows.front().stepUs / r.stepUs, shipped, lentBytes, r.migrateUs,
                r.migrateUs > 0 ? lentBytes / r.migrateUs / 1e3 : 0.0, r.maxDiff, r.maxDiff > bound ? "  FAIL" : "");
-        if (r.maxDiff > bound) rc = 1;
+        if (r.maxDiff > bound && opts.check) rc = 1;
+        if (json)
+          fprintf(json,
+                  "  {\"lent_fraction\": %g, \"lent_blocks\": %lld, \"step_us\": %.3f, \"speedup\": %.4f, "
+                  "\"shipped_bytes\": %.0f, \"kv_lent_bytes\": %.0f, \"migrate_us\": %.3f, \"max_diff\": %.3e}%s\n",
+                  r.f, (long long)r.lent, r.stepUs, rows.front().stepUs / r.stepUs, shipped, lentBytes, r.migrateUs,
+                  r.maxDiff, &r == &rows.back() ? "" : ",");
+      }
+      if (json) {
+        fprintf(json, "]}\n");
+        fclose(json);
       }
       fflush(stdout);
     }
     attnKvPoolDestroy(pool);
+    if (me == 0 && rc == 0) rc = plot.draw();
     return rc;
   });
   return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);

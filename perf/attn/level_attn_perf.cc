@@ -3,15 +3,15 @@
 // sequence is cut into N contiguous chunks placed on the ranks in proximity
 // order (attnCommTopoRank: near tokens on near ranks). For each set of keep
 // fractions (-k host:rack:cluster): time (median over iterations of the
-// slowest rank), attention compute, waiting, the bytes the busiest rank
+// slowest rank, or as -a combines the ranks), attention compute, waiting, the bytes the busiest rank
 // sent, the speed-up over pass-KV, and with -c 1 the error against exact
 // attention (zero drop must be exact; with drops it is the approximation,
 // not a failure). Key importance is a fixed random score per token.
 //
-// With -G DEV every rank's tensors and scores are on CUDA device DEV and
+// With --device DEV every rank's tensors and scores are on CUDA device DEV and
 // both calls run on its stream (timed to the stream's completion).
 //
-//   level_attn_perf -p 4 -L 8192 -k 1,1:0.5:0.25,0.5:0.25:0.125
+//   level_attn_perf --procs 4 -L 8192 -k 1,1:0.5:0.25,0.5:0.25:0.125
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +20,8 @@
 
 #include "perf/attn/attn_bench.h"
 #include "perf/attn/attn_cli.h"
+#include "perf/attn/attn_plot_out.h"
+#include "perf/watchdog.h"
 #include "perf/launch.h"
 #include "perf/rank_device.h"
 #include "perf/timing.h"
@@ -77,12 +79,16 @@ struct Variant {
 }  // namespace
 
 int main(int argc, char** argv) {
-  AttnOptions o;
+  AttnOptions o = defaultOptions(AttnProgram::Level);
   int code;
-  if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
+  if (!parseAttnOptions(argc, argv, AttnProgram::Level, &o, &code)) return code;
+  PlotOutput plot(&o, AttnProgram::Level);
+  if (!plot.ok()) return 2;
+  watchdogArm("level_attn_perf", o.timeoutS);
   if (int rc = checkDeviceFlag(o.device, "level_attn_perf")) return rc;
   const int nranks = o.procs ? o.procs : o.threads;
   RankBody body = abortingOnFailure([&](attnComm_t comm) -> int {
+    WatchdogGuard watchdog(comm);
     int me, n, slot;
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
@@ -102,7 +108,7 @@ int main(int argc, char** argv) {
     b.fillQ(s.qGlobal, q.data());
     b.fillKV(s.kvGlobal, k.data(), v.data());
     for (size_t i = 0; i < nq; ++i) imp[i] = importanceOf(s.kvGlobal[i]);
-    // With -G every buffer, the scores included, has a device twin.
+    // With --device every buffer, the scores included, has a device twin.
     RankDevice dev;
     if (!dev.open(o.device, /*exportable=*/false)) return 1;
     void* dq = dev.place(q.data(), q.size());
@@ -154,7 +160,7 @@ int main(int argc, char** argv) {
       }
     for (Variant& x : vars) {
       for (auto* series : {&x.t, &x.compute, &x.wait})
-        if (!maxOverRanks(comm, dev, series)) return 1;
+        if (!combineOverRanks(comm, dev, series, o.average)) return 1;
       std::vector<double> sent{x.sentMax};
       if (!maxOverRanks(comm, dev, &sent)) return 1;
       x.sentMax = sent[0];
@@ -172,8 +178,8 @@ int main(int argc, char** argv) {
            n, rankMode(o).c_str(), o.seqs, o.length, o.cfg.num_q_heads, o.cfg.num_kv_heads, o.cfg.head_dim,
            o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
            o.cfg.causal);
-    printf("# medians over %d iterations of the slowest rank; sent = bytes the busiest rank sent "
-           "(level calls); err = max |O - exact| / max |O_row|\n", o.iters);
+    printf("# medians over %d iterations of %s (-a %d); sent = bytes the busiest rank sent "
+           "(level calls); err = max |O - exact| / max |O_row|\n", o.iters, averageName(o.average), o.average);
     printf("# %-24s %10s %10s %10s %10s %9s %10s\n", "variant", "time(ms)", "attn(ms)", "wait(ms)",
            "sent(MB)", "vs pass-kv", "max_err");
     const double base = summarize(vars[0].t).medianUs;
@@ -181,7 +187,11 @@ int main(int argc, char** argv) {
     const double bound = o.cfg.dtype == attnFloat32 ? 1e-5 : 1e-2;
     int status = 0;
     FILE* json = o.json.empty() ? nullptr : fopen(o.json.c_str(), "w");
-    if (json) fprintf(json, "[\n");
+    if (!o.json.empty() && !json) {
+      fprintf(stderr, "level_attn_perf: -J %s: cannot write the file\n", o.json.c_str());
+      return 1;
+    }
+    if (json) fprintf(json, "{\"program\": \"level_attn_perf\", \"results\": [\n");
     for (size_t j = 0; j < vars.size(); ++j) {
       const Variant& x = vars[j];
       const double t = summarize(x.t).medianUs, c = summarize(x.compute).medianUs,
@@ -198,15 +208,16 @@ int main(int argc, char** argv) {
         fprintf(json,
                 "  {\"variant\": \"%s\", \"nranks\": %d, \"tokens\": %" PRId64 ", \"time_us\": %.3f, "
                 "\"compute_us\": %.3f, \"wait_us\": %.3f, \"sent_bytes\": %.0f, \"speedup_vs_pass_kv\": %.4f, "
-                "\"max_err\": %.3e}%s\n",
+                "\"max_err\": %.3e, \"keep\": [%g, %g, %g]}%s\n",
                 x.name.c_str(), n, o.length, t, c, w, x.ring ? 0.0 : x.sentMax, t > 0 ? base / t : 0.0, x.err,
+                x.ring ? 1.0 : x.drop.keep[1], x.ring ? 1.0 : x.drop.keep[2], x.ring ? 1.0 : x.drop.keep[3],
                 j + 1 < vars.size() ? "," : "");
     }
     if (json) {
-      fprintf(json, "]\n");
+      fprintf(json, "]}\n");
       fclose(json);
     }
-    return status;
+    return plot.draw() ? 1 : status;
   });
   if (launchedExternally()) return launchExternal(body, o.device);
   return o.procs ? launchProcesses(nranks, body, o.device) : launchThreads(nranks, body, o.device);

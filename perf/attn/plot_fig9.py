@@ -2,11 +2,13 @@
 """Draws the pass-KV / pass-Q time ratio against the KV-cache miss rate
 (the CP paper's Fig. 9) from ring_attn_perf's JSON (-J), to PNG.
 
-    build/perf/ring_attn_perf -t 4 -L 8192 -m 1,0.25,0.1,0.05,0.025,0.01 -M kv,q,auto -J grid.json
+    build/perf/ring_attn_perf -t 4 -L 8192 --miss 1,0.25,0.1,0.05,0.025,0.01 --modes kv,q,auto -J grid.json
     python3 perf/attn/plot_fig9.py grid.json fig9.png
 
 A ratio above 1 means pass-Q is faster. Points are labelled with the mode
 AUTO chose when the run measured it. Needs matplotlib (pip install matplotlib).
+perf/plot_perf.py (and the binaries' --plot) draws the times themselves with
+the crossover marked.
 """
 import json
 import sys

@@ -4,14 +4,16 @@
 // kernel off), overlap efficiency = max(compute, comm) / time, the mode
 // AUTO chose, and the error against exact attention with -c 1.
 //
-//   ring_attn_perf -t 4 -L 4096 -m 1,0.25,0.05 -H 8 -K 2 -D 64 -d bfloat16
+//   ring_attn_perf -t 4 -L 4096 --miss 1,0.25,0.05 -H 8 --kv-heads 2 --head-dim 64 -d bfloat16
 #include <cmath>
 #include <cstdio>
 #include <memory>
 
 #include "perf/attn/attn_bench.h"
 #include "perf/attn/attn_cli.h"
+#include "perf/attn/attn_plot_out.h"
 #include "perf/attn/attn_report.h"
+#include "perf/watchdog.h"
 #include "perf/launch.h"
 #include "perf/rank_device.h"
 
@@ -41,11 +43,15 @@ bool shardOf(const Batch& b, int nranks, int rank, Shard* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  AttnOptions o;
+  AttnOptions o = defaultOptions(AttnProgram::Ring);
   int code;
-  if (!parseAttnOptions(argc, argv, false, &o, &code)) return code;
+  if (!parseAttnOptions(argc, argv, AttnProgram::Ring, &o, &code)) return code;
+  PlotOutput plot(&o, AttnProgram::Ring);
+  if (!plot.ok()) return 2;
+  watchdogArm("ring_attn_perf", o.timeoutS);
   const int nranks = o.procs ? o.procs : o.threads;
   RankBody body = abortingOnFailure([&](attnComm_t comm) -> int {
+    WatchdogGuard watchdog(comm);
     int me, n;
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
@@ -56,12 +62,12 @@ int main(int argc, char** argv) {
              o.cfg.num_kv_heads, o.cfg.head_dim,
              o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
              o.cfg.causal);
-      printf("# times are medians over %d iterations of the slowest rank; comm = the same call with "
-             "the kernel off\n", o.iters);
+      printf("# times are medians over %d iterations of %s (-a %d); comm = the same call with "
+             "the kernel off\n", o.iters, averageName(o.average), o.average);
       printHeader();
     }
-    AttnReport report(o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally()};
+    AttnReport report("ring_attn_perf", o.cfg.dtype, n);
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally(), o.average};
     for (double miss : o.miss) {
       Batch b;
       b.cfg = o.cfg;
@@ -76,7 +82,9 @@ int main(int argc, char** argv) {
       if (runModes(comm, b, s, o.modes, ro, &rows) != 0) return 1;
       if (me == 0) report.add(T * o.seqs, (o.length - T) * o.seqs, o.seqs, rows);
     }
-    return me == 0 ? report.finish(o.json) : 0;
+    if (me != 0) return 0;
+    const int rc = report.finish(o.json);
+    return plot.draw() ? 1 : rc;
   });
   if (int rc = checkDeviceFlag(o.device, "ring_attn_perf")) return rc;
   if (launchedExternally()) return launchExternal(body, o.device);

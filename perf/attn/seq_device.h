@@ -1,5 +1,5 @@
-// ring_attn_perf's all-gather-then-compute baseline (-M seq) on a device
-// (-G): every rank's KV, padded to the largest shard, is all-gathered on the
+// ring_attn_perf's all-gather-then-compute baseline (--modes seq) on a device
+// (--device): every rank's KV, padded to the largest shard, is all-gathered on the
 // device communicator, then attended to with the CUDA kernels, rank block by
 // rank block into one accumulator. The same algorithm as the host baseline
 // (attn_bench.cc), so the ring modes on a GPU have their baseline in the

@@ -32,6 +32,35 @@ double recvValue(const std::string& c, int r, int n, size_t count, size_t i) {
   if (c == "reduce" || c == "all_reduce") return reduceExpected(attnSum, n, i);
   return reduceExpected(attnSum, n, size_t(r) * count + i);
 }
+
+// The timed loop, combined over ranks as our binaries do: --timing avg:
+// loop time / iters, then -a (avg via an int64 sum of nanoseconds, min as
+// -max(-x)); --timing median: barrier before each call, max over ranks,
+// median.
+double timeCalls(Backend& be, const Options& o, BaselineOp& op) {
+  if (o.timing == Timing::kMedian) {
+    std::vector<double> t(size_t(o.iters));
+    for (int i = 0; i < o.iters; i++) {
+      be.barrier();
+      const double t0 = nowUs();
+      op.call();
+      t[size_t(i)] = nowUs() - t0;
+    }
+    be.maxInPlace(t.data(), t.size());
+    return summarize(t).medianUs;
+  }
+  be.barrier();
+  const double t0 = nowUs();
+  for (int i = 0; i < o.iters; i++) op.call();
+  double mine = (nowUs() - t0) / double(o.iters);
+  switch (o.average) {
+    case 1: return double(be.sum(int64_t(mine * 1e3))) / 1e3 / double(be.nranks());
+    case 2: mine = -mine; be.maxInPlace(&mine, 1); return -mine;
+    case 3: be.maxInPlace(&mine, 1); return mine;
+    default: return mine;
+  }
+}
+
 }  // namespace
 
 bool baselineCollKnown(const std::string& c) {
@@ -40,13 +69,19 @@ bool baselineCollKnown(const std::string& c) {
 
 bool baselineOptionsOk(const Options& o) {
   if (!baselineCollKnown(o.coll)) {
-    fprintf(stderr, "-C must be all_gather, reduce_scatter, alltoall, reduce, all_reduce or broadcast "
+    fprintf(stderr, "--coll must be all_gather, reduce_scatter, alltoall, reduce, all_reduce or broadcast "
             "(got '%s')\n",
             o.coll.c_str());
     return false;
   }
-  if (o.dtype != attnFloat32 || o.op != attnSum) {
+  if (o.dtypes != std::vector<attnDataType_t>{attnFloat32} || o.ops != std::vector<attnRedOp_t>{attnSum}) {
     fprintf(stderr, "baselines measure -d float -o sum only\n");
+    return false;
+  }
+  // What a baseline's loop does not have: groups, graphs, device buffers.
+  if (o.ngpus > 1 || o.aggIters > 1 || o.graphLaunches || o.onDevice() || o.blocking || o.unalign ||
+      o.runCycles != 1 || o.perIterTiming || o.allRoots || o.roots != std::vector<int>{0}) {
+    fprintf(stderr, "baselines support -g 1 -m 1 -G 0 -z 0 -u 0 -N 1 -I 0 -r 0 and host memory only\n");
     return false;
   }
   return true;
@@ -110,21 +145,15 @@ int64_t runBaseline(Backend& be, const Options& o, const std::string& program,
     }
     if (op.clobbered) std::fill(op.clobbered, op.clobbered + op.clobberedElems, 0.0f);
     for (int i = 0; i < o.warmup; i++) op.call();
-    std::vector<double> t(size_t(o.iters));
-    for (int i = 0; i < o.iters; i++) {
-      be.barrier();
-      const double t0 = nowUs();
-      op.call();
-      t[size_t(i)] = nowUs() - t0;
-    }
-    be.maxInPlace(t.data(), t.size());
-    m.t = summarize(t);
+    m.timeUs = timeCalls(be, o, op);
     m.ran = true;
     if (rep) rep->row(row);
   }
   if (rep) {
     rep->footer();
-    if (!o.jsonPath.empty()) rep->writeJson(o.jsonPath);
+    std::string written;
+    if (!o.jsonPath.empty() && rep->writeJson(o.jsonPath, &written))
+      printf("# Wrote JSON output to %s\n", written.c_str());
   }
   return wrongTotal;
 }

@@ -1,7 +1,7 @@
 // Gloo baseline over Gloo's TCP transport, measured and printed exactly
 // like our *_perf binaries. Ranks are forked processes meeting through a
-// FileStore (-p N, default 2) or threads meeting through a HashStore (-t N).
-//   gloo_coll_bench -p 4 -C alltoall -b 1M -e 64M
+// FileStore (--procs N, default 2) or threads meeting through a HashStore (-t N).
+//   gloo_coll_bench --procs 4 --coll alltoall -b 1M -e 64M
 // GLOO_BENCH_HOST picks the address to bind (default 127.0.0.1).
 #include <sys/wait.h>
 #include <unistd.h>
@@ -92,5 +92,5 @@ int main(int argc, char** argv) {
   int code = 0;
   if (!parseOptions(argc, argv, &o, &code)) return code;
   if (!baselineOptionsOk(o)) return 2;
-  return o.threads ? runThreads(o.threads, o) : runProcesses(o.procs ? o.procs : 2, o);
+  return o.nthreads > 1 ? runThreads(o.nthreads, o) : runProcesses(o.procs ? o.procs : 2, o);
 }

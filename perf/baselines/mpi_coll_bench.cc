@@ -1,8 +1,8 @@
 // MPI baseline: MPI_Allgather, MPI_Reduce_scatter_block (float sum),
 // MPI_Alltoall and MPI_Reduce (float sum to rank 0), measured and printed exactly like our *_perf binaries.
-//   mpirun --allow-run-as-root --oversubscribe -np 4 mpi_coll_bench -C all_gather -b 1M -e 64M
+//   mpirun --allow-run-as-root --oversubscribe -np 4 mpi_coll_bench --coll all_gather -b 1M -e 64M
 // Pick the Open MPI path with mpirun flags (e.g. --mca pml ob1 --mca btl tcp,self);
-// -T only labels the output.
+// --transport only labels the output.
 #include <mpi.h>
 
 #include <cstdio>
