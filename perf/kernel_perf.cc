@@ -258,6 +258,9 @@ void writeJson(const std::string& path, const Options& o, const std::vector<Row>
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The kernels read no environment: this program, their caller, hands
+  // them ATTN_CPU_ISA (as the library does for its own calls).
+  attn::cpu::setIsaSetting([]() -> const char* { return std::getenv("ATTN_CPU_ISA"); });
   Options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,

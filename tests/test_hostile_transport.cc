@@ -34,8 +34,10 @@
 #include "tests/support/transport_harness.h"
 #include "transports/shm/shm_header_check.h"
 #include "transports/shm/shm_process.h"
+#include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_chunk_check.h"
 #include "transports/tcp/tcp_connection.h"
+#include "transports/tcp/tcp_transport.h"
 
 namespace attn {
 namespace {

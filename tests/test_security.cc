@@ -35,6 +35,7 @@
 #include "tests/support/fake_bootstrap.h"
 #include "tests/support/handshake_clients.h"
 #include "tests/support/multirank.h"
+#include "transports/tcp/tcp_transport.h"
 
 using namespace attn_test;
 

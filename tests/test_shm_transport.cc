@@ -35,6 +35,7 @@
 #include "tests/support/fake_bootstrap.h"
 #include "transports/shm/shm_connection.h"
 #include "transports/shm/shm_layout.h"
+#include "transports/shm/shm_transport.h"
 
 namespace attn {
 namespace {

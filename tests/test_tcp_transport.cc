@@ -22,6 +22,7 @@
 #include "src/core/transport.h"
 #include "tests/support/fake_bootstrap.h"
 #include "tests/support/transport_harness.h"
+#include "transports/tcp/tcp_transport.h"
 #include "transports/tcp/tcp_wire.h"
 
 namespace attn {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "src/core/topo_settings.h"
 #include "topology/local_view.h"
 #include "topology/nccl_topo_xml.h"
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "src/core/comm.h"
+#include "src/core/topo_settings.h"
 #include "support/multirank.h"
 #include "topology/fabric_json.h"
 #include "topology/fabric_model.h"
@@ -39,7 +40,7 @@ std::string dump(attnComm_t comm, int format) {
 }
 
 TEST(Topology, LocalViewIsSane) {
-  attn::LocalView v = attn::discoverLocalView();
+  attn::LocalView v = attn::discoverLocalView(attn::discoveryOptionsFromEnv());
   const attn::MachineView& m = v.machine;
   EXPECT_FALSE(m.source.empty());
   EXPECT_GE(m.pus, 1);

@@ -30,6 +30,7 @@
 #if ATTN_HAVE_UCX
 #include "transports/ucx/ucx_context.h"
 #include "transports/ucx/ucx_memreg.h"
+#include "transports/ucx/ucx_transport.h"
 #endif
 
 namespace {

@@ -4,8 +4,6 @@
 
 #include <fstream>
 
-#include "src/core/env.h"
-
 namespace attn {
 
 uint64_t hash64(const void* data, size_t n, uint64_t h) {
@@ -23,17 +21,14 @@ std::string shortHostName() {
   return buf;
 }
 
-std::string hostIdentity() {
-  if (auto id = envString("ATTN_HOSTID")) return *id;
+std::string hostIdentity(const std::string& configured) {
+  if (!configured.empty()) return configured;
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
   return shortHostName() + (boot.empty() ? "" : "/" + boot);
 }
 
-std::string rackIdentity() {
-  if (auto id = envString("ATTN_RACKID")) return *id;
-  return "";
-}
+std::string rackIdentity(const std::string& configured) { return configured; }
 
 }  // namespace attn

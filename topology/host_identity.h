@@ -1,5 +1,7 @@
-// Who and where this process is: host identity (ATTN_HOSTID, else hostname
-// plus boot id, so containers on one kernel count as one host) and hashing.
+// Who and where this process is: host identity (the caller's setting, else
+// hostname plus boot id, so containers on one kernel count as one host) and
+// hashing. The settings come from the caller (src/core/topo_settings.h reads
+// ATTN_HOSTID / ATTN_RACKID); "" means unset.
 #pragma once
 
 #include <cstddef>
@@ -8,9 +10,9 @@
 
 namespace attn {
 
-std::string hostIdentity();
-// Rack identity: ATTN_RACKID, else "" (unknown: every host its own rack tier).
-std::string rackIdentity();
+std::string hostIdentity(const std::string& configured);
+// Rack identity: `configured`, else "" (unknown: every host its own rack tier).
+std::string rackIdentity(const std::string& configured);
 std::string shortHostName();
 uint64_t hash64(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325ull);
 

@@ -9,7 +9,6 @@
 #include <set>
 #include <sstream>
 
-#include "src/core/env.h"
 #include "src/core/log.h"
 #include "topology/nccl_topo_xml.h"
 
@@ -67,19 +66,6 @@ void copyText(char* dst, size_t cap, const std::string& s) {
 
 }  // namespace
 
-DiscoveryOptions discoveryOptionsFromEnv() {
-  DiscoveryOptions o;
-  // ATTN_NCCL_TOPO_FILE=none ignores an NCCL_TOPO_FILE meant for NCCL only.
-  if (auto f = envString("ATTN_NCCL_TOPO_FILE")) {
-    if (*f != "none") o.ncclTopoFile = *f, o.ncclTopoVar = "ATTN_NCCL_TOPO_FILE";
-  } else if (auto n = envString("NCCL_TOPO_FILE")) {
-    o.ncclTopoFile = *n, o.ncclTopoVar = "NCCL_TOPO_FILE";
-  }
-  o.hwlocXmlFile = envString("HWLOC_XMLFILE").value_or("");
-  o.hwlocThisSystem = envString("HWLOC_THISSYSTEM").value_or("0") != "0";
-  return o;
-}
-
 MachineView discoverMachine(const DiscoveryOptions& opts) {
   MachineView m;
   bool hwloc = discoverWithHwloc(&m);
@@ -104,11 +90,11 @@ MachineView discoverMachine(const DiscoveryOptions& opts) {
   return m;
 }
 
-const MachineView& machineView() {
+const MachineView& machineView(const DiscoveryOptions& opts) {
   static std::once_flag once;
   static MachineView m;
-  std::call_once(once, [] {
-    m = discoverMachine(discoveryOptionsFromEnv());
+  std::call_once(once, [&] {
+    m = discoverMachine(opts);
     for (const std::string& w : m.warnings) ATTN_WARN(kLogTopo, "%s", w.c_str());
   });
   return m;
@@ -120,9 +106,9 @@ bool LocalView::hasRdma() const {
   return false;
 }
 
-LocalView discoverLocalView() {
+LocalView discoverLocalView(const DiscoveryOptions& opts) {
   LocalView v;
-  v.machine = machineView();
+  v.machine = machineView(opts);
   v.boundCpus = currentBinding();
   std::set<int> nodes;
   for (int c : v.boundCpus) {

@@ -54,15 +54,15 @@ struct MachineView {
   std::vector<std::string> warnings;  // what discovery could not honour (logged once)
 };
 
-// Where discovery may look besides this machine. machineView() fills it
-// from the environment; tests and tools pass their own.
+// Where discovery may look besides this machine. The caller fills it (the
+// library from the environment: src/core/topo_settings.h); tests and tools
+// pass their own.
 struct DiscoveryOptions {
   std::string ncclTopoFile;  // ATTN_NCCL_TOPO_FILE, else NCCL_TOPO_FILE ("" none)
   std::string ncclTopoVar;   // which variable named it (for messages)
   std::string hwlocXmlFile;  // HWLOC_XMLFILE: hwloc reads it itself; we check it did
   bool hwlocThisSystem = false;  // HWLOC_THISSYSTEM=1: hwloc cannot tell us
 };
-DiscoveryOptions discoveryOptionsFromEnv();
 // Discovers the machine now (not cached); warnings land in m.warnings.
 MachineView discoverMachine(const DiscoveryOptions& opts);
 
@@ -93,10 +93,12 @@ struct LocalSummary {
   char bestNic[32];      // name of the best NIC ("" none)
 };
 
-// Discovers the machine (once per process) and this thread's place in it.
-LocalView discoverLocalView();
-// The machine part only, cached. Never fails: unknown parts stay empty.
-const MachineView& machineView();
+// Discovers the machine (once per process, with the options of the first
+// call; its warnings are logged once) and this thread's place in it.
+LocalView discoverLocalView(const DiscoveryOptions& opts);
+// The machine part only, cached (the first call's options). Never fails:
+// unknown parts stay empty.
+const MachineView& machineView(const DiscoveryOptions& opts);
 
 // GPU -> NIC pairing (gpu_nic_pairing.cc): for each GPU, the index of its
 // NIC, or -1 when there is none. The nearest NIC in the PCI tree (under the

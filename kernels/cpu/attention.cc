@@ -14,7 +14,7 @@
 #include "kernels/cpu/kv_pack.h"
 #include "kernels/cpu/merge.h"
 #include "kernels/cpu/worker_pool.h"
-#include "src/core/error.h"
+#include "kernels/kernel_status.h"
 
 namespace attn::cpu {
 namespace {
@@ -23,23 +23,23 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 attnResult_t validate(const AttnProblem& p, const float* o, const float* lse,
                       const std::vector<AttnSegment>& segs) {
-  ATTN_REQUIRE(p.dtype == attnFloat32 || p.dtype == attnFloat16 || p.dtype == attnBfloat16,
+  KERNEL_REQUIRE(p.dtype == attnFloat32 || p.dtype == attnFloat16 || p.dtype == attnBfloat16,
                "attention: dtype %d is not fp32/fp16/bf16", int(p.dtype));
-  ATTN_REQUIRE(p.nq >= 0 && p.nk >= 0, "attention: negative row count");
-  ATTN_REQUIRE(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+  KERNEL_REQUIRE(p.nq >= 0 && p.nk >= 0, "attention: negative row count");
+  KERNEL_REQUIRE(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
                "attention: %d query heads do not group over %d kv heads", p.num_q_heads,
                p.num_kv_heads);
-  ATTN_REQUIRE(p.head_dim > 0 && p.head_dim <= kAttnMaxHeadDim,
+  KERNEL_REQUIRE(p.head_dim > 0 && p.head_dim <= kAttnMaxHeadDim,
                "attention: head_dim %d outside 1..%d", p.head_dim, kAttnMaxHeadDim);
-  ATTN_REQUIRE(p.nq == 0 || (p.q && o && lse), "attention: null q or output");
-  ATTN_REQUIRE(p.nk == 0 || (p.k && p.v), "attention: null k or v");
-  ATTN_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
+  KERNEL_REQUIRE(p.nq == 0 || (p.q && o && lse), "attention: null q or output");
+  KERNEL_REQUIRE(p.nk == 0 || (p.k && p.v), "attention: null k or v");
+  KERNEL_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
                "attention: causal needs q_pos and k_pos");
-  ATTN_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments),
+  KERNEL_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments),
                "attention: bad segment list");
   std::vector<std::pair<int32_t, int32_t>> qr;
   for (const auto& s : segs) {
-    ATTN_REQUIRE(0 <= s.q_begin && s.q_begin <= s.q_end && s.q_end <= p.nq && 0 <= s.k_begin &&
+    KERNEL_REQUIRE(0 <= s.q_begin && s.q_begin <= s.q_end && s.q_end <= p.nq && 0 <= s.k_begin &&
                      s.k_begin <= s.k_end && s.k_end <= p.nk,
                  "attention: segment q[%d,%d) k[%d,%d) outside %d x %d rows", s.q_begin,
                  s.q_end, s.k_begin, s.k_end, p.nq, p.nk);
@@ -47,7 +47,7 @@ attnResult_t validate(const AttnProblem& p, const float* o, const float* lse,
   }
   std::sort(qr.begin(), qr.end());
   for (size_t i = 1; i < qr.size(); ++i)
-    ATTN_REQUIRE(qr[i].first >= qr[i - 1].second, "attention: segments overlap in query rows");
+    KERNEL_REQUIRE(qr[i].first >= qr[i - 1].second, "attention: segments overlap in query rows");
   return attnSuccess;
 }
 
@@ -175,7 +175,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
   std::vector<AttnSegment> segs;
   if (p.segments == nullptr) segs.push_back({0, p.nq, 0, p.nk});
   else segs.assign(p.segments, p.segments + p.num_segments);
-  ATTN_CHECK(validate(p, o, lse, segs));
+  KERNEL_CHECK(validate(p, o, lse, segs));
 
   const KernelTable& kt = activeKernels();
   const int group = p.num_q_heads / p.num_kv_heads;
@@ -252,7 +252,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
         for (int j = 0; j < splits; ++j)
           if (plse[size_t(j)][r] != kNegInf)
             parts[size_t(np++)] = {po[size_t(j)].data() + r * p.head_dim, attnFloat32, plse[size_t(j)].data() + r};
-        if (np) ATTN_CHECK(mergePartials(o + r * p.head_dim, lse + r, parts.data(), np, 1, p.head_dim));
+        if (np) KERNEL_CHECK(mergePartials(o + r * p.head_dim, lse + r, parts.data(), np, 1, p.head_dim));
       }
     }
   }

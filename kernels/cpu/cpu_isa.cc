@@ -5,7 +5,6 @@
 #endif
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 
 namespace attn::cpu {
@@ -41,8 +40,11 @@ Isa probe() {
 
 Isa lower(Isa a, Isa b) { return static_cast<int>(a) < static_cast<int>(b) ? a : b; }
 
-Isa fromEnv(Isa detected) {
-  const char* s = std::getenv("ATTN_CPU_ISA");
+std::atomic<IsaSettingFn> g_setting{nullptr};
+
+Isa fromSetting(Isa detected) {
+  IsaSettingFn fn = g_setting.load(std::memory_order_acquire);
+  const char* s = fn ? fn() : nullptr;
   if (s == nullptr) return detected;
   if (std::strcmp(s, "generic") == 0) return Isa::kGeneric;
   if (std::strcmp(s, "avx2") == 0) return lower(Isa::kAvx2, detected);
@@ -51,11 +53,13 @@ Isa fromEnv(Isa detected) {
 }
 
 std::atomic<int>& activeSlot() {
-  static std::atomic<int> slot{static_cast<int>(fromEnv(detectedIsa()))};
+  static std::atomic<int> slot{static_cast<int>(fromSetting(detectedIsa()))};
   return slot;
 }
 
 }  // namespace
+
+void setIsaSetting(IsaSettingFn fn) { g_setting.store(fn, std::memory_order_release); }
 
 Isa detectedIsa() {
   static const Isa isa = probe();

@@ -14,9 +14,14 @@ enum class Isa : int {
 // The best level this CPU supports.
 Isa detectedIsa();
 // The level kernels use now: detectedIsa() unless lowered by forceIsa or by
-// ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 (read once; never raised above
-// detected).
+// the caller's setting (generic|avx2|avx512|avx512bf16, asked once on first
+// use; never raised above detected).
 Isa activeIsa();
+// Where that setting comes from: the caller (src/ fills it from ATTN_CPU_ISA)
+// installs a function returning the level's name, or nullptr for none. Must
+// be installed before the first kernel call to take effect.
+using IsaSettingFn = const char* (*)();
+void setIsaSetting(IsaSettingFn fn);
 // Lowers (or restores) the level for tests; returns the level now active.
 Isa forceIsa(Isa isa);
 const char* isaName(Isa isa);

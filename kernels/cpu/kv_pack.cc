@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/worker_pool.h"
-#include "src/core/datatype.h"
+#include "kernels/kernel_types.h"
 
 namespace attn::cpu {
 namespace {
@@ -26,7 +26,7 @@ PackedKV::PackedKV(const AttnProblem& p, int dpad, int threads, WorkerPool* pool
     : k_(allocFloats(size_t(p.nk) * p.num_kv_heads * p.head_dim)),
       v_(allocFloats(size_t(p.nk) * p.num_kv_heads * dpad)) {
   const int D = p.head_dim, H = p.num_kv_heads;
-  const size_t esize = dataTypeSize(p.dtype);
+  const size_t esize = kernels::elementSize(p.dtype);
   const int64_t chunks = (p.nk + kChunkRows - 1) / kChunkRows;
   // Tasks walk keys in memory order, all heads of a row together.
   parallelFor(threads, pool, chunks, [&](int, int64_t c) {

@@ -8,12 +8,12 @@
 #include <cstdint>
 
 #include "attncomm.h"
-#include "src/core/datatype.h"
+#include "kernels/kernel_types.h"
 
 namespace attn::cpu {
 
 inline size_t rowBytes(int heads, int head_dim, attnDataType_t type) {
-  return size_t(heads) * size_t(head_dim) * dataTypeSize(type);
+  return size_t(heads) * size_t(head_dim) * kernels::elementSize(type);
 }
 
 // dst row i = src row idx[i], i in [0, n). dst and src must not overlap.

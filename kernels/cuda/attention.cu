@@ -12,7 +12,7 @@
 #include "kernels/cuda/attention_simt.cuh"
 #include "kernels/cuda/attention_wmma.cuh"
 #include "kernels/cuda/cuda_kernels.h"
-#include "src/core/error.h"
+#include "kernels/kernel_status.h"
 
 namespace attn::cuda {
 namespace {
@@ -27,26 +27,26 @@ __global__ void initAccKernel(float* o, float* lse, size_t rows, int d) {
 }
 
 attnResult_t checkProblem(const cpu::AttnProblem& p, const float* o, const float* lse) {
-  ATTN_REQUIRE(p.dtype == attnFloat32 || p.dtype == attnFloat16 || p.dtype == attnBfloat16,
+  KERNEL_REQUIRE(p.dtype == attnFloat32 || p.dtype == attnFloat16 || p.dtype == attnBfloat16,
                "cuda attention: dtype %d is not fp32, fp16 or bf16", int(p.dtype));
-  ATTN_REQUIRE(p.nq >= 0 && p.nk >= 0, "cuda attention: negative row count (nq %d, nk %d)",
+  KERNEL_REQUIRE(p.nq >= 0 && p.nk >= 0, "cuda attention: negative row count (nq %d, nk %d)",
                p.nq, p.nk);
-  ATTN_REQUIRE(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+  KERNEL_REQUIRE(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
                "cuda attention: %d query heads are not a multiple of %d kv heads",
                p.num_q_heads, p.num_kv_heads);
-  ATTN_REQUIRE(p.head_dim >= 1 && p.head_dim <= cpu::kAttnMaxHeadDim,
+  KERNEL_REQUIRE(p.head_dim >= 1 && p.head_dim <= cpu::kAttnMaxHeadDim,
                "cuda attention: head_dim %d outside 1..%d", p.head_dim, cpu::kAttnMaxHeadDim);
-  ATTN_REQUIRE(std::isfinite(p.scale), "cuda attention: scale is not finite");
-  ATTN_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments != nullptr),
+  KERNEL_REQUIRE(std::isfinite(p.scale), "cuda attention: scale is not finite");
+  KERNEL_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments != nullptr),
                "cuda attention: %d segments but no segment array", p.num_segments);
-  ATTN_REQUIRE(p.nq == 0 || (p.q && o && lse), "cuda attention: null q, o or lse");
-  ATTN_REQUIRE(p.nk == 0 || (p.k && p.v), "cuda attention: null k or v");
-  ATTN_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
+  KERNEL_REQUIRE(p.nq == 0 || (p.q && o && lse), "cuda attention: null q, o or lse");
+  KERNEL_REQUIRE(p.nk == 0 || (p.k && p.v), "cuda attention: null k or v");
+  KERNEL_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
                "cuda attention: causal needs q_pos and k_pos");
   // Grid: head slots x query tiles in one dimension. SIMT's 32-row tiles of
   // one head give the most CTAs; mma's packed GQA grids have no more.
   const long long tiles = (long long)p.nq / 32 + 1 + p.num_segments;
-  ATTN_REQUIRE(tiles * p.num_q_heads < (1ll << 31) - 1,
+  KERNEL_REQUIRE(tiles * p.num_q_heads < (1ll << 31) - 1,
                "cuda attention: %d rows x %d heads is too large for one launch", p.nq,
                p.num_q_heads);
   return attnSuccess;
@@ -61,11 +61,11 @@ struct DeviceLimits {
 
 attnResult_t deviceLimits(DeviceLimits* lim) {
   int dev = 0, major = 0, minor = 0, optin = 0;
-  ATTN_CHECK(cudaResult(cudaGetDevice(&dev), "cudaGetDevice"));
-  ATTN_CHECK(cudaResult(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+  KERNEL_CHECK(cudaResult(cudaGetDevice(&dev), "cudaGetDevice"));
+  KERNEL_CHECK(cudaResult(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
                         "cudaDeviceGetAttribute(compute capability)"));
   (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  ATTN_CHECK(cudaResult(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+  KERNEL_CHECK(cudaResult(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                         "cudaDeviceGetAttribute(shared memory per block, opt-in)"));
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 1;
@@ -104,14 +104,14 @@ attnResult_t allowSharedMemory(const void* kern, size_t bytes) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, size_t> allowed;
   int device = -1;
-  ATTN_CHECK(cudaResult(cudaGetDevice(&device), "cudaGetDevice"));
+  KERNEL_CHECK(cudaResult(cudaGetDevice(&device), "cudaGetDevice"));
   const std::pair<const void*, int> key{kern, device};
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = allowed.find(key);
     if (it != allowed.end() && it->second >= bytes) return attnSuccess;
   }
-  ATTN_CHECK(cudaResult(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+  KERNEL_CHECK(cudaResult(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
                         "cudaFuncSetAttribute(attention shared memory)"));
   std::lock_guard<std::mutex> lock(mu);
   size_t& a = allowed[key];
@@ -126,7 +126,7 @@ dim3 gridOf(const AttnArgs& a) { return dim3(unsigned(a.tiles) * unsigned(a.head
 // One attention kernel instance: its shared memory allowed, then launched.
 attnResult_t launchWith(const char* name, void (*kern)(AttnArgs), size_t bytes, int threads, const AttnArgs& a,
                         cudaStream_t s) {
-  ATTN_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
+  KERNEL_CHECK(allowSharedMemory(reinterpret_cast<const void*>(kern), bytes));
   return launchKernel(name, kern, gridOf(a), threads, bytes, s, a);
 }
 
@@ -154,7 +154,7 @@ attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
 attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const float* o,
                       AttnCudaPlan* plan, DeviceLimits* limits = nullptr) {
   DeviceLimits lim;
-  ATTN_CHECK(deviceLimits(&lim));
+  KERNEL_CHECK(deviceLimits(&lim));
   switch (chooseKernel(p, ex, lim, o)) {
     case AttnCudaKernel::mma: {
       // GQA packing: the group's heads (up to 64) and 64 / that many query
@@ -213,7 +213,7 @@ attnResult_t launchSplit(AttnArgs a, const AttnCudaPlan& plan, attnDataType_t dt
   float* o = a.o;
   float* lse = a.lse;
   void* scratch = nullptr;
-  ATTN_CHECK(cudaResult(cudaMallocAsync(&scratch, slices * rows * (size_t(a.d) + 1) * sizeof(float), s),
+  KERNEL_CHECK(cudaResult(cudaMallocAsync(&scratch, slices * rows * (size_t(a.d) + 1) * sizeof(float), s),
                         "cudaMallocAsync(split-K partials)"));
   float* po = static_cast<float*>(scratch);
   float* pl = po + slices * rows * size_t(a.d);
@@ -238,15 +238,15 @@ attnResult_t launchSplit(AttnArgs a, const AttnCudaPlan& plan, attnDataType_t dt
 
 attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCudaExec& ex,
                  bool accumulate) {
-  ATTN_CHECK(checkProblem(p, o, lse));
+  KERNEL_CHECK(checkProblem(p, o, lse));
   if (p.nq == 0) return attnSuccess;
   AttnCudaPlan plan;
   DeviceLimits lim;
-  ATTN_CHECK(makePlan(p, ex, o, &plan, &lim));
+  KERNEL_CHECK(makePlan(p, ex, o, &plan, &lim));
   const bool segs = p.segments != nullptr;
   // Rows outside every segment are never visited by a CTA: clear them first.
   if (!accumulate && segs)
-    ATTN_CHECK(initAccumulator(o, lse, p.nq, p.num_q_heads, p.head_dim, ex.stream));
+    KERNEL_CHECK(initAccumulator(o, lse, p.nq, p.num_q_heads, p.head_dim, ex.stream));
   if (segs && p.num_segments == 0) return attnSuccess;
 
   AttnArgs a{};
@@ -284,7 +284,7 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
 
 attnResult_t attentionPlan(const cpu::AttnProblem& p, const AttnCudaExec& ex,
                            AttnCudaPlan* plan) {
-  ATTN_REQUIRE(plan != nullptr, "cuda attention: null plan");
+  KERNEL_REQUIRE(plan != nullptr, "cuda attention: null plan");
   // As if o were 16-byte aligned (cudaMalloc's is): an unaligned o falls
   // back to the SIMT kernel at launch.
   return makePlan(p, ex, reinterpret_cast<const float*>(256), plan);
@@ -302,10 +302,10 @@ attnResult_t attentionAccumulate(const cpu::AttnProblem& p, float* o_acc, float*
 
 attnResult_t initAccumulator(float* o, float* lse, int64_t rows, int heads, int head_dim,
                              cudaStream_t stream) {
-  ATTN_REQUIRE(rows >= 0 && heads > 0 && head_dim > 0, "cuda initAccumulator: bad shape");
+  KERNEL_REQUIRE(rows >= 0 && heads > 0 && head_dim > 0, "cuda initAccumulator: bad shape");
   const size_t nrows = size_t(rows) * size_t(heads);
   if (nrows == 0) return attnSuccess;
-  ATTN_REQUIRE(o && lse, "cuda initAccumulator: null o or lse");
+  KERNEL_REQUIRE(o && lse, "cuda initAccumulator: null o or lse");
   return launchKernel("initAccumulator launch", initAccKernel, gridFor(nrows * head_dim, 256), 256, 0,
                       stream, o, lse, nrows, head_dim);
 }

@@ -2,7 +2,7 @@
 // kernels/cpu (same problem structs, same conventions), so src/attn can run
 // either. Every function only enqueues work on `stream` (stream-ordered, no
 // host synchronisation); arguments are checked on the host and a bad one
-// returns attnInvalidArgument with a message (setError), a failed launch
+// returns attnInvalidArgument with a message (kernels::fail, kernel_status.h), a failed launch
 // attnUnhandledCudaError naming the CUDA error.
 //
 // All tensor, position, segment and index pointers are device-accessible
@@ -152,7 +152,7 @@ constexpr int kMergeMaxPartsPerLaunch = 8;
 
 // ---- errors -----------------------------------------------------------------
 // attnSuccess, or attnUnhandledCudaError with "cuda: <what>: <name> (<text>)"
-// recorded by setError.
+// recorded by kernels::fail.
 [[nodiscard]] attnResult_t cudaResult(cudaError_t err, const char* what);
 
 }  // namespace attn::cuda

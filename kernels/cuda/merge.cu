@@ -5,7 +5,7 @@
 // (broadcast reads). A -inf partial is never read, so garbage in its O
 // cannot leak (0 * NaN).
 #include "kernels/cuda/cuda_common.cuh"
-#include "src/core/error.h"
+#include "kernels/kernel_status.h"
 
 namespace attn::cuda {
 namespace {
@@ -135,7 +135,7 @@ attnResult_t launch(MergeArgs& a, cudaStream_t stream) {
   a.tpr = tpr;
   const size_t rpb = kMergeThreads / tpr;
   const size_t blocks = (a.rows + rpb - 1) / rpb;
-  if (blocks > 0x7fffffffull) return setError(attnInvalidArgument, "cuda merge: %zu rows is too many", a.rows);
+  if (blocks > 0x7fffffffull) return kernels::fail(attnInvalidArgument, "cuda merge: %zu rows is too many", a.rows);
   return launchKernel("merge launch", vec ? mergeKernel<4> : mergeKernel<1>, unsigned(blocks), kMergeThreads,
                       0, stream, a);
 }
@@ -143,17 +143,17 @@ attnResult_t launch(MergeArgs& a, cudaStream_t stream) {
 attnResult_t mergeImpl(float* o_acc, float* lse_acc, const cpu::AttnPartialRef* parts, int nparts,
                        size_t rows, int head_dim, const int32_t* acc_rows, int heads,
                        size_t acc_tokens, cudaStream_t stream) {
-  ATTN_REQUIRE(nparts >= 0 && head_dim > 0, "cuda merge: bad shape (%d parts, head_dim %d)",
+  KERNEL_REQUIRE(nparts >= 0 && head_dim > 0, "cuda merge: bad shape (%d parts, head_dim %d)",
                nparts, head_dim);
-  ATTN_REQUIRE(nparts == 0 || parts != nullptr, "cuda merge: null parts array");
+  KERNEL_REQUIRE(nparts == 0 || parts != nullptr, "cuda merge: null parts array");
   for (int j = 0; j < nparts; ++j) {
     const attnDataType_t t = parts[j].o_dtype;
-    ATTN_REQUIRE(t == attnFloat32 || t == attnFloat16 || t == attnBfloat16,
+    KERNEL_REQUIRE(t == attnFloat32 || t == attnFloat16 || t == attnBfloat16,
                  "cuda merge: part %d has dtype %d (not fp32, fp16 or bf16)", j, int(t));
-    ATTN_REQUIRE(rows == 0 || (parts[j].o && parts[j].lse), "cuda merge: part %d has a null pointer", j);
+    KERNEL_REQUIRE(rows == 0 || (parts[j].o && parts[j].lse), "cuda merge: part %d has a null pointer", j);
   }
   if (rows == 0) return attnSuccess;
-  ATTN_REQUIRE(o_acc && lse_acc, "cuda merge: null accumulator");
+  KERNEL_REQUIRE(o_acc && lse_acc, "cuda merge: null accumulator");
   // Without parts the merge still normalises -inf rows to O = 0 (as the CPU).
   int j = 0;
   do {
@@ -171,7 +171,7 @@ attnResult_t mergeImpl(float* o_acc, float* lse_acc, const cpu::AttnPartialRef* 
     a.acc_rows = acc_rows;
     a.heads = heads;
     a.acc_tokens = acc_tokens;
-    ATTN_CHECK(launch(a, stream));
+    KERNEL_CHECK(launch(a, stream));
     j += a.nparts;
   } while (j < nparts);
   return attnSuccess;
@@ -192,8 +192,8 @@ attnResult_t foldPartial(float* o_acc, float* lse_acc, const cpu::AttnPartialRef
 attnResult_t foldPartialRows(float* o_acc, float* lse_acc, const cpu::AttnPartialRef& part,
                              const int32_t* acc_rows, size_t ntokens, size_t acc_tokens,
                              int heads, int head_dim, cudaStream_t stream) {
-  ATTN_REQUIRE(heads > 0, "cuda foldPartialRows: heads %d", heads);
-  ATTN_REQUIRE(ntokens == 0 || acc_rows, "cuda foldPartialRows: null acc_rows");
+  KERNEL_REQUIRE(heads > 0, "cuda foldPartialRows: heads %d", heads);
+  KERNEL_REQUIRE(ntokens == 0 || acc_rows, "cuda foldPartialRows: null acc_rows");
   return mergeImpl(o_acc, lse_acc, &part, 1, ntokens * size_t(heads), head_dim, acc_rows, heads,
                    acc_tokens, stream);
 }

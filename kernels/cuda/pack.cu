@@ -5,7 +5,7 @@
 // paged K/V, expanded on the device from one entry per block, so the host
 // uploads a few bytes per block instead of 12 per key.
 #include "kernels/cuda/cuda_common.cuh"
-#include "src/core/error.h"
+#include "kernels/kernel_status.h"
 
 namespace attn::cuda {
 namespace {
@@ -28,7 +28,7 @@ attnResult_t rows(void* dst, const void* src, const int32_t* idx, size_t n, size
                   size_t row_bytes, cudaStream_t stream) {
   const char* what = kScatter ? "cuda scatterRows" : "cuda gatherRows";
   if (n == 0 || row_bytes == 0) return attnSuccess;
-  ATTN_REQUIRE(dst && src && idx, "%s: null pointer", what);
+  KERNEL_REQUIRE(dst && src && idx, "%s: null pointer", what);
   auto* d = static_cast<unsigned char*>(dst);
   auto* s = static_cast<const unsigned char*>(src);
   auto go = [&](auto unit) {
@@ -61,8 +61,8 @@ __global__ void keyTableKernel(int64_t* rows, int32_t* pos, const cpu::KeyBlock*
 attnResult_t gatherKeyTable(int64_t* rows, int32_t* pos, const cpu::KeyBlock* blocks, size_t nblocks,
                             int block_tokens, const int32_t* slot_pos, size_t slot_bound, cudaStream_t stream) {
   if (nblocks == 0) return attnSuccess;
-  ATTN_REQUIRE(rows && pos && blocks && slot_pos, "cuda gatherKeyTable: null pointer");
-  ATTN_REQUIRE(block_tokens > 0, "cuda gatherKeyTable: block_tokens = %d", block_tokens);
+  KERNEL_REQUIRE(rows && pos && blocks && slot_pos, "cuda gatherKeyTable: null pointer");
+  KERNEL_REQUIRE(block_tokens > 0, "cuda gatherKeyTable: block_tokens = %d", block_tokens);
   const unsigned threads = block_tokens >= 128 ? 128u : unsigned((block_tokens + 31) / 32 * 32);
   return launchKernel("gatherKeyTable launch", keyTableKernel, gridFor(nblocks, 1, 1u << 20), threads, 0, stream,
                       rows, pos, blocks, nblocks, block_tokens, slot_pos, slot_bound);

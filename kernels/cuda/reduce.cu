@@ -6,8 +6,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "src/core/datatype.h"
-#include "src/core/error.h"
+#include "kernels/kernel_status.h"
 
 namespace attn::cuda {
 namespace {
@@ -133,10 +132,10 @@ __global__ void convertKernel(void* dst, const void* src, size_t n) {
 
 template <bool kToFloat>
 attnResult_t convert(void* dst, const void* src, attnDataType_t type, size_t count, cudaStream_t s) {
-  ATTN_REQUIRE(type == attnFloat32 || type == attnFloat16 || type == attnBfloat16,
+  KERNEL_REQUIRE(type == attnFloat32 || type == attnFloat16 || type == attnBfloat16,
                "cuda convert: dtype %d is not fp32, fp16 or bf16", int(type));
   if (count == 0) return attnSuccess;
-  ATTN_REQUIRE(dst && src, "cuda convert: null pointer");
+  KERNEL_REQUIRE(dst && src, "cuda convert: null pointer");
   if (type == attnFloat32) {
     if (dst == src) return attnSuccess;
     return cudaResult(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, s),
@@ -152,10 +151,10 @@ attnResult_t convert(void* dst, const void* src, attnDataType_t type, size_t cou
 
 attnResult_t reduce2(void* dst, const void* a, const void* b, size_t count, attnDataType_t type,
                      attnRedOp_t op, cudaStream_t stream) {
-  ATTN_REQUIRE(validDataType(type), "cuda reduce: bad data type %d", int(type));
-  ATTN_REQUIRE(validRedOp(op), "cuda reduce: bad op %d", int(op));
+  KERNEL_REQUIRE(kernels::validType(type), "cuda reduce: bad data type %d", int(type));
+  KERNEL_REQUIRE(kernels::validOp(op), "cuda reduce: bad op %d", int(op));
   if (count == 0) return attnSuccess;
-  ATTN_REQUIRE(dst && a && b, "cuda reduce: null pointer");
+  KERNEL_REQUIRE(dst && a && b, "cuda reduce: null pointer");
   return byType(type, [&](auto tag) { return reduceT<decltype(tag)>(dst, a, b, count, op, stream); });
 }
 
@@ -166,10 +165,10 @@ attnResult_t reduceInto(void* dst, const void* src, size_t count, attnDataType_t
 
 attnResult_t divideInPlace(void* dst, size_t count, attnDataType_t type, int n,
                            cudaStream_t stream) {
-  ATTN_REQUIRE(validDataType(type), "cuda divide: bad data type %d", int(type));
-  ATTN_REQUIRE(n != 0, "cuda divide: division by zero");
+  KERNEL_REQUIRE(kernels::validType(type), "cuda divide: bad data type %d", int(type));
+  KERNEL_REQUIRE(n != 0, "cuda divide: division by zero");
   if (count == 0) return attnSuccess;
-  ATTN_REQUIRE(dst, "cuda divide: null pointer");
+  KERNEL_REQUIRE(dst, "cuda divide: null pointer");
   return byType(type, [&](auto tag) {
     using T = decltype(tag);
     return launchKernel("divide launch", divideKernel<T>, gridFor(count, 256, 4096), 256, 0, stream,

@@ -2,13 +2,12 @@
 
 #include "kernels/cpu/worker_pool.h"
 #include "src/core/comm.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 
 namespace attn {
 
 AttnState::AttnState() {
-  kernelThreads = static_cast<int>(envInt("ATTN_KERNEL_THREADS", 1));
-  if (kernelThreads < 1) kernelThreads = 1;
+  kernelThreads = static_cast<int>(settingInt<Setting::kKernelThreads>());  // at least 1
   if (kernelThreads > 1) pool = std::make_unique<cpu::WorkerPool>(kernelThreads);
 }
 AttnState::~AttnState() = default;

@@ -9,7 +9,7 @@
 #include "src/attn/attn_call.h"
 #include "src/attn/progress_thread.h"
 #include "src/coll/coll.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #if ATTN_HAVE_CUDA
@@ -191,9 +191,9 @@ attnResult_t timeInterference(attnComm* comm, KernelProbe& k, double kernelSecon
 }  // namespace
 
 bool costModelOverridden(attnComm* comm) {
-  return attnStateOf(comm).modelOverridden || envString("ATTN_MODEL_BW_GBPS") ||
-         envString("ATTN_MODEL_LAT_US") || envString("ATTN_MODEL_TFLOPS") ||
-         envString("ATTN_MODEL_INTERFERENCE");
+  return attnStateOf(comm).modelOverridden || settingIsSet(Setting::kModelBwGbps) ||
+         settingIsSet(Setting::kModelLatUs) || settingIsSet(Setting::kModelTflops) ||
+         settingIsSet(Setting::kModelInterference);
 }
 
 attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostModel_t* model) {
@@ -244,10 +244,10 @@ attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostMo
   model->attn_tflops = st.kernelTflops[key];
   model->comm_interference = st.interference;
   // Environment overrides, field by field.
-  if (auto v = envString("ATTN_MODEL_BW_GBPS")) model->link_bandwidth_GBps = atof(v->c_str());
-  if (auto v = envString("ATTN_MODEL_LAT_US")) model->link_latency_us = atof(v->c_str());
-  if (auto v = envString("ATTN_MODEL_TFLOPS")) model->attn_tflops = atof(v->c_str());
-  if (auto v = envString("ATTN_MODEL_INTERFERENCE")) model->comm_interference = atof(v->c_str());
+  if (auto v = settingReal<Setting::kModelBwGbps>()) model->link_bandwidth_GBps = *v;
+  if (auto v = settingReal<Setting::kModelLatUs>()) model->link_latency_us = *v;
+  if (auto v = settingReal<Setting::kModelTflops>()) model->attn_tflops = *v;
+  if (auto v = settingReal<Setting::kModelInterference>()) model->comm_interference = *v;
   if (!costModelValid(*model))
     return setError(attnInvalidArgument,
                     "cost model from ATTN_MODEL_* is out of range (bandwidth %g GB/s, latency %g us, "

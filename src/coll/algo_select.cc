@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "src/core/comm.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "topology/fabric_model.h"
@@ -23,48 +23,44 @@ double rateAt(const std::vector<double>& v, size_t i) {
   return v.empty() ? 1e9 : v[std::min(i, v.size() - 1)];
 }
 
-// An ATTN_*_ALGO-style setting: unset, empty or "auto" gives `autoValue`;
-// one of `choices` its value; anything else attnInvalidArgument naming them.
-template <typename T>
-attnResult_t readChoice(const char* name, T autoValue,
-                        std::initializer_list<std::pair<const char*, T>> choices, T* out) {
-  std::optional<std::string> v = envString(name);
-  if (!v || v->empty() || *v == "auto") {
-    *out = autoValue;
-    return attnSuccess;
-  }
-  std::string names;
-  for (const auto& [word, value] : choices) {
-    if (*v == word) {
-      *out = value;
-      return attnSuccess;
-    }
-    names += std::string(word) + ", ";
-  }
-  return setError(attnInvalidArgument, "%s='%s' is not one of %sauto", name, v->c_str(), names.c_str());
+// An ATTN_*_ALGO-style setting (an enum of the table, settings.def): unset,
+// empty or "auto" gives its first choice, auto, which is also the first
+// enumerator of `T`; the choices follow in `T`'s order (checked below).
+template <Setting S, typename T>
+attnResult_t readChoice(T* out) {
+  int index = 0;
+  ATTN_CHECK(settingEnum<S>(&index));
+  *out = static_cast<T>(index);
+  return attnSuccess;
 }
+
+static_assert(settingChoiceIndex(Setting::kAlgo, "auto") == int(AlgoSetting::kAuto) &&
+              settingChoiceIndex(Setting::kAlgo, "ring") == int(AlgoSetting::kRing) &&
+              settingChoiceIndex(Setting::kAlgo, "hier") == int(AlgoSetting::kHier) &&
+              settingChoiceIndex(Setting::kAlgo, "direct") == int(AlgoSetting::kDirect));
+static_assert(settingChoiceIndex(Setting::kAllToAll, "auto") == int(AllToAllSetting::kAuto) &&
+              settingChoiceIndex(Setting::kAllToAll, "concurrent") == int(AllToAllSetting::kConcurrent) &&
+              settingChoiceIndex(Setting::kAllToAll, "stepped") == int(AllToAllSetting::kStepped));
+static_assert(settingChoiceIndex(Setting::kReduceAlgo, "auto") == int(ReduceSetting::kAuto) &&
+              settingChoiceIndex(Setting::kReduceAlgo, "tree") == int(ReduceSetting::kTree) &&
+              settingChoiceIndex(Setting::kReduceAlgo, "chain") == int(ReduceSetting::kChain) &&
+              settingChoiceIndex(Setting::kReduceAlgo, "scatter") == int(ReduceSetting::kScatter) &&
+              settingChoiceIndex(Setting::kReduceAlgo, "direct") == int(ReduceSetting::kDirect));
+static_assert(settingChoiceIndex(Setting::kAllReduceAlgo, "auto") == int(AllReduceSetting::kAuto) &&
+              settingChoiceIndex(Setting::kAllReduceAlgo, "doubling") == int(AllReduceSetting::kDoubling) &&
+              settingChoiceIndex(Setting::kAllReduceAlgo, "scatter") == int(AllReduceSetting::kScatter));
+static_assert(settingChoiceIndex(Setting::kBroadcastAlgo, "auto") == int(BroadcastSetting::kAuto) &&
+              settingChoiceIndex(Setting::kBroadcastAlgo, "tree") == int(BroadcastSetting::kTree) &&
+              settingChoiceIndex(Setting::kBroadcastAlgo, "chain") == int(BroadcastSetting::kChain) &&
+              settingChoiceIndex(Setting::kBroadcastAlgo, "direct") == int(BroadcastSetting::kDirect));
 
 }  // namespace
 
-attnResult_t readAlgoSetting(AlgoSetting* out) {
-  return readChoice("ATTN_ALGO", AlgoSetting::kAuto,
-                    {{"ring", AlgoSetting::kRing}, {"hier", AlgoSetting::kHier}, {"direct", AlgoSetting::kDirect}},
-                    out);
-}
+attnResult_t readAlgoSetting(AlgoSetting* out) { return readChoice<Setting::kAlgo>(out); }
 
-attnResult_t readAllToAllSetting(AllToAllSetting* out) {
-  return readChoice("ATTN_ALLTOALL", AllToAllSetting::kAuto,
-                    {{"concurrent", AllToAllSetting::kConcurrent}, {"stepped", AllToAllSetting::kStepped}}, out);
-}
+attnResult_t readAllToAllSetting(AllToAllSetting* out) { return readChoice<Setting::kAllToAll>(out); }
 
-attnResult_t readReduceSetting(ReduceSetting* out) {
-  return readChoice("ATTN_REDUCE_ALGO", ReduceSetting::kAuto,
-                    {{"tree", ReduceSetting::kTree},
-                     {"chain", ReduceSetting::kChain},
-                     {"scatter", ReduceSetting::kScatter},
-                     {"direct", ReduceSetting::kDirect}},
-                    out);
-}
+attnResult_t readReduceSetting(ReduceSetting* out) { return readChoice<Setting::kReduceAlgo>(out); }
 
 ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
   if (nranks < 2) return ReduceAlgo::kChain;  // one rank: a copy
@@ -83,18 +79,9 @@ ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t
   return ReduceAlgo::kChain;
 }
 
-attnResult_t readAllReduceSetting(AllReduceSetting* out) {
-  return readChoice("ATTN_ALLREDUCE_ALGO", AllReduceSetting::kAuto,
-                    {{"doubling", AllReduceSetting::kDoubling}, {"scatter", AllReduceSetting::kScatter}}, out);
-}
+attnResult_t readAllReduceSetting(AllReduceSetting* out) { return readChoice<Setting::kAllReduceAlgo>(out); }
 
-attnResult_t readBroadcastSetting(BroadcastSetting* out) {
-  return readChoice("ATTN_BROADCAST_ALGO", BroadcastSetting::kAuto,
-                    {{"tree", BroadcastSetting::kTree},
-                     {"chain", BroadcastSetting::kChain},
-                     {"direct", BroadcastSetting::kDirect}},
-                    out);
-}
+attnResult_t readBroadcastSetting(BroadcastSetting* out) { return readChoice<Setting::kBroadcastAlgo>(out); }
 
 BroadcastAlgo chooseBroadcastAlgo(BroadcastSetting s, int nranks, bool peersAreProcesses, size_t bytes,
                                   size_t stageMax) {
@@ -170,8 +157,8 @@ CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const 
 }
 
 size_t readStageMaxBlock() {
-  const int64_t v = envInt("ATTN_STAGE_MAX", static_cast<int64_t>(kStageMaxBlock));
-  return v > 0 ? static_cast<size_t>(v) : 0;
+  static_assert(settingDefault(Setting::kStageMax) == int64_t(kStageMaxBlock));
+  return static_cast<size_t>(settingInt<Setting::kStageMax>());  // >= 0
 }
 
 CollAlgo chooseAllGatherAlgo(AlgoSetting s, const Hierarchy& h, bool singleCopy, size_t maxBlock,
@@ -267,7 +254,7 @@ AllToAllSchedule pickAllToAllSchedule(attnComm* comm, AllToAllSetting s, size_t 
     comm->collTopo->loggedAllToAll |= bit;
     ATTN_INFO(kLogColl, "AllToAll: %s (%s; largest block %zu bytes)",
               a == AllToAllSchedule::kStepped ? "stepped" : "concurrent",
-              s != AllToAllSetting::kAuto ? "ATTN_ALLTOALL"
+              s != AllToAllSetting::kAuto ? settingName(Setting::kAllToAll)
               : t.allShm                  ? "every peer by shm"
                                           : "some peer not by shm",
               maxBlock);
@@ -285,7 +272,7 @@ ReduceAlgo pickReduceAlgo(attnComm* comm, ReduceSetting s, size_t bytes) {
                        : a == ReduceAlgo::kDirect  ? "direct"
                        : a == ReduceAlgo::kScatter ? "reduce-scatter + gather"
                                                    : "chain";
-    const char* why = s != ReduceSetting::kAuto      ? "ATTN_REDUCE_ALGO"
+    const char* why = s != ReduceSetting::kAuto      ? settingName(Setting::kReduceAlgo)
                       : a == ReduceAlgo::kDirect      ? "small message, few ranks on one host over shm"
                       : a == ReduceAlgo::kTree        ? "small message"
                       : t.singleCopy                  ? "one host, single-copy shm"
@@ -303,7 +290,7 @@ AllReduceAlgo pickAllReduceAlgo(attnComm* comm, AllReduceSetting s, size_t bytes
     comm->collTopo->loggedAllReduce |= bit;
     ATTN_INFO(kLogColl, "AllReduce: %s (%s; %zu bytes)",
               a == AllReduceAlgo::kDoubling ? "recursive doubling" : "reduce-scatter + all-gather",
-              s != AllReduceSetting::kAuto ? "ATTN_ALLREDUCE_ALGO"
+              s != AllReduceSetting::kAuto ? settingName(Setting::kAllReduceAlgo)
               : a == AllReduceAlgo::kDoubling ? "small message"
                                              : "large message",
               bytes);
@@ -319,7 +306,7 @@ BroadcastAlgo pickBroadcastAlgo(attnComm* comm, BroadcastSetting s, size_t bytes
     comm->collTopo->loggedBroadcast |= bit;
     ATTN_INFO(kLogColl, "Broadcast: %s (%s; %zu bytes)",
               a == BroadcastAlgo::kTree ? "binomial tree" : a == BroadcastAlgo::kDirect ? "direct" : "chain",
-              s != BroadcastSetting::kAuto   ? "ATTN_BROADCAST_ALGO"
+              s != BroadcastSetting::kAuto   ? settingName(Setting::kBroadcastAlgo)
               : bytes <= kBroadcastSmallMax  ? (a == BroadcastAlgo::kTree ? "small message, many ranks"
                                                                           : "small message, few ranks")
               : a == BroadcastAlgo::kDirect  ? "processes of one host, single-copy shm"

@@ -2,14 +2,14 @@
 
 #include <algorithm>
 
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 
 namespace attn {
 
 int hierSegments(size_t maxBlockBytes) {
-  const int64_t configured = envInt("ATTN_HIER_SEGMENTS", 0);
-  if (configured > 0) return static_cast<int>(std::min<int64_t>(configured, 64));
+  const int64_t configured = settingInt<Setting::kHierSegments>();  // in [0, 64]
+  if (configured > 0) return static_cast<int>(configured);
   constexpr size_t kSegmentBytes = 256 << 10;
   return static_cast<int>(std::clamp<size_t>(maxBlockBytes / kSegmentBytes, 1, 8));
 }

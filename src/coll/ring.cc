@@ -1,6 +1,6 @@
 #include "src/coll/coll.h"
 
-#include "src/core/env.h"
+#include "src/core/settings.h"
 
 namespace attn {
 
@@ -13,10 +13,8 @@ Ring Ring::identity(int rank, int nranks) {
 }
 
 size_t chunkBytes(size_t elemSize) {
-  static const size_t configured = [] {
-    int64_t v = envInt("ATTN_CHUNK_SIZE", 1 << 20);
-    return static_cast<size_t>(v < 4096 ? 4096 : v);
-  }();
+  // Read once per process; at least 4096 (the table's range).
+  static const size_t configured = static_cast<size_t>(settingInt<Setting::kChunkSize>());
   size_t e = elemSize ? elemSize : 1;
   return configured / e * e;
 }

@@ -8,9 +8,9 @@
 
 #include "src/core/api_call.h"
 #include "src/core/bootstrap.h"
-#include "src/core/env.h"
 #include "src/core/env_secret.h"
 #include "src/core/launch_env.h"
+#include "src/core/settings.h"
 #include "topology/host_identity.h"
 #include "src/core/log.h"
 
@@ -24,8 +24,10 @@ using namespace attn;
 namespace {
 
 attnResult_t launchEnvOrError(LaunchEnv* env) {
-  const std::string err =
-      attn::readLaunchEnv([](const char* name) { return getenv(name); }, env, uint64_t(getppid()));
+  // The launchers' variables, each declared in src/core/settings.def
+  // (tests/test_settings.cc checks launch_env.cc names only those).
+  const std::string err = attn::readLaunchEnv([](const char* name) { return settingRawByName(name); }, env,
+                                              uint64_t(getppid()));
   if (!err.empty()) return setError(attnInvalidArgument, "%s", err.c_str());
   return attnSuccess;
 }
@@ -37,9 +39,9 @@ attnResult_t readSecret(const LaunchEnv& env, uint8_t secret[16]) {
   // Without a shared secret, derive one from what every rank of this job
   // sees: it keeps jobs apart but is no protection against a hostile peer.
   std::string job = env.root + "/" + std::to_string(env.nranks);
-  for (const char* v : {"TORCHELASTIC_RUN_ID", "OMPI_MCA_orte_ess_jobid", "OMPI_MCA_ess_base_jobid",
-                        "PMIX_NAMESPACE", "PMI_JOBID", "SLURM_JOB_ID", "SLURM_STEP_ID"})
-    if (auto s = envString(v)) job += "/" + *s;
+  for (Setting v : {Setting::kTorchelasticRunId, Setting::kOmpiOrteEssJobid, Setting::kOmpiEssBaseJobid,
+                    Setting::kPmixNamespace, Setting::kPmiJobid, Setting::kSlurmJobId, Setting::kSlurmStepId})
+    if (auto s = settingString(v)) job += "/" + *s;
   uint64_t a = hash64(job.data(), job.size()), b = hash64(job.data(), job.size(), a ^ 0x9e3779b97f4a7c15ull);
   std::memcpy(secret, &a, 8);
   std::memcpy(secret + 8, &b, 8);

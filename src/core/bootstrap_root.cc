@@ -17,7 +17,7 @@
 #include "src/core/auth.h"
 #include "src/core/bootstrap.h"
 #include "src/core/bootstrap_wire.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/core/socket.h"
@@ -27,7 +27,6 @@ namespace {
 
 using namespace boot;
 
-constexpr int64_t kDefaultRootTimeoutMs = 300000;
 // Extra time the root waits beyond a rank's own timeout, so that rank sees
 // its own attnTimeout rather than the root going away.
 constexpr int64_t kRootGraceMs = 1000;
@@ -99,7 +98,7 @@ class RootServer {
 
  private:
   void serveAll() {
-    deadline_ = Deadline::afterMs(envInt("ATTN_BOOTSTRAP_TIMEOUT_MS", kDefaultRootTimeoutMs));
+    deadline_ = Deadline::afterMs(settingInt<Setting::kBootstrapTimeoutMs>());
     ATTN_INFO(kLogBoot, "bootstrap root listening on %s", formatAddress(addr_).c_str());
     while (!stop.load()) {
       if (nranks_ > 0 && joinedCount_ == nranks_) {

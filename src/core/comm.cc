@@ -3,12 +3,16 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "src/core/auth.h"
 #include "src/core/error.h"
 #include "topology/host_identity.h"
 #include "src/core/log.h"
 #include "src/core/topo_init.h"
+#include "src/core/topo_settings.h"
+#include "src/core/transport_registry.h"
 
 namespace attn {
 namespace {
@@ -20,19 +24,24 @@ struct RankCard {
   uint32_t version;
 };
 
-// Transports in the order every rank connects them.
+// Transports in the order every rank connects them, by registered name
+// (src/core/transport_registry.h); one this build lacks is left out.
 struct TransportSlot {
   uint32_t bit;
-  std::unique_ptr<Transport> (*create)();
+  TransportMaker create;
 };
 // UCX comes first: when asked for, it serves every peer (same host or not).
-const TransportSlot kTransportSlots[] = {
-#if ATTN_HAVE_UCX
-    {kTransportUcx, &createUcxTransport},
-#endif
-    {kTransportShm, &createShmTransport},
-    {kTransportTcp, &createTcpTransport},
-};
+const std::vector<TransportSlot>& transportSlots() {
+  static const std::vector<TransportSlot> slots = [] {
+    std::vector<TransportSlot> v;
+    const std::pair<uint32_t, const char*> order[] = {
+        {kTransportUcx, "ucx"}, {kTransportShm, "shm"}, {kTransportTcp, "tcp"}};
+    for (const auto& [bit, name] : order)
+      if (TransportMaker make = findTransport(name)) v.push_back({bit, make});
+    return v;
+  }();
+  return slots;
+}
 
 }  // namespace
 
@@ -41,7 +50,7 @@ bool sameHost(const attnComm* comm, int peer) {
 }
 
 std::string rankPrefix(int rank) {
-  const std::string host = hostIdentity();
+  const std::string host = thisHostIdentity();
   return "rank " + std::to_string(rank) + " (host " + host.substr(0, host.find('/')) + ", pid " +
          std::to_string(getpid()) + ")";
 }
@@ -50,7 +59,7 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
   comm->rank = rank;
   comm->nranks = nranks;
   comm->id = id;
-  const std::string host = hostIdentity();
+  const std::string host = thisHostIdentity();
   ErrorContext ctx(comm->prefix);
 
   ATTN_CHECK(Bootstrap::create(id, rank, nranks, comm->config.timeoutMs, &comm->abortFlag,
@@ -63,7 +72,7 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
   me.info.pid = getpid();
   std::strncpy(me.info.hostId, host.c_str(), sizeof(me.info.hostId) - 1);
   me.info.hostHash = hash64(host.data(), host.size());
-  const std::string rack = rackIdentity();
+  const std::string rack = thisRackIdentity();
   std::strncpy(me.info.rackId, rack.c_str(), sizeof(me.info.rackId) - 1);
   me.info.rackHash = hash64(rack.data(), rack.size());
   // Keyed by the secret: the hash names /dev/shm segments anyone on the
@@ -91,12 +100,13 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
 
   // Choose one transport per peer: shared memory on the same host, else TCP.
   std::vector<int> slotOfPeer(nranks, -1);
-  std::vector<std::vector<int>> peersOfSlot(std::size(kTransportSlots));
+  const std::vector<TransportSlot>& slots = transportSlots();
+  std::vector<std::vector<int>> peersOfSlot(slots.size());
   for (int p = 0; p < nranks; ++p) {
     if (p == rank) continue;
     int chosen = -1;
-    for (size_t s = 0; s < std::size(kTransportSlots); ++s) {
-      uint32_t bit = kTransportSlots[s].bit;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      uint32_t bit = slots[s].bit;
       if (!(mask & bit)) continue;
       if (bit == kTransportShm && !sameHost(comm, p)) continue;
       chosen = static_cast<int>(s);
@@ -122,9 +132,9 @@ attnResult_t commInit(attnComm* comm, const attnUniqueId& id, int nranks, int ra
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<Connection>> conns(nranks);
   std::vector<int> transportOfPeer(nranks, -1);
-  for (size_t s = 0; s < std::size(kTransportSlots); ++s) {
-    if (!(mask & kTransportSlots[s].bit)) continue;  // the same on every rank
-    auto t = kTransportSlots[s].create();
+  for (size_t s = 0; s < slots.size(); ++s) {
+    if (!(mask & slots[s].bit)) continue;  // the same on every rank
+    auto t = slots[s].create();
     std::vector<std::unique_ptr<Connection>> made;
     ATTN_CHECK(t->connect(tctx, peersOfSlot[s], &made));
     if (made.size() != peersOfSlot[s].size())

@@ -6,34 +6,10 @@
 #include <cstring>
 #include <sstream>
 
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 
 namespace attn {
-namespace {
-
-// A millisecond count from the environment, strictly: a value that is not
-// a whole number in [0, INT_MAX] is an error, never a wrapped or default
-// value (a timeout that wrapped to 0 would mean "wait forever").
-attnResult_t envMillis(const char* name, int fallback, int* out) {
-  const auto v = envString(name);
-  if (!v) {
-    *out = fallback;
-    return attnSuccess;
-  }
-  errno = 0;
-  char* end = nullptr;
-  const long long x = std::strtoll(v->c_str(), &end, 10);
-  if (errno != 0 || end == v->c_str() || *end != '\0' || x < 0 || x > INT_MAX)
-    return setError(attnInvalidArgument,
-                    "%s=\"%s\" is not a number of milliseconds in [0, %d] (0: wait forever)",
-                    name, v->c_str(), INT_MAX);
-  *out = int(x);
-  return attnSuccess;
-}
-
-}  // namespace
-
 attnResult_t parseTransportList(const std::string& list, uint32_t* mask) {
   uint32_t m = 0;
   std::stringstream ss(list);
@@ -93,10 +69,13 @@ attnResult_t resolveConfig(const attnConfig_t* user, const CommConfig* inherit,
   if (inherit) {
     c = *inherit;
   } else {
-    c.blocking = envBool("ATTN_COMM_BLOCKING", true);
-    ATTN_CHECK(envMillis("ATTN_TIMEOUT_MS", 300000, &c.timeoutMs));
-    if (auto t = envString("ATTN_TRANSPORT")) ATTN_CHECK(parseTransportList(*t, &c.transports));
-    c.checkSignatures = envBool("ATTN_CHECK", false);
+    c.blocking = settingBool<Setting::kCommBlocking>();
+    // Strictly: a timeout that wrapped or defaulted to 0 would mean "wait forever".
+    int64_t timeoutMs = 0;
+    ATTN_CHECK(settingIntStrict<Setting::kTimeoutMs>(&timeoutMs));
+    c.timeoutMs = int(timeoutMs);
+    if (auto t = settingString(Setting::kTransport)) ATTN_CHECK(parseTransportList(*t, &c.transports));
+    c.checkSignatures = settingBool<Setting::kCheck>();
   }
   if (user) {
     ATTN_REQUIRE(user->magic == ATTN_CONFIG_MAGIC,

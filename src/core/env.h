@@ -1,5 +1,7 @@
-// Typed access to ATTN_* environment variables. Every variable read here is
-// listed in the README's table.
+// Parsing of environment variables by name: the implementation under
+// src/core/settings.h. Library code reads a variable through its Setting
+// (settings.h), never through these; tests/test_settings.cc fails on a call
+// outside the table's own files.
 #pragma once
 
 #include <cstdint>

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "src/core/auth.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 
 namespace attn {
@@ -88,8 +88,8 @@ attnResult_t readSecretFile(const std::string& path, uint8_t secret[16]) {
 
 attnResult_t readConfiguredSecret(uint8_t secret[16], bool* found) {
   *found = false;
-  const auto hex = envString("ATTN_SECRET");
-  const auto file = envString("ATTN_SECRET_FILE");
+  const auto hex = settingString(Setting::kSecret);
+  const auto file = settingString(Setting::kSecretFile);
   uint8_t fromEnv[16] = {}, fromFile[16] = {};
   if (hex && !parseSecretHex(hex->data(), hex->size(), fromEnv))
     return setError(attnInvalidArgument, "ATTN_SECRET must be 32 hex digits (got %zu characters "

@@ -3,6 +3,7 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "src/core/kernel_setup.h"
 #include "src/core/log.h"
 
 namespace attn {
@@ -10,6 +11,9 @@ namespace {
 thread_local std::string tlsLastError;
 const std::string kNoContext = "-";
 thread_local const std::string* tlsContext = &kNoContext;
+// Kernels report through setError and take ATTN_CPU_ISA from here; this file
+// is linked into every program that uses the library.
+[[maybe_unused]] const bool kKernelsSetUp = (setUpKernels(), true);
 }  // namespace
 
 attnResult_t setError(attnResult_t code, const char* fmt, ...) {

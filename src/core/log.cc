@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "src/core/error.h"
+#include "src/core/settings.h"
 
 namespace attn {
 namespace {
@@ -41,14 +42,14 @@ struct LogConfig {
   LogConfig() {
     gethostname(host, sizeof(host) - 1);
     if (char* dot = strchr(host, '.')) *dot = '\0';
-    if (const char* lv = getenv("ATTN_DEBUG")) {
+    if (const char* lv = settingRaw(Setting::kDebug)) {
       if (!strcasecmp(lv, "WARN")) level = LogLevel::kWarn;
       else if (!strcasecmp(lv, "INFO")) level = LogLevel::kInfo;
       else if (!strcasecmp(lv, "TRACE")) level = LogLevel::kTrace;
       else if (!strcasecmp(lv, "VERSION")) level = LogLevel::kWarn;
     }
-    if (const char* ss = getenv("ATTN_DEBUG_SUBSYS")) parseSubsys(ss);
-    if (const char* f = getenv("ATTN_DEBUG_FILE")) openFile(f);
+    if (const char* ss = settingRaw(Setting::kDebugSubsys)) parseSubsys(ss);
+    if (const char* f = settingRaw(Setting::kDebugFile)) openFile(f);
   }
 
   void parseSubsys(const char* spec) {

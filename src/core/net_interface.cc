@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 
@@ -243,7 +243,7 @@ attnResult_t findInterface(const SocketAddress* root, std::string* ifname, Socke
   InterfaceFacts f;
   f.interfaces = listInterfaces();
   f.defaultRoute = defaultRouteInterface();
-  f.spec = envString("ATTN_SOCKET_IFNAME");
+  f.spec = settingString(Setting::kSocketIfname);
   if (root && !f.spec) f.routeToRoot = routeSource(*root);
   IfAddr pick;
   ATTN_CHECK(chooseInterface(f, root, &pick));

@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "src/core/comm.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
+#include "src/core/topo_settings.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "topology/fabric_json.h"
@@ -32,7 +33,7 @@ attnResult_t shareTopoFile(attnComm* comm, bool* present, std::string* text) {
   std::string payload;
   Bootstrap& b = *comm->bootstrap;
   if (comm->rank == 0) {
-    if (auto path = envString("ATTN_TOPO_FILE")) {
+    if (auto path = settingString(Setting::kTopoFile)) {
       std::string err;
       if (readTextFile(*path, &payload, &err)) {
         h.status = 1;
@@ -81,7 +82,7 @@ void logSummary(const attnComm* comm, const FabricModel& m) {
 
 attnResult_t topoBuild(attnComm* comm, uint32_t transportMask) {
   const int n = comm->nranks;
-  LocalView local = discoverLocalView();
+  LocalView local = discoverLocalView(discoveryOptionsFromEnv());
   if (!local.hasRdma())
     ATTN_INFO(kLogTopo, "%s; using sockets/shared memory", local.machine.rdmaNote.empty()
                                                               ? "no RDMA devices" : local.machine.rdmaNote.c_str());
@@ -117,7 +118,7 @@ attnResult_t topoBuild(attnComm* comm, uint32_t transportMask) {
   if (present) {
     if (!applyFabricOverrides(text, m.get(), &err))
       return setError(attnInvalidArgument, "ATTN_TOPO_FILE %s: %s",
-                      envString("ATTN_TOPO_FILE").value_or("(rank 0's)").c_str(), err.c_str());
+                      settingString(Setting::kTopoFile).value_or("(rank 0's)").c_str(), err.c_str());
     // The file may assign racks: peers carry them too (the collectives read them).
     for (int r = 0; r < n; ++r) {
       PeerInfo& pi = comm->peers[size_t(r)];
@@ -133,10 +134,10 @@ attnResult_t topoBuild(attnComm* comm, uint32_t transportMask) {
 }
 
 attnResult_t topoFinish(attnComm* comm) {
-  if (envBool("ATTN_TOPO_PROBE", false)) ATTN_CHECK(topoProbe(comm));
+  if (settingBool<Setting::kTopoProbe>()) ATTN_CHECK(topoProbe(comm));
   const FabricModel& m = *comm->fabric;
   if (comm->rank == 0) {
-    if (auto path = envString("ATTN_TOPO_DUMP_FILE")) {
+    if (auto path = settingString(Setting::kTopoDumpFile)) {
       std::ofstream out(*path, std::ios::binary | std::ios::trunc);
       out << fabricToJson(m);
       out.close();

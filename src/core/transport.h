@@ -138,11 +138,13 @@ class Transport {
   virtual void disarmWait() {}
 };
 
-// Factories: transports/<name>/ implements these.
-std::unique_ptr<Transport> createTcpTransport();
-std::unique_ptr<Transport> createShmTransport();
-#if ATTN_HAVE_UCX
-std::unique_ptr<Transport> createUcxTransport();  // transports/ucx
-#endif
+// Registration: each transports/<name>/ defines register<Name>Transport(),
+// which calls registerTransport with its name ("tcp", "shm", "ucx") and
+// factory. The build lists the transports it compiles in one generated file
+// (builtin_transports.cc) that calls them all, so the library (shared or
+// static) carries every transport without naming one in src/; the
+// communicator finds them by name (src/core/transport_registry.h).
+using TransportMaker = std::unique_ptr<Transport> (*)();
+void registerTransport(const char* name, TransportMaker make);
 
 }  // namespace attn

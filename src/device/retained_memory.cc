@@ -5,7 +5,7 @@
 #include <map>
 #include <mutex>
 
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_scope.h"
@@ -51,8 +51,8 @@ void freeBlock(int where, void* p) {
 // Bytes the cache keeps while device communicators exist; blocks beyond it
 // go back to CUDA when that is safe (parked_streams.h).
 size_t readCapBytes() {
-  const int64_t mib = envInt("ATTN_RETAINED_CACHE_MB", 1024);
-  return mib <= 0 ? 0 : size_t(mib) * kMiB;
+  const int64_t mib = settingInt<Setting::kRetainedCacheMb>();  // >= 0
+  return size_t(mib) * kMiB;
 }
 
 constexpr int kAnywhere = -2;  // `where` of freeLocked / trimLocked: every place

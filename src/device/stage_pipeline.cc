@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "src/core/datatype.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 #include "src/device/cuda_check.h"
 
@@ -56,8 +56,8 @@ bool shapeOf(const DeviceOp& op, int me, Shape* s) {
 }  // namespace
 
 size_t stageChunkBytes() {
-  const int64_t v = envInt("ATTN_DEVICE_STAGE_CHUNK", static_cast<int64_t>(kDefaultChunk));
-  return v > 0 ? static_cast<size_t>(v) : 0;
+  static_assert(settingDefault(Setting::kDeviceStageChunk) == int64_t(kDefaultChunk));
+  return static_cast<size_t>(settingInt<Setting::kDeviceStageChunk>());  // >= 0
 }
 
 size_t stageSliceCount(const DeviceOp& op, size_t chunkBytes) {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "src/core/comm.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/log.h"
 #include "transports/cuda_ipc/ipc_exchange.h"
 
@@ -21,7 +21,8 @@ constexpr int64_t kDefaultScratch = int64_t(64) << 20;
 }  // namespace
 
 TransportDirect::TransportDirect(int device)
-    : device_(device), scratchBudget_(size_t(std::max<int64_t>(envInt("ATTN_DEVICE_DIRECT_SCRATCH", kDefaultScratch), 1))) {}
+    : device_(device), scratchBudget_(size_t(settingInt<Setting::kDeviceDirectScratch>())) {}  // >= 1
+static_assert(settingDefault(Setting::kDeviceDirectScratch) == kDefaultScratch);
 
 TransportDirect::~TransportDirect() {
   if (!scratch_.get()) return;

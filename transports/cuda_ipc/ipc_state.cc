@@ -4,21 +4,16 @@
 
 #include "src/core/comm.h"
 #include "src/core/config.h"
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
 #include "transports/cuda_ipc/ipc_exchange.h"
 
 namespace attn::ipc {
 
-namespace {
-// Peer mappings kept open between operations, per communicator.
-constexpr int64_t kDefaultCacheEntries = 256;
-}  // namespace
-
 IpcState::IpcState(int device) : device_(device) {
-  int64_t limit = envInt("ATTN_CUDA_IPC_CACHE", kDefaultCacheEntries);
-  if (limit < 0) limit = 0;
+  // Peer mappings kept open between operations, per communicator (>= 0).
+  const int64_t limit = settingInt<Setting::kCudaIpcCache>();
   importer_ = std::make_unique<IpcImporter>(static_cast<size_t>(limit));
 }
 

@@ -11,6 +11,8 @@
 //      the receive mode into their channel;
 //   4. exchange acks (every peer has mapped what we created), then unlink
 //      our names. From here on a crash leaves nothing in /dev/shm.
+#include "transports/shm/shm_transport.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -245,5 +247,7 @@ void ShmTransport::waitForActivity(int timeoutUs) {
 }  // namespace shm
 
 std::unique_ptr<Transport> createShmTransport() { return std::make_unique<shm::ShmTransport>(); }
+
+void registerShmTransport() { registerTransport("shm", &createShmTransport); }
 
 }  // namespace attn

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 
@@ -23,10 +23,12 @@ constexpr size_t kStripeAlign = 4096;
 
 TcpOptions TcpOptions::fromEnv() {
   TcpOptions o;
-  o.nsocks = int(std::clamp<int64_t>(envInt("ATTN_TCP_NSOCKS", o.nsocks), 1, kMaxSockets));
-  o.stripeMin = size_t(std::max<int64_t>(envInt("ATTN_TCP_STRIPE_MIN", int64_t(o.stripeMin)),
-                                         int64_t(kStripeAlign)));
-  o.sockBuf = int(std::clamp<int64_t>(envInt("ATTN_TCP_SOCKBUF", 0), 0, 1 << 30));
+  // Each clamped into the table's range (settings.def).
+  static_assert(settingInfo(Setting::kTcpNsocks).hi == kMaxSockets);
+  static_assert(settingInfo(Setting::kTcpStripeMin).lo == int64_t(kStripeAlign));
+  o.nsocks = int(settingInt<Setting::kTcpNsocks>());
+  o.stripeMin = size_t(settingInt<Setting::kTcpStripeMin>());
+  o.sockBuf = int(settingInt<Setting::kTcpSockbuf>());
   return o;
 }
 

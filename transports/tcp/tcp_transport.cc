@@ -1,6 +1,8 @@
 // The TCP transport: connects with tcp_setup, moves bytes with
 // TcpConnection, and sleeps in poll() on the sockets whose queued operations
 // wait for the network.
+#include "transports/tcp/tcp_transport.h"
+
 #include <poll.h>
 #include <time.h>
 
@@ -60,5 +62,7 @@ class TcpTransport : public Transport {
 }  // namespace tcp
 
 std::unique_ptr<Transport> createTcpTransport() { return std::make_unique<tcp::TcpTransport>(); }
+
+void registerTcpTransport() { registerTransport("tcp", &createTcpTransport); }
 
 }  // namespace attn

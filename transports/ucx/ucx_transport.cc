@@ -2,12 +2,14 @@
 // worker addresses exchanged over the bootstrap, tagged messages driven by
 // the progress engine. UCX picks the wires itself (shared memory, TCP, RDMA
 // verbs where present), steered by UCX_TLS / UCX_NET_DEVICES.
+#include "transports/ucx/ucx_transport.h"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
 #include <memory>
 
-#include "src/core/env.h"
+#include "src/core/settings.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/core/transport.h"
@@ -20,7 +22,6 @@ namespace attn {
 namespace ucx {
 namespace {
 
-constexpr int64_t kDefaultRegMin = int64_t(256) << 10;
 constexpr size_t kRegCacheEntries = 64;
 
 class UcxTransport : public Transport {
@@ -35,8 +36,8 @@ class UcxTransport : public Transport {
   attnResult_t connect(const TransportContext& ctx, const std::vector<int>& peers,
                        std::vector<std::unique_ptr<Connection>>* conns) override {
     ATTN_REQUIRE(conns != nullptr, "ucx: NULL connection list");
-    ATTN_CHECK(UcxWorker::create(envInt("ATTN_UCX_CUDA", 1) != 0, &worker_));
-    const int64_t regMin = std::max<int64_t>(envInt("ATTN_UCX_REG_MIN", kDefaultRegMin), 0);
+    ATTN_CHECK(UcxWorker::create(settingInt<Setting::kUcxCuda>() != 0, &worker_));
+    const int64_t regMin = settingInt<Setting::kUcxRegMin>()  /* >= 0 */;
     cache_ = std::make_unique<UcxRegCache>(worker_->context(), size_t(regMin), kRegCacheEntries);
 
     std::vector<uint8_t> mine;
@@ -107,5 +108,7 @@ class UcxTransport : public Transport {
 }  // namespace ucx
 
 std::unique_ptr<Transport> createUcxTransport() { return std::make_unique<ucx::UcxTransport>(); }
+
+void registerUcxTransport() { registerTransport("ucx", &createUcxTransport); }
 
 }  // namespace attn
