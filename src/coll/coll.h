@@ -1,6 +1,6 @@
 // Collective algorithms written on the engine's point-to-point primitives.
 // One algorithm per file; each works on bytes laid out in blocks, so the
-// public entry points (src/core/api_coll.cc) and the attention collectives
+// public entry points (src/api/api_coll.cc) and the attention collectives
 // can reuse them with any ring order and any block sizes.
 #pragma once
 

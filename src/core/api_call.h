@@ -97,7 +97,7 @@ attnResult_t dispatch(attnComm* comm, const char* name, Op&& op) {
   return runGuarded(op);
 }
 
-// Group bookkeeping (src/core/group.cc).
+// Group bookkeeping (src/api/api_group.cc).
 bool inGroup();
 struct P2pOp {
   bool isSend;

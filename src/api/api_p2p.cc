@@ -1,6 +1,6 @@
 // C API: point-to-point send and receive. Outside a group each call posts one
 // operation and waits for it; inside a group the operation is queued and the
-// group runs them all together (src/core/group.cc).
+// group runs them all together (src/api/api_group.cc).
 #include "src/core/api_call.h"
 #include "src/core/datatype.h"
 #include "src/device/device_group.h"
