@@ -71,9 +71,10 @@ int processRank(int rank, int nranks, std::vector<int>& pipes, const RankBody& b
 }  // namespace
 
 bool launchedExternally() {
-  for (const char* v : {"ATTN_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+  for (const char* v : {"ATTN_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
     if (getenv(v)) return true;
-  return false;
+  // A batch or salloc shell has SLURM_PROCID too; only srun's tasks have a step.
+  return getenv("SLURM_PROCID") && (getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID"));
 }
 
 RankBody abortingOnFailure(RankBody body) {

@@ -14,9 +14,10 @@ namespace attnperf {
 // Runs one rank on a communicator it then owns; returns 0 ok, else non-zero.
 using RankBody = std::function<int(attnComm_t comm)>;
 
-// True when a launcher set ATTN_RANK, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or
-// SLURM_PROCID. launchExternal then shares the unique id over MPI where the
-// binary has it (perf/mpi_launch.h), else calls attnCommInitFromEnv.
+// True when a launcher set ATTN_RANK, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK
+// or SLURM_PROCID with a step id (srun's tasks, not a batch shell).
+// launchExternal then shares the unique id over MPI where the binary has it
+// (perf/mpi_launch.h), else calls attnCommInitFromEnv.
 bool launchedExternally();
 
 // `device`: ATTN_DEVICE_HOST for host communicators, else the CUDA device

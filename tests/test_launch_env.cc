@@ -250,7 +250,7 @@ TEST(LaunchEnv, SlurmSrun) {
 
 TEST(LaunchEnv, SlurmMissingAndGarbage) {
   const Vars ok = {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "9"},
-                   {"SLURM_STEP_NODELIST", "localhost"}};
+                   {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NODELIST", "localhost"}};
   ASSERT_EQ(read(ok).err, "");
   auto with = [&](const char* k, const char* val) {
     Vars v = ok;
@@ -270,6 +270,9 @@ TEST(LaunchEnv, SlurmMissingAndGarbage) {
   EXPECT_EQ(with("SLURM_LOCALID", "x"), "SLURM_LOCALID=\"x\" is not a number");
   EXPECT_EQ(with("SLURM_JOB_ID", nullptr), "srun ranks without SLURM_JOB_ID: set MASTER_PORT or ATTN_ROOT");
   EXPECT_EQ(with("SLURM_JOB_ID", "4294967296"), "SLURM_JOB_ID=\"4294967296\" is outside [0, 4294967295]");
+  EXPECT_EQ(with("SLURM_STEP_ID", nullptr),
+            "SLURM_PROCID without SLURM_STEP_ID: not a task of srun (an sbatch or salloc shell?): "
+            "start the ranks with srun");
   EXPECT_EQ(with("SLURM_STEP_ID", "batch"), "SLURM_STEP_ID=\"batch\" is not a number");
   EXPECT_EQ(with("SLURM_STEP_ID", "4294967294"),
             "SLURM_STEP_ID=\"4294967294\" is Slurm's batch or extern step: start the ranks with srun");
@@ -292,7 +295,7 @@ TEST(LaunchEnv, SlurmMissingAndGarbage) {
 // srun's PMI plugins set PMI_RANK with Slurm's numbers: that is srun, with
 // its node list. mpiexec inside an allocation has different PMI numbers.
 TEST(LaunchEnv, PmiAndSlurmTogether) {
-  Vars v = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "9"},
+  Vars v = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "9"}, {"SLURM_STEP_ID", "0"},
             {"SLURM_STEP_NODELIST", "n[3-4]"}, {"PMI_RANK", "1"}, {"PMI_SIZE", "2"}};
   Read r = read(v);
   ASSERT_EQ(r.err, "");

@@ -114,6 +114,11 @@ std::string readRanks(const EnvLookup& get, Launcher* which, LaunchEnv* env) {
   }
   if (value(get, "SLURM_PROCID")) {
     *which = Launcher::kSlurm;
+    // srun sets a step id for its tasks; a batch or salloc shell has
+    // SLURM_PROCID and SLURM_NTASKS too, but its peers will never come.
+    if (!value(get, "SLURM_STEP_ID") && !value(get, "SLURM_STEPID"))
+      return "SLURM_PROCID without SLURM_STEP_ID: not a task of srun (an sbatch or salloc shell?): "
+             "start the ranks with srun";
     err = readRankPair(get, "SLURM_PROCID", slurmSizeVar(get), env);
     if (err.empty()) err = readOptional(get, "SLURM_LOCALID", 0, ATTN_MAX_NRANKS - 1, &env->localRank);
     return err;
