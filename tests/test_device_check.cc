@@ -28,7 +28,7 @@
 #include "support/gpu.h"
 #include "support/multirank.h"
 #include "support/ucx_cuda.h"
-#include "transports/cuda_ipc/ipc_stats.h"
+#include "src/device/cuda_ipc/ipc_stats.h"
 
 namespace {
 

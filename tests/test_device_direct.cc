@@ -19,7 +19,7 @@
 #include "src/device/stage_pipeline.h"
 #include "src/device/staged_p2p.h"
 #include "src/device/transport_direct.h"
-#include "transports/cuda_ipc/ipc_stats.h"
+#include "src/device/cuda_ipc/ipc_stats.h"
 #include "support/attn_fixtures.h"
 #include "support/device_attn.h"
 #include "support/device_checks.h"

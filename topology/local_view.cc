@@ -9,7 +9,6 @@
 #include <set>
 #include <sstream>
 
-#include "src/core/log.h"
 #include "topology/nccl_topo_xml.h"
 
 namespace attn {
@@ -93,10 +92,7 @@ MachineView discoverMachine(const DiscoveryOptions& opts) {
 const MachineView& machineView(const DiscoveryOptions& opts) {
   static std::once_flag once;
   static MachineView m;
-  std::call_once(once, [&] {
-    m = discoverMachine(opts);
-    for (const std::string& w : m.warnings) ATTN_WARN(kLogTopo, "%s", w.c_str());
-  });
+  std::call_once(once, [&] { m = discoverMachine(opts); });
   return m;
 }
 

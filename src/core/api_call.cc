@@ -1,7 +1,7 @@
 // ApiCall's handle check and the last resort of guardedEntry (api_call.h).
 #include "src/core/api_call.h"
 
-#include "src/device/device_route.h"
+#include "src/core/proxy_thread.h"
 
 namespace attn {
 namespace {
@@ -12,7 +12,7 @@ namespace {
 // get in.
 attnComm* admit(attnComm* comm, HandleLookup* lookup) {
   if (comm == nullptr) return nullptr;
-  *lookup = acquireHandle(comm, HandleKind::kComm, onAnyDeviceProxy());
+  *lookup = acquireHandle(comm, HandleKind::kComm, onDeviceProxyThread());
   if (lookup->state != HandleState::kLive) return nullptr;
   if (comm->magic != attnComm::kMagic) {  // the table and the object disagree: never use it
     comm->activeCalls.fetch_sub(1, std::memory_order_acq_rel);

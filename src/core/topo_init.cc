@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,12 @@ void logSummary(const attnComm* comm, const FabricModel& m) {
 attnResult_t topoBuild(attnComm* comm, uint32_t transportMask) {
   const int n = comm->nranks;
   LocalView local = discoverLocalView(discoveryOptionsFromEnv());
+  // The machine view is discovered once per process (topology/), so are its
+  // warnings said: once, not per communicator.
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    for (const std::string& w : local.machine.warnings) ATTN_WARN(kLogTopo, "%s", w.c_str());
+  });
   if (!local.hasRdma())
     ATTN_INFO(kLogTopo, "%s; using sockets/shared memory", local.machine.rdmaNote.empty()
                                                               ? "no RDMA devices" : local.machine.rdmaNote.c_str());

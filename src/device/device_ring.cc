@@ -8,8 +8,8 @@
 
 #include "src/device/cuda_check.h"
 #include "src/device/transport_direct.h"
-#include "transports/cuda_ipc/ipc_state.h"
-#include "transports/cuda_ipc/ipc_stats.h"
+#include "src/device/cuda_ipc/ipc_state.h"
+#include "src/device/cuda_ipc/ipc_stats.h"
 
 namespace attn {
 

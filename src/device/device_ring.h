@@ -37,7 +37,7 @@
 #include "src/core/engine.h"
 #include "src/device/device_attn_state.h"
 #include "src/device/ring_link.h"
-#include "transports/cuda_ipc/ipc_handles.h"
+#include "src/device/cuda_ipc/ipc_handles.h"
 
 namespace attn {
 

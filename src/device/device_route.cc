@@ -3,11 +3,12 @@
 #include <memory>
 
 #include "src/core/comm.h"
+#include "src/core/proxy_thread.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_signature.h"
 #include "src/device/device_state.h"
 #include "src/device/stage_pipeline.h"
-#include "transports/cuda_ipc/ipc_backend.h"
+#include "src/device/cuda_ipc/ipc_backend.h"
 
 namespace attn {
 namespace {
@@ -23,7 +24,7 @@ bool deviceRoute(const attnComm* comm) {
 
 bool onDeviceProxy(const attnComm* comm) { return comm->device && StreamBridge::onProxyThread(); }
 
-bool onAnyDeviceProxy() { return StreamBridge::onProxyThread(); }
+bool onAnyDeviceProxy() { return onDeviceProxyThread(); }
 
 attnResult_t deviceInit(attnComm* comm) {
   if (comm->config.device == ATTN_DEVICE_HOST) return attnSuccess;

@@ -1,5 +1,5 @@
 // Migration's bytes for a device pool: the K and V of every block as one
-// group of device sends and receives (transports/cuda_ipc/ipc_p2p.h), run
+// group of device sends and receives (src/device/cuda_ipc/ipc_p2p.h), run
 // here on the proxy thread. A receiver on this host that reaches the
 // sender's GPU copies each block straight out of the sender's slot (peer
 // copies; NVLink where present); any other pair goes over the host
@@ -12,7 +12,7 @@
 #include "src/device/device_state.h"
 #include "src/device/kv_device.h"
 #include "src/device/stage_pipeline.h"
-#include "transports/cuda_ipc/ipc_p2p.h"
+#include "src/device/cuda_ipc/ipc_p2p.h"
 
 namespace attn {
 namespace {

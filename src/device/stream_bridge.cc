@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "src/core/log.h"
+#include "src/core/proxy_thread.h"
 #include "src/device/cuda_check.h"
 #include "src/device/parked_streams.h"
 
 namespace attn {
 namespace {
 
-thread_local bool tlsOnProxy = false;
 std::atomic<int> liveCaptured{0};  // StreamBridge::capturedAlive
 
 // cuStreamWaitValue32 and cuStreamWriteValue32 have this signature.
@@ -114,7 +114,7 @@ class DeviceScope {
 
 }  // namespace
 
-bool StreamBridge::onProxyThread() { return tlsOnProxy; }
+bool StreamBridge::onProxyThread() { return onDeviceProxyThread(); }
 
 attnResult_t StreamBridge::create(int device, OnError onError, std::unique_ptr<StreamBridge>* out) {
   std::unique_ptr<StreamBridge> b(new StreamBridge());
@@ -360,7 +360,7 @@ attnResult_t StreamBridge::run(Item& it) {
 }
 
 void StreamBridge::proxyLoop() {
-  tlsOnProxy = true;
+  markDeviceProxyThread();
   (void)cudaSetDevice(device_);
   // The proxy synchronises its own streams: in relaxed mode that is allowed
   // while the application captures a graph elsewhere.

@@ -7,7 +7,7 @@
 #include "src/core/comm.h"
 #include "src/core/settings.h"
 #include "src/core/log.h"
-#include "transports/cuda_ipc/ipc_exchange.h"
+#include "src/device/cuda_ipc/ipc_exchange.h"
 
 namespace attn {
 

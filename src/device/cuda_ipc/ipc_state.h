@@ -15,7 +15,7 @@
 #include "src/device/device_buffer.h"
 #include "src/device/pinned_arena.h"
 #include "src/device/stage_pipeline.h"
-#include "transports/cuda_ipc/ipc_handles.h"
+#include "src/device/cuda_ipc/ipc_handles.h"
 
 struct attnComm;
 

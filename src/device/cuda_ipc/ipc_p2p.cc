@@ -1,4 +1,4 @@
-#include "transports/cuda_ipc/ipc_p2p.h"
+#include "src/device/cuda_ipc/ipc_p2p.h"
 
 #include <memory>
 #include <string>
@@ -10,7 +10,7 @@
 #include "src/device/cuda_check.h"
 #include "src/device/staged_p2p.h"
 #include "src/device/transport_direct.h"
-#include "transports/cuda_ipc/ipc_stats.h"
+#include "src/device/cuda_ipc/ipc_stats.h"
 
 namespace attn::ipc {
 namespace {

@@ -1,4 +1,4 @@
-#include "transports/cuda_ipc/ipc_collectives.h"
+#include "src/device/cuda_ipc/ipc_collectives.h"
 
 #include <algorithm>
 #include <string>
@@ -10,7 +10,7 @@
 #include "src/core/datatype.h"
 #include "src/core/error.h"
 #include "src/device/cuda_check.h"
-#include "transports/cuda_ipc/ipc_exchange.h"
+#include "src/device/cuda_ipc/ipc_exchange.h"
 
 namespace attn::ipc {
 namespace {

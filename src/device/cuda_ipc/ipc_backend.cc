@@ -1,13 +1,13 @@
-#include "transports/cuda_ipc/ipc_backend.h"
+#include "src/device/cuda_ipc/ipc_backend.h"
 
 #include "src/core/comm.h"
 #include "src/core/error.h"
 #include "src/device/device_route.h"
 #include "src/device/device_signature.h"
 #include "src/device/device_state.h"
-#include "transports/cuda_ipc/ipc_collectives.h"
-#include "transports/cuda_ipc/ipc_p2p.h"
-#include "transports/cuda_ipc/ipc_stats.h"
+#include "src/device/cuda_ipc/ipc_collectives.h"
+#include "src/device/cuda_ipc/ipc_p2p.h"
+#include "src/device/cuda_ipc/ipc_stats.h"
 
 namespace attn {
 
