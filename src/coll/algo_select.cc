@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "src/coll/coll_algorithms.h"
 #include "src/core/comm.h"
 #include "src/core/settings.h"
 #include "src/core/error.h"
@@ -23,93 +24,68 @@ double rateAt(const std::vector<double>& v, size_t i) {
   return v.empty() ? 1e9 : v[std::min(i, v.size() - 1)];
 }
 
-// An ATTN_*_ALGO-style setting (an enum of the table, settings.def): unset,
-// empty or "auto" gives its first choice, auto, which is also the first
-// enumerator of `T`; the choices follow in `T`'s order (checked below).
-template <Setting S, typename T>
-attnResult_t readChoice(T* out) {
-  int index = 0;
-  ATTN_CHECK(settingEnum<S>(&index));
-  *out = static_cast<T>(index);
-  return attnSuccess;
-}
-
-static_assert(settingChoiceIndex(Setting::kAlgo, "auto") == int(AlgoSetting::kAuto) &&
-              settingChoiceIndex(Setting::kAlgo, "ring") == int(AlgoSetting::kRing) &&
-              settingChoiceIndex(Setting::kAlgo, "hier") == int(AlgoSetting::kHier) &&
-              settingChoiceIndex(Setting::kAlgo, "direct") == int(AlgoSetting::kDirect));
-static_assert(settingChoiceIndex(Setting::kAllToAll, "auto") == int(AllToAllSetting::kAuto) &&
-              settingChoiceIndex(Setting::kAllToAll, "concurrent") == int(AllToAllSetting::kConcurrent) &&
-              settingChoiceIndex(Setting::kAllToAll, "stepped") == int(AllToAllSetting::kStepped));
-static_assert(settingChoiceIndex(Setting::kReduceAlgo, "auto") == int(ReduceSetting::kAuto) &&
-              settingChoiceIndex(Setting::kReduceAlgo, "tree") == int(ReduceSetting::kTree) &&
-              settingChoiceIndex(Setting::kReduceAlgo, "chain") == int(ReduceSetting::kChain) &&
-              settingChoiceIndex(Setting::kReduceAlgo, "scatter") == int(ReduceSetting::kScatter) &&
-              settingChoiceIndex(Setting::kReduceAlgo, "direct") == int(ReduceSetting::kDirect));
-static_assert(settingChoiceIndex(Setting::kAllReduceAlgo, "auto") == int(AllReduceSetting::kAuto) &&
-              settingChoiceIndex(Setting::kAllReduceAlgo, "doubling") == int(AllReduceSetting::kDoubling) &&
-              settingChoiceIndex(Setting::kAllReduceAlgo, "scatter") == int(AllReduceSetting::kScatter));
-static_assert(settingChoiceIndex(Setting::kBroadcastAlgo, "auto") == int(BroadcastSetting::kAuto) &&
-              settingChoiceIndex(Setting::kBroadcastAlgo, "tree") == int(BroadcastSetting::kTree) &&
-              settingChoiceIndex(Setting::kBroadcastAlgo, "chain") == int(BroadcastSetting::kChain) &&
-              settingChoiceIndex(Setting::kBroadcastAlgo, "direct") == int(BroadcastSetting::kDirect));
-
 }  // namespace
 
-attnResult_t readAlgoSetting(AlgoSetting* out) { return readChoice<Setting::kAlgo>(out); }
-
-attnResult_t readAllToAllSetting(AllToAllSetting* out) { return readChoice<Setting::kAllToAll>(out); }
-
-attnResult_t readReduceSetting(ReduceSetting* out) { return readChoice<Setting::kReduceAlgo>(out); }
-
-ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
-  if (nranks < 2) return ReduceAlgo::kChain;  // one rank: a copy
-  switch (s) {
-    case ReduceSetting::kTree: return ReduceAlgo::kTree;
-    case ReduceSetting::kChain: return ReduceAlgo::kChain;
-    case ReduceSetting::kScatter: return ReduceAlgo::kScatter;
-    case ReduceSetting::kDirect: return ReduceAlgo::kDirect;
-    case ReduceSetting::kAuto: break;
-  }
-  if (nranks > 2 && singleCopy && nranks <= kReduceDirectMaxRanks && bytes <= kReduceDirectMax)
-    return ReduceAlgo::kDirect;
-  if (nranks > 2 && bytes <= kReduceTreeMax) return ReduceAlgo::kTree;
-  if (nranks > 2 && singleCopy && bytes >= kReduceScatterMin && bytes <= kReduceScatterMax)
-    return ReduceAlgo::kScatter;
-  return ReduceAlgo::kChain;
+// The setting parsers take their names from the tables (coll_algorithms.h).
+attnResult_t readAlgoSetting(AlgoSetting* out) {
+  return readAlgoSettingFrom(Setting::kAlgo, allGatherAlgorithms(), out);
 }
 
-attnResult_t readAllReduceSetting(AllReduceSetting* out) { return readChoice<Setting::kAllReduceAlgo>(out); }
+attnResult_t readAllToAllSetting(AllToAllSetting* out) {
+  return readAlgoSettingFrom(Setting::kAllToAll, allToAllSchedules(), out);
+}
 
-attnResult_t readBroadcastSetting(BroadcastSetting* out) { return readChoice<Setting::kBroadcastAlgo>(out); }
+attnResult_t readReduceSetting(ReduceSetting* out) {
+  return readAlgoSettingFrom(Setting::kReduceAlgo, reduceAlgorithms(), out);
+}
+
+attnResult_t readAllReduceSetting(AllReduceSetting* out) {
+  return readAlgoSettingFrom(Setting::kAllReduceAlgo, allReduceAlgorithms(), out);
+}
+
+attnResult_t readBroadcastSetting(BroadcastSetting* out) {
+  return readAlgoSettingFrom(Setting::kBroadcastAlgo, broadcastAlgorithms(), out);
+}
+
+// The choosers: a named algorithm (the setting's value less one), else the
+// table's auto pick.
+ReduceAlgo chooseReduceAlgo(ReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
+  if (nranks < 2) return ReduceAlgo::kChain;  // one rank: a copy
+  if (s != ReduceSetting::kAuto) return static_cast<ReduceAlgo>(int(s) - 1);
+  AutoInputs in;
+  in.nranks = nranks;
+  in.singleCopy = singleCopy;
+  in.bytes = bytes;
+  return autoPick(reduceAlgorithms(), in).algo;
+}
 
 BroadcastAlgo chooseBroadcastAlgo(BroadcastSetting s, int nranks, bool peersAreProcesses, size_t bytes,
                                   size_t stageMax) {
-  switch (s) {
-    case BroadcastSetting::kTree: return BroadcastAlgo::kTree;
-    case BroadcastSetting::kChain: return BroadcastAlgo::kChain;
-    case BroadcastSetting::kDirect: return BroadcastAlgo::kDirect;
-    case BroadcastSetting::kAuto: break;
-  }
-  if (bytes <= kBroadcastSmallMax)
-    return nranks <= kBroadcastDirectMaxRanks ? BroadcastAlgo::kDirect : BroadcastAlgo::kTree;
-  if (peersAreProcesses && bytes <= stageMax) return BroadcastAlgo::kDirect;
-  return BroadcastAlgo::kChain;
+  if (s != BroadcastSetting::kAuto) return static_cast<BroadcastAlgo>(int(s) - 1);
+  AutoInputs in;
+  in.nranks = nranks;
+  in.peersAreProcesses = peersAreProcesses;
+  in.bytes = bytes;
+  in.limit = stageMax;
+  return autoPick(broadcastAlgorithms(), in).algo;
 }
 
 AllReduceAlgo chooseAllReduceAlgo(AllReduceSetting s, int nranks, bool singleCopy, size_t bytes) {
   if (nranks < 2) return AllReduceAlgo::kDoubling;  // one rank: a copy
-  if (s == AllReduceSetting::kDoubling) return AllReduceAlgo::kDoubling;
-  if (s == AllReduceSetting::kScatter) return AllReduceAlgo::kScatter;
-  const size_t max = singleCopy ? kAllReduceDoublingShmMax : kAllReduceDoublingMax;
-  return bytes <= max ? AllReduceAlgo::kDoubling : AllReduceAlgo::kScatter;
+  if (s != AllReduceSetting::kAuto) return static_cast<AllReduceAlgo>(int(s) - 1);
+  AutoInputs in;
+  in.nranks = nranks;
+  in.singleCopy = singleCopy;
+  in.bytes = bytes;
+  return autoPick(allReduceAlgorithms(), in).algo;
 }
 
 AllToAllSchedule chooseAllToAllSchedule(AllToAllSetting s, bool allShm, size_t maxBlock) {
-  if (s == AllToAllSetting::kStepped) return AllToAllSchedule::kStepped;
-  if (s == AllToAllSetting::kConcurrent) return AllToAllSchedule::kConcurrent;
-  return !allShm && maxBlock >= kSteppedMinBlock ? AllToAllSchedule::kStepped
-                                                 : AllToAllSchedule::kConcurrent;
+  if (s != AllToAllSetting::kAuto) return static_cast<AllToAllSchedule>(int(s) - 1);
+  AutoInputs in;
+  in.allShm = allShm;
+  in.maxBlock = maxBlock;
+  return autoPick(allToAllSchedules(), in).algo;
 }
 
 TierRates defaultTierRates() {
@@ -147,13 +123,23 @@ double hierSeconds(const Hierarchy& h, size_t totalBytes, const TierRates& rates
   return t;
 }
 
+namespace {
+AutoInputs modelInputs(const Hierarchy& h, size_t totalBytes, const TierRates& rates) {
+  AutoInputs in;
+  in.nranks = h.nranks;
+  in.bytes = totalBytes;
+  in.hier = &h;
+  in.rates = &rates;
+  return in;
+}
+}  // namespace
+
 CollAlgo chooseAlgo(AlgoSetting s, const Hierarchy& h, size_t totalBytes, const TierRates& rates) {
-  // kDirect is all-gather's alone; the others run the ring under it.
+  // kDirect is all-gather's alone; the others run the ring under it. Hier
+  // needs a regular hierarchy, even when named.
   if (s == AlgoSetting::kRing || s == AlgoSetting::kDirect || !h.regular) return CollAlgo::kRing;
   if (s == AlgoSetting::kHier) return CollAlgo::kHier;
-  if (!h.worthwhile()) return CollAlgo::kRing;
-  return hierSeconds(h, totalBytes, rates) < flatRingSeconds(h, totalBytes, rates) ? CollAlgo::kHier
-                                                                                    : CollAlgo::kRing;
+  return autoPick(reduceScatterAlgorithms(), modelInputs(h, totalBytes, rates)).algo;
 }
 
 size_t readStageMaxBlock() {
@@ -164,9 +150,12 @@ size_t readStageMaxBlock() {
 CollAlgo chooseAllGatherAlgo(AlgoSetting s, const Hierarchy& h, bool singleCopy, size_t maxBlock,
                              size_t totalBytes, const TierRates& rates, size_t directMax) {
   if (s == AlgoSetting::kDirect) return CollAlgo::kDirect;
-  if (s == AlgoSetting::kAuto && singleCopy && !h.worthwhile() && maxBlock <= directMax)
-    return CollAlgo::kDirect;
-  return chooseAlgo(s, h, totalBytes, rates);
+  if (s != AlgoSetting::kAuto) return chooseAlgo(s, h, totalBytes, rates);
+  AutoInputs in = modelInputs(h, totalBytes, rates);
+  in.singleCopy = singleCopy;
+  in.maxBlock = maxBlock;
+  in.limit = directMax;
+  return autoPick(allGatherAlgorithms(), in).algo;
 }
 
 TierRates tierRatesFor(const attnComm* comm) {
@@ -238,7 +227,7 @@ CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll
                       : s == AlgoSetting::kHier   ? "ATTN_ALGO=hier"
                       : !t.hier.worthwhile()      ? "single tier"
                                                   : "cost model";
-    const char* name = a == CollAlgo::kHier ? "hier" : a == CollAlgo::kDirect ? "direct" : "ring";
+    const char* name = findAlgo(allGatherAlgorithms(), a)->title;
     ATTN_INFO(kLogColl, "%s: %s (%s; %s; model for %zu bytes: ring %.3g s, hier %.3g s)", coll, name,
               why, t.hier.describe().c_str(), totalBytes, flatRingSeconds(t.hier, totalBytes, t.rates),
               hierSeconds(t.hier, totalBytes, t.rates));
@@ -253,7 +242,7 @@ AllToAllSchedule pickAllToAllSchedule(attnComm* comm, AllToAllSetting s, size_t 
   if (!(comm->collTopo->loggedAllToAll & bit)) {
     comm->collTopo->loggedAllToAll |= bit;
     ATTN_INFO(kLogColl, "AllToAll: %s (%s; largest block %zu bytes)",
-              a == AllToAllSchedule::kStepped ? "stepped" : "concurrent",
+              findAlgo(allToAllSchedules(), a)->title,
               s != AllToAllSetting::kAuto ? settingName(Setting::kAllToAll)
               : t.allShm                  ? "every peer by shm"
                                           : "some peer not by shm",
@@ -268,10 +257,7 @@ ReduceAlgo pickReduceAlgo(attnComm* comm, ReduceSetting s, size_t bytes) {
   const unsigned bit = 1u << static_cast<unsigned>(a);
   if (!(comm->collTopo->loggedReduce & bit)) {
     comm->collTopo->loggedReduce |= bit;
-    const char* name = a == ReduceAlgo::kTree      ? "binomial tree"
-                       : a == ReduceAlgo::kDirect  ? "direct"
-                       : a == ReduceAlgo::kScatter ? "reduce-scatter + gather"
-                                                   : "chain";
+    const char* name = findAlgo(reduceAlgorithms(), a)->title;
     const char* why = s != ReduceSetting::kAuto      ? settingName(Setting::kReduceAlgo)
                       : a == ReduceAlgo::kDirect      ? "small message, few ranks on one host over shm"
                       : a == ReduceAlgo::kTree        ? "small message"
@@ -289,7 +275,7 @@ AllReduceAlgo pickAllReduceAlgo(attnComm* comm, AllReduceSetting s, size_t bytes
   if (!(comm->collTopo->loggedAllReduce & bit)) {
     comm->collTopo->loggedAllReduce |= bit;
     ATTN_INFO(kLogColl, "AllReduce: %s (%s; %zu bytes)",
-              a == AllReduceAlgo::kDoubling ? "recursive doubling" : "reduce-scatter + all-gather",
+              findAlgo(allReduceAlgorithms(), a)->title,
               s != AllReduceSetting::kAuto ? settingName(Setting::kAllReduceAlgo)
               : a == AllReduceAlgo::kDoubling ? "small message"
                                              : "large message",
@@ -305,7 +291,7 @@ BroadcastAlgo pickBroadcastAlgo(attnComm* comm, BroadcastSetting s, size_t bytes
   if (!(comm->collTopo->loggedBroadcast & bit)) {
     comm->collTopo->loggedBroadcast |= bit;
     ATTN_INFO(kLogColl, "Broadcast: %s (%s; %zu bytes)",
-              a == BroadcastAlgo::kTree ? "binomial tree" : a == BroadcastAlgo::kDirect ? "direct" : "chain",
+              findAlgo(broadcastAlgorithms(), a)->title,
               s != BroadcastSetting::kAuto   ? settingName(Setting::kBroadcastAlgo)
               : bytes <= kBroadcastSmallMax  ? (a == BroadcastAlgo::kTree ? "small message, many ranks"
                                                                           : "small message, few ranks")

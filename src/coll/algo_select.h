@@ -102,8 +102,10 @@ CollTopo& collTopo(attnComm* comm);
 TierRates tierRatesFor(const attnComm* comm);
 
 // Picks the algorithm of one call (logs each new choice once per
-// communicator at INFO, COLL). `coll` is a short name for the log;
+// communicator at INFO, COLL). `collIndex` says which collective (only
+// all-gather may run direct); `coll` is a short name for the log;
 // `maxBlock` the largest rank block (all-gather's direct choice).
+enum CollIndex { kAllGatherIdx = 0, kReduceScatterIdx = 1, kAllReduceIdx = 2, kReduceIdx = 3 };
 CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll,
                   size_t totalBytes, size_t maxBlock = 0);
 
@@ -133,6 +135,12 @@ attnResult_t runAllGather(attnComm* comm, AlgoSetting s, const char* coll, char*
 attnResult_t runReduceScatter(attnComm* comm, AlgoSetting s, const char* coll, const char* in,
                               char* out, const std::vector<Block>& byRank, attnDataType_t type,
                               attnRedOp_t op);
+// The same, by algorithm `a` (its row of coll_algorithms.h's table; a
+// reduce-scatter asked for direct runs the ring). attnAvg divides.
+attnResult_t allGatherWith(attnComm* comm, CollAlgo a, char* buf, const std::vector<Block>& byRank,
+                           size_t elemSize);
+attnResult_t reduceScatterWith(attnComm* comm, CollAlgo a, const char* in, char* out,
+                               const std::vector<Block>& byRank, attnDataType_t type, attnRedOp_t op);
 // Broadcast: ATTN_BROADCAST_ALGO=tree|chain|direct|auto (default auto),
 // read at every call. tree: a binomial tree over the proximity order,
 // ceil(log2 n) message steps. chain: pipelined along the ring in rank order
