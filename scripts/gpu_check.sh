@@ -190,7 +190,7 @@ stage_perf() {
     run "$BUILD/perf/all_reduce_perf" --device 0 -t 2 -G $graph -b 8 -e 64K -f 8 -n 200 -w 20 -c 1
   done
   # The staging backend (cuda_ipc off) in one piece, then pipelined:
-  # collectives, and send/recv (src/device/staged_p2p.h).
+  # collectives, and send/recv (src/device/backends/staging/staged_p2p.h).
   for chunk in 0 4194304; do
     run env ATTN_TRANSPORT=shm,tcp ATTN_DEVICE_STAGE_CHUNK=$chunk \
       "$BUILD/perf/all_reduce_perf" --device 0 --procs 2 -b 4M -e 256M -f 4 -n 20 -w 5 -c 1

@@ -1,4 +1,4 @@
-// The cuda_ipc backend of device communicators (src/device/cuda_ipc):
+// The cuda_ipc backend of device communicators (src/device/backends/cuda_ipc):
 // collectives move device buffers GPU to GPU when every rank is on this
 // host. Its ATTN_TRANSPORT name is checked everywhere; the GPU tests skip
 // without a GPU.
@@ -27,7 +27,7 @@
 #include <cstring>
 
 #include "support/gpu.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 #endif
 
 namespace {

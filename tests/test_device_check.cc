@@ -22,13 +22,13 @@
 #include <vector>
 
 #include "attncomm.h"
-#include "src/device/stage_pipeline.h"
-#include "src/device/transport_direct.h"
+#include "src/device/backends/staging/stage_pipeline.h"
+#include "src/device/backends/direct/transport_direct.h"
 #include "support/device_checks.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
 #include "support/ucx_cuda.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 
 namespace {
 

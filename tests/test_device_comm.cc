@@ -21,7 +21,7 @@
 #include "support/gpu.h"
 #include "support/level_fixtures.h"
 #include "support/multirank.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 
 namespace {
 
@@ -865,7 +865,7 @@ TEST(DeviceComm, HeadParallelWithIdleRanksAndChosenByAuto) {
 }
 
 // attnLevelAttention on device communicators
-// (src/device/level_alltoall_device.cc), importance scores in device
+// (src/attn/device/level_alltoall_device.cc), importance scores in device
 // memory: keeping every key equals exact attention, and dropping keeps
 // exactly the documented keys (the reference over them, level_fixtures.h).
 // Ranks sharing GPU 0 are one host, so both near tiers get the same keep.

@@ -1,5 +1,5 @@
 // Device communicators over a transport that moves device memory itself
-// (src/device/transport_direct.h): UCX built with CUDA. The collectives and
+// (src/device/backends/direct/transport_direct.h): UCX built with CUDA. The collectives and
 // send/recv hand the device buffers to UCX with no staging through pinned
 // host memory. Results must be exact, and the counters must show the
 // direct path ran (and nothing was staged); ATTN_UCX_CUDA=0 must stage.
@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "attncomm.h"
-#include "src/device/stage_pipeline.h"
-#include "src/device/staged_p2p.h"
-#include "src/device/transport_direct.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/staging/stage_pipeline.h"
+#include "src/device/backends/staging/staged_p2p.h"
+#include "src/device/backends/direct/transport_direct.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 #include "support/attn_fixtures.h"
 #include "support/device_attn.h"
 #include "support/device_checks.h"

@@ -20,7 +20,7 @@
 #include "support/device_attn.h"
 #include "support/gpu.h"
 #include "support/multirank.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 
 namespace {
 

@@ -29,7 +29,7 @@
 #include "support/gpu.h"
 #include "support/kv_fixtures.h"
 #include "support/multirank.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 
 namespace {
 

@@ -1,10 +1,10 @@
 // The staging backend of device communicators, pipelined
-// (src/device/stage_pipeline.h): collectives larger than a slice run slice
+// (src/device/backends/staging/stage_pipeline.h): collectives larger than a slice run slice
 // by slice through pinned host memory. ATTN_TRANSPORT=shm,tcp keeps
 // cuda_ipc out, so every collective here is staged; a small
 // ATTN_DEVICE_STAGE_CHUNK cuts each into several slices with a shorter last
 // one. Results must be exact and the slice counter must show the cut.
-// Grouped sends and receives go the same way (src/device/staged_p2p.h).
+// Grouped sends and receives go the same way (src/device/backends/staging/staged_p2p.h).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "attncomm.h"
-#include "src/device/stage_pipeline.h"
-#include "src/device/staged_p2p.h"
+#include "src/device/backends/staging/stage_pipeline.h"
+#include "src/device/backends/staging/staged_p2p.h"
 #include "support/device_checks.h"
 #include "support/device_p2p.h"
 #include "support/gpu.h"

@@ -17,7 +17,7 @@
 #include <chrono>
 #include <thread>
 
-#include "src/device/nccl_bridge.h"
+#include "src/device/backends/nccl/nccl_bridge.h"
 #include "support/attn_fixtures.h"
 #include "support/device_attn.h"
 #include "support/device_checks.h"

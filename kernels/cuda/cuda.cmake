@@ -15,9 +15,11 @@ enable_language(CUDA)
 
 file(GLOB ATTN_CUDA_SRC CONFIGURE_DEPENDS
      ${CMAKE_CURRENT_LIST_DIR}/*.cu ${CMAKE_CURRENT_LIST_DIR}/*.cc)
-# src/device: the stream bridge of device communicators (host C++ on the
-# CUDA runtime), built with the kernels because it needs the same runtime.
-file(GLOB ATTN_DEVICE_SRC CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/*.cc ${PROJECT_SOURCE_DIR}/src/device/cuda_ipc/*.cc)
+# src/device (device communicators: backends, stream bridge) and src/attn/device
+# (the GPU side of the attention algorithms): host C++ on the CUDA runtime,
+# built with the kernels because it needs the same runtime.
+file(GLOB_RECURSE ATTN_DEVICE_SRC CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/*.cc
+     ${PROJECT_SOURCE_DIR}/src/attn/device/*.cc)
 add_library(attncomm_cuda_obj OBJECT ${ATTN_CUDA_SRC} ${ATTN_DEVICE_SRC})
 target_compile_definitions(attncomm_cuda_obj PRIVATE ATTN_HAVE_CUDA=1)
 set_target_properties(attncomm_cuda_obj PROPERTIES

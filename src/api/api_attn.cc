@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
+#include "src/attn/attn_algorithms.h"
 #include "src/attn/attn_call.h"
 #include "src/attn/calibrate.h"
 #include "src/attn/plan_call.h"
@@ -15,7 +16,6 @@
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
 #include "src/device/device_route.h"
-#include "src/device/ring_attn_device.h"
 #include "src/core/datatype.h"
 #include "src/core/log.h"
 
@@ -23,26 +23,15 @@ using namespace attn;
 
 namespace {
 
-// The host algorithm of each mode (AUTO already resolved).
-attnResult_t (*hostAlgorithm(attnAttnMode_t mode))(AttnCall&) {
-  switch (mode) {
-    case attnModePassKV: return runPassKv;
-    case attnModePassQ: return runPassQ;
-    case attnModeShipQ: return runShipQ;
-    case attnModeHeadParallel: return runHeadParallel;
-    default: return nullptr;
-  }
-}
-
 attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const void* v, void* out,
                            float* lse, const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg,
                            attnAttnMode_t mode) {
   auto t0 = Clock::now();
   AttnCall c;
   ATTN_CHECK(planCall(comm, q, k, v, layout, cfg, &mode, &c));
-  auto* algo = hostAlgorithm(mode);
+  const AttnAlgorithm* algo = findAttnAlgorithm(mode);
   if (!algo) return setError(attnInternalError, "no algorithm for mode %d", (int)mode);
-  ATTN_CHECK(runHostCall(c, algo, out, lse));
+  ATTN_CHECK(runHostCall(c, algo->host, out, lse));
   recordStats(c, mode, t0);
   return attnSuccess;
 }
@@ -50,8 +39,7 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
 // Device communicator: the layout (host memory) is copied now; the call
 // runs on the communicator's proxy thread when its turn comes on the
 // stream. Every mode runs the CUDA kernels on the device while its blocks
-// move (src/device: ring_pass_kv_device.cc, ring_pass_q_device.cc,
-// ship_q_device.cc, head_parallel_device.cc).
+// move (its device run in src/attn/attn_algorithms.cc's table).
 attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* out, float* lse,
                              const attnSeqLayout_t& lay, const attnAttnConfig_t& cfg, attnAttnMode_t mode,
                              attnComm* comm, attnStream_t stream, int64_t qRows, int64_t kvRows) {
@@ -66,14 +54,9 @@ attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* 
     AttnCall c;
     attnAttnMode_t m = mode;
     ATTN_CHECK(planCall(comm, q, k, v, lc->layout, cfg, &m, &c));
-    const DeviceAttnBuffers io{out, lse};
-    switch (m) {
-      case attnModePassKV: ATTN_CHECK(runPassKvDevice(c, io)); break;
-      case attnModePassQ: ATTN_CHECK(runPassQDevice(c, io)); break;
-      case attnModeShipQ: ATTN_CHECK(runShipQDevice(c, io)); break;
-      case attnModeHeadParallel: ATTN_CHECK(runHeadParallelDevice(c, io)); break;
-      default: return setError(attnInternalError, "no device algorithm for mode %d", (int)m);
-    }
+    const AttnAlgorithm* algo = findAttnAlgorithm(m);
+    if (!algo || !algo->device) return setError(attnInternalError, "no device algorithm for mode %d", (int)m);
+    ATTN_CHECK(algo->device(c, DeviceAttnBuffers{out, lse}));
     recordStats(c, m, t0);
     return attnSuccess;
   });
@@ -98,7 +81,7 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
     attnResult_t bad = attnSuccess;
     if (stream != nullptr && !deviceRoute(comm))
       bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
-    else if (mode < attnModeAuto || mode > attnModeHeadParallel)
+    else if (mode != attnModeAuto && !findAttnAlgorithm(mode))
       bad = setError(attnInvalidArgument, "unknown attention mode %d", (int)mode);
     else
       bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);

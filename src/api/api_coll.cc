@@ -1,6 +1,8 @@
 // C API: the standard collectives. Each entry validates its arguments, then
-// dispatches a closure that checks the signature (ATTN_CHECK) and runs the
-// algorithm from src/coll/. With signature checks on, a rank that refuses
+// launches the call: on a device communicator, to the device backends
+// (src/device/device_route.h); else as a closure, run now, in the group or
+// on the executor, that checks the signature (ATTN_CHECK) and runs the
+// library's internal collective entry (src/coll/coll_entry.h). With signature checks on, a rank that refuses
 // its arguments still takes part in the signature exchange (refuse()), so
 // its peers fail the call too instead of waiting for it.
 #include <algorithm>
@@ -8,13 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/reduce.h"
-#include "src/coll/algo_select.h"
 #include "src/coll/coll.h"
+#include "src/coll/coll_entry.h"
 #include "src/coll/signature.h"
 #include "src/core/api_call.h"
-#include "src/device/device_route.h"
 #include "src/core/datatype.h"
+#include "src/device/device_route.h"
 
 using namespace attn;
 
@@ -43,33 +44,9 @@ attnResult_t checkBuffers(const void* send, const void* recv, size_t count) {
   return attnSuccess;
 }
 
-// A collective for the device backends (device_op.h): what it is, and its
-// staged twin.
-DeviceOp deviceColl(DeviceOpKind kind, const void* send, void* recv, size_t count, attnDataType_t type,
-                    std::vector<DeviceSpan> spans, HostOp host) {
-  DeviceOp d;
-  d.kind = kind;
-  d.send = send;
-  d.recv = recv;
-  d.count = count;
-  d.type = type;
-  d.spans = std::move(spans);
-  d.hostOp = std::move(host);
-  return d;
-}
-
 bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return an && bn && x < y + bn && y < x + an;
-}
-
-// The call's signature exchange (ATTN_CHECK). On a device communicator's
-// proxy thread the call is the host half of a staged device collective,
-// whose signature the proxy exchanged before staging it
-// (src/device/device_signature.h).
-attnResult_t checkCallSignature(attnComm* comm, const CollSignature& sig) {
-  if (onDeviceProxy(comm)) return attnSuccess;
-  return checkSignature(comm, sig);
 }
 
 // A call this rank refuses (`status`, whose text is the thread's last
@@ -200,6 +177,74 @@ attnResult_t checkAllToAllvArgs(attnComm* comm, const void* send, const size_t* 
   return attnSuccess;
 }
 
+// The signature every rank's call is checked against (ATTN_CHECK).
+CollSignature signatureOf(const CollArgs& a) {
+  const bool reduces = a.kind == CollKind::kReduceScatter || a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduce;
+  const bool rooted = a.kind == CollKind::kReduce || a.kind == CollKind::kBroadcast;
+  CollSignature sig;
+  sig.kind = static_cast<uint32_t>(a.kind);
+  sig.datatype = a.kind == CollKind::kBarrier ? -1 : a.type;
+  sig.op = reduces ? a.op : -1;
+  sig.root = rooted ? a.root : -1;
+  sig.count = a.count;
+  return sig;
+}
+
+DeviceOpKind deviceKindOf(CollKind k) {
+  switch (k) {
+    case CollKind::kAllGather: return DeviceOpKind::kAllGather;
+    case CollKind::kReduceScatter: return DeviceOpKind::kReduceScatter;
+    case CollKind::kAllReduce: return DeviceOpKind::kAllReduce;
+    case CollKind::kBroadcast: return DeviceOpKind::kBroadcast;
+    case CollKind::kReduce: return DeviceOpKind::kReduce;
+    case CollKind::kAllToAll: return DeviceOpKind::kAllToAll;
+    case CollKind::kAllToAllv: return DeviceOpKind::kAllToAllv;
+    default: return DeviceOpKind::kBarrier;
+  }
+}
+
+// Launches a validated call. A device communicator's backends get the
+// operation with the buffers staging would copy ([0] send, [1] receive);
+// a host communicator runs it now, in the group or on the executor. The
+// algorithm settings are read here, at the call, for both.
+attnResult_t launch(attnComm* comm, attnStream_t stream, const char* name, CollArgs a,
+                    std::vector<DeviceSpan> spans) {
+  CollSettings settings;
+  ATTN_CHECK(readCollSettings(a.kind, &settings));
+  if (deviceRoute(comm)) {
+    DeviceOp d;
+    d.kind = deviceKindOf(a.kind);
+    d.send = a.send;
+    d.recv = a.recv;
+    d.count = a.count;
+    d.type = a.type;
+    d.op = a.op;
+    d.root = a.root;
+    d.sendcounts = std::move(a.sendcounts);
+    d.sdispls = std::move(a.sdispls);
+    d.recvcounts = std::move(a.recvcounts);
+    d.rdispls = std::move(a.rdispls);
+    d.spans = std::move(spans);
+    d.settings = settings;
+    return deviceEnqueue(comm, stream, std::move(d));
+  }
+  const CollSignature sig = signatureOf(a);
+  return dispatch(comm, name, [comm, a = std::move(a), settings, sig] {
+    ATTN_CHECK(checkSignature(comm, sig));
+    return runHostCollective(comm, a, settings);
+  });
+}
+
+CollArgs argsOf(CollKind kind, const void* send, void* recv, size_t count, attnDataType_t type) {
+  CollArgs a;
+  a.kind = kind;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.type = type;
+  return a;
+}
+
 }  // namespace
 
 extern "C" {
@@ -211,26 +256,10 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkAllGatherArgs(comm, sendbuff, recvbuff, sendcount, datatype, stream); r != attnSuccess)
       return call.finish(refuse(comm, stream, CollKind::kAllGather, r));
-    const size_t esz = dataTypeSize(datatype), bytes = sendcount * esz;
-    const int n = comm->nranks, me = comm->rank;
-    char* out = static_cast<char*>(recvbuff);
-    if (deviceRoute(comm)) {
-      DeviceOp d = deviceColl(DeviceOpKind::kAllGather, sendbuff, out, sendcount, datatype,
-                              {{sendbuff, bytes, true, false}, {out, bytes * n, false, true}}, [=](char* const* h) {
-                                return attnAllGather(h[0], h[1], sendcount, datatype, comm, nullptr);
-                              });
-      d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllGather(in, o, c, datatype, comm, nullptr); };
-      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-    }
-    AlgoSetting algo;
-    ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
-    return call.finish(dispatch(comm, "AllGather", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllGather, datatype, -1, -1, sendcount}));
-      if (sendbuff != out + me * bytes) std::memcpy(out + me * bytes, sendbuff, bytes);
-      std::vector<Block> blocks(n);
-      for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-      return runAllGather(comm, algo, "AllGather", out, blocks, esz);
-    }));
+    const size_t bytes = sendcount * dataTypeSize(datatype);
+    return call.finish(launch(comm, stream, "AllGather",
+                              argsOf(CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype),
+                              {{sendbuff, bytes, true, false}, {recvbuff, bytes * comm->nranks, false, true}}));
   });
 }
 
@@ -243,29 +272,11 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     if (attnResult_t r = checkReduceScatterArgs(comm, sendbuff, recvbuff, recvcount, datatype, op, stream);
         r != attnSuccess)
       return call.finish(refuse(comm, stream, CollKind::kReduceScatter, r));
-    const size_t esz = dataTypeSize(datatype), bytes = recvcount * esz;
-    const int n = comm->nranks;
-    const char* in = static_cast<const char*>(sendbuff);
-    char* out = static_cast<char*>(recvbuff);
-    if (deviceRoute(comm)) {
-      DeviceOp d = deviceColl(DeviceOpKind::kReduceScatter, in, out, recvcount, datatype,
-                              {{in, bytes * n, true, false}, {out, bytes, false, true}}, [=](char* const* h) {
-                                return attnReduceScatter(h[0], h[1], recvcount, datatype, op, comm, nullptr);
-                              });
-      d.op = op;
-      d.sliceOp = [=](char* in, char* o, size_t c) {
-        return attnReduceScatter(in, o, c, datatype, op, comm, nullptr);
-      };
-      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-    }
-    AlgoSetting algo;
-    ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
-    return call.finish(dispatch(comm, "ReduceScatter", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduceScatter, datatype, op, -1, recvcount}));
-      std::vector<Block> blocks(n);
-      for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-      return runReduceScatter(comm, algo, "ReduceScatter", in, out, blocks, datatype, op);
-    }));
+    const size_t bytes = recvcount * dataTypeSize(datatype);
+    CollArgs a = argsOf(CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype);
+    a.op = op;
+    return call.finish(launch(comm, stream, "ReduceScatter", std::move(a),
+                              {{sendbuff, bytes * comm->nranks, true, false}, {recvbuff, bytes, false, true}}));
   });
 }
 
@@ -277,26 +288,11 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkAllReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, stream); r != attnSuccess)
       return call.finish(refuse(comm, stream, CollKind::kAllReduce, r));
-    const size_t esz = dataTypeSize(datatype);
-    if (deviceRoute(comm)) {
-      DeviceOp d = deviceColl(DeviceOpKind::kAllReduce, sendbuff, recvbuff, count, datatype,
-                              {{sendbuff, count * esz, true, false}, {recvbuff, count * esz, false, true}},
-                              [=](char* const* h) {
-                                return attnAllReduce(h[0], h[1], count, datatype, op, comm, nullptr);
-                              });
-      d.op = op;
-      d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllReduce(in, o, c, datatype, op, comm, nullptr); };
-      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-    }
-    AlgoSetting algo;
-    AllReduceSetting arAlgo;
-    ATTN_CHECK(call.finish(readAlgoSetting(&algo)));
-    ATTN_CHECK(call.finish(readAllReduceSetting(&arAlgo)));
-    return call.finish(dispatch(comm, "AllReduce", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllReduce, datatype, op, -1, count}));
-      return runAllReduce(comm, arAlgo, algo, static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
-                          count, datatype, op);
-    }));
+    const size_t bytes = count * dataTypeSize(datatype);
+    CollArgs a = argsOf(CollKind::kAllReduce, sendbuff, recvbuff, count, datatype);
+    a.op = op;
+    return call.finish(launch(comm, stream, "AllReduce", std::move(a),
+                              {{sendbuff, bytes, true, false}, {recvbuff, bytes, false, true}}));
   });
 }
 
@@ -307,26 +303,14 @@ attnResult_t attnReduce(const void* sendbuff, void* recvbuff, size_t count, attn
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, root, stream); r != attnSuccess)
       return call.finish(refuse(comm, stream, CollKind::kReduce, r));
-    const size_t esz = dataTypeSize(datatype), bytes = count * esz;
+    const size_t bytes = count * dataTypeSize(datatype);
     const bool isRoot = comm->rank == root;
-    if (deviceRoute(comm)) {
-      DeviceOp d = deviceColl(DeviceOpKind::kReduce, sendbuff, isRoot ? recvbuff : nullptr, count, datatype,
-                              {{sendbuff, bytes, true, false}, {isRoot ? recvbuff : nullptr, isRoot ? bytes : 0, false, true}},
-                              [=](char* const* h) {
-                                return attnReduce(h[0], h[1], count, datatype, op, root, comm, nullptr);
-                              });
-      d.op = op;
-      d.root = root;
-      d.sliceOp = [=](char* in, char* o, size_t c) { return attnReduce(in, o, c, datatype, op, root, comm, nullptr); };
-      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-    }
-    ReduceSetting algo;
-    ATTN_CHECK(call.finish(readReduceSetting(&algo)));
-    return call.finish(dispatch(comm, "Reduce", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kReduce, datatype, op, root, count}));
-      return runReduce(comm, algo, root, static_cast<const char*>(sendbuff), isRoot ? static_cast<char*>(recvbuff) : nullptr,
-                       count, datatype, op);
-    }));
+    void* out = isRoot ? recvbuff : nullptr;  // only the root's is written
+    CollArgs a = argsOf(CollKind::kReduce, sendbuff, out, count, datatype);
+    a.op = op;
+    a.root = root;
+    return call.finish(launch(comm, stream, "Reduce", std::move(a),
+                              {{sendbuff, bytes, true, false}, {out, isRoot ? bytes : 0, false, true}}));
   });
 }
 
@@ -338,26 +322,11 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkBroadcastArgs(comm, sendbuff, recvbuff, count, datatype, root, stream); r != attnSuccess)
       return call.finish(refuse(comm, stream, CollKind::kBroadcast, r));
-    const size_t esz = dataTypeSize(datatype), bytes = count * esz;
-    const int me = comm->rank;
-    if (deviceRoute(comm)) {
-      DeviceOp d = deviceColl(DeviceOpKind::kBroadcast, sendbuff, recvbuff, count, datatype,
-                              {{sendbuff, me == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}},
-                              [=](char* const* h) {
-                                return attnBroadcast(h[0], h[1], count, datatype, root, comm, nullptr);
-                              });
-      d.root = root;
-      d.sliceOp = [=](char* in, char* o, size_t c) { return attnBroadcast(in, o, c, datatype, root, comm, nullptr); };
-      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-    }
-    BroadcastSetting algo;
-    ATTN_CHECK(call.finish(readBroadcastSetting(&algo)));
-    return call.finish(dispatch(comm, "Broadcast", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBroadcast, datatype, -1, root, count}));
-      char* buf = static_cast<char*>(recvbuff);
-      if (me == root && sendbuff != recvbuff) std::memmove(buf, sendbuff, bytes);
-      return runBroadcast(comm, algo, root, buf, bytes, esz);
-    }));
+    const size_t bytes = count * dataTypeSize(datatype);
+    CollArgs a = argsOf(CollKind::kBroadcast, sendbuff, recvbuff, count, datatype);
+    a.root = root;
+    return call.finish(launch(comm, stream, "Broadcast", std::move(a),
+                              {{sendbuff, comm->rank == root ? bytes : 0, true, false}, {recvbuff, bytes, false, true}}));
   });
 }
 
@@ -368,25 +337,10 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkAllToAllArgs(comm, sendbuff, recvbuff, count, datatype, stream); r != attnSuccess)
       return call.finish(refuse(comm, stream, CollKind::kAllToAll, r));
-    const size_t esz = dataTypeSize(datatype), bytes = count * esz;
-    const int n = comm->nranks;
-    if (deviceRoute(comm)) {
-      DeviceOp d = deviceColl(DeviceOpKind::kAllToAll, sendbuff, recvbuff, count, datatype,
-                              {{sendbuff, bytes * n, true, false}, {recvbuff, bytes * n, false, true}},
-                              [=](char* const* h) { return attnAllToAll(h[0], h[1], count, datatype, comm, nullptr); });
-      d.sliceOp = [=](char* in, char* o, size_t c) { return attnAllToAll(in, o, c, datatype, comm, nullptr); };
-      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
-    }
-    AllToAllSetting schedule;
-    ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
-    return call.finish(dispatch(comm, "AllToAll", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAll, datatype, -1, -1, count}));
-      std::vector<Block> blocks(n);
-      for (int i = 0; i < n; ++i) blocks[i] = {i * bytes, bytes};
-      return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), blocks,
-                               static_cast<char*>(recvbuff), blocks,
-                               pickAllToAllSchedule(comm, schedule, bytes));
-    }));
+    const size_t total = count * dataTypeSize(datatype) * comm->nranks;
+    return call.finish(launch(comm, stream, "AllToAll",
+                              argsOf(CollKind::kAllToAll, sendbuff, recvbuff, count, datatype),
+                              {{sendbuff, total, true, false}, {recvbuff, total, false, true}}));
   });
 }
 
@@ -402,38 +356,21 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
         r != attnSuccess)
       return call.finish(refuse(comm, stream, CollKind::kAllToAllv, r));
     const int n = comm->nranks;
-    if (deviceRoute(comm)) {
-      // Extents of both buffers; the receive side is also copied in, so the
-      // gaps between blocks keep their contents. Counts are copied now: the
-      // operation runs later, in stream order.
-      size_t sendEnd = 0, recvEnd = 0;
-      for (int p = 0; p < n; ++p) {
-        if (sb[p].bytes) sendEnd = std::max(sendEnd, sb[p].offset + sb[p].bytes);
-        if (rb[p].bytes) recvEnd = std::max(recvEnd, rb[p].offset + rb[p].bytes);
-      }
-      std::vector<size_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n),
-          rc(recvcounts, recvcounts + n), rd(rdispls, rdispls + n);
-      DeviceOp d = deviceColl(DeviceOpKind::kAllToAllv, sendbuff, recvbuff, 0, datatype,
-                              {{sendbuff, sendEnd, true, false}, {recvbuff, recvEnd, true, true}},
-                              [=](char* const* h) {
-                                return attnAllToAllv(h[0], sc.data(), sd.data(), h[1], rc.data(), rd.data(),
-                                                     datatype, comm, nullptr);
-                              });
-      d.sendcounts = sc;
-      d.sdispls = sd;
-      d.recvcounts = rc;
-      d.rdispls = rd;
-      return call.finish(deviceEnqueue(comm, stream, std::move(d)));
+    // Extents of both buffers for staging; the receive side is also copied
+    // in, so the gaps between blocks keep their contents. Counts are copied
+    // now: the operation may run later.
+    size_t sendEnd = 0, recvEnd = 0;
+    for (int p = 0; p < n; ++p) {
+      if (sb[p].bytes) sendEnd = std::max(sendEnd, sb[p].offset + sb[p].bytes);
+      if (rb[p].bytes) recvEnd = std::max(recvEnd, rb[p].offset + rb[p].bytes);
     }
-    AllToAllSetting schedule;
-    ATTN_CHECK(call.finish(readAllToAllSetting(&schedule)));
-    size_t maxBlock = 0;
-    for (int p = 0; p < n; ++p) maxBlock = std::max({maxBlock, sb[p].bytes, rb[p].bytes});
-    return call.finish(dispatch(comm, "AllToAllv", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kAllToAllv, datatype, -1, -1, 0}));
-      return pairwiseAllToAllv(*comm->engine, static_cast<const char*>(sendbuff), sb,
-                               static_cast<char*>(recvbuff), rb, pickAllToAllSchedule(comm, schedule, maxBlock));
-    }));
+    CollArgs a = argsOf(CollKind::kAllToAllv, sendbuff, recvbuff, 0, datatype);
+    a.sendcounts.assign(sendcounts, sendcounts + n);
+    a.sdispls.assign(sdispls, sdispls + n);
+    a.recvcounts.assign(recvcounts, recvcounts + n);
+    a.rdispls.assign(rdispls, rdispls + n);
+    return call.finish(launch(comm, stream, "AllToAllv", std::move(a),
+                              {{sendbuff, sendEnd, true, false}, {recvbuff, recvEnd, true, true}}));
   });
 }
 
@@ -441,17 +378,10 @@ attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
   return guardedEntry([&]() -> attnResult_t {
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
-    if (deviceRoute(comm))
-      return call.finish(deviceEnqueue(comm, stream,
-                                       deviceColl(DeviceOpKind::kBarrier, nullptr, nullptr, 0, attnUint8, {},
-                                                  [=](char* const*) { return attnBarrier(comm, nullptr); })));
-    if (stream != nullptr)
+    if (stream != nullptr && !deviceRoute(comm))
       return call.finish(refuse(comm, stream, CollKind::kBarrier,
                                 setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream")));
-    return call.finish(dispatch(comm, "Barrier", [=] {
-      ATTN_CHECK(checkCallSignature(comm, {(uint32_t)CollKind::kBarrier, -1, -1, -1, 0}));
-      return disseminationBarrier(*comm->engine);
-    }));
+    return call.finish(launch(comm, stream, "Barrier", argsOf(CollKind::kBarrier, nullptr, nullptr, 0, attnUint8), {}));
   });
 }
 

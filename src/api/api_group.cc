@@ -16,7 +16,7 @@
 #include "src/core/log.h"
 #include "src/device/device_group.h"
 #include "src/device/device_route.h"
-#include "src/device/nccl_bridge.h"
+#include "src/device/backends/nccl/nccl_bridge.h"
 
 namespace attn {
 namespace {
@@ -178,7 +178,7 @@ extern "C" attnResult_t attnGroupEnd(void) {
     // Non-blocking communicators take their share on their executor.
     bool async = false;
     for (auto& w : work)
-      if (!w.comm->config.blocking && !onDeviceProxy(w.comm)) async = true;
+      if (!w.comm->config.blocking) async = true;
     if (async) {
       if (work.size() > 1) {
         ErrorContext ctx(work[0].comm->prefix);

@@ -36,13 +36,13 @@ attnResult_t checkCommUsable(attnComm* comm) {
 
 attnResult_t waitForQueuedOperations(attnComm* comm) {
   ATTN_CHECK(checkCommUsable(comm));
-  if (!comm->config.blocking && !onDeviceProxy(comm)) comm->executor->drain();
+  if (!comm->config.blocking) comm->executor->drain();
   deviceWaitIdle(comm);
   return checkCommUsable(comm);
 }
 
 bool runsNow(attnComm* comm) {
-  return !inGroup() && (comm->config.blocking || onDeviceProxy(comm));
+  return !inGroup() && comm->config.blocking;
 }
 
 attnResult_t dispatchQueued(attnComm* comm, CommOp raw) {
@@ -258,7 +258,7 @@ const char* attnGetLastError(attnComm_t comm) {
       return tlsErrorCopy.c_str();
     }
     // The thread's own error is left alone: this only reads.
-    const HandleLookup l = acquireHandle(comm, HandleKind::kComm, onAnyDeviceProxy());
+    const HandleLookup l = acquireHandle(comm, HandleKind::kComm);
     if (l.state != HandleState::kLive) {
       const std::string saved = threadLastError();
       badHandle("attnGetLastError", comm, HandleKind::kComm, l);

@@ -3,14 +3,14 @@
 // fractions ride on the card every rank all-gathers, so ranks that disagree
 // fail together) and runs the level all-to-all on host memory, or on a
 // device communicator's proxy with the CUDA kernels
-// (src/device/level_alltoall_device.cc).
+// (src/attn/device/level_alltoall_device.cc).
 #include <cmath>
 
 #include "src/attn/level_alltoall.h"
 #include "src/attn/plan_call.h"
 #include "src/core/api_call.h"
 #include "src/device/device_route.h"
-#include "src/device/ring_attn_device.h"
+#include "src/attn/device/ring_attn_device.h"
 
 using namespace attn;
 

@@ -18,7 +18,7 @@
 #include "src/core/log.h"
 #include "src/core/shrink_agreement.h"
 #include "src/device/device_route.h"
-#include "src/device/nccl_bridge.h"
+#include "src/device/backends/nccl/nccl_bridge.h"
 
 namespace attn {
 attnResult_t newCommInternal(attnComm** out, int nranks, const attnUniqueId& id, int rank,
@@ -60,7 +60,7 @@ void stopParentOperations(attnComm* comm) {
   comm->engine->stopOperations();
   while (comm->activeCalls.load(std::memory_order_acquire) > 1)
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-  if (comm->executor && !onDeviceProxy(comm)) comm->executor->drain();
+  if (comm->executor) comm->executor->drain();
   comm->engine->breakWith(attnRemoteError, "operations stopped by attnCommShrink (ATTN_SHRINK_ABORT)");
 }
 
@@ -88,7 +88,7 @@ attnResult_t commShrink(attnComm* comm, const int* excludeRanks, int excludeCoun
   if (flags & ATTN_SHRINK_ABORT) {
     stopParentOperations(comm);
   } else {
-    if (!comm->config.blocking && !onDeviceProxy(comm)) comm->executor->drain();
+    if (!comm->config.blocking) comm->executor->drain();
     deviceWaitIdle(comm);
   }
 

@@ -7,7 +7,7 @@
 
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
-#include "src/device/nccl_bridge.h"
+#include "src/device/backends/nccl/nccl_bridge.h"
 
 namespace attn {
 attnResult_t newCommInternal(attnComm** out, int nranks, const attnUniqueId& id, int rank,

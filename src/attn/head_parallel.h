@@ -1,5 +1,5 @@
 // What head-parallel attention's host (head_parallel.cc) and device
-// (src/device/head_parallel_device.cc) algorithms share: the two messages
+// (src/attn/device/head_parallel_device.cc) algorithms share: the two messages
 // between a pair of ranks and the gated all-to-all schedule that sends them.
 //
 // Between two ranks the order is: the sender's rows for the receiver's

@@ -26,7 +26,7 @@
 #include "src/core/comm.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
-#include "src/device/kv_device.h"
+#include "src/attn/device/kv_device.h"
 
 namespace attn {
 

@@ -25,7 +25,7 @@
 #include "src/core/comm.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
-#include "src/device/kv_device.h"
+#include "src/attn/device/kv_device.h"
 
 namespace attn {
 

@@ -12,7 +12,7 @@
 #include "src/core/datatype.h"
 #include "src/core/error.h"
 #include "src/device/device_route.h"
-#include "src/device/kv_device.h"
+#include "src/attn/device/kv_device.h"
 
 namespace attn {
 

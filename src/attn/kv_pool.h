@@ -62,7 +62,7 @@ struct KvLentBlock {
 using KvReqKey = std::pair<int, int64_t>;  // (owner rank, request id)
 
 // Where a pool's K and V live: host memory (kv_pool.cc) or the GPU of a
-// device communicator (src/device/kv_device_memory.cc).
+// device communicator (src/attn/device/kv_device_memory.cc).
 class KvMemory {
  public:
   virtual ~KvMemory() = default;

@@ -1,6 +1,6 @@
 // attnLevelAttention's algorithm (level_alltoall.cc) and what it is given.
 // The plan and the exchange are shared by the host algorithm and the device
-// one (src/device/level_alltoall_device.cc), which differ only in how a
+// one (src/attn/device/level_alltoall_device.cc), which differ only in how a
 // block is packed and folded.
 #pragma once
 

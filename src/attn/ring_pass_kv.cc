@@ -7,10 +7,8 @@
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
-#include "src/attn/break_on_early_exit.h"
-#include "src/attn/progress_thread.h"
+#include "src/attn/ring_steps.h"
 #include "src/core/error.h"
-#include "src/core/log.h"
 
 namespace attn {
 
@@ -25,44 +23,20 @@ attnResult_t runPassKv(AttnCall& c) {
   ShareableBuffer* buf = c.state->rotation;
   ATTN_CHECK(buf[0].reserve(capacity));
   ATTN_CHECK(buf[1].reserve(capacity));
-  size_t curBytes = packBlockInto(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0,
-                                  c.kv.t1, c.kvRowBytes, buf[0].data())
-                        .total;
+  const size_t ownBytes = packBlockInto(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0,
+                                        c.kv.t1, c.kvRowBytes, buf[0].data())
+                              .total;
 
-  // Step s's send and receive (they outlive the loop body: see the guard).
-  std::unique_ptr<Request[]> ring(new Request[2 * n]);
-  BreakOnEarlyExit guard(e);
-  std::unique_ptr<ProgressThread> driver;
-  if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-  int cur = 0;
-  for (int step = 0; step < n; ++step) {
-    const bool moving = step < n - 1;
-    const auto stepStart = Clock::now();
-    const double computeBefore = c.stats.computeUs;
-    Request& sendReq = ring[2 * step];
-    Request& recvReq = ring[2 * step + 1];
-    if (moving) {
-      ATTN_CHECK(e.irecv(prev, buf[1 - cur].data(), capacity, &recvReq));
-      ATTN_CHECK(e.isend(next, buf[cur].data(), curBytes, &sendReq));
-      driver->kick();
-    }
+  RingSteps steps(c);
+  HostRingMover mover(e, buf, capacity, ownBytes, next, prev);
+  ATTN_CHECK(steps.run(mover, "pass-KV", [&](int step) -> attnResult_t {
     // Step s holds rank me-s's block, from prev (our own at step 0).
     BlockView block;
-    ATTN_CHECK(parseBlock(buf[cur].data(), curBytes, cardBlock(c, step ? prev : me, (me - step + n) % n, true),
+    ATTN_CHECK(parseBlock(mover.block(), mover.bytes(), cardBlock(c, step ? prev : me, (me - step + n) % n, true),
                           &block));
-    ATTN_CHECK(c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data()));
-    if (moving) {
-      auto t0 = Clock::now();
-      ATTN_CHECK(driver->wait(&sendReq));
-      ATTN_CHECK(driver->wait(&recvReq));
-      c.stats.waitUs += usSince(t0);
-      curBytes = recvReq.bytes;
-      cur = 1 - cur;
-    }
-    ATTN_TRACE(kLogAttn, "pass-KV step %d: compute %.0f us, step %.0f us", step,
-               c.stats.computeUs - computeBefore, usSince(stepStart));
-  }
-  guard.done();
+    return c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data());
+  }));
+  steps.done();
   return attnSuccess;
 }
 

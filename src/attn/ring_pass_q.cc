@@ -11,10 +11,8 @@
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
-#include "src/attn/break_on_early_exit.h"
-#include "src/attn/progress_thread.h"
+#include "src/attn/ring_steps.h"
 #include "src/core/error.h"
-#include "src/core/log.h"
 
 namespace attn {
 namespace {
@@ -57,15 +55,13 @@ attnResult_t runPassQ(AttnCall& c) {
   ShareableBuffer* buf = c.state->rotation;
   ATTN_CHECK(buf[0].reserve(capacity));
   ATTN_CHECK(buf[1].reserve(capacity));
-  size_t curBytes = packBlockInto(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0,
-                                  nullptr, c.qRowBytes, buf[0].data())
-                        .total;
+  const size_t ownBytes = packBlockInto(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0, nullptr,
+                                        c.qRowBytes, buf[0].data())
+                              .total;
 
   Homecoming home(n);
   std::unique_ptr<Request[]> outReq(new Request[n]);
-  // Step s's send and receive of query blocks.
-  std::unique_ptr<Request[]> ring(new Request[2 * n]);
-  BreakOnEarlyExit guard(e);
+  RingSteps steps(c);
   for (int p = 0; p < n; ++p)
     if (p != me) home.buf[p].resize(myPartial);
   // Partials from ranks other than prev can be expected at once.
@@ -82,32 +78,22 @@ attnResult_t runPassQ(AttnCall& c) {
     if (p != me) outSlot.add(p, c.partialBytes(c.qRowsOf[p]));
   ATTN_CHECK(c.state->outgoing.reserve(outSlot.total));
 
-  std::unique_ptr<ProgressThread> driver;
-  if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
+  ProgressThread* driver = steps.driver();
   std::vector<bool> outPosted(n, false);
-  int cur = 0;
-  for (int step = 0; step < n; ++step) {
-    const bool moving = step < n - 1;
-    const auto stepStart = Clock::now();
-    const double computeBefore = c.stats.computeUs;
-    Request& sendReq = ring[2 * step];
-    Request& recvReq = ring[2 * step + 1];
-    if (moving) {
-      ATTN_CHECK(e.irecv(prev, buf[1 - cur].data(), capacity, &recvReq));
-      ATTN_CHECK(e.isend(next, buf[cur].data(), curBytes, &sendReq));
-      if (step == n - 2) {  // prev's last query block is posted: its partial comes next
-        ATTN_CHECK(e.irecv(prev, home.buf[prev].data(), myPartial, &home.req[prev]));
-        home.posted[prev] = true;
-      }
+  HostRingMover mover(e, buf, capacity, ownBytes, next, prev);
+  ATTN_CHECK(steps.run(mover, "pass-Q", [&](int step) -> attnResult_t {
+    if (step == n - 2) {  // prev's last query block is posted: its partial comes next
+      ATTN_CHECK(e.irecv(prev, home.buf[prev].data(), myPartial, &home.req[prev]));
+      home.posted[prev] = true;
       driver->kick();
     }
-    if (n == 1 && step == 0) {
+    if (n == 1) {
       ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
     } else {
       // Step s holds rank me-s's queries, from prev (our own at step 0).
       BlockView visitor;
-      ATTN_CHECK(parseBlock(buf[cur].data(), curBytes, cardBlock(c, step ? prev : me, (me - step + n) % n, false),
-                            &visitor));
+      ATTN_CHECK(parseBlock(mover.block(), mover.bytes(),
+                            cardBlock(c, step ? prev : me, (me - step + n) % n, false), &visitor));
       if (visitor.origin == me) {
         ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
       } else {
@@ -121,18 +107,8 @@ attnResult_t runPassQ(AttnCall& c) {
         driver->kick();
       }
     }
-    ATTN_CHECK(foldArrived(c, home, me));
-    if (moving) {
-      auto t0 = Clock::now();
-      ATTN_CHECK(driver->wait(&sendReq));
-      ATTN_CHECK(driver->wait(&recvReq));
-      c.stats.waitUs += usSince(t0);
-      curBytes = recvReq.bytes;
-      cur = 1 - cur;
-    }
-    ATTN_TRACE(kLogAttn, "pass-Q step %d: compute %.0f us, step %.0f us", step,
-               c.stats.computeUs - computeBefore, usSince(stepStart));
-  }
+    return foldArrived(c, home, me);
+  }));
   // The rest of the all-to-all: fold partials in arrival order.
   auto t0 = Clock::now();
   for (int p = 0; p < n; ++p) {
@@ -143,7 +119,7 @@ attnResult_t runPassQ(AttnCall& c) {
   for (int p = 0; p < n; ++p)
     if (outPosted[p]) ATTN_CHECK(driver->wait(&outReq[p]));
   c.stats.waitUs += usSince(t0);
-  guard.done();
+  steps.done();
   return attnSuccess;
 }
 

@@ -1,18 +1,14 @@
 // ApiCall's handle check and the last resort of guardedEntry (api_call.h).
 #include "src/core/api_call.h"
 
-#include "src/core/proxy_thread.h"
-
 namespace attn {
 namespace {
 
 // The live communicator `comm` names, held (pinned) for the call; null when
-// it names none. While one is being destroyed, only the library's own
-// re-entries on a device proxy thread (its queued staged operations) still
-// get in.
+// it names none (one being destroyed included).
 attnComm* admit(attnComm* comm, HandleLookup* lookup) {
   if (comm == nullptr) return nullptr;
-  *lookup = acquireHandle(comm, HandleKind::kComm, onDeviceProxyThread());
+  *lookup = acquireHandle(comm, HandleKind::kComm);
   if (lookup->state != HandleState::kLive) return nullptr;
   if (comm->magic != attnComm::kMagic) {  // the table and the object disagree: never use it
     comm->activeCalls.fetch_sub(1, std::memory_order_acq_rel);

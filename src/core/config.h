@@ -15,7 +15,7 @@ enum TransportBit : uint32_t {
   kTransportShm = 1u << 0,
   kTransportTcp = 1u << 1,
   kTransportUcx = 1u << 2,
-  kTransportCudaIpc = 1u << 3,  // device communicators: GPU-to-GPU on one host (src/device/cuda_ipc)
+  kTransportCudaIpc = 1u << 3,  // device communicators: GPU-to-GPU on one host (src/device/backends/cuda_ipc)
 };
 
 struct CommConfig {

@@ -133,12 +133,12 @@ bool registerHandle(const void* h, HandleKind kind, std::atomic<int>* pins) noex
   return true;
 }
 
-HandleLookup acquireHandle(const void* h, HandleKind kind, bool allowClosing) noexcept {
+HandleLookup acquireHandle(const void* h, HandleKind kind) noexcept {
   Stripe& s = stripeOf(h);
   Locked g(s);
   Entry* e = nullptr;
   const HandleLookup l = lookupLocked(s, h, kind, &e);
-  const bool usable = l.state == HandleState::kLive || (l.state == HandleState::kClosing && allowClosing);
+  const bool usable = l.state == HandleState::kLive;
   if (usable && e->pins) e->pins->fetch_add(1, std::memory_order_acq_rel);
   return usable ? HandleLookup{HandleState::kLive, kind} : l;
 }

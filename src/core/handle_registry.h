@@ -33,11 +33,11 @@ struct HandleLookup {
 // counts the calls that hold it (acquireHandle). False when out of memory.
 bool registerHandle(const void* h, HandleKind kind, std::atomic<int>* pins = nullptr) noexcept;
 
-// Looks `h` up as a `kind`. When it is live, or closing and `allowClosing`
-// (work the library itself runs while a communicator is being destroyed),
-// adds one to its pins, under the same lock its destroy takes: a handle
-// returned pinned cannot be freed until the pin is dropped.
-HandleLookup acquireHandle(const void* h, HandleKind kind, bool allowClosing) noexcept;
+// Looks `h` up as a `kind`. When it is live, adds one to its pins, under
+// the same lock its destroy takes: a handle returned pinned cannot be freed
+// until the pin is dropped. One being closed is not live: the library's own
+// work for it never comes back through the API.
+HandleLookup acquireHandle(const void* h, HandleKind kind) noexcept;
 // Looks `h` up without pinning it.
 HandleLookup lookupHandle(const void* h, HandleKind kind) noexcept;
 

@@ -12,7 +12,7 @@
 
 #include "attncomm.h"
 #include "src/device/device_buffer.h"
-#include "src/device/pinned_arena.h"
+#include "src/device/backends/staging/pinned_arena.h"
 
 namespace attn {
 

@@ -9,7 +9,7 @@
 #include "src/device/device_op.h"
 #include "src/device/device_route.h"
 #include "src/device/device_scope.h"
-#include "src/device/stage_pipeline.h"
+#include "src/device/backends/staging/stage_pipeline.h"
 
 namespace attn {
 namespace {

@@ -1,14 +1,11 @@
 // One operation on a device communicator, described fully enough for every
-// device backend to run it:
-//  - NCCL (the communicator was handed an ncclComm_t): the matching NCCL
-//    call on the caller's stream;
-//  - CUDA IPC (every peer on this host): peer copies between the ranks'
-//    device buffers;
-//  - staging (always possible): the inputs are copied to pinned host memory,
-//    `hostOp` runs the host-memory operation on them, the outputs are copied
-//    back.
-// The API entry points validate the arguments and fill this; device_route
-// picks the backend.
+// device backend (src/device/backends/device_backend.h) to run it: NCCL as
+// the matching NCCL call on the caller's stream, CUDA IPC as peer copies
+// between the ranks' device buffers, the direct backend as device memory
+// handed to the transports, and staging as the same collective on pinned
+// host copies of its buffers (the library's internal collective entry,
+// src/coll/coll_entry.h, never the public API). The API entry points
+// validate the arguments and fill this; device_route picks the backend.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +13,7 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "src/coll/coll_entry.h"
 #include "src/core/api_call.h"
 
 namespace attn {
@@ -30,10 +28,9 @@ enum class DeviceOpKind {
   kAllToAllv,      // counts and displacements in elements
   kP2pGroup,       // `p2p`: the sends and receives of one group
   kBarrier,
-  kOther,          // only the staging backend runs it (e.g. attention)
 };
 
-// The seven collectives (not groups, barriers or kOther): the kinds the
+// The seven collectives (not groups or barriers): the kinds the
 // peer-copy and transport-direct backends run.
 inline bool isCollective(DeviceOpKind k) {
   switch (k) {
@@ -75,16 +72,24 @@ struct DeviceSpan {
   bool in = false;
   bool out = false;
 };
-// The host-memory operation, given one staged pointer per span (nullptr for
-// empty spans).
-using HostOp = std::function<attnResult_t(char* const* host)>;
-// The same host operation on `count` elements per block, for one slice of
-// a pipelined staging (stage_pipeline.h): `in` and `out` laid out as the
-// operation's own buffers of that count.
-using SliceOp = std::function<attnResult_t(char* in, char* out, size_t count)>;
+// The host collective that stages `kind` (src/coll/coll_entry.h); false for
+// send/recv groups, which have none.
+inline bool hostCollKind(DeviceOpKind k, CollKind* out) {
+  switch (k) {
+    case DeviceOpKind::kAllGather: *out = CollKind::kAllGather; return true;
+    case DeviceOpKind::kReduceScatter: *out = CollKind::kReduceScatter; return true;
+    case DeviceOpKind::kAllReduce: *out = CollKind::kAllReduce; return true;
+    case DeviceOpKind::kBroadcast: *out = CollKind::kBroadcast; return true;
+    case DeviceOpKind::kReduce: *out = CollKind::kReduce; return true;
+    case DeviceOpKind::kAllToAll: *out = CollKind::kAllToAll; return true;
+    case DeviceOpKind::kAllToAllv: *out = CollKind::kAllToAllv; return true;
+    case DeviceOpKind::kBarrier: *out = CollKind::kBarrier; return true;
+    default: return false;
+  }
+}
 
 struct DeviceOp {
-  DeviceOpKind kind = DeviceOpKind::kOther;
+  DeviceOpKind kind = DeviceOpKind::kBarrier;
   const void* send = nullptr;
   void* recv = nullptr;
   size_t count = 0;
@@ -93,11 +98,11 @@ struct DeviceOp {
   int root = -1;
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // kAllToAllv
   std::vector<P2pOp> p2p;                                         // kP2pGroup
-  size_t stageChunk = 0;  // kP2pGroup: ATTN_DEVICE_STAGE_CHUNK at the call (staged_p2p.h)
-  // For the staging backend.
+  size_t stageChunk = 0;  // ATTN_DEVICE_STAGE_CHUNK at the call (staged_p2p.h, stage_pipeline.h)
+  // For the staging backend: the buffers to copy ([0] send, [1] receive),
+  // and the algorithm settings read at the call.
   std::vector<DeviceSpan> spans;
-  HostOp hostOp;
-  SliceOp sliceOp;  // all-gather, reduce-scatter, all-reduce, broadcast, reduce, all-to-all
+  CollSettings settings;
 };
 
 }  // namespace attn

@@ -1,11 +1,11 @@
 // Device communicators (config.device >= 0): how API entry points hand an
-// operation on device buffers (device_op.h) to a backend.
-//
-// The staging backend runs on the stream bridge (stream_bridge.h): its proxy
-// copies the inputs device-to-host on the library's stream, runs the same
-// host-memory operation (the API entry point itself, re-entered on the proxy
-// thread), and copies the outputs back. Everything stays ordered on the
-// caller's stream and the caller's thread never blocks.
+// operation on device buffers (device_op.h) to a backend
+// (src/device/backends/device_backend.h). The first backend that takes it
+// runs it: NCCL on the caller's stream; the others on the communicator's
+// proxy thread (stream_bridge.h), ordered on the caller's stream, the
+// caller's thread never blocking. A proxy-thread backend may decline (all
+// ranks alike) and the next one runs it; staging, last, takes every
+// collective.
 #pragma once
 
 #include <cstddef>
@@ -27,15 +27,8 @@ namespace attn {
 using DeviceWork = std::function<attnResult_t()>;
 
 #if ATTN_HAVE_CUDA
-// comm is a device communicator and the caller is not its proxy thread.
+// comm is a device communicator: its operations go to the device backends.
 bool deviceRoute(const attnComm* comm);
-// The caller is a device communicator's proxy thread: the host-memory
-// operations it re-enters run at once, even on a non-blocking communicator
-// (the proxy already is their asynchronous executor).
-bool onDeviceProxy(const attnComm* comm);
-// The caller is the proxy thread of some device communicator (reads no
-// communicator: usable on a handle not yet checked).
-bool onAnyDeviceProxy();
 // Enqueues `op` on `stream`, run by the best backend this communicator has
 // for it (device_op.h).
 attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, DeviceOp op);
@@ -51,12 +44,9 @@ void deviceWaitIdle(const attnComm* comm);
 attnResult_t deviceAsyncError(attnComm* comm);
 // Enqueues `work` on `stream` for the proxy thread.
 attnResult_t deviceEnqueueWork(attnComm* comm, attnStream_t stream, DeviceWork work);
-// From inside a DeviceWork: runs `op` over the host transports,
-// synchronously on the proxy thread: its device buffers handed to them
-// where they all take device memory (transport_direct.h), else on pinned
-// host copies of its spans (the staging backend, pipelined where
-// stage_pipeline.h can).
-attnResult_t deviceRunViaTransport(attnComm* comm, const DeviceOp& op);
+// From inside a DeviceWork (on the proxy thread): runs `op` at once by the
+// first proxy-thread backend that takes it and does not decline.
+attnResult_t deviceRunOnProxy(attnComm* comm, const DeviceOp& op);
 // ATTN_CHECK=1: this rank refused a collective's arguments (refused.status).
 // It takes part in the signature exchange its peers' operation begins with
 // (device_signature.h): enqueued on `stream` as the call would have been,
@@ -64,8 +54,6 @@ attnResult_t deviceRunViaTransport(attnComm* comm, const DeviceOp& op);
 attnResult_t deviceRefuse(attnComm* comm, attnStream_t stream, const CollSignature& refused);
 #else
 inline bool deviceRoute(const attnComm*) { return false; }
-inline bool onDeviceProxy(const attnComm*) { return false; }
-inline bool onAnyDeviceProxy() { return false; }
 inline attnResult_t deviceEnqueue(attnComm*, attnStream_t, DeviceOp) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
@@ -78,19 +66,10 @@ inline attnResult_t deviceAsyncError(attnComm*) { return attnSuccess; }
 inline attnResult_t deviceEnqueueWork(attnComm*, attnStream_t, DeviceWork) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
-inline attnResult_t deviceRunViaTransport(attnComm*, const DeviceOp&) {
+inline attnResult_t deviceRunOnProxy(attnComm*, const DeviceOp&) {
   return setError(attnNotSupported, "this build has no CUDA path");
 }
 inline attnResult_t deviceRefuse(attnComm*, attnStream_t, const CollSignature&) { return attnSuccess; }
 #endif
-
-// An operation only the staging backend runs (kOther).
-inline attnResult_t deviceEnqueue(attnComm* comm, attnStream_t stream, std::vector<DeviceSpan> spans,
-                                  HostOp host) {
-  DeviceOp op;
-  op.spans = std::move(spans);
-  op.hostOp = std::move(host);
-  return deviceEnqueue(comm, stream, std::move(op));
-}
 
 }  // namespace attn

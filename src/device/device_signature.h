@@ -4,8 +4,8 @@
 // caller's thread (outside groups); the other backends at the start of the
 // operation's work on the proxy thread, before the cuda_ipc or transport
 // handshakes, so a rank that refused its arguments (deviceRefuse) meets its
-// peers in the same exchange. The staged host-memory call re-entered on the
-// proxy then skips its own exchange (onDeviceProxy).
+// peers in the same exchange. The staging backend's host collective is the
+// library's internal entry, which exchanges none of its own.
 #pragma once
 
 #include "attncomm.h"
@@ -17,7 +17,7 @@ struct attnComm;
 namespace attn {
 
 // The signature of `op`; false for kinds the host path checks no signature
-// of either (send/recv groups, kOther).
+// of either (send/recv groups).
 bool deviceOpSignature(const DeviceOp& op, CollSignature* sig);
 
 // Exchanges `op`'s signature when the communicator checks signatures; a

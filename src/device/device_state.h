@@ -5,14 +5,14 @@
 #include <memory>
 
 #include "src/device/device_attn_state.h"
-#include "src/device/nccl_bridge.h"
-#include "src/device/pinned_arena.h"
+#include "src/device/backends/nccl/nccl_bridge.h"
+#include "src/device/backends/staging/pinned_arena.h"
 #include "src/device/retained_memory.h"
 #include "src/device/ring_link.h"
-#include "src/device/stage_pipeline.h"
+#include "src/device/backends/staging/stage_pipeline.h"
 #include "src/device/stream_bridge.h"
-#include "src/device/transport_direct.h"
-#include "src/device/cuda_ipc/ipc_state.h"
+#include "src/device/backends/direct/transport_direct.h"
+#include "src/device/backends/cuda_ipc/ipc_state.h"
 
 namespace attn {
 
@@ -25,7 +25,7 @@ struct DeviceState {
   SliceEvents sliceEvents;  // pipelined staging: each slice's inputs are on the host
   DeviceAttnState attn;  // ring attention on the GPU
   NcclBridgePtr nccl;    // attnCommInitFromNccl: the NCCL backend (nccl_bridge.h)
-  std::unique_ptr<ipc::IpcState> ipc;  // the cuda_ipc backend (src/device/cuda_ipc), made on first use
+  std::unique_ptr<ipc::IpcState> ipc;  // the cuda_ipc backend (src/device/backends/cuda_ipc), made on first use
   std::unique_ptr<RingLink> ring;      // how ring attention's blocks move (ring_link.h), made on first use
   std::unique_ptr<TransportDirect> direct;  // device memory straight to the transport (transport_direct.h), made on first use
   std::unique_ptr<StreamBridge> bridge;

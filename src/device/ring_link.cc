@@ -11,8 +11,8 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/core/shareable_memory.h"
-#include "src/device/cuda_ipc/ipc_exchange.h"
-#include "src/device/cuda_ipc/ipc_state.h"
+#include "src/device/backends/cuda_ipc/ipc_exchange.h"
+#include "src/device/backends/cuda_ipc/ipc_state.h"
 
 namespace attn {
 namespace {

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "src/core/log.h"
-#include "src/core/proxy_thread.h"
 #include "src/device/cuda_check.h"
 #include "src/device/parked_streams.h"
 
@@ -78,6 +77,10 @@ class CounterWords {
   std::vector<volatile uint32_t*> free_;
 };
 
+// Set on every bridge's proxy thread: waiting for the bridge from there
+// would wait for itself (deviceWaitIdle).
+thread_local bool tlsOnProxy = false;
+
 CounterWords& counterWords() {
   static CounterWords* words = new CounterWords();  // outlives every bridge
   return *words;
@@ -114,7 +117,7 @@ class DeviceScope {
 
 }  // namespace
 
-bool StreamBridge::onProxyThread() { return onDeviceProxyThread(); }
+bool StreamBridge::onProxyThread() { return tlsOnProxy; }
 
 attnResult_t StreamBridge::create(int device, OnError onError, std::unique_ptr<StreamBridge>* out) {
   std::unique_ptr<StreamBridge> b(new StreamBridge());
@@ -360,7 +363,7 @@ attnResult_t StreamBridge::run(Item& it) {
 }
 
 void StreamBridge::proxyLoop() {
-  markDeviceProxyThread();
+  tlsOnProxy = true;
   (void)cudaSetDevice(device_);
   // The proxy synchronises its own streams: in relaxed mode that is allowed
   // while the application captures a graph elsewhere.

@@ -1,12 +1,12 @@
-# ATTN_CUDA_EMULATION: src/device and src/device/cuda_ipc built as in a CUDA
+# ATTN_CUDA_EMULATION: src/device (its backends too) and src/attn/device built as in a CUDA
 # build, but on the host emulation of the CUDA runtime in this folder, with
 # kernels/cuda's launchers running their kernels/cpu twins (emu_kernels.cc).
 # Included from the top-level CMakeLists.txt in place of kernels/cuda/cuda.cmake.
 file(GLOB ATTN_CUDA_EMU_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cc)
-file(GLOB ATTN_DEVICE_SRC CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/*.cc
-     ${PROJECT_SOURCE_DIR}/src/device/cuda_ipc/*.cc)
+file(GLOB_RECURSE ATTN_DEVICE_SRC CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/*.cc
+     ${PROJECT_SOURCE_DIR}/src/attn/device/*.cc)
 # NCCL, where nccl.h is found, emulated on the same runtime (nccl/), so the
-# NCCL backend (src/device/nccl_comm.cc) runs too.
+# NCCL backend (src/device/backends/nccl/nccl_comm.cc) runs too.
 if(ATTN_HAVE_NCCL)
   file(GLOB ATTN_NCCL_EMU_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/nccl/*.cc)
   list(APPEND ATTN_CUDA_EMU_SRC ${ATTN_NCCL_EMU_SRC})

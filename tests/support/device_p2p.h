@@ -1,5 +1,5 @@
 // Grouped sends and receives on device buffers with messages around a
-// slice size (src/device/staged_p2p.h): of one slice or less, exactly one,
+// slice size (src/device/backends/staging/staged_p2p.h): of one slice or less, exactly one,
 // one byte more, several with a short last slice, and one that needs more
 // than 256 slices (the slices grow to size / 256 instead).
 #pragma once

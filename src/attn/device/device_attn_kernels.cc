@@ -1,4 +1,4 @@
-#include "src/device/device_attn_kernels.h"
+#include "src/attn/device/device_attn_kernels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,7 +10,7 @@
 
 namespace attn {
 
-attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallEnv* env) {
+attnResult_t beginDeviceCall(const AttnCall& c, const char* algorithm, size_t peerEvents, DeviceCallEnv* env) {
   if (!c.comm->device) return setError(attnInternalError, "device %s on a host communicator", algorithm);
   DeviceState& dev = *c.comm->device;
   env->R = &dev.attn;
@@ -28,7 +28,16 @@ attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallE
     ATTN_CHECK(dev.ring->agree(c.comm, *dev.ipc));
     env->ring = dev.ring.get();
   }
+  ATTN_CHECK(env->R->prepare(0, peerEvents));
+  env->prepared_ = true;
   return attnSuccess;
+}
+
+attnResult_t finishDeviceCall(AttnCall& c, const DeviceCallEnv& env, DeviceAccumulator& acc, DeviceKernels& kernels,
+                              const DeviceAttnBuffers& io) {
+  ATTN_CHECK(acc.writeOut(c, *env.R, io));
+  ATTN_CUDA_CHECK(cudaStreamSynchronize(env.copy));
+  return kernels.addComputeTime();
 }
 
 DeviceRows deviceRowsOf(const BlockView& v, const char* hostBase, char* devBase) {

@@ -15,7 +15,7 @@
 
 #include "src/attn/attn_call.h"
 #include "src/device/device_attn_state.h"
-#include "src/device/ring_attn_device.h"
+#include "src/attn/device/ring_attn_device.h"
 
 namespace attn {
 
@@ -47,7 +47,10 @@ struct DeviceRows {
 DeviceRows deviceRowsOf(const BlockView& v, const char* hostBase, char* devBase);
 
 // Where a device attention algorithm runs: the communicator's ring-attention
-// state on the device, the bridge's copy stream, the engine, the ring.
+// state on the device, the bridge's copy stream, the engine, the ring. Made
+// by beginDeviceCall; on every way out, errors included, both streams are
+// idle again before the buffers they use can be reused or grown by the
+// next call.
 struct DeviceCallEnv {
   DeviceAttnState* R = nullptr;
   cudaStream_t copy = nullptr;
@@ -56,25 +59,27 @@ struct DeviceCallEnv {
   // How ring blocks move (ring_link.h: device to device when direct(),
   // else through pinned host memory); null with one rank.
   RingLink* ring = nullptr;
-};
-// Fails (naming `algorithm`) unless c runs on a device communicator.
-attnResult_t deviceCallEnv(const AttnCall& c, const char* algorithm, DeviceCallEnv* env);
 
-// On every way out, errors included, both streams are idle before the
-// buffers they use can be reused or grown by the next call.
-class StreamsIdleOnExit {
- public:
-  StreamsIdleOnExit(cudaStream_t a, cudaStream_t b) : a_(a), b_(b) {}
-  ~StreamsIdleOnExit() {
-    (void)cudaStreamSynchronize(a_);
-    (void)cudaStreamSynchronize(b_);
+  DeviceCallEnv() = default;
+  ~DeviceCallEnv() {
+    if (!prepared_) return;
+    (void)cudaStreamSynchronize(R->compute);
+    (void)cudaStreamSynchronize(copy);
   }
-  StreamsIdleOnExit(const StreamsIdleOnExit&) = delete;
-  StreamsIdleOnExit& operator=(const StreamsIdleOnExit&) = delete;
+  DeviceCallEnv(const DeviceCallEnv&) = delete;
+  DeviceCallEnv& operator=(const DeviceCallEnv&) = delete;
 
  private:
-  cudaStream_t a_, b_;
+  friend attnResult_t beginDeviceCall(const AttnCall&, const char*, size_t, DeviceCallEnv*);
+  bool prepared_ = false;
 };
+// The set-up every device algorithm starts with, written once: fails
+// (naming `algorithm`) unless c runs on a device communicator; agrees on
+// the ring's link with the peers (collective, as the call is); prepares
+// the state's stream and events, with `peerEvents` partialOnHost events.
+// The previous call left both streams idle, so the algorithm may grow its
+// buffers next (device ones on the compute stream) and only then.
+attnResult_t beginDeviceCall(const AttnCall& c, const char* algorithm, size_t peerEvents, DeviceCallEnv* env);
 
 // The fp32 accumulator of the call's own query rows, in R.acc: O
 // [q rows, Hq, D], then LSE [q rows, Hq].
@@ -145,5 +150,11 @@ class DeviceKernels {
 // grown), the resident rows' metadata uploaded and the accumulator zeroed.
 attnResult_t prepareKernels(AttnCall& c, DeviceAttnState& R, const std::vector<RowsRef>& resident, int launches,
                             DeviceKernels* kernels, DeviceAccumulator* acc);
+
+// The end every accumulating device algorithm shares: the outputs written
+// from the accumulator, the copy stream drained (the caller's stream is
+// released when the work returns), the kernels' GPU time added to c.stats.
+attnResult_t finishDeviceCall(AttnCall& c, const DeviceCallEnv& env, DeviceAccumulator& acc, DeviceKernels& kernels,
+                              const DeviceAttnBuffers& io);
 
 }  // namespace attn

@@ -1,4 +1,4 @@
-#include "src/device/device_ring.h"
+#include "src/attn/device/device_ring.h"
 
 #include <atomic>
 #include <chrono>
@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "src/device/cuda_check.h"
-#include "src/device/transport_direct.h"
-#include "src/device/cuda_ipc/ipc_state.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/direct/transport_direct.h"
+#include "src/device/backends/cuda_ipc/ipc_state.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 
 namespace attn {
 

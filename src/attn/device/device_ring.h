@@ -34,14 +34,15 @@
 
 #include "src/attn/attn_call.h"
 #include "src/attn/progress_thread.h"
+#include "src/attn/ring_steps.h"
 #include "src/core/engine.h"
 #include "src/device/device_attn_state.h"
 #include "src/device/ring_link.h"
-#include "src/device/cuda_ipc/ipc_handles.h"
+#include "src/device/backends/cuda_ipc/ipc_handles.h"
 
 namespace attn {
 
-class DeviceRing {
+class DeviceRing final : public RingMover {
  public:
   // link: null or not direct() for the staged mode.
   DeviceRing(Engine& e, DeviceAttnState& R, cudaStream_t copy, int me, int next, int prev, size_t capacity,
@@ -76,14 +77,14 @@ class DeviceRing {
   // Step s: sends the current block (staged) or its metadata (direct; via
   // the transport, then the device block too) to `next` and receives the
   // next one's from `prev` into the other host buffer.
-  attnResult_t post(int s, Request* sendReq, Request* recvReq);
+  attnResult_t post(int s, Request* sendReq, Request* recvReq) override;
   // Waits for both, brings the next block into the other device buffer
   // (upload, copy out of prev's buffer, or receive from the transport)
   // once kernelDone says its last reader here finished, and makes it
   // current. Adds the time blocked on peers to *waitUs. Via the transport
   // the device block is received here, so a caller posting other receives
   // from `prev` must post them after the last advance.
-  attnResult_t advance(ProgressThread& driver, Request* sendReq, Request* recvReq, double* waitUs);
+  attnResult_t advance(ProgressThread& driver, Request* sendReq, Request* recvReq, double* waitUs) override;
   // Direct: closes the previous rank's buffers (through handles), then
   // returns once the next rank has read this rank's blocks of all `moves`
   // steps (and closed them), so the next call may overwrite or free them.

@@ -36,9 +36,9 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
-#include "src/device/device_attn_kernels.h"
+#include "src/attn/device/device_attn_kernels.h"
 #include "src/device/device_state.h"
-#include "src/device/ring_attn_device.h"
+#include "src/attn/device/ring_attn_device.h"
 
 namespace attn {
 namespace {
@@ -90,7 +90,7 @@ attnResult_t packHeads(const AttnCall& c, const HeadGroup& g, const HeadsMessage
 
 attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   DeviceCallEnv env;
-  ATTN_CHECK(deviceCallEnv(c, "head-parallel", &env));
+  ATTN_CHECK(beginDeviceCall(c, "head-parallel", static_cast<size_t>(c.comm->nranks), &env));
   DeviceAttnState& R = *env.R;
   Engine& e = *env.e;
   const cudaStream_t copy = env.copy;
@@ -129,8 +129,6 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const size_t lseAt = alignUp(headRows * D * sizeof(float), 256);
 
   // Buffers first, while both streams are idle (see pass-KV).
-  ATTN_CHECK(R.prepare(0, static_cast<size_t>(n)));
-  StreamsIdleOnExit idle(R.compute, copy);
   ATTN_CHECK(R.hostOut.reserve(rowsOut.total + outputsOut.total + 64));
   ATTN_CHECK(R.hostIn.reserve(rowsIn.total + outputsIn.total + 64));
   ATTN_CHECK(R.block[0].reserve(rowsDev.total + 64, R.compute));

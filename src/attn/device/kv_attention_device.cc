@@ -26,7 +26,7 @@
 #include "src/core/datatype.h"
 #include "src/device/cuda_check.h"
 #include "src/device/device_state.h"
-#include "src/device/kv_device.h"
+#include "src/attn/device/kv_device.h"
 
 namespace attn {
 namespace {

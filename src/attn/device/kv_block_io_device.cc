@@ -1,6 +1,6 @@
 // Migration's bytes for a device pool: the K and V of every block as one
-// group of device sends and receives (src/device/cuda_ipc/ipc_p2p.h), run
-// here on the proxy thread. A receiver on this host that reaches the
+// group of device sends and receives, run here on the proxy thread by the
+// backend that runs send/recv groups (src/device/backends/cuda_ipc/ipc_p2p.h). A receiver on this host that reaches the
 // sender's GPU copies each block straight out of the sender's slot (peer
 // copies; NVLink where present); any other pair goes over the host
 // transport, device memory as it is where the transport takes it, else
@@ -8,11 +8,10 @@
 #include <cuda_runtime_api.h>
 
 #include "src/core/comm.h"
+#include "src/attn/device/kv_device.h"
+#include "src/device/backends/staging/stage_pipeline.h"
 #include "src/device/device_op.h"
-#include "src/device/device_state.h"
-#include "src/device/kv_device.h"
-#include "src/device/stage_pipeline.h"
-#include "src/device/cuda_ipc/ipc_p2p.h"
+#include "src/device/device_route.h"
 
 namespace attn {
 namespace {
@@ -24,7 +23,6 @@ class DeviceBlockIo : public KvBlockIo {
   attnResult_t move(const std::vector<KvBlockTransfer>& blocks) override {
     if (blocks.empty()) return attnSuccess;  // a group involves only the ranks it names
     attnComm* comm = pool_.comm();
-    DeviceState& dev = *comm->device;
     const size_t bb = pool_.blockBytes();
     DeviceOp op;
     op.kind = DeviceOpKind::kP2pGroup;
@@ -34,8 +32,7 @@ class DeviceBlockIo : public KvBlockIo {
       op.p2p.push_back(P2pOp{b.send, b.peer, pool_.k(b.slot), bb});
       op.p2p.push_back(P2pOp{b.send, b.peer, pool_.v(b.slot), bb});
     }
-    if (!dev.ipc) dev.ipc = std::make_unique<ipc::IpcState>(comm->config.device);
-    return ipc::runP2pGroup(comm, *dev.ipc, op, dev.bridge->copyStream());
+    return deviceRunOnProxy(comm, op);  // on the proxy already: the backend that runs send/recv groups
   }
 
  private:

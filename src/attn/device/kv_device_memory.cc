@@ -16,7 +16,7 @@
 #include "src/device/cuda_check.h"
 #include "src/device/device_buffer.h"
 #include "src/device/device_scope.h"
-#include "src/device/kv_device.h"
+#include "src/attn/device/kv_device.h"
 
 namespace attn {
 namespace {

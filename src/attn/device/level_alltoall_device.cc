@@ -23,20 +23,18 @@
 #include "src/core/comm.h"
 #include "src/core/error.h"
 #include "src/device/cuda_check.h"
-#include "src/device/device_attn_kernels.h"
+#include "src/attn/device/device_attn_kernels.h"
 #include "src/device/device_state.h"
-#include "src/device/ring_attn_device.h"
+#include "src/attn/device/ring_attn_device.h"
 
 namespace attn {
 
 attnResult_t runLevelAllToAllDevice(AttnCall& c, const LevelDrop& drop, const DeviceAttnBuffers& io) {
   DeviceCallEnv env;
-  ATTN_CHECK(deviceCallEnv(c, "level attention", &env));
+  ATTN_CHECK(beginDeviceCall(c, "level attention", 0, &env));
   DeviceAttnState& R = *env.R;
   const cudaStream_t copy = env.copy;
   const int n = env.n, S = c.numSeqs;
-  ATTN_CHECK(R.prepare(0));
-  StreamsIdleOnExit idle(R.compute, copy);
 
   // The scores, where the plan can read them.
   std::vector<float> importance;
@@ -116,9 +114,7 @@ attnResult_t runLevelAllToAllDevice(AttnCall& c, const LevelDrop& drop, const De
   };
   ATTN_CHECK(exchangeLevelBlocks(c, L, blocks, be));
 
-  ATTN_CHECK(acc.writeOut(c, R, io));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
-  return kernels.addComputeTime();
+  return finishDeviceCall(c, env, acc, kernels, io);
 }
 
 }  // namespace attn

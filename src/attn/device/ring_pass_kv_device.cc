@@ -29,22 +29,21 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/attn/attn_call.h"
-#include "src/attn/break_on_early_exit.h"
-#include "src/attn/progress_thread.h"
+#include "src/attn/ring_steps.h"
 #include "src/core/comm.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
-#include "src/device/device_attn_kernels.h"
-#include "src/device/device_ring.h"
+#include "src/attn/device/device_attn_kernels.h"
+#include "src/attn/device/device_ring.h"
 #include "src/device/device_state.h"
-#include "src/device/ring_attn_device.h"
+#include "src/attn/device/ring_attn_device.h"
 
 namespace attn {
 
 attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   DeviceCallEnv env;
-  ATTN_CHECK(deviceCallEnv(c, "pass-KV", &env));
+  ATTN_CHECK(beginDeviceCall(c, "pass-KV", 0, &env));
   DeviceAttnState& R = *env.R;
   Engine& e = *env.e;
   const cudaStream_t copy = env.copy;
@@ -54,8 +53,6 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   // Buffers first: the previous call left both streams idle, so growing
   // (freeing) them is safe here and only here. Device buffers grow on the
   // compute stream; the copy stream uses them after the sync below.
-  ATTN_CHECK(R.prepare(0));
-  StreamsIdleOnExit idle(R.compute, copy);
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
     capacity = std::max(capacity, BlockLayout::of(S, c.kvRowsOf[r], c.kvRowBytes, 2).total);
@@ -69,20 +66,8 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.ring);
   ATTN_CHECK(ring.loadOwn(S, c.kv, c.kvRowBytes));
 
-  // Step s's send and receive; they outlive the loop body (see the guard).
-  std::unique_ptr<Request[]> req(new Request[2 * n]);
-  BreakOnEarlyExit guard(e);
-  std::unique_ptr<ProgressThread> driver;
-  if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-  for (int s = 0; s < n; ++s) {
-    const bool moving = s < n - 1;
-    const auto stepStart = Clock::now();
-    Request& sendReq = req[2 * s];
-    Request& recvReq = req[2 * s + 1];
-    if (moving) {
-      ATTN_CHECK(ring.post(s, &sendReq, &recvReq));
-      driver->kick();
-    }
+  RingSteps steps(c);
+  ATTN_CHECK(steps.run(ring, "device pass-KV", [&](int s) -> attnResult_t {
     const int from = s == 0 ? me : (me - 1 + n) % n;
     BlockView block;
     ATTN_CHECK(parseBlock(ring.host(), ring.bytes(), anyCardBlock(c, from, true), &block));
@@ -93,16 +78,12 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     ATTN_CUDA_CHECK(cudaStreamWaitEvent(R.compute, R.blockReady[ring.cur()], 0));
     ATTN_CHECK(kernels.accumulate(myQ, deviceRowsOf(block, ring.host(), ring.device()), acc.o, acc.lse));
     ATTN_CUDA_CHECK(cudaEventRecord(R.kernelDone[ring.cur()], R.compute));
-    if (moving) ATTN_CHECK(ring.advance(*driver, &sendReq, &recvReq, &c.stats.waitUs));
-    ATTN_TRACE(kLogAttn, "device pass-KV step %d: %d key rows from rank %d, host %.0f us", s,
-               block.rows, block.origin, usSince(stepStart));
-  }
+    return attnSuccess;
+  }));
   ATTN_CHECK(ring.finish(n - 1, &c.stats.waitUs));
-  guard.done();
+  steps.done();
 
-  ATTN_CHECK(acc.writeOut(c, R, io));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
-  return kernels.addComputeTime();
+  return finishDeviceCall(c, env, acc, kernels, io);
 }
 
 }  // namespace attn

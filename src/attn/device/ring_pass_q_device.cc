@@ -25,16 +25,15 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/attn/attn_call.h"
-#include "src/attn/break_on_early_exit.h"
-#include "src/attn/progress_thread.h"
+#include "src/attn/ring_steps.h"
 #include "src/core/comm.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
-#include "src/device/device_attn_kernels.h"
-#include "src/device/device_ring.h"
+#include "src/attn/device/device_attn_kernels.h"
+#include "src/attn/device/device_ring.h"
 #include "src/device/device_state.h"
-#include "src/device/ring_attn_device.h"
+#include "src/attn/device/ring_attn_device.h"
 
 namespace attn {
 namespace {
@@ -71,7 +70,7 @@ attnResult_t foldArrivedOnDevice(AttnCall& c, DeviceAttnState& R, DeviceAccumula
 
 attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   DeviceCallEnv env;
-  ATTN_CHECK(deviceCallEnv(c, "pass-Q", &env));
+  ATTN_CHECK(beginDeviceCall(c, "pass-Q", static_cast<size_t>(c.comm->nranks), &env));
   DeviceAttnState& R = *env.R;
   Engine& e = *env.e;
   const cudaStream_t copy = env.copy;
@@ -80,8 +79,6 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const size_t myPartial = c.partialBytes(c.q.rows);
 
   // Buffers first, while both streams are idle (see pass-KV).
-  ATTN_CHECK(R.prepare(0, static_cast<size_t>(n)));
-  StreamsIdleOnExit idle(R.compute, copy);
   size_t capacity = 0, maxPartial = 0;
   for (int r = 0; r < n; ++r) {
     capacity = std::max(capacity, BlockLayout::of(S, c.qRowsOf[r], c.qRowBytes, 1).total);
@@ -109,8 +106,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(ring.loadOwn(S, c.q, c.qRowBytes));
 
   std::unique_ptr<Request[]> outReq(new Request[n]);
-  std::unique_ptr<Request[]> req(new Request[2 * n]);  // step s's send and receive
-  BreakOnEarlyExit guard(e);
+  RingSteps steps(c);
   // Partials from ranks other than prev can be expected at once; prev's
   // comes after its last query block.
   auto expectPartial = [&](int p) {
@@ -120,8 +116,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   for (int p = 0; p < n; ++p)
     if (p != me && p != env.prev) ATTN_CHECK(expectPartial(p));
 
-  std::unique_ptr<ProgressThread> driver;
-  if (n > 1) driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
+  ProgressThread* driver = steps.driver();
   std::vector<bool> outPosted(n, false);
   int waitingOwner = -1;  // a partial on its way down, to be sent home
   auto sendWaitingPartial = [&]() -> attnResult_t {
@@ -136,15 +131,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     return attnSuccess;
   };
 
-  for (int s = 0; s < n; ++s) {
-    const bool moving = s < n - 1;
-    const auto stepStart = Clock::now();
-    Request& sendReq = req[2 * s];
-    Request& recvReq = req[2 * s + 1];
-    if (moving) {
-      ATTN_CHECK(ring.post(s, &sendReq, &recvReq));
-      driver->kick();
-    }
+  auto step = [&](int s) -> attnResult_t {
     const int from = s == 0 ? me : (me - 1 + n) % n;
     BlockView visitor;
     ATTN_CHECK(parseBlock(ring.host(), ring.bytes(), anyCardBlock(c, from, false), &visitor));
@@ -172,14 +159,17 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     // and kernel are under way.
     ATTN_CHECK(sendWaitingPartial());
     if (owner != me) waitingOwner = owner;
-    ATTN_CHECK(foldArrivedOnDevice(c, R, acc, home, myPartial));
-    if (moving) ATTN_CHECK(ring.advance(*driver, &sendReq, &recvReq, &c.stats.waitUs));
-    // The previous rank sends its partial of our queries after its last
-    // block, which the last advance has received.
-    if (s == n - 2) ATTN_CHECK(expectPartial(env.prev));
-    ATTN_TRACE(kLogAttn, "device pass-Q step %d: %d query rows of rank %d, host %.0f us", s, visitor.rows,
-               owner, usSince(stepStart));
-  }
+    return foldArrivedOnDevice(c, R, acc, home, myPartial);
+  };
+  // The previous rank sends its partial of our queries after its last
+  // block, which the last move has received.
+  auto afterMove = [&](int s) -> attnResult_t {
+    if (s != n - 2) return attnSuccess;
+    ATTN_CHECK(expectPartial(env.prev));
+    driver->kick();
+    return attnSuccess;
+  };
+  ATTN_CHECK(steps.run(ring, "device pass-Q", step, afterMove));
   ATTN_CHECK(sendWaitingPartial());
   ATTN_CHECK(ring.finish(n - 1, &c.stats.waitUs));
   // The rest of the all-to-all: fold partials in arrival order.
@@ -192,11 +182,9 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   for (int p = 0; p < n; ++p)
     if (outPosted[p]) ATTN_CHECK(driver->wait(&outReq[p]));
   c.stats.waitUs += usSince(t0);
-  guard.done();
+  steps.done();
 
-  ATTN_CHECK(acc.writeOut(c, R, io));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
-  return kernels.addComputeTime();
+  return finishDeviceCall(c, env, acc, kernels, io);
 }
 
 }  // namespace attn

@@ -28,9 +28,9 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
-#include "src/device/device_attn_kernels.h"
+#include "src/attn/device/device_attn_kernels.h"
 #include "src/device/device_state.h"
-#include "src/device/ring_attn_device.h"
+#include "src/attn/device/ring_attn_device.h"
 
 namespace attn {
 namespace {
@@ -42,7 +42,7 @@ enum class PeerStep { kAwaitQuery, kComputing, kServed };
 
 attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   DeviceCallEnv env;
-  ATTN_CHECK(deviceCallEnv(c, "ship-Q", &env));
+  ATTN_CHECK(beginDeviceCall(c, "ship-Q", static_cast<size_t>(c.comm->nranks), &env));
   DeviceAttnState& R = *env.R;
   Engine& e = *env.e;
   const cudaStream_t copy = env.copy;
@@ -54,8 +54,6 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   // Buffers first, while both streams are idle (see pass-KV). Outgoing: our
   // query block, then each visitor's partial; incoming: each peer's query
   // block and the partial it sends us.
-  ATTN_CHECK(R.prepare(0, static_cast<size_t>(n)));
-  StreamsIdleOnExit idle(R.compute, copy);
   PeerSlots out(n), qin(n), pin(n);
   out.add(me, BlockLayout::of(S, qRows, c.qRowBytes, 1).total);
   size_t maxBlock = 0, maxPartial = myPartial;
@@ -206,9 +204,7 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   c.stats.waitUs += usSince(waitStart);
   guard.done();
 
-  ATTN_CHECK(acc.writeOut(c, R, io));
-  ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
-  return kernels.addComputeTime();
+  return finishDeviceCall(c, env, acc, kernels, io);
 }
 
 }  // namespace attn

@@ -1,4 +1,4 @@
-#include "src/device/cuda_ipc/ipc_collectives.h"
+#include "src/device/backends/cuda_ipc/ipc_collectives.h"
 
 #include <algorithm>
 #include <string>
@@ -10,7 +10,7 @@
 #include "src/core/datatype.h"
 #include "src/core/error.h"
 #include "src/device/cuda_check.h"
-#include "src/device/cuda_ipc/ipc_exchange.h"
+#include "src/device/backends/cuda_ipc/ipc_exchange.h"
 
 namespace attn::ipc {
 namespace {
@@ -136,7 +136,7 @@ class Pulls {
         }));
       }
       default:
-        // ipcSelected() sends only the kinds above here; others are staged.
+        // The backend takes only the kinds above (ipc_backend.cc); others go to the next one.
         return setError(attnInternalError, "cuda_ipc: %s reached the IPC backend, which has no pulls for it",
                         deviceOpName(op_.kind));
     }

@@ -1,4 +1,4 @@
-#include "src/device/cuda_ipc/ipc_exchange.h"
+#include "src/device/backends/cuda_ipc/ipc_exchange.h"
 
 #include "src/coll/coll.h"
 #include "src/core/error.h"

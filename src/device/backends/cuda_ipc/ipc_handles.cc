@@ -1,4 +1,4 @@
-#include "src/device/cuda_ipc/ipc_handles.h"
+#include "src/device/backends/cuda_ipc/ipc_handles.h"
 
 #include <cuda.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 
 #include "src/core/error.h"
 #include "src/device/cuda_check.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 
 namespace attn::ipc {
 

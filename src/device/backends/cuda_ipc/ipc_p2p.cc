@@ -1,4 +1,4 @@
-#include "src/device/cuda_ipc/ipc_p2p.h"
+#include "src/device/backends/cuda_ipc/ipc_p2p.h"
 
 #include <memory>
 #include <string>
@@ -8,9 +8,9 @@
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
-#include "src/device/staged_p2p.h"
-#include "src/device/transport_direct.h"
-#include "src/device/cuda_ipc/ipc_stats.h"
+#include "src/device/backends/staging/staged_p2p.h"
+#include "src/device/backends/direct/transport_direct.h"
+#include "src/device/backends/cuda_ipc/ipc_stats.h"
 
 namespace attn::ipc {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "attncomm.h"
 #include "src/device/device_op.h"
-#include "src/device/cuda_ipc/ipc_state.h"
+#include "src/device/backends/cuda_ipc/ipc_state.h"
 
 struct attnComm;
 

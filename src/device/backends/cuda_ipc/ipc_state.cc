@@ -1,4 +1,4 @@
-#include "src/device/cuda_ipc/ipc_state.h"
+#include "src/device/backends/cuda_ipc/ipc_state.h"
 
 #include <cstring>
 
@@ -7,7 +7,7 @@
 #include "src/core/settings.h"
 #include "src/core/log.h"
 #include "src/device/cuda_check.h"
-#include "src/device/cuda_ipc/ipc_exchange.h"
+#include "src/device/backends/cuda_ipc/ipc_exchange.h"
 
 namespace attn::ipc {
 

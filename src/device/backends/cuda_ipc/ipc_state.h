@@ -13,9 +13,9 @@
 
 #include "attncomm.h"
 #include "src/device/device_buffer.h"
-#include "src/device/pinned_arena.h"
-#include "src/device/stage_pipeline.h"
-#include "src/device/cuda_ipc/ipc_handles.h"
+#include "src/device/backends/staging/pinned_arena.h"
+#include "src/device/backends/staging/stage_pipeline.h"
+#include "src/device/backends/cuda_ipc/ipc_handles.h"
 
 struct attnComm;
 
@@ -65,7 +65,7 @@ class IpcState {
   // stream order on `stream` (the proxy's copy stream, its only user).
   attnResult_t scratch(size_t bytes, cudaStream_t stream, void** out);
   // Pinned staging of grouped sends and receives that cannot be pulled
-  // (ipc_p2p.cc, src/device/staged_p2p.h), and the events of its slices.
+  // (ipc_p2p.cc, src/device/backends/staging/staged_p2p.h), and the events of its slices.
   PinnedArena& p2pStage() { return p2pStage_; }
   SliceEvents& p2pSliceEvents() { return p2pSliceEvents_; }
   // An operation ran staged because a buffer could not be served: logged

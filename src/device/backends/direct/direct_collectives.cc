@@ -11,7 +11,7 @@
 #include "src/core/datatype.h"
 #include "src/core/error.h"
 #include "src/device/cuda_check.h"
-#include "src/device/transport_direct.h"
+#include "src/device/backends/direct/transport_direct.h"
 
 namespace attn {
 namespace {

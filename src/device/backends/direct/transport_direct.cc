@@ -1,4 +1,4 @@
-#include "src/device/transport_direct.h"
+#include "src/device/backends/direct/transport_direct.h"
 
 #include <algorithm>
 #include <string>
@@ -7,7 +7,7 @@
 #include "src/core/comm.h"
 #include "src/core/settings.h"
 #include "src/core/log.h"
-#include "src/device/cuda_ipc/ipc_exchange.h"
+#include "src/device/backends/cuda_ipc/ipc_exchange.h"
 
 namespace attn {
 

@@ -6,7 +6,8 @@
 // group, opened at the first of them and launched by attnGroupEnd
 // (ncclGroupFlush), so a thread driving several ranks works as in NCCL.
 //
-// This header needs neither nccl.h nor the CUDA headers: src/core includes it.
+// This header needs neither nccl.h nor the CUDA headers: the front door
+// (src/api) includes it in every build.
 #pragma once
 
 #include <memory>
@@ -29,7 +30,17 @@ struct NcclBridgeDeleter {
 };
 using NcclBridgePtr = std::unique_ptr<NcclBridge, NcclBridgeDeleter>;
 
+// attnCommInitFromNccl (src/api/api_init_nccl.cc) sends rank 0's unique id
+// to every rank over NCCL itself: a byte saying whether rank 0 made one,
+// then the id.
+constexpr size_t kNcclIdMessageBytes = 1 + sizeof(attnUniqueId);
+
 #if ATTN_HAVE_NCCL
+// The engine's communicator `handle` (an ncclComm_t): this rank, the
+// count, its CUDA device, and a bridge over it (not owning it).
+attnResult_t ncclOpen(void* handle, int* rank, int* nranks, int* device, NcclBridgePtr* bridge);
+// Broadcasts msg[kNcclIdMessageBytes] from rank 0 to every rank of the bridge.
+attnResult_t ncclBroadcastIdMessage(NcclBridge* bridge, char* msg);
 // Runs `op` (any kind but kOther) as NCCL calls on `stream`.
 attnResult_t ncclEnqueue(attnComm* comm, NcclBridge* nccl, attnStream_t stream, DeviceOp& op);
 // Launches the NCCL group this thread opened inside an attn group, if any.
@@ -61,6 +72,12 @@ attnResult_t ncclShrinkChild(attnComm* parent, const std::vector<int>& excluded,
 // Gives a child made by newCommInternal its NCCL backend.
 void ncclAdopt(attnComm* comm, NcclBridgePtr child);
 #else
+inline attnResult_t ncclOpen(void*, int*, int*, int*, NcclBridgePtr*) {
+  return setError(attnNotSupported,
+                  "attnCommInitFromNccl: this build of attncomm has no NCCL (it needs CUDA and NCCL at build "
+                  "time; see ATTN_ENABLE_NCCL)");
+}
+inline attnResult_t ncclBroadcastIdMessage(NcclBridge*, char*) { return attnNotSupported; }
 inline attnResult_t ncclEnqueue(attnComm*, NcclBridge*, attnStream_t, DeviceOp&) {
   return setError(attnNotSupported, "this build has no NCCL");
 }

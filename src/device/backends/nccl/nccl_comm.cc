@@ -1,5 +1,6 @@
-// attnCommInitFromNccl and the NCCL backend (nccl_bridge.h).
-#include "src/device/nccl_bridge.h"
+// The NCCL backend (nccl_bridge.h): an engine's NCCL communicator under a
+// device communicator (attnCommInitFromNccl, src/api/api_init_nccl.cc).
+#include "src/device/backends/nccl/nccl_bridge.h"
 
 #if ATTN_HAVE_NCCL
 
@@ -243,8 +244,6 @@ attnResult_t ncclEnqueue(attnComm* comm, NcclBridge* b, attnStream_t stream, Dev
       ATTN_NCCL_CHECK(nc, "barrier (ncclAllReduce)",
                       ncclAllReduce(b->scratch, b->scratch, 1, ncclUint32, ncclSum, nc, s));
       return attnSuccess;
-    case DeviceOpKind::kOther:
-      break;
   }
   return setError(attnInternalError, "operation kind %d has no NCCL form", (int)op.kind);
 }
@@ -270,9 +269,8 @@ namespace {
 // Rank 0's attnUniqueId, sent to every rank over NCCL itself. The first byte
 // says whether rank 0 could make one, so a failure there reaches every rank
 // instead of leaving them waiting.
-constexpr size_t kIdMsg = 1 + sizeof(attnUniqueId);
 constexpr size_t kScratchBytes = 256;
-static_assert(kIdMsg <= kScratchBytes, "the id travels through the scratch buffer");
+static_assert(kNcclIdMessageBytes <= kScratchBytes, "the id travels through the scratch buffer");
 
 attnResult_t makeBridge(ncclComm_t nc, int device, NcclBridgePtr* out) {
   NcclBridgePtr b(new NcclBridge);
@@ -300,80 +298,13 @@ attnResult_t broadcastId(NcclBridge& b, char* msg) {
     ~Cleanup() { cudaStreamDestroy(s); }
   } cleanup{s};
   ncclComm_t nc = b.nccl;
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(b.scratch, msg, kIdMsg, cudaMemcpyHostToDevice, s));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(b.scratch, msg, kNcclIdMessageBytes, cudaMemcpyHostToDevice, s));
   ATTN_NCCL_CHECK(nc, "ncclBroadcast of the unique id",
-                  ncclBroadcast(b.scratch, b.scratch, kIdMsg, ncclUint8, 0, nc, s));
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(msg, b.scratch, kIdMsg, cudaMemcpyDeviceToHost, s));
+                  ncclBroadcast(b.scratch, b.scratch, kNcclIdMessageBytes, ncclUint8, 0, nc, s));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(msg, b.scratch, kNcclIdMessageBytes, cudaMemcpyDeviceToHost, s));
   ATTN_CUDA_CHECK(cudaMemsetAsync(b.scratch, 0, kScratchBytes, s));  // 0 + 0 stays 0: no overflow
   ATTN_CUDA_CHECK(cudaStreamSynchronize(s));
   return attnSuccess;
-}
-
-// Sets an error text saved earlier again (it already names the rank).
-attnResult_t restoreError(attnResult_t code, const std::string& text) {
-  ErrorContext none("-");
-  return setError(code, "%s", text.c_str());
-}
-
-// The caller's config with the NCCL communicator's device.
-attnResult_t configFor(const attnConfig_t* config, int device, attnConfig_t* cfg) {
-  *cfg = ATTN_CONFIG_INITIALIZER;
-  if (config) {
-    ATTN_REQUIRE(config->magic == ATTN_CONFIG_MAGIC,
-                 "attnConfig_t not initialised: start from ATTN_CONFIG_INITIALIZER");
-    ATTN_REQUIRE(config->size >= offsetof(attnConfig_t, device) + sizeof(int),
-                 "attnConfig_t size %zu is too small", config->size);
-    // Fields the caller's (older) header lacks keep their defaults.
-    std::memcpy(cfg, config, std::min(config->size, sizeof(*cfg)));
-    cfg->size = sizeof(*cfg);
-    if (config->device != ATTN_CONFIG_UNDEF_INT && config->device != device)
-      return setError(attnInvalidArgument,
-                      "config->device is %d but the NCCL communicator is on device %d", config->device,
-                      device);
-  }
-  cfg->device = device;
-  return attnSuccess;
-}
-
-attnResult_t initFromNccl(attnComm_t* comm, void* handle, const attnConfig_t* config) {
-  ATTN_REQUIRE(comm != nullptr, "comm output pointer is NULL");
-  *comm = nullptr;
-  ATTN_REQUIRE(handle != nullptr, "nccl_comm is NULL (pass the application's ncclComm_t)");
-  ncclComm_t nc = static_cast<ncclComm_t>(handle);
-  int rank = -1, nranks = 0, device = -1;
-  ATTN_NCCL_CHECK(nc, "ncclCommUserRank", ncclCommUserRank(nc, &rank));
-  ATTN_NCCL_CHECK(nc, "ncclCommCount", ncclCommCount(nc, &nranks));
-  ATTN_NCCL_CHECK(nc, "ncclCommCuDevice", ncclCommCuDevice(nc, &device));
-  ErrorContext ctx("rank " + std::to_string(rank));
-  // The broadcast needs the bridge's buffer: only a CUDA failure stops a
-  // rank before it. Any other failure is reported after the broadcast, so no
-  // rank is left waiting inside NCCL; a rank that fails after it leaves the
-  // others in the attncomm bootstrap, which times out with a message.
-  NcclBridgePtr bridge;
-  ATTN_CHECK(makeBridge(nc, device, &bridge));
-  attnConfig_t cfg;
-  attnResult_t made = configFor(config, device, &cfg);
-  std::string madeError = made == attnSuccess ? "" : threadLastError();
-  char msg[kIdMsg] = {};
-  if (rank == 0 && made == attnSuccess) {
-    attnUniqueId id;
-    made = attnGetUniqueId(&id);
-    if (made == attnSuccess) {
-      msg[0] = 1;
-      std::memcpy(msg + 1, &id, sizeof(id));
-    } else {
-      madeError = threadLastError();
-    }
-  }
-  ATTN_CHECK(broadcastId(*bridge, msg));
-  if (made != attnSuccess) return restoreError(made, madeError);
-  if (msg[0] != 1) return setError(attnSystemError, "rank 0 could not create the attncomm unique id");
-  attnUniqueId id;
-  std::memcpy(&id, msg + 1, sizeof(id));
-  attnResult_t r = attnCommInitRankConfig(comm, nranks, id, rank, &cfg);
-  if (r != attnSuccess && r != attnInProgress) return r;
-  (*comm)->device->nccl = std::move(bridge);  // made by deviceInit, even when init goes on in the background
-  return r;
 }
 
 // A child's NCCL communicator, once NCCL has finished making it.
@@ -433,6 +364,16 @@ void ncclAdopt(attnComm* comm, NcclBridgePtr child) {
   if (child && comm->device) comm->device->nccl = std::move(child);
 }
 
+attnResult_t ncclOpen(void* handle, int* rank, int* nranks, int* device, NcclBridgePtr* bridge) {
+  ncclComm_t nc = static_cast<ncclComm_t>(handle);
+  ATTN_NCCL_CHECK(nc, "ncclCommUserRank", ncclCommUserRank(nc, rank));
+  ATTN_NCCL_CHECK(nc, "ncclCommCount", ncclCommCount(nc, nranks));
+  ATTN_NCCL_CHECK(nc, "ncclCommCuDevice", ncclCommCuDevice(nc, device));
+  return makeBridge(nc, *device, bridge);
+}
+
+attnResult_t ncclBroadcastIdMessage(NcclBridge* bridge, char* msg) { return broadcastId(*bridge, msg); }
+
 attnResult_t ncclAsyncError(NcclBridge* nccl) {
   ncclResult_t async = ncclSuccess;
   if (ncclResult_t q = ncclCommGetAsyncError(nccl->nccl, &async); q != ncclSuccess)
@@ -442,16 +383,6 @@ attnResult_t ncclAsyncError(NcclBridge* nccl) {
 }
 
 }  // namespace attn
-
-using attn::guardedEntry;
-
-extern "C" attnResult_t attnCommInitFromNccl(attnComm_t* comm, void* nccl_comm, const attnConfig_t* config) {
-  return guardedEntry([&]() -> attnResult_t {
-    attn::ErrorContext ctx("-");
-    attn::clearThreadLastError();
-    return attn::initFromNccl(comm, nccl_comm, config);
-  });
-}
 
 #else  // no NCCL in this build: the bridge never exists (api_nccl_absent.cc answers)
 

@@ -1,4 +1,4 @@
-#include "src/device/pinned_arena.h"
+#include "src/device/backends/staging/pinned_arena.h"
 
 #include "src/core/error.h"
 

@@ -1,4 +1,4 @@
-#include "src/device/stage_pipeline.h"
+#include "src/device/backends/staging/stage_pipeline.h"
 
 #include <algorithm>
 
@@ -62,7 +62,7 @@ size_t stageChunkBytes() {
 
 size_t stageSliceCount(const DeviceOp& op, size_t chunkBytes) {
   Shape s;
-  if (!op.sliceOp || chunkBytes == 0 || op.count == 0 || !shapeOf(op, -1, &s)) return 0;
+  if (chunkBytes == 0 || op.count == 0 || !shapeOf(op, -1, &s)) return 0;
   const size_t esz = dataTypeSize(op.type);
   size_t slice = std::max<size_t>(1, chunkBytes / esz);
   slice = std::max(slice, (op.count + kMaxSlices - 1) / kMaxSlices);
@@ -85,7 +85,7 @@ attnResult_t SliceEvents::reserve(size_t n) {
 }
 
 attnResult_t runStagePipeline(const DeviceOp& op, int me, int nranks, size_t slice, PinnedArena& arena,
-                              SliceEvents& events, cudaStream_t copy) {
+                              SliceEvents& events, cudaStream_t copy, const SliceRun& hostRun) {
   Shape shape;
   if (!shapeOf(op, me, &shape) || slice == 0)
     return setError(attnInternalError, "pipelined staging of an operation it cannot slice");
@@ -120,7 +120,7 @@ attnResult_t runStagePipeline(const DeviceOp& op, int me, int nranks, size_t sli
   for (size_t k = 0; k < slices; ++k) {
     const size_t a = k * slice, len = std::min(slice, count - a);
     ATTN_CUDA_CHECK(cudaEventSynchronize(events[k]));
-    ATTN_CHECK(op.sliceOp(hostAt(hostIn, shape.in, a), hostAt(hostOut, shape.out, a), len));
+    ATTN_CHECK(hostRun(hostAt(hostIn, shape.in, a), hostAt(hostOut, shape.out, a), len));
     if (shape.out.present)
       ATTN_CUDA_CHECK(
           move(recv + a * esz, count * esz, hostAt(hostOut, shape.out, a), len * esz, len, shape.out.blocks));

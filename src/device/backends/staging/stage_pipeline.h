@@ -1,4 +1,4 @@
-// The staging backend, pipelined (device_route.cc): a collective on device
+// The staging backend, pipelined (staging_backend.cc): a collective on device
 // buffers that has no device path (peers on other hosts, cuda_ipc off,
 // buffers cuda_ipc cannot serve) runs as consecutive slices of at most
 // ATTN_DEVICE_STAGE_CHUNK bytes of every rank's block. Every slice's inputs
@@ -21,11 +21,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "attncomm.h"
 #include "src/device/device_op.h"
-#include "src/device/pinned_arena.h"
+#include "src/device/backends/staging/pinned_arena.h"
 
 namespace attn {
 
@@ -34,7 +35,7 @@ namespace attn {
 size_t stageChunkBytes();
 
 // Elements per slice of `op`, or 0 when it runs
-// unpipelined (a kind without a slice op, or everything fits one slice).
+// unpipelined (a kind that cannot be sliced, or everything fits one slice).
 size_t stageSliceCount(const DeviceOp& op, size_t chunkBytes);
 
 // Events marking each slice's inputs on the host; grown on demand, kept
@@ -52,11 +53,15 @@ class SliceEvents {
   std::vector<cudaEvent_t> events_;
 };
 
+// The host collective of one slice: `in` and `out` laid out as the
+// collective's own buffers of `count` elements per block.
+using SliceRun = std::function<attnResult_t(char* in, char* out, size_t count)>;
+
 // Runs `op` (stageSliceCount(op, ...) = slice > 0) on rank `me` of
-// `nranks` slice by slice through
-// `arena` on the proxy thread; returns once the outputs are on the device.
+// `nranks` slice by slice through `arena` on the proxy thread, `hostRun`
+// running each slice; returns once the outputs are on the device.
 attnResult_t runStagePipeline(const DeviceOp& op, int me, int nranks, size_t slice, PinnedArena& arena,
-                              SliceEvents& events, cudaStream_t copy);
+                              SliceEvents& events, cudaStream_t copy, const SliceRun& hostRun);
 
 // Process-wide count of slices run pipelined (tests).
 std::atomic<uint64_t>& stagedSlices();

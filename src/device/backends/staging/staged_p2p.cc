@@ -1,4 +1,4 @@
-#include "src/device/staged_p2p.h"
+#include "src/device/backends/staging/staged_p2p.h"
 
 #include <algorithm>
 #include <cstring>

@@ -25,8 +25,8 @@
 
 #include "attncomm.h"
 #include "src/core/transport.h"
-#include "src/device/pinned_arena.h"
-#include "src/device/stage_pipeline.h"
+#include "src/device/backends/staging/pinned_arena.h"
+#include "src/device/backends/staging/stage_pipeline.h"
 
 namespace attn {
 
