@@ -244,7 +244,7 @@ TEST(Settings, EnumAndStringAndReal) {
 const std::map<std::string, std::string> kToolVariables = {
     {"ATTN_PERF_NO_MPI", "perf/ (perf binaries built with MPI)"},
     {"ATTN_PERF_PLOT_SCRIPT", "perf/ (--plot)"},
-    {"ATTN_LIBRARY", "python/attncomm.py"},
+    {"ATTN_LIBRARY", "python/attncomm, python/setup.py"},
     {"ATTN_CUDA_EMU_DEVICES", "tests/cuda_emu"},
     {"ATTN_CUDA_EMU_VERBOSE", "tests/cuda_emu"},
     {"ATTN_CUDA_EMU_STREAM_DELAY_US", "tests/cuda_emu"},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The C API from Python (python/attncomm.py, ctypes + numpy): collectives
+"""The C API from Python (python/attncomm, ctypes + numpy): collectives
 and ring attention on host memory, the distributed KV cache (pool, moves,
 attention over lent blocks, the planner), ranks as threads and as processes,
 and errors as exceptions with the library's text. Attention is checked against

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """On a GPU machine with PyTorch: attncomm's attention and collectives on
-device communicators, called through python/attncomm.py with torch CUDA
+device communicators, called through python/attncomm with torch CUDA
 tensors and streams, against torch's flash attention (its output and its
 log-sum-exp) on the same tensors. Ranks are Python threads sharing GPU 0.
 Exit 77 (skipped) without torch or a CUDA device."""

@@ -26,8 +26,12 @@ The distributed KV cache: pool = comm.kv_pool(...) (a KvPool: append,
 migrate, attention over lent blocks, rebalance) and kv_plan(instances,
 model); it needs numpy.
 
-The library is ATTN_LIBRARY when set, else libattncomm.so from a build
-directory beside this file (build/, build-*/), else the system's.
+The library is ATTN_LIBRARY when set, else the one bundled by
+`pip install ./python` after a build, else libattncomm.so from a build
+directory of the checkout this package sits in (build/, build-*/), else the
+system's (`cmake --install`). `pip install ./python` installs this package;
+`attncomm.torch` is the PyTorch layer (torch tensors, torch.distributed
+groups, custom ops that torch.compile traces).
 """
 import collections
 import collections.abc
@@ -45,7 +49,11 @@ def _find_library():
     env = os.environ.get("ATTN_LIBRARY")
     if env:
         return env
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libattncomm.so")
+    if os.path.exists(bundled):  # pip install ./python after a build (setup.py)
+        return bundled
+    # python/attncomm/__init__.py in a checkout: the build directories of its root.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for d in ["build"] + sorted(os.path.basename(p) for p in glob.glob(os.path.join(root, "build-*"))):
         path = os.path.join(root, d, "libattncomm.so")
         if os.path.exists(path):
@@ -487,9 +495,12 @@ class Comm:
     @property
     def device(self):
         """The CUDA device ordinal, or DEVICE_HOST (-1) for host memory."""
-        d = ctypes.c_int()
-        _check(_Device(self._h, ctypes.byref(d)), self._h, "attnCommDevice")
-        return d.value
+        cached = getattr(self, "_device", None)  # fixed for the communicator's life
+        if cached is None:
+            d = ctypes.c_int()
+            _check(_Device(self._h, ctypes.byref(d)), self._h, "attnCommDevice")
+            cached = self._device = d.value
+        return cached
 
     def async_error(self):
         e = ctypes.c_int()
@@ -711,7 +722,9 @@ def merge_attn_states(outs, lses, out, lse, rows, heads, head_dim, stream=None):
 
 
 class SeqLayout:
-    """attnSeqLayout_t over Python sequences of ints (kept alive here)."""
+    """attnSeqLayout_t over Python sequences of ints (kept alive here), or,
+    through from_buffers, over int32 arrays or tensors in host memory that
+    the library reads in place when the call runs."""
 
     def __init__(self, q_offsets, q_pos, kv_offsets, kv_pos):
         self._arrays = [_int32_array(a)[0] for a in (q_offsets, q_pos, kv_offsets, kv_pos)]
@@ -719,6 +732,34 @@ class SeqLayout:
         self._c = _SeqLayout(len(q_offsets) - 1, qo, qp, ko, kp)
         self.q_offsets, self.q_pos = list(q_offsets), list(q_pos)
         self.kv_offsets, self.kv_pos = list(kv_offsets), list(kv_pos)
+
+    _NAMES = ("q_offsets", "q_pos", "kv_offsets", "kv_pos")
+
+    @classmethod
+    def from_buffers(cls, q_offsets, q_pos, kv_offsets, kv_pos):
+        """A layout over four contiguous int32 buffers in host memory (numpy
+        arrays, CPU or pinned torch tensors): cu_seqlens-style offsets
+        [num_seqs + 1] and global positions [rows], not copied. The buffers
+        are held by the layout; their values are read when a call runs."""
+        self = cls.__new__(cls)
+        bufs = (q_offsets, q_pos, kv_offsets, kv_pos)
+        ptrs = []
+        for name, b in zip(cls._NAMES, bufs):
+            if getattr(b, "is_cuda", False):
+                raise AttnError(INVALID_ARGUMENT, f"layout {name}: a host-memory int32 buffer is needed, "
+                                                  f"got one on {b.device}")
+            ptr, n, t = _buffer(b)
+            if t != INT32:
+                raise AttnError(INVALID_ARGUMENT, f"layout {name}: int32 is needed")
+            ptrs.append((ptr, n))
+        if ptrs[0][1] < 1 or ptrs[0][1] != ptrs[2][1]:
+            raise AttnError(INVALID_ARGUMENT, f"layout: q_offsets has {ptrs[0][1]} entries and kv_offsets "
+                                              f"{ptrs[2][1]}: both need num_seqs + 1")
+        self._arrays = list(bufs)
+        c = [ctypes.cast(p, _i32p) if n else None for p, n in ptrs]
+        self._c = _SeqLayout(ptrs[0][1] - 1, c[0], c[1], c[2], c[3])
+        self.q_rows, self.kv_rows = ptrs[1][1], ptrs[3][1]
+        return self
 
 
 class Shard:
