@@ -570,11 +570,34 @@ ATTN_API attnResult_t attnRingAttention(const void* q, const void* k, const void
  * outs[j]: [rows, heads, head_dim] in dtype; lses[j]: [rows, heads].
  * Rows whose every lse_j is -inf give out = 0, lse = -inf. out / lse may
  * alias outs[0] / lses[0] (in place); lse may be NULL. Local: no
- * communication. */
+ * communication. With a NULL stream every buffer is host memory and the
+ * merge runs now; with a CUDA stream every buffer is device (or managed)
+ * memory and the merge is enqueued on it (CUDA builds). */
 ATTN_API attnResult_t attnMergeAttnStates(int n, const void* const* outs,
                                           const float* const* lses, void* out, float* lse,
                                           int64_t rows, int heads, int head_dim,
                                           attnDataType_t dtype, attnStream_t stream);
+
+/* The decode-context-parallel merge as one collective. Every rank holds a
+ * partial attention result for the same `rows` query rows over its own share
+ * of the keys: out_part [rows, heads, head_dim] in dtype, lse_part [rows,
+ * heads] float natural-log. attnMergeAttnReduceScatter leaves on each rank
+ * the exact merge for its share of the heads, [r * heads / n,
+ * (r + 1) * heads / n) on rank r of n (none when heads < n and the share is
+ * empty): out [rows, share, head_dim], lse [rows, share] or NULL.
+ * attnMergeAttnAllGather leaves all heads on every rank: out [rows, heads,
+ * head_dim], lse [rows, heads] or NULL (they may alias the partial). Each
+ * rank sends every peer that peer's heads once and folds each slice as it
+ * arrives (merge on receive). Rows whose every lse is -inf give 0 and -inf.
+ * A device communicator takes device buffers, ordered on `stream`; a host
+ * one host buffers and a NULL stream. Collective: the same rows, heads,
+ * head_dim and dtype on every rank. */
+ATTN_API attnResult_t attnMergeAttnReduceScatter(const void* out_part, const float* lse_part, void* out,
+                                                 float* lse, int64_t rows, int heads, int head_dim,
+                                                 attnDataType_t dtype, attnComm_t comm, attnStream_t stream);
+ATTN_API attnResult_t attnMergeAttnAllGather(const void* out_part, const float* lse_part, void* out,
+                                             float* lse, int64_t rows, int heads, int head_dim,
+                                             attnDataType_t dtype, attnComm_t comm, attnStream_t stream);
 
 /* --- Level-aware sparse attention (CSPS §3.2.4, "CSA") --- */
 

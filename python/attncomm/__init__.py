@@ -175,6 +175,10 @@ _LevelAttention = _declare("attnLevelAttention", _p, _p, _p, _p, _p, ctypes.POIN
                            ctypes.POINTER(_AttnConfig), ctypes.POINTER(_LevelDrop), _comm, _p)
 _MergeAttnStates = _declare("attnMergeAttnStates", ctypes.c_int, ctypes.POINTER(_p), ctypes.POINTER(_p), _p,
                             _p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, _p)
+_MergeAttnReduceScatter = _declare("attnMergeAttnReduceScatter", _p, _p, _p, _p, ctypes.c_int64, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_int, _comm, _p)
+_MergeAttnAllGather = _declare("attnMergeAttnAllGather", _p, _p, _p, _p, ctypes.c_int64, ctypes.c_int,
+                               ctypes.c_int, ctypes.c_int, _comm, _p)
 
 
 class _CostModel(ctypes.Structure):
@@ -647,6 +651,24 @@ class Comm:
                                            ctypes.byref(layout._c), ctypes.byref(cfg), mode, self._h,
                                            _stream(stream)), self._h, "attnRingAttention"),
                      q, k, v, out, lse, layout, cfg)
+
+    def merge_attn_reduce_scatter(self, out_part, lse_part, out, lse, rows, heads, head_dim, stream=None):
+        """attnMergeAttnReduceScatter: every rank's partial (out_part [rows,
+        heads, head_dim], float32 lse_part [rows, heads]) merged; this rank
+        gets its share of the heads, [rank * heads // n, (rank + 1) * heads // n),
+        in out [rows, share, head_dim] and lse (or None)."""
+        op, _, t = _buffer(out_part)
+        self._queued(_check(_MergeAttnReduceScatter(op, _buffer(lse_part)[0], _buffer(out)[0], _optional_buffer(lse),
+                                                    rows, heads, head_dim, t, self._h, _stream(stream)),
+                            self._h, "attnMergeAttnReduceScatter"), out_part, lse_part, out, lse)
+
+    def merge_attn_all_gather(self, out_part, lse_part, out, lse, rows, heads, head_dim, stream=None):
+        """attnMergeAttnAllGather: as merge_attn_reduce_scatter, every head on
+        every rank (out [rows, heads, head_dim]; may alias out_part)."""
+        op, _, t = _buffer(out_part)
+        self._queued(_check(_MergeAttnAllGather(op, _buffer(lse_part)[0], _buffer(out)[0], _optional_buffer(lse),
+                                                rows, heads, head_dim, t, self._h, _stream(stream)),
+                            self._h, "attnMergeAttnAllGather"), out_part, lse_part, out, lse)
 
     def kv_pool(self, block_tokens, num_kv_heads, head_dim, dtype=FLOAT32, capacity_blocks=0):
         """attnKvPoolCreate (collective): a distributed KV cache over this

@@ -259,18 +259,63 @@ def ring_attention(comm, q, k, v, layout, *, mode="auto", causal=True, softmax_s
     return out, lse
 
 
-def merge_attn_states(outs, lses, out=None, lse=None):
-    """attnMergeAttnStates on torch tensors (host memory): partial outputs
-    outs[j] [rows, H, D] float32 and their natural-log lses[j] [rows, H]
-    merged into one (out, lse)."""
+def merge_attn_states(outs, lses, out=None, lse=None, stream=None):
+    """attnMergeAttnStates on torch tensors: partial outputs outs[j] [rows,
+    H, D] (float32, float16 or bfloat16) and their natural-log lses[j]
+    [rows, H] float32 merged into one (out, lse). CUDA tensors merge on the
+    GPU, on torch's current stream unless `stream` is given."""
     _require(len(outs) == len(lses) and len(outs) > 0, "outs and lses: the same number of partials, at least one")
-    rows, heads, dim = outs[0].shape
+    first = outs[0]
+    _require(isinstance(first, torch.Tensor) and first.dim() == 3, "outs[0]: a [rows, heads, head_dim] tensor")
+    rows, heads, dim = first.shape
     for j, (o, s) in enumerate(zip(outs, lses)):
-        _require(o.dtype == torch.float32 and o.shape == outs[0].shape and o.is_contiguous(),
-                 f"outs[{j}]: contiguous float32 {tuple(outs[0].shape)} is needed")
-        _require(s.dtype == torch.float32 and tuple(s.shape) == (rows, heads) and s.is_contiguous(),
-                 f"lses[{j}]: contiguous float32 {(rows, heads)} is needed")
-    out = torch.empty_like(outs[0]) if out is None else out
-    lse = torch.empty((rows, heads), dtype=torch.float32) if lse is None else lse
-    _ac.merge_attn_states(list(outs), list(lses), out, lse, rows, heads, dim)
+        _require(o.dtype == first.dtype and o.shape == first.shape and o.is_contiguous() and o.device == first.device,
+                 f"outs[{j}]: contiguous {first.dtype} {tuple(first.shape)} on {first.device} is needed")
+        _require(s.dtype == torch.float32 and tuple(s.shape) == (rows, heads) and s.is_contiguous()
+                 and s.device == first.device, f"lses[{j}]: contiguous float32 {(rows, heads)} on {first.device}")
+    out = torch.empty_like(first) if out is None else out
+    _check_out(first, out)
+    lse = torch.empty((rows, heads), dtype=torch.float32, device=first.device) if lse is None else lse
+    _check_lse(first, lse, "th")
+    _ac.merge_attn_states(list(outs), list(lses), out, lse, rows, heads, dim,
+                          stream=_stream_of(first, stream) or None)
     return out, lse
+
+
+def _merge_collective(comm, out_part, lse_part, out, lse, return_lse, stream, all_gather):
+    _require(isinstance(out_part, torch.Tensor) and out_part.dim() == 3,
+             "out_part: a [rows, heads, head_dim] tensor is needed")
+    _require(out_part.dtype in _DTYPES, f"out_part: dtype {out_part.dtype} is not float32, float16 or bfloat16")
+    _require(out_part.is_contiguous(), "out_part: not contiguous")
+    rows, heads, dim = out_part.shape
+    _require(isinstance(lse_part, torch.Tensor) and lse_part.dtype == torch.float32
+             and tuple(lse_part.shape) == (rows, heads) and lse_part.is_contiguous(),
+             f"lse_part: contiguous float32 {(rows, heads)} is needed")
+    n, r = comm.size, comm.rank
+    share = heads if all_gather else (r + 1) * heads // n - r * heads // n
+    want = (rows, share, dim)
+    out = torch.empty(want, dtype=out_part.dtype, device=out_part.device) if out is None else out
+    _require(tuple(out.shape) == want and out.dtype == out_part.dtype and out.is_contiguous()
+             and out.device == out_part.device, f"out: contiguous {out_part.dtype} {want} is needed")
+    if lse is None and return_lse:
+        lse = torch.empty((rows, share), dtype=torch.float32, device=out_part.device)
+    if lse is not None:
+        _require(lse.dtype == torch.float32 and tuple(lse.shape) == (rows, share) and lse.is_contiguous(),
+                 f"lse: contiguous float32 {(rows, share)} is needed")
+    call = comm.merge_attn_all_gather if all_gather else comm.merge_attn_reduce_scatter
+    call(out_part, lse_part, out, lse, rows, heads, dim, stream=_stream_of(out_part, stream) or None)
+    return (out, lse) if (return_lse or lse is not None) else out
+
+
+def merge_attn_reduce_scatter(comm, out_part, lse_part, *, out=None, lse=None, return_lse=False, stream=None):
+    """attnMergeAttnReduceScatter: every rank's partial (out_part [rows,
+    heads, D], natural-log lse_part [rows, heads] float32) for the same
+    query rows over its own keys, merged; this rank gets its share of the
+    heads ([rank * heads // n, (rank + 1) * heads // n)) as out [rows,
+    share, D] (and lse). The decode-context-parallel merge as one call."""
+    return _merge_collective(comm, out_part, lse_part, out, lse, return_lse, stream, False)
+
+
+def merge_attn_all_gather(comm, out_part, lse_part, *, out=None, lse=None, return_lse=False, stream=None):
+    """As merge_attn_reduce_scatter, with every head on every rank."""
+    return _merge_collective(comm, out_part, lse_part, out, lse, return_lse, stream, True)

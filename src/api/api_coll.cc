@@ -2,9 +2,10 @@
 // launches the call: on a device communicator, to the device backends
 // (src/device/device_route.h); else as a closure, run now, in the group or
 // on the executor, that checks the signature (ATTN_CHECK) and runs the
-// library's internal collective entry (src/coll/coll_entry.h). With signature checks on, a rank that refuses
-// its arguments still takes part in the signature exchange (refuse()), so
-// its peers fail the call too instead of waiting for it.
+// library's internal collective entry (src/coll/coll_entry.h). With
+// signature checks on, a rank that refuses its arguments still takes part
+// in the signature exchange (src/api/refuse.h), so its peers fail the call
+// too instead of waiting for it.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "src/coll/coll.h"
 #include "src/coll/coll_entry.h"
+#include "src/api/refuse.h"
 #include "src/coll/signature.h"
 #include "src/core/api_call.h"
 #include "src/core/datatype.h"
@@ -47,27 +49,6 @@ attnResult_t checkBuffers(const void* send, const void* recv, size_t count) {
 bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return an && bn && x < y + bn && y < x + an;
-}
-
-// A call this rank refuses (`status`, whose text is the thread's last
-// error). On a communicator checking signatures (ATTN_CHECK=1), the rank
-// still takes part in the call's signature exchange with a refused
-// signature, queued as the call would have been (now, in the group, on the
-// non-blocking queue, on a device communicator's stream): its peers then
-// fail the call naming this rank and every rank stays in step. Without the
-// checks, as with NCCL, the peers wait for a call that will not come.
-// Returns `status`.
-attnResult_t refuse(attnComm* comm, attnStream_t stream, CollKind kind, attnResult_t status) {
-  if (!comm->config.checkSignatures || comm->nranks == 1) return status;
-  const std::string why = threadLastError();
-  CollSignature sig;
-  sig.kind = static_cast<uint32_t>(kind);
-  sig.status = status;
-  if (deviceRoute(comm))
-    (void)deviceRefuse(comm, stream, sig);
-  else
-    (void)dispatch(comm, "refused collective", [comm, sig] { return sendRefusedSignature(comm, sig); });
-  return restoreError(status, why);  // the exchange may have set a text of its own
 }
 
 // The argument checks of each collective: what the C API refuses.
@@ -255,7 +236,7 @@ attnResult_t attnAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkAllGatherArgs(comm, sendbuff, recvbuff, sendcount, datatype, stream); r != attnSuccess)
-      return call.finish(refuse(comm, stream, CollKind::kAllGather, r));
+      return call.finish(refuseCollective(comm, stream, CollKind::kAllGather, r));
     const size_t bytes = sendcount * dataTypeSize(datatype);
     return call.finish(launch(comm, stream, "AllGather",
                               argsOf(CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype),
@@ -271,7 +252,7 @@ attnResult_t attnReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkReduceScatterArgs(comm, sendbuff, recvbuff, recvcount, datatype, op, stream);
         r != attnSuccess)
-      return call.finish(refuse(comm, stream, CollKind::kReduceScatter, r));
+      return call.finish(refuseCollective(comm, stream, CollKind::kReduceScatter, r));
     const size_t bytes = recvcount * dataTypeSize(datatype);
     CollArgs a = argsOf(CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype);
     a.op = op;
@@ -287,7 +268,7 @@ attnResult_t attnAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkAllReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, stream); r != attnSuccess)
-      return call.finish(refuse(comm, stream, CollKind::kAllReduce, r));
+      return call.finish(refuseCollective(comm, stream, CollKind::kAllReduce, r));
     const size_t bytes = count * dataTypeSize(datatype);
     CollArgs a = argsOf(CollKind::kAllReduce, sendbuff, recvbuff, count, datatype);
     a.op = op;
@@ -302,7 +283,7 @@ attnResult_t attnReduce(const void* sendbuff, void* recvbuff, size_t count, attn
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkReduceArgs(comm, sendbuff, recvbuff, count, datatype, op, root, stream); r != attnSuccess)
-      return call.finish(refuse(comm, stream, CollKind::kReduce, r));
+      return call.finish(refuseCollective(comm, stream, CollKind::kReduce, r));
     const size_t bytes = count * dataTypeSize(datatype);
     const bool isRoot = comm->rank == root;
     void* out = isRoot ? recvbuff : nullptr;  // only the root's is written
@@ -321,7 +302,7 @@ attnResult_t attnBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkBroadcastArgs(comm, sendbuff, recvbuff, count, datatype, root, stream); r != attnSuccess)
-      return call.finish(refuse(comm, stream, CollKind::kBroadcast, r));
+      return call.finish(refuseCollective(comm, stream, CollKind::kBroadcast, r));
     const size_t bytes = count * dataTypeSize(datatype);
     CollArgs a = argsOf(CollKind::kBroadcast, sendbuff, recvbuff, count, datatype);
     a.root = root;
@@ -336,7 +317,7 @@ attnResult_t attnAllToAll(const void* sendbuff, void* recvbuff, size_t count,
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
     if (attnResult_t r = checkAllToAllArgs(comm, sendbuff, recvbuff, count, datatype, stream); r != attnSuccess)
-      return call.finish(refuse(comm, stream, CollKind::kAllToAll, r));
+      return call.finish(refuseCollective(comm, stream, CollKind::kAllToAll, r));
     const size_t total = count * dataTypeSize(datatype) * comm->nranks;
     return call.finish(launch(comm, stream, "AllToAll",
                               argsOf(CollKind::kAllToAll, sendbuff, recvbuff, count, datatype),
@@ -354,7 +335,7 @@ attnResult_t attnAllToAllv(const void* sendbuff, const size_t* sendcounts, const
     if (attnResult_t r = checkAllToAllvArgs(comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls,
                                             datatype, stream, &sb, &rb);
         r != attnSuccess)
-      return call.finish(refuse(comm, stream, CollKind::kAllToAllv, r));
+      return call.finish(refuseCollective(comm, stream, CollKind::kAllToAllv, r));
     const int n = comm->nranks;
     // Extents of both buffers for staging; the receive side is also copied
     // in, so the gaps between blocks keep their contents. Counts are copied
@@ -379,7 +360,7 @@ attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream) {
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
     if (stream != nullptr && !deviceRoute(comm))
-      return call.finish(refuse(comm, stream, CollKind::kBarrier,
+      return call.finish(refuseCollective(comm, stream, CollKind::kBarrier,
                                 setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream")));
     return call.finish(launch(comm, stream, "Barrier", argsOf(CollKind::kBarrier, nullptr, nullptr, 0, attnUint8), {}));
   });

@@ -21,6 +21,8 @@ const char* collKindName(CollKind k) {
     case CollKind::kBarrier: return "Barrier";
     case CollKind::kRingAttention: return "RingAttention";
     case CollKind::kReduce: return "Reduce";
+    case CollKind::kMergeReduceScatter: return "MergeAttnReduceScatter";
+    case CollKind::kMergeAllGather: return "MergeAttnAllGather";
   }
   return "?";
 }

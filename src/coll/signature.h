@@ -14,7 +14,7 @@ namespace attn {
 
 enum class CollKind : uint32_t {
   kAllGather = 1, kReduceScatter, kAllReduce, kBroadcast, kAllToAll, kAllToAllv, kBarrier,
-  kRingAttention, kReduce
+  kRingAttention, kReduce, kMergeReduceScatter, kMergeAllGather
 };
 
 struct CollSignature {

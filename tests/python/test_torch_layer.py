@@ -149,6 +149,25 @@ def run_checks(rank, comm):
     out = act.ring_attention(comm, mq, mk, mv, layout, mode="head_parallel")
     np.testing.assert_allclose(out.numpy(), ref_out, rtol=1e-4, atol=1e-4)
 
+    # Decode context parallelism: the same query rows on every rank, each
+    # over its own keys; the merge collectives give the exact attention.
+    qd = q[sum(LENS) - 1:].repeat(3, 1, 1)  # 3 query rows, all at the last position
+    qpos = [sum(LENS) - 1] * 3
+    o_part, l_part = attention_at_positions(qd.numpy(), qpos, mk.numpy(), mv.numpy(),
+                                            [r for r in rows])  # this rank's keys (global row = position)
+    o_full, l_full = attention_at_positions(qd.numpy(), qpos, k.numpy(), v.numpy(), list(range(sum(LENS))))
+    o_part = torch.from_numpy(o_part).float().contiguous()
+    l_part = torch.from_numpy(l_part).float().contiguous()
+    h0, h1 = rank * HQ // NRANKS, (rank + 1) * HQ // NRANKS
+    out, lse = act.merge_attn_reduce_scatter(comm, o_part, l_part, return_lse=True)
+    np.testing.assert_allclose(out.numpy(), o_full[:, h0:h1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse.numpy(), l_full[:, h0:h1], rtol=1e-5, atol=1e-5)
+    out = act.merge_attn_all_gather(comm, o_part, l_part)
+    np.testing.assert_allclose(out.numpy(), o_full, rtol=1e-5, atol=1e-5)
+    merged, _ = act.merge_attn_states([o_part, o_part], [l_part, l_part])
+    np.testing.assert_allclose(merged.numpy(), o_part.numpy(), rtol=1e-5, atol=1e-5)
+    expect_error(lambda: act.merge_attn_all_gather(comm, o_part.double(), l_part), ["out_part", "dtype"])
+
     # A layout that disagrees with the rows on one rank fails on every rank.
     bad = layout
     if rank == 1:
