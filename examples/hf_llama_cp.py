@@ -171,9 +171,11 @@ def main():
         same_ids = decoded == ref_ids[sum(TURNS) + 1:sum(TURNS) + 1 + DECODE_STEPS].tolist()
         ok = worst <= tol and same_ids
         failures += not ok
-        print(f"rank {rank} {mode:13s} {args.dtype}: {len(got)} tokens, worst relative logit error {worst:.2e}"
-              f" (limit {tol:g}), decoded {'as' if same_ids else 'UNLIKE'} the single process: "
-              f"{'ok' if ok else 'FAIL'}", flush=True)
+        line = (f"rank {rank} {mode:13s} {args.dtype}: {len(got)} tokens, worst relative logit error {worst:.2e}"
+                f" (limit {tol:g}), decoded {'as' if same_ids else 'UNLIKE'} the single process: "
+                f"{'ok' if ok else 'FAIL'}\n")
+        sys.stdout.write(line)  # one write: the ranks share the terminal
+        sys.stdout.flush()
     comm.destroy()
     dist.destroy_process_group()
     return 1 if failures else 0

@@ -67,7 +67,7 @@ extern "C" {
 #endif
 
 #define ATTN_MAJOR 0
-#define ATTN_MINOR 1
+#define ATTN_MINOR 2
 #define ATTN_PATCH 0
 /* Version code: MAJOR*10000 + MINOR*100 + PATCH. */
 #define ATTN_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
@@ -506,8 +506,28 @@ ATTN_API attnResult_t attnBarrier(attnComm_t comm, attnStream_t stream);
 /* Attention collectives                                               */
 /* ------------------------------------------------------------------ */
 
-/* The attention problem every rank computes a share of. */
+/* How a log-sum-exp (LSE) the library reads or writes is expressed. */
+typedef enum {
+  attnLseNatural = 0, /* ln sum exp(score): FlashAttention, PyTorch */
+  attnLseBase2 = 1,   /* log2 sum 2^(score * log2 e): FlashInfer */
+  ATTN_ENUM_SPANS_INT(attnLseBase)
+} attnLseBase_t;
+typedef enum {
+  attnLseTokenMajor = 0, /* [rows, heads] */
+  attnLseHeadMajor = 1,  /* [heads, rows]: FlashAttention's, vLLM's merge */
+  ATTN_ENUM_SPANS_INT(attnLseLayout)
+} attnLseLayout_t;
+
+#define ATTN_ATTN_CONFIG_MAGIC 0xA77C0F1Au
+
+/* The attention problem every rank computes a share of. Versioned like
+ * attnConfig_t: always start from ATTN_ATTN_CONFIG_INITIALIZER (or
+ * ATTN_ATTN_CONFIG(...)); fields a caller's older header lacks take their
+ * defaults, so later fields can be added without breaking it. */
 typedef struct {
+  size_t size;          /* sizeof(attnAttnConfig_t) as the caller compiled it */
+  unsigned int magic;   /* ATTN_ATTN_CONFIG_MAGIC */
+  unsigned int version; /* ATTN_VERSION_CODE as the caller compiled it */
   int num_q_heads;      /* Hq */
   int num_kv_heads;     /* Hkv; num_q_heads % num_kv_heads == 0 (GQA) */
   int head_dim;         /* D, 1..256 */
@@ -517,7 +537,22 @@ typedef struct {
   float softmax_scale;  /* 0 means 1/sqrt(head_dim) */
   int causal;           /* 1: a query sees keys with position <= its own
                            (global positions, see attnSeqLayout_t) */
+  /* Since 0.2. The convention of every LSE the calls taking this config
+   * write: attention outputs (attnRingAttention, attnLevelAttention,
+   * attnKvPoolAttention). Default natural, token-major. Device
+   * communicators take the default only for now (attnNotSupported). */
+  attnLseBase_t lse_base;
+  attnLseLayout_t lse_layout;
 } attnAttnConfig_t;
+
+#define ATTN_ATTN_CONFIG(hq, hkv, d, dtype, scale, causal)                          \
+  {                                                                                  \
+    sizeof(attnAttnConfig_t), ATTN_ATTN_CONFIG_MAGIC, ATTN_VERSION_CODE, (hq), (hkv), \
+        (d), (dtype), (scale), (causal), attnLseNatural, attnLseTokenMajor           \
+  }
+/* No heads yet: set num_q_heads, num_kv_heads and head_dim. fp32, causal,
+ * softmax_scale 1/sqrt(head_dim), natural token-major LSE. */
+#define ATTN_ATTN_CONFIG_INITIALIZER ATTN_ATTN_CONFIG(0, 0, 0, attnFloat32, 0.0f, 1)
 
 /* This rank's shard of a batch, packed "THD": the rows of all sequences back
  * to back, each row [heads, head_dim]. Positions are global positions in the

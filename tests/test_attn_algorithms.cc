@@ -34,7 +34,7 @@ TEST(AttnAlgorithms, EveryModeHasOneRowWithAHostRun) {
 TEST(AttnAlgorithms, AModeOutsideTheTableIsRefused) {
   attnComm_t comm = nullptr;
   ASSERT_EQ(attnCommInitAll(&comm, 1, nullptr), attnSuccess);  // host memory
-  attnAttnConfig_t cfg = {};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   cfg.num_q_heads = 1;
   cfg.num_kv_heads = 1;
   cfg.head_dim = 8;

@@ -364,7 +364,7 @@ TEST(DecodePlacement, NullOutputsAndBadArguments) {
 
 TEST(PlanEndToEnd, PlannedShardsGiveExactAttention) {
   const int n = 4;
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   cfg.num_q_heads = 8;
   cfg.num_kv_heads = 2;
   cfg.head_dim = 16;

@@ -23,7 +23,7 @@ namespace {
 
 attnAttnConfig_t Llama405B() {
   // Per CP rank: 128 query heads, 8 KV heads, head_dim 128, bf16, causal.
-  attnAttnConfig_t c{};
+  attnAttnConfig_t c = ATTN_ATTN_CONFIG_INITIALIZER;
   c.num_q_heads = 128;
   c.num_kv_heads = 8;
   c.head_dim = 128;
@@ -119,7 +119,7 @@ TEST(EstimateModes, MonotoneInRates) {
 // nothing and the mode that moves fewer bytes wins, even where the paper's
 // max() model calls the two a tie (both compute-bound).
 TEST(EstimateModes, InterferenceChargesTheBytesThatMove) {
-  const attnAttnConfig_t cfg{8, 2, 64, attnFloat32, 0.0f, 1};  // GQA 8/2, causal
+  const attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 2, 64, attnFloat32, 0.0f, 1);  // GQA 8/2, causal
   // Host copies between threads and the CPU kernel; no interference yet.
   attnCostModel_t m{1.5, 5.0, 0.04, 0.0};
   const int n = 4;
@@ -223,7 +223,7 @@ void CheckSameEverywhere(const std::vector<SelectCase>& cases, int n,
 
 std::vector<SelectCase> SelectCases(int n) {
   std::vector<SelectCase> cs;
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   cfg.num_q_heads = 16;
   cfg.num_kv_heads = 2;
   cfg.head_dim = 32;

@@ -29,6 +29,9 @@ struct Table {
   std::span<const Row> rows;
   attnResult_t (*read)(T*);
 };
+// Spelled out: clang before 17 deduces no aggregate's template arguments.
+template <typename Row, typename T>
+Table(const char*, std::span<const Row>, attnResult_t (*)(T*)) -> Table<Row, T>;
 
 // "ring, hier, direct, auto": the names in their enum's order, auto last.
 template <typename Row>

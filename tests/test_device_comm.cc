@@ -113,7 +113,7 @@ TEST(DeviceComm, CollectivesOnDeviceBuffersAreStreamOrdered) {
 }
 
 // Three sequences (one without new tokens, one without cache), bf16, GQA.
-constexpr attnAttnConfig_t kSmallShape{8, 2, 64, attnBfloat16, 0.f, 1};
+constexpr attnAttnConfig_t kSmallShape = ATTN_ATTN_CONFIG(8, 2, 64, attnBfloat16, 0.f, 1);
 attn_test::AttnCase SmallPrefillCase(uint64_t seed) {
   const std::vector<int32_t> newLens = {300, 0, 77}, cachedLens = {100, 50, 0};
   return attn_test::MakeCase("device", attn_test::PrefillSpec(kSmallShape, newLens, cachedLens), seed);
@@ -210,9 +210,9 @@ std::vector<attn_test::AttnCase> DeviceCases() {
   std::vector<attn_test::AttnCase> cases;
   uint64_t seed = 21;
   for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32})
-    for (const attnAttnConfig_t& shape : {attnAttnConfig_t{8, 2, 64, dt, 0.f, 1},
-                                          attnAttnConfig_t{4, 4, 80, dt, 0.f, 0},
-                                          attnAttnConfig_t{16, 2, 128, dt, 0.1f, 1}})
+    for (const attnAttnConfig_t& shape : {attnAttnConfig_t ATTN_ATTN_CONFIG(8, 2, 64, dt, 0.f, 1),
+                                          attnAttnConfig_t ATTN_ATTN_CONFIG(4, 4, 80, dt, 0.f, 0),
+                                          attnAttnConfig_t ATTN_ATTN_CONFIG(16, 2, 128, dt, 0.1f, 1)})
       cases.push_back(attn_test::MakeCase("device", attn_test::PrefillSpec(shape, newLens, cachedLens),
                                           seed++));
   return cases;
@@ -318,7 +318,7 @@ attnResult_t DeviceUserKernel(const attnAttnKernelArgs_t* a, void*, attnStream_t
 
 TEST(DeviceComm, EveryModeOnDeviceWithAUserKernel) {
   REQUIRE_GPU();
-  attnAttnConfig_t acfg{8, 2, 64, attnBfloat16, 0.f, 1};
+  attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(8, 2, 64, attnBfloat16, 0.f, 1);
   const std::vector<int32_t> newLens = {150, 33}, cachedLens = {60, 0};
   const attn_test::AttnCase c =
       attn_test::MakeCase("device-user", attn_test::PrefillSpec(acfg, newLens, cachedLens), 5);
@@ -781,7 +781,7 @@ TEST(DeviceComm, ArgumentsRefusedOnOneRankFailThePeersCall) {
   RunThreads(2, [](int rank, int, attnComm_t& comm) {
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    attnAttnConfig_t acfg{4, 2, 64, attnBfloat16, 0.f, 1};
+    attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(4, 2, 64, attnBfloat16, 0.f, 1);
     if (rank == 1) acfg.head_dim = 300;
     const attnSeqLayout_t lay{0, nullptr, nullptr, nullptr, nullptr};
     const attnResult_t r = attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg,
@@ -809,7 +809,7 @@ TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
   RunThreads(2, [](int, int, attnComm_t& comm) {
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    const attnAttnConfig_t acfg{4, 2, 64, attnBfloat16, 0.f, 1};
+    const attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(4, 2, 64, attnBfloat16, 0.f, 1);
     const attnSeqLayout_t lay{0, nullptr, nullptr, nullptr, nullptr};
     for (attnAttnMode_t m : {attnModeAuto, attnModePassKV, attnModePassQ, attnModeShipQ})
       EXPECT_EQ(attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &lay, &acfg, m, comm,
@@ -831,7 +831,7 @@ TEST(DeviceComm, ZeroSequencesWithNullOffsets) {
 // communicator as on a host one.
 TEST(DeviceComm, HeadParallelWithIdleRanksAndChosenByAuto) {
   REQUIRE_GPU();
-  const attnAttnConfig_t few{2, 1, 64, attnBfloat16, 0.f, 1};
+  const attnAttnConfig_t few = ATTN_ATTN_CONFIG(2, 1, 64, attnBfloat16, 0.f, 1);
   const attn_test::AttnCase small =
       attn_test::MakeCase("device-heads", attn_test::PrefillSpec(few, {70, 5, 0}, {30, 0, 9}), 8);
   for (int n : {1, 3}) {
@@ -847,7 +847,7 @@ TEST(DeviceComm, HeadParallelWithIdleRanksAndChosenByAuto) {
       }
     }, OnGpu0(&cfg));
   }
-  const attnAttnConfig_t mha{8, 8, 64, attnBfloat16, 0.f, 1};
+  const attnAttnConfig_t mha = ATTN_ATTN_CONFIG(8, 8, 64, attnBfloat16, 0.f, 1);
   const attn_test::AttnCase big = attn_test::MakeCase("device-auto-heads", attn_test::PrefillSpec(mha, {384}, {0}), 9);
   const attnCostModel_t slow{0.01, 1.0, 1000.0, 0.0};
   attnConfig_t cfg;
@@ -893,8 +893,8 @@ TEST(DeviceComm, LevelAttentionOnDeviceKeepsTheDocumentedKeys) {
   auto nearTiers = [](int, int) { return int(attnTierDevice); };
   for (int n : {2, 3}) {
     const std::vector<std::shared_ptr<const attn_test::AttnCase>> cases = {
-        attn_test::PrefillCase("gqa causal", attnAttnConfig_t{8, 2, 64, attnBfloat16, 0.f, 1}, {9 * n + 3, 2 * n}, 31),
-        attn_test::PrefillCase("mha", attnAttnConfig_t{4, 4, 32, attnFloat32, 0.f, 0}, {5 * n + 1}, 32)};
+        attn_test::PrefillCase("gqa causal", attnAttnConfig_t ATTN_ATTN_CONFIG(8, 2, 64, attnBfloat16, 0.f, 1), {9 * n + 3, 2 * n}, 31),
+        attn_test::PrefillCase("mha", attnAttnConfig_t ATTN_ATTN_CONFIG(4, 4, 32, attnFloat32, 0.f, 0), {5 * n + 1}, 32)};
     for (const auto& c : cases) {
       const std::vector<float> imp = attn_test::RandomImportance(*c, 33);
       for (int empty : {-1, n - 1}) {

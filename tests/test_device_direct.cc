@@ -221,7 +221,7 @@ TEST(DeviceDirect, MixedUcxCudaSettingsStageBothEnds) {
 // go to UCX; the next rank receives the block straight into its device
 // buffer. Exact, on every call (the second reuses the buffers), and the
 // counter says every move went that way.
-constexpr attnAttnConfig_t kShape{8, 2, 64, attnBfloat16, 0.f, 1};
+constexpr attnAttnConfig_t kShape = ATTN_ATTN_CONFIG(8, 2, 64, attnBfloat16, 0.f, 1);
 attn_test::AttnCase RingCase(uint64_t seed) {
   const std::vector<int32_t> newLens = {300, 0, 77}, cachedLens = {100, 50, 0};
   return attn_test::MakeCase("direct", attn_test::PrefillSpec(kShape, newLens, cachedLens), seed);

@@ -290,7 +290,7 @@ TEST(DeviceGraph, CapturedChainOfCollectivesRunsInOrderAtEachLaunch) {
 // before each launch: both launches compute exact attention.
 TEST(DeviceGraph, CapturedRingAttentionEqualsExactAttention) {
   REQUIRE_GPU();
-  constexpr attnAttnConfig_t shape{8, 2, 64, attnBfloat16, 0.f, 1};
+  constexpr attnAttnConfig_t shape = ATTN_ATTN_CONFIG(8, 2, 64, attnBfloat16, 0.f, 1);
   const attn_test::AttnCase c =
       attn_test::MakeCase("graph", attn_test::PrefillSpec(shape, {200, 61}, {40, 0}), 5);
   for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ}) {

@@ -233,7 +233,7 @@ TEST(KvWire, ShrinkClaimsAndAnswersAreBounded) {
 }
 
 TEST(AttentionCards, RowCountsBeyondTheApiOrOverflowingAreRefused) {
-  const attnAttnConfig_t cfg{8, 2, 128, attnFloat16, 0.0f, 1};
+  const attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 2, 128, attnFloat16, 0.0f, 1);
   attn::AttnCard mine{};
   mine.qRows = 10;
   mine.kvRows = 10;
@@ -421,7 +421,7 @@ TEST(HostileKv, PoolCreateWithANegativePeerCapacityIsRefused) {
 TEST(HostileAttention, CardWithMoreRowsThanTheApiAllowsIsRefused) {
   const attnConfig_t cfg = ShortTimeout();
   RunThreads(2, [](int rank, int, attnComm_t& comm) {
-    const attnAttnConfig_t acfg{2, 2, 8, attnFloat32, 0.0f, 0};
+    const attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(2, 2, 8, attnFloat32, 0.0f, 0);
     std::vector<int32_t> offs = {0, 3}, pos = {0, 1, 2};
     std::vector<float> q(3 * 2 * 8, 0.5f), k(q), v(q), out(q.size());
     if (rank == 0) {
@@ -443,7 +443,7 @@ TEST(HostileAttention, CardWithMoreRowsThanTheApiAllowsIsRefused) {
 TEST(HostileAttention, PassKvBlockOfAnotherShapeIsRefused) {
   const attnConfig_t cfg = ShortTimeout();
   RunThreads(2, [](int rank, int, attnComm_t& comm) {
-    const attnAttnConfig_t acfg{2, 2, 8, attnFloat32, 0.0f, 0};
+    const attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(2, 2, 8, attnFloat32, 0.0f, 0);
     const size_t rowBytes = 2 * 8 * sizeof(float);
     std::vector<int32_t> offs = {0, 2, 4}, pos = {0, 1, 0, 1};
     std::vector<float> q(4 * 2 * 8, 0.25f), k(q), v(q), out(q.size());

@@ -240,7 +240,7 @@ TEST(NcclBridge, SplitAndShrinkKeepTheNcclBackend) {
 // communicator, between NCCL collectives on the caller's stream.
 TEST(NcclBridge, RingAttentionRunsBesideNcclCollectives) {
   REQUIRE_GPU();
-  const attnAttnConfig_t shape{8, 2, 64, attnBfloat16, 0.f, 1};
+  const attnAttnConfig_t shape = ATTN_ATTN_CONFIG(8, 2, 64, attnBfloat16, 0.f, 1);
   const attn_test::AttnCase c = attn_test::MakeCase(
       "nccl", attn_test::PrefillSpec(shape, {300, 0, 77}, {100, 50, 0}), 17);
   std::string skipped;

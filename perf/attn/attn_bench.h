@@ -23,7 +23,7 @@ struct Shard {
 
 // A batch: per sequence T_i new tokens after P_i cached ones.
 struct Batch {
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   std::vector<int32_t> newLens, cachedLens;
   uint64_t seed = 1;
   int64_t newRows() const;

@@ -251,7 +251,7 @@ AttnOptions defaultOptions(AttnProgram p) {
     o.iters = 20;
     o.warmup = 3;
     o.average = 0;
-    o.cfg = {32, 8, 128, attnFloat32, 0.0f, 1};
+    o.cfg = attnAttnConfig_t ATTN_ATTN_CONFIG(32, 8, 128, attnFloat32, 0.0f, 1);
   }
   return o;
 }

@@ -30,7 +30,7 @@ struct AttnOptions {
   std::vector<double> miss = {1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125};  // --miss (ring)
   std::vector<int> batches = {1, 4, 16};  // --batches (decode)
   int seqs = 1;                // -B/--seqs sequences per batch (ring, level)
-  attnAttnConfig_t cfg{8, 2, 64, attnFloat32, 0.0f, 1};  // -H --kv-heads --head-dim -d --causal
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 2, 64, attnFloat32, 0.0f, 1);  // -H --kv-heads --head-dim -d --causal
   std::vector<int> modes;      // --modes kv,q,ship,heads,auto,seq
   int device = ATTN_DEVICE_HOST;  // --device DEV: tensors on a CUDA device
   // -k (level_attn_perf): keep fractions by tier, "host:rack:cluster" each

@@ -32,7 +32,7 @@ const char* name(attnAttnMode_t m) {
 int main(int argc, char** argv) {
   int N = 4;
   long long L = 128000;
-  attnAttnConfig_t cfg{128, 8, 128, attnBfloat16, 0.0f, 1};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(128, 8, 128, attnBfloat16, 0.0f, 1);
   attnCostModel_t m{50.0, 10.0, 989.0, 0.0};
   std::vector<double> miss = {0.01, 0.025, 0.05, 0.1, 0.125, 0.25, 0.5, 1.0};
   int c;

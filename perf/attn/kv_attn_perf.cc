@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
         if (!dev.finish(comm, "attnKvAppend")) return 1;
       }
     }
-    attnAttnConfig_t cfg{};
+    attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
     cfg.num_q_heads = o.hq;
     cfg.num_kv_heads = o.hkv;
     cfg.head_dim = o.d;

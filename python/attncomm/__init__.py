@@ -78,7 +78,10 @@ SPLIT_HOST, SPLIT_HOST_LEADERS, SPLIT_RACK, SPLIT_PROXIMITY = range(4)  # attnSp
 _TOPO_FORMAT = {"text": 0, "dot": 1, "json": 2}  # attnTopoFormat_t
 DEVICE_HOST = -1
 _CONFIG_MAGIC = 0xA7C0F16
-_HEADER_VERSION = 100  # ATTN_VERSION_CODE of the header these declarations follow (0.1.0)
+_ATTN_CONFIG_MAGIC = 0xA77C0F1A
+LSE_NATURAL, LSE_BASE2 = range(2)          # attnLseBase_t
+LSE_TOKEN_MAJOR, LSE_HEAD_MAJOR = range(2)  # attnLseLayout_t
+_HEADER_VERSION = 200  # ATTN_VERSION_CODE of the header these declarations follow (0.2.0)
 _UNDEF_INT = -2147483648
 _UNIQUE_ID_BYTES = 128
 
@@ -105,8 +108,16 @@ class _Config(ctypes.Structure):
 
 
 class _AttnConfig(ctypes.Structure):
-    _fields_ = [("num_q_heads", ctypes.c_int), ("num_kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int),
-                ("dtype", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int)]
+    """attnAttnConfig_t (versioned: size, magic, version first)."""
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("num_q_heads", ctypes.c_int), ("num_kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int),
+                ("dtype", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int),
+                ("lse_base", ctypes.c_int), ("lse_layout", ctypes.c_int)]
+
+    def __init__(self, num_q_heads=0, num_kv_heads=0, head_dim=0, dtype=0, softmax_scale=0.0, causal=1,
+                 lse_base=0, lse_layout=0):
+        super().__init__(ctypes.sizeof(_AttnConfig), _ATTN_CONFIG_MAGIC, _HEADER_VERSION, num_q_heads,
+                         num_kv_heads, head_dim, dtype, softmax_scale, causal, lse_base, lse_layout)
 
 
 class _SeqLayout(ctypes.Structure):

@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
 #include "src/attn/attn_algorithms.h"
+#include "src/attn/attn_config.h"
 #include "src/attn/attn_call.h"
 #include "src/attn/calibrate.h"
 #include "src/attn/plan_call.h"
@@ -85,10 +86,13 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
       bad = setError(attnInvalidArgument, "unknown attention mode %d", (int)mode);
     else
       bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
+    if (bad == attnSuccess && deviceRoute(comm) && !lseIsNatural(attnConfigOf(cfg)))
+      bad = setError(attnNotSupported, "device communicators write the natural, token-major LSE only (cfg.lse_base "
+                                       "and cfg.lse_layout at their defaults)");
     // The peers fail the call too (plan_call.h).
     if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, int32_t(attnModeAuto)));
     attnSeqLayout_t lay = *layout;
-    attnAttnConfig_t c = *cfg;
+    const attnAttnConfig_t c = attnConfigOf(cfg);
     if (deviceRoute(comm))
       return call.finish(enqueueOnDevice(q, k, v, out, lse, lay, c, mode, comm, stream, qRows, kvRows));
     return call.finish(dispatch(comm, "RingAttention", [=] {
@@ -110,13 +114,14 @@ attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_
     if (bad == attnSuccess) bad = checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, &kvRows);
     // The peers fail the call too (plan_call.h); it runs on the calling thread.
     if (bad != attnSuccess) return call.finish(refuseCallHere(comm, bad, int32_t(attnModeAuto)));
-    const AttnCard mine = cardOf(comm, qRows, kvRows, layout->num_seqs, attnModeAuto, *cfg, nullptr);
+    const attnAttnConfig_t c = attnConfigOf(cfg);
+    const AttnCard mine = cardOf(comm, qRows, kvRows, layout->num_seqs, attnModeAuto, c, nullptr);
     std::vector<AttnCard> cards;
     ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));
     attnCostModel_t model;
-    ATTN_CHECK(call.finish(agreedModel(comm, *cfg, cards, &model)));
+    ATTN_CHECK(call.finish(agreedModel(comm, c, cards, &model)));
     const ModelInput in = modelInputOf(cards, layout->num_seqs);
-    estimateModes(model, *cfg, in, estimate);
+    estimateModes(model, c, in, estimate);
     return attnSuccess;
   });
 }
@@ -139,7 +144,7 @@ attnResult_t attnEstimateModes(const attnCostModel_t* model, const attnAttnConfi
     in.cachedTokens = cachedTokens;
     in.maxQRows = (newTokens + nranks - 1) / nranks;
     in.maxKvRows = (newTokens + cachedTokens + nranks - 1) / nranks;
-    estimateModes(*model, *cfg, in, estimate);
+    estimateModes(*model, attnConfigOf(cfg), in, estimate);
     return attnSuccess;
   });
 }
@@ -149,7 +154,7 @@ attnResult_t attnCommGetCostModel(attnComm_t comm, attnCostModel_t* model) {
     ApiCall call(comm);
     ATTN_CHECK(call.finish(call.check()));
     if (!model) return call.finish(setError(attnInvalidArgument, "model is NULL"));
-    attnAttnConfig_t cfg{8, 8, 128, attnFloat32, 0.0f, 1};
+    attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 8, 128, attnFloat32, 0.0f, 1);
     return call.finish(costModelOf(comm, cfg, model));
   });
 }

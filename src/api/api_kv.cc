@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "src/attn/attn_config.h"
 #include "src/attn/kv_attention.h"
 #include "src/attn/kv_migrate.h"
 #include "src/attn/kv_plan.h"
@@ -388,9 +389,11 @@ extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const i
       a.q = q;
       a.out = out;
       a.lse = lse;
-      a.cfg = *cfg;
       a.hasQPos = q_pos != nullptr;
-      local = checkKvAttnArgs(p, a);
+      local = readAttnConfig(cfg, &a.cfg);
+      if (local == attnSuccess && p.onDevice() && !lseIsNatural(a.cfg))
+        local = setError(attnNotSupported, "device pools write the natural, token-major LSE only");
+      if (local == attnSuccess) local = checkKvAttnArgs(p, a);
     }
     // The positions are read now, as the call may run later (stream,
     // executor); in a CUDA graph, at each launch, as they advance with every

@@ -6,6 +6,7 @@
 // (src/attn/device/level_alltoall_device.cc).
 #include <cmath>
 
+#include "src/attn/attn_config.h"
 #include "src/attn/level_alltoall.h"
 #include "src/attn/plan_call.h"
 #include "src/core/api_call.h"
@@ -82,6 +83,8 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
       bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
     else
       bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
+    if (bad == attnSuccess && deviceRoute(comm) && !lseIsNatural(attnConfigOf(cfg)))
+      bad = setError(attnNotSupported, "device communicators write the natural, token-major LSE only");
     if (bad == attnSuccess && drop) bad = checkDrop(*drop, kvRows);
     // The peers fail the call too (plan_call.h).
     if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, kLevelCallMode));
@@ -91,7 +94,7 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
       d.importance = drop->importance;
     }
     const attnSeqLayout_t lay = *layout;
-    const attnAttnConfig_t c = *cfg;
+    const attnAttnConfig_t c = attnConfigOf(cfg);
     if (deviceRoute(comm))
       return call.finish(enqueueLevelOnDevice(comm, stream, q, k, v, out, lse, lay, c, d, qRows, kvRows));
     return call.finish(dispatch(comm, "LevelAttention", [=] {

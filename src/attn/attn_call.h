@@ -27,7 +27,7 @@ struct RowsRef {
 struct AttnCall {
   attnComm* comm = nullptr;
   AttnState* state = nullptr;
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   int numSeqs = 0;
   RowsRef q, kv;                   // this rank's shard
   std::vector<int32_t> qOffsets, kvOffsets;  // rebased to start at 0

@@ -20,6 +20,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/merge.h"
 #include "kernels/cpu/pack.h"
+#include "src/attn/attn_config.h"
 #include "src/attn/attn_state.h"
 #include "src/attn/break_on_early_exit.h"
 #include "src/attn/kv_exchange.h"
@@ -120,7 +121,7 @@ class HostKvAttnCompute : public KvAttnCompute {
   attnResult_t finish() override {
     if (a_.rows() == 0) return attnSuccess;
     ATTN_CHECK(cpu::convertFromFloat(a_.out, a_.cfg.dtype, accO_.data(), accO_.size()));
-    if (a_.lse) std::memcpy(a_.lse, accL_.data(), accL_.size() * sizeof(float));
+    if (a_.lse) writeLse(a_.cfg, accL_.data(), a_.lse, a_.rows(), hq_);
     return attnSuccess;
   }
 

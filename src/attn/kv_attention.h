@@ -24,7 +24,7 @@ struct KvAttnArgs {
   bool hasQPos = false;
   void* out = nullptr;
   float* lse = nullptr;
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   int32_t rows() const { return qOffsets.empty() ? 0 : qOffsets.back(); }
 };
 

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
+#include "src/attn/attn_config.h"
 #include "src/attn/calibrate.h"
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
@@ -35,8 +36,10 @@ AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int3
   return c;
 }
 
-attnResult_t checkConfig(const attnAttnConfig_t* cfg) {
-  ATTN_REQUIRE(cfg != nullptr, "attention config is NULL");
+attnResult_t checkConfig(const attnAttnConfig_t* user) {
+  attnAttnConfig_t c;
+  ATTN_CHECK(readAttnConfig(user, &c));
+  const attnAttnConfig_t* cfg = &c;
   ATTN_REQUIRE(cfg->num_q_heads > 0 && cfg->num_kv_heads > 0,
                "num_q_heads (%d) and num_kv_heads (%d) must be positive", cfg->num_q_heads,
                cfg->num_kv_heads);
@@ -255,7 +258,7 @@ attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&
   cpu::initAccumulator(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim);
   ATTN_CHECK(algo(c));
   ATTN_CHECK(cpu::convertFromFloat(out, cfg.dtype, c.accO.data(), c.accO.size()));
-  if (lse) std::memcpy(lse, c.accLse.data(), c.accLse.size() * sizeof(float));
+  if (lse) writeLse(cfg, c.accLse.data(), lse, c.q.rows, cfg.num_q_heads);
   return attnSuccess;
 }
 

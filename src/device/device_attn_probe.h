@@ -36,7 +36,7 @@ class DeviceAttnProbe {
   void release();
 
   int device_ = -1;
-  attnAttnConfig_t cfg_{};
+  attnAttnConfig_t cfg_ = ATTN_ATTN_CONFIG_INITIALIZER;
   int tokens_ = 0;  // nq = nk
   cudaStream_t stream_ = nullptr;
   cudaEvent_t begin_ = nullptr, end_ = nullptr;

@@ -88,7 +88,7 @@ AttnProblemSpec PrefillSpec(const attnAttnConfig_t& cfg, const std::vector<int32
 }
 
 attnAttnConfig_t AttnCfg(int hq, int hkv, int d, attnDataType_t t, bool causal, float scale) {
-  attnAttnConfig_t c{};
+  attnAttnConfig_t c = ATTN_ATTN_CONFIG_INITIALIZER;
   c.num_q_heads = hq;
   c.num_kv_heads = hkv;
   c.head_dim = d;

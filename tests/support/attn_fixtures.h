@@ -29,7 +29,7 @@ namespace attn_test {
 // Problems
 
 struct AttnProblemSpec {
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   // Per sequence: positions of its query rows and of its key rows.
   std::vector<std::vector<int32_t>> q_pos, kv_pos;
   // Range of the random values of q (k and v use [-1, 1)). Larger values
@@ -46,7 +46,7 @@ AttnProblemSpec PrefillSpec(const attnAttnConfig_t& cfg, const std::vector<int32
 
 struct AttnCase {
   std::string name;
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   int num_seqs = 0;
   std::vector<int32_t> q_off, kv_off;  // [num_seqs + 1]
   std::vector<int32_t> q_pos, kv_pos;  // per global row

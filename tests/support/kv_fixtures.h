@@ -36,7 +36,7 @@ struct Req {
 
 // The queries of one attnKvAttention check of `reqs` on `rank`.
 struct KvQueries {
-  attnAttnConfig_t cfg{};
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG_INITIALIZER;
   std::vector<int64_t> ids;
   std::vector<int32_t> offs, qpos;
   std::vector<uint8_t> q;
