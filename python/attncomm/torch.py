@@ -18,6 +18,7 @@ PyTorch) or base 2 ("2", FlashInfer). Bad tensors raise attncomm.AttnError
 naming the argument before anything runs; a layout that disagrees with the
 tensors' rows is refused on every rank (the call fails everywhere).
 """
+import ctypes
 import math
 
 import torch
@@ -319,3 +320,104 @@ def merge_attn_reduce_scatter(comm, out_part, lse_part, *, out=None, lse=None, r
 def merge_attn_all_gather(comm, out_part, lse_part, *, out=None, lse=None, return_lse=False, stream=None):
     """As merge_attn_reduce_scatter, with every head on every rank."""
     return _merge_collective(comm, out_part, lse_part, out, lse, return_lse, stream, True)
+
+
+# ---- the engine's own kernel inside the ring -----------------------------------------
+
+
+class _KernelArgs(ctypes.Structure):
+    """attnAttnKernelArgs_t."""
+    _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("num_seqs", ctypes.c_int),
+                ("q_offsets", ctypes.c_void_p), ("q_pos", ctypes.c_void_p), ("kv_offsets", ctypes.c_void_p),
+                ("kv_pos", ctypes.c_void_p), ("cfg", ctypes.POINTER(_ac._AttnConfig))]
+
+
+_KERNEL_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KernelArgs), ctypes.c_void_p, ctypes.c_void_p)
+_SetAttnKernel = _ac._declare("attnCommSetAttnKernel", _ac._comm, _KERNEL_FN, ctypes.c_void_p)
+_TORCH_DTYPE = {_ac.FLOAT32: torch.float32, _ac.FLOAT16: torch.float16, _ac.BFLOAT16: torch.bfloat16}
+
+
+def _host_tensor(ptr, shape, dtype):
+    """A tensor over `shape` elements of host memory at ptr (no copy)."""
+    n = math.prod(shape)
+    if n == 0 or not ptr:
+        return torch.empty(shape, dtype=dtype)
+    raw = (ctypes.c_char * (n * torch.empty((), dtype=dtype).element_size())).from_address(ptr)
+    return torch.frombuffer(raw, dtype=dtype).view(shape)
+
+
+def set_attn_kernel(comm, fn):
+    """Plugs a torch function in as the partial-attention kernel of every
+    ring mode on this communicator (attnCommSetAttnKernel); None restores
+    the built-in one. fn(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos,
+    softmax_scale, causal) gets this step's rows as tensors (q [rows, Hq,
+    D], k and v [keys, Hkv, D] in the call's dtype, int32 cu_seqlens-style
+    offsets and global positions) and returns (out [rows, Hq, D], lse
+    [rows, Hq] natural log): the normalised partial attention of each query
+    over the keys it sees (sequence by sequence; causal on the positions);
+    a query that sees no key gets out 0 and lse -inf. torch SDPA with a
+    mask, FlashAttention's varlen call, FlashInfer: anything that says so.
+    Host communicators (CPU tensors) for now."""
+    if fn is None:
+        _ac._check(_SetAttnKernel(comm._h, _KERNEL_FN(), None), comm._h, "attnCommSetAttnKernel")
+        comm._attn_kernel = None
+        return
+    _require(comm.device < 0, "set_attn_kernel: device communicators take a C kernel for now "
+                              "(attnCommSetAttnKernel)")
+
+    def trampoline(args_p, user_data, stream):
+        try:
+            a = args_p.contents
+            cfg = a.cfg.contents
+            hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+            seqs = a.num_seqs
+            q_offsets = _host_tensor(a.q_offsets, (seqs + 1,), torch.int32)
+            kv_offsets = _host_tensor(a.kv_offsets, (seqs + 1,), torch.int32)
+            rows = int(q_offsets[-1]) if seqs else 0
+            keys = int(kv_offsets[-1]) if seqs else 0
+            dt = _TORCH_DTYPE[cfg.dtype]
+            q = _host_tensor(a.q, (rows, hq, d), dt)
+            k = _host_tensor(a.k, (keys, hkv, d), dt)
+            v = _host_tensor(a.v, (keys, hkv, d), dt)
+            q_pos = _host_tensor(a.q_pos, (rows,), torch.int32)
+            kv_pos = _host_tensor(a.kv_pos, (keys,), torch.int32)
+            scale = cfg.softmax_scale or 1.0 / math.sqrt(d)
+            out, lse = fn(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, scale, bool(cfg.causal))
+            if rows:
+                _host_tensor(a.out, (rows, hq, d), torch.float32).copy_(out)
+                _host_tensor(a.lse, (rows, hq), torch.float32).copy_(lse)
+            return _ac.SUCCESS
+        except Exception as e:  # noqa: BLE001 - the library reports the code; say why here
+            comm._attn_kernel_error = e
+            return _ac.INTERNAL_ERROR
+
+    cb = _KERNEL_FN(trampoline)
+    _ac._check(_SetAttnKernel(comm._h, cb, None), comm._h, "attnCommSetAttnKernel")
+    comm._attn_kernel = cb  # the library calls it for as long as it is set
+
+
+def reference_kernel(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, softmax_scale, causal):
+    """Partial attention in plain torch ops (fp32), set_attn_kernel's
+    contract: the example and the test of the hook."""
+    rows, hq, d = q.shape
+    out = torch.zeros(rows, hq, d, dtype=torch.float32)
+    lse = torch.full((rows, hq), -math.inf, dtype=torch.float32)
+    group = hq // max(1, k.shape[1])
+    for s in range(q_offsets.numel() - 1):
+        q0, q1 = int(q_offsets[s]), int(q_offsets[s + 1])
+        k0, k1 = int(kv_offsets[s]), int(kv_offsets[s + 1])
+        if q1 == q0 or k1 == k0:
+            continue
+        qs = q[q0:q1].float()
+        ks = k[k0:k1].float().repeat_interleave(group, dim=1)
+        vs = v[k0:k1].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
+        if causal:
+            seen = kv_pos[k0:k1][None, None, :] <= q_pos[q0:q1][None, :, None]
+            scores = scores.masked_fill(~seen, -math.inf)
+        m = torch.logsumexp(scores, dim=-1)                      # [H, q]
+        p = torch.exp(scores - m[..., None]).nan_to_num(0.0)     # rows that see nothing: 0
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", p, vs)
+        lse[q0:q1] = m.t()
+    return out, lse

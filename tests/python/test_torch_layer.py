@@ -145,6 +145,22 @@ def run_checks(rank, comm):
     expect_error(lambda: act.ring_attention(comm, mq.double(), mk.double(), mv.double(), layout), ["dtype"])
     expect_error(lambda: act.ring_attention(comm, mq, mk, mv, [offsets, pos]), ["layout"])
 
+    # The engine's own kernel inside the ring, in every mode.
+    calls = [0]
+
+    def counted(*args):
+        calls[0] += 1
+        return act.reference_kernel(*args)
+
+    act.set_attn_kernel(comm, counted)
+    for mode in ("pass_kv", "pass_q", "ship_q", "head_parallel"):
+        before = calls[0]
+        out, lse = act.ring_attention(comm, mq, mk, mv, layout, mode=mode, return_lse=True)
+        assert calls[0] > before, f"{mode}: the plugged kernel was not called"
+        np.testing.assert_allclose(out.numpy(), ref_out, rtol=1e-4, atol=1e-4, err_msg=f"plugged {mode}")
+        np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-4, atol=1e-4, err_msg=f"plugged {mode}")
+    act.set_attn_kernel(comm, None)
+
     # The same call still works after the refusals (nothing was sent).
     out = act.ring_attention(comm, mq, mk, mv, layout, mode="head_parallel")
     np.testing.assert_allclose(out.numpy(), ref_out, rtol=1e-4, atol=1e-4)
