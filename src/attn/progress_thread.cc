@@ -5,13 +5,30 @@
 #include <chrono>
 
 #include "src/core/error.h"
+#include "src/core/settings.h"
 
 namespace attn {
 
-ProgressThread::ProgressThread(Engine& e, const std::string& errorContext)
-    : e_(e), context_(errorContext), thread_([this] { loop(); }) {}
+namespace {
+constexpr size_t kCallerDrivenMax = size_t(64) << 10;
+}  // namespace
+
+DriveMode driveModeFor(size_t largestMessage) {
+  int choice = 0;  // a value that is none of the choices reads as auto (the error is logged)
+  if (settingEnum<Setting::kAttnProgress>(&choice) != attnSuccess) choice = 0;
+  switch (choice) {
+    case 1: return DriveMode::kThread;
+    case 2: return DriveMode::kCaller;
+    default: return largestMessage <= kCallerDrivenMax ? DriveMode::kCaller : DriveMode::kThread;
+  }
+}
+
+ProgressThread::ProgressThread(Engine& e, const std::string& errorContext, DriveMode mode)
+    : e_(e), mode_(mode), context_(errorContext),
+      thread_(mode == DriveMode::kThread ? std::thread([this] { loop(); }) : std::thread()) {}
 
 ProgressThread::~ProgressThread() {
+  if (!thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;
@@ -21,6 +38,7 @@ ProgressThread::~ProgressThread() {
 }
 
 void ProgressThread::kick() {
+  if (mode_ == DriveMode::kCaller) return;
   {
     std::lock_guard<std::mutex> g(mu_);
     ++kicks_;
@@ -67,7 +85,37 @@ attnResult_t ProgressThread::wait(Request* req) {
   return attnSuccess;
 }
 
+attnResult_t ProgressThread::poll() {
+  if (mode_ != DriveMode::kCaller) return attnSuccess;
+  bool progressed = false;
+  return e_.progress(&progressed);
+}
+
+// Caller mode: this thread drives the engine until ready() holds (the
+// engine's own waits: its timeout, abort and broken checks).
+attnResult_t ProgressThread::driveUntil(const std::function<bool()>& ready) {
+  int spins = 0;
+  auto lastProgress = std::chrono::steady_clock::now();
+  while (!ready()) {
+    if (e_.aborted()) {
+      e_.breakWith(attnRemoteError, "communicator aborted");
+      return setError(attnRemoteError, "communicator aborted");
+    }
+    if (e_.broken()) return setError(e_.brokenResult(), "communicator broke during the attention collective");
+    bool progressed = false;
+    ATTN_CHECK(e_.progress(&progressed));
+    if (progressed) {
+      spins = 0;
+      lastProgress = std::chrono::steady_clock::now();
+    } else {
+      ATTN_CHECK(e_.idleWait(&spins, &lastProgress));
+    }
+  }
+  return attnSuccess;
+}
+
 attnResult_t ProgressThread::waitFor(const std::function<bool()>& ready) {
+  if (mode_ == DriveMode::kCaller) return driveUntil(ready);
   int spins = 0;
   const auto start = std::chrono::steady_clock::now();
   while (!ready()) {

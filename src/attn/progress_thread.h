@@ -1,6 +1,11 @@
 // Drives a communicator's engine from a background thread while the caller
 // computes, so the next block moves during the current block's attention
 // (the overlap of CP paper Alg. 2/3). Sleeps when nothing is queued.
+//
+// Or, in caller mode, no thread at all: the waits drive the engine on the
+// calling thread. A call whose every message is small (a decode step) has
+// nothing to overlap, and starting, waking and joining a thread costs more
+// than its messages (driveModeFor picks, ATTN_ATTN_PROGRESS).
 #pragma once
 
 #include <atomic>
@@ -14,15 +19,25 @@
 
 namespace attn {
 
+enum class DriveMode { kThread, kCaller };
+
+// The mode for a call whose largest message is `largestMessage` bytes:
+// ATTN_ATTN_PROGRESS (thread, caller, or auto: the caller up to 64 KiB).
+DriveMode driveModeFor(size_t largestMessage);
+
 class ProgressThread {
  public:
-  explicit ProgressThread(Engine& e, const std::string& errorContext);
+  explicit ProgressThread(Engine& e, const std::string& errorContext, DriveMode mode = DriveMode::kThread);
   ~ProgressThread();  // stops the thread
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
 
-  // Call after posting, so a sleeping driver looks again.
+  // Call after posting, so a sleeping driver looks again (nothing in caller
+  // mode: the next wait drives).
   void kick();
+  // Caller mode: one pass over the engine's connections, without blocking
+  // (for loops that poll requests themselves); nothing in thread mode.
+  attnResult_t poll();
   // Waits (without driving) until req is no longer pending, the engine
   // broke, or the driver failed. Returns the request's result. Blocks on a
   // condition the driver signals after each pass that moved something:
@@ -36,8 +51,10 @@ class ProgressThread {
 
  private:
   void loop();
+  attnResult_t driveUntil(const std::function<bool()>& ready);
 
   Engine& e_;
+  DriveMode mode_;
   std::string context_;
   std::mutex mu_;
   std::condition_variable cv_;      // kicks, stop

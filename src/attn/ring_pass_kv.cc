@@ -27,7 +27,7 @@ attnResult_t runPassKv(AttnCall& c) {
                                         c.kv.t1, c.kvRowBytes, buf[0].data())
                               .total;
 
-  RingSteps steps(c);
+  RingSteps steps(c, capacity);
   HostRingMover mover(e, buf, capacity, ownBytes, next, prev);
   ATTN_CHECK(steps.run(mover, "pass-KV", [&](int step) -> attnResult_t {
     // Step s holds rank me-s's block, from prev (our own at step 0).

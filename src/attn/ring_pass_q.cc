@@ -61,7 +61,9 @@ attnResult_t runPassQ(AttnCall& c) {
 
   Homecoming home(n);
   std::unique_ptr<Request[]> outReq(new Request[n]);
-  RingSteps steps(c);
+  size_t largestPartial = myPartial;
+  for (int r = 0; r < n; ++r) largestPartial = std::max(largestPartial, c.partialBytes(c.qRowsOf[r]));
+  RingSteps steps(c, std::max(capacity, largestPartial));
   for (int p = 0; p < n; ++p)
     if (p != me) home.buf[p].resize(myPartial);
   // Partials from ranks other than prev can be expected at once.

@@ -19,9 +19,10 @@ attnResult_t HostRingMover::advance(ProgressThread& driver, Request* send, Reque
   return attnSuccess;
 }
 
-RingSteps::RingSteps(AttnCall& c)
+RingSteps::RingSteps(AttnCall& c, size_t largestMessage)
     : c_(c), n_(c.comm->nranks), req_(new Request[2 * size_t(c.comm->nranks)]), guard_(*c.comm->engine) {
-  if (n_ > 1) driver_ = std::make_unique<ProgressThread>(*c.comm->engine, c.comm->prefix);
+  if (n_ > 1)
+    driver_ = std::make_unique<ProgressThread>(*c.comm->engine, c.comm->prefix, driveModeFor(largestMessage));
 }
 
 }  // namespace attn

@@ -56,7 +56,9 @@ class HostRingMover final : public RingMover {
 // the engine before those requests go.
 class RingSteps {
  public:
-  explicit RingSteps(AttnCall& c);
+  // largestMessage: the largest message the call moves, which decides
+  // whether a progress thread drives it (driveModeFor).
+  RingSteps(AttnCall& c, size_t largestMessage);
   RingSteps(const RingSteps&) = delete;
   RingSteps& operator=(const RingSteps&) = delete;
 

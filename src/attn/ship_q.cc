@@ -49,7 +49,9 @@ attnResult_t runShipQ(AttnCall& c) {
   }
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) {
-    driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
+    size_t largest = std::max(mineBytes, myPartial);
+    for (int p = 0; p < n; ++p) largest = std::max({largest, qin[p].size(), c.partialBytes(c.qRowsOf[p])});
+    driver = std::make_unique<ProgressThread>(e, c.comm->prefix, driveModeFor(largest));
     driver->kick();
   }
   ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
@@ -62,6 +64,7 @@ attnResult_t runShipQ(AttnCall& c) {
   const double computeBefore = c.stats.computeUs;
   while (remaining > 0) {
     bool did = false;
+    ATTN_CHECK(driver->poll());
     for (int s = 1; s < n; ++s) {
       int p = (me - s + n) % n;  // serve in the order the visitors were sent
       if (!served[p] && !qinReq[p].pending()) {

@@ -66,7 +66,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.ring);
   ATTN_CHECK(ring.loadOwn(S, c.kv, c.kvRowBytes));
 
-  RingSteps steps(c);
+  RingSteps steps(c, capacity);
   ATTN_CHECK(steps.run(ring, "device pass-KV", [&](int s) -> attnResult_t {
     const int from = s == 0 ? me : (me - 1 + n) % n;
     BlockView block;

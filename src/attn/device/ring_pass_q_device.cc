@@ -106,7 +106,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   ATTN_CHECK(ring.loadOwn(S, c.q, c.qRowBytes));
 
   std::unique_ptr<Request[]> outReq(new Request[n]);
-  RingSteps steps(c);
+  RingSteps steps(c, std::max(capacity, maxPartial));
   // Partials from ranks other than prev can be expected at once; prev's
   // comes after its last query block.
   auto expectPartial = [&](int p) {
