@@ -27,6 +27,7 @@ struct Slice {
 
 // Heads [h0, h0 + h) of a [rows, heads, D] O and [rows, heads] LSE, packed.
 void packHeads(const MergeShape& s, const char* o, const float* lse, int h0, int h, char* dst) {
+  if (h == 0 || s.rows == 0) return;  // nothing (and maybe no buffer) to pack
   const size_t esz = dataTypeSize(s.dtype), row = size_t(s.headDim) * esz;
   const Slice sl = Slice::of(s, h);
   float* dl = reinterpret_cast<float*>(dst + sl.oBytes);
@@ -63,8 +64,10 @@ attnResult_t mergeReduceScatter(attnComm* comm, const MergeShape& s, const void*
   std::vector<char> own(mineSlice.total());
   packHeads(s, o, lsePart, h0, mine, own.data());
   std::vector<float> acc(cells * size_t(s.headDim)), accLse(cells);
-  ATTN_CHECK(cpu::convertToFloat(acc.data(), own.data(), s.dtype, acc.size()));
-  std::memcpy(accLse.data(), own.data() + mineSlice.oBytes, mineSlice.lseBytes);
+  if (cells) {
+    ATTN_CHECK(cpu::convertToFloat(acc.data(), own.data(), s.dtype, acc.size()));
+    std::memcpy(accLse.data(), own.data() + mineSlice.oBytes, mineSlice.lseBytes);
+  }
 
   std::vector<std::vector<char>> recvBuf(static_cast<size_t>(n));
   std::unique_ptr<Request[]> sends(new Request[size_t(n)]), recvs(new Request[size_t(n)]);
@@ -126,6 +129,7 @@ attnResult_t mergeAllGather(attnComm* comm, const MergeShape& s, const void* out
   char* o = static_cast<char*>(out);
   for (int r = 0; r < n; ++r) {
     const int hb = mergeHeadBegin(r, s.heads, n), h = mergeHeadBegin(r + 1, s.heads, n) - hb;
+    if (h == 0) continue;
     const char* src = all.data() + blocks[size_t(r)].offset;
     const float* srcLse = reinterpret_cast<const float*>(src + Slice::of(s, h).oBytes);
     for (int64_t t = 0; t < s.rows; ++t) {
