@@ -1,5 +1,6 @@
 #include "src/attn/attn_call.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -130,6 +131,13 @@ attnResult_t AttnCall::fold(const float* o, const float* lse) {
                                     static_cast<size_t>(q.rows) * cfg.num_q_heads, cfg.head_dim);
   stats.computeUs += usSince(t0);
   return r;
+}
+
+double largestKernelMacs(const AttnCall& c) {
+  int64_t q = 0, kv = 0;
+  for (int64_t r : c.qRowsOf) q = std::max(q, r);
+  for (int64_t r : c.kvRowsOf) kv = std::max(kv, r);
+  return double(q) * double(kv) * c.cfg.num_q_heads * c.cfg.head_dim * 2;  // QK^T and PV
 }
 
 }  // namespace attn

@@ -88,4 +88,9 @@ attnResult_t runPassQ(AttnCall& c);
 attnResult_t runShipQ(AttnCall& c);
 attnResult_t runHeadParallel(AttnCall& c);
 
+// The largest kernel of the call on one rank, in multiply-adds (every
+// rank's query rows against every rank's key rows, the larger of each):
+// what decides whether a progress thread is worth starting (progress_thread.h).
+double largestKernelMacs(const AttnCall& c);
+
 }  // namespace attn

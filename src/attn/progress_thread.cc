@@ -11,15 +11,18 @@ namespace attn {
 
 namespace {
 constexpr size_t kCallerDrivenMax = size_t(64) << 10;
+constexpr double kCallerDrivenMacs = double(1 << 19);
 }  // namespace
 
-DriveMode driveModeFor(size_t largestMessage) {
+DriveMode driveModeFor(size_t largestMessage, double kernelMacs) {
   int choice = 0;  // a value that is none of the choices reads as auto (the error is logged)
   if (settingEnum<Setting::kAttnProgress>(&choice) != attnSuccess) choice = 0;
   switch (choice) {
     case 1: return DriveMode::kThread;
     case 2: return DriveMode::kCaller;
-    default: return largestMessage <= kCallerDrivenMax ? DriveMode::kCaller : DriveMode::kThread;
+    default:
+      return largestMessage <= kCallerDrivenMax && kernelMacs <= kCallerDrivenMacs ? DriveMode::kCaller
+                                                                                   : DriveMode::kThread;
   }
 }
 

@@ -21,9 +21,15 @@ namespace attn {
 
 enum class DriveMode { kThread, kCaller };
 
-// The mode for a call whose largest message is `largestMessage` bytes:
-// ATTN_ATTN_PROGRESS (thread, caller, or auto: the caller up to 64 KiB).
-DriveMode driveModeFor(size_t largestMessage);
+// The mode for a call whose largest message is `largestMessage` bytes and
+// whose largest kernel on one rank is `kernelMacs` multiply-adds:
+// ATTN_ATTN_PROGRESS (thread, caller, or auto). Auto leaves it to the
+// caller when every message is at most 64 KiB and the kernel is short
+// (at most 2^19 multiply-adds, well under 100 us): a peer's message then
+// waits for this rank's kernel to end, which costs less than a thread.
+// Past that a peer would wait for a long kernel (measured: a 16K-token
+// decode slower by half), so a thread moves the messages meanwhile.
+DriveMode driveModeFor(size_t largestMessage, double kernelMacs);
 
 class ProgressThread {
  public:

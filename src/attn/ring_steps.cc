@@ -22,7 +22,7 @@ attnResult_t HostRingMover::advance(ProgressThread& driver, Request* send, Reque
 RingSteps::RingSteps(AttnCall& c, size_t largestMessage)
     : c_(c), n_(c.comm->nranks), req_(new Request[2 * size_t(c.comm->nranks)]), guard_(*c.comm->engine) {
   if (n_ > 1)
-    driver_ = std::make_unique<ProgressThread>(*c.comm->engine, c.comm->prefix, driveModeFor(largestMessage));
+    driver_ = std::make_unique<ProgressThread>(*c.comm->engine, c.comm->prefix, driveModeFor(largestMessage, largestKernelMacs(c)));
 }
 
 }  // namespace attn

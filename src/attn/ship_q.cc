@@ -51,7 +51,7 @@ attnResult_t runShipQ(AttnCall& c) {
   if (n > 1) {
     size_t largest = std::max(mineBytes, myPartial);
     for (int p = 0; p < n; ++p) largest = std::max({largest, qin[p].size(), c.partialBytes(c.qRowsOf[p])});
-    driver = std::make_unique<ProgressThread>(e, c.comm->prefix, driveModeFor(largest));
+    driver = std::make_unique<ProgressThread>(e, c.comm->prefix, driveModeFor(largest, largestKernelMacs(c)));
     driver->kick();
   }
   ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
