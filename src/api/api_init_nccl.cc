@@ -2,8 +2,9 @@
 // communicator. Rank 0 makes the attncomm unique id and sends it to every
 // rank over NCCL itself (the NCCL backend, src/device/backends/nccl); then
 // every rank joins as attnCommInitRankConfig does, and the communicator's
-// collectives ride NCCL on the caller's stream. In builds without NCCL the
-// backend's stubs say why it cannot work.
+// collectives ride NCCL on the caller's stream. In builds without NCCL,
+// ncclOpen (nccl_bridge.h) fails with attnNotSupported and says that the
+// build has no NCCL.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
