@@ -539,8 +539,8 @@ typedef struct {
                            (global positions, see attnSeqLayout_t) */
   /* Since 0.2. The convention of every LSE the calls taking this config
    * write: attention outputs (attnRingAttention, attnLevelAttention,
-   * attnKvPoolAttention). Default natural, token-major. Device
-   * communicators take the default only for now (attnNotSupported). */
+   * attnKvAttention), on host and device communicators. Default natural,
+   * token-major. */
   attnLseBase_t lse_base;
   attnLseLayout_t lse_layout;
 } attnAttnConfig_t;
@@ -557,7 +557,18 @@ typedef struct {
 /* This rank's shard of a batch, packed "THD": the rows of all sequences back
  * to back, each row [heads, head_dim]. Positions are global positions in the
  * sequence, so any placement of tokens on ranks works (our planner's or
- * the caller's). */
+ * the caller's).
+ *
+ * Where the arrays live decides when they are read. Host communicators,
+ * and device ones given pageable host arrays, read them during the call
+ * (the caller may reuse them once it returns). A device communicator given
+ * arrays in device, managed or pinned host memory reads them when the
+ * operation runs, in stream order like q, k and v: one CUDA graph captured
+ * once then serves every decode step as the engine updates positions and
+ * offsets (even the row counts, within the buffers' sizes) before each
+ * replay. The four arrays live on one side (a mix is attnInvalidArgument);
+ * a bad layout read when the call runs fails it on every rank, reported by
+ * attnCommGetAsyncError. */
 typedef struct {
   int num_seqs;              /* the same on every rank; a rank may hold no
                                 rows of a sequence */
@@ -612,6 +623,18 @@ ATTN_API attnResult_t attnMergeAttnStates(int n, const void* const* outs,
                                           const float* const* lses, void* out, float* lse,
                                           int64_t rows, int heads, int head_dim,
                                           attnDataType_t dtype, attnStream_t stream);
+
+/* attnMergeAttnStates for LSEs in another convention: every lses[j] and
+ * lse are in lse_base (attnLseBase2: log2, as FlashInfer's) and lse_layout
+ * (attnLseHeadMajor: [heads, rows], as FlashAttention returns and vLLM's
+ * merge takes). The merge reads and writes them as they are (no conversion
+ * pass, no extra copy), in place as attnMergeAttnStates; attnMergeAttnStates
+ * is the attnLseNatural, attnLseTokenMajor case. */
+ATTN_API attnResult_t attnMergeAttnStatesLse(int n, const void* const* outs,
+                                             const float* const* lses, void* out, float* lse,
+                                             int64_t rows, int heads, int head_dim,
+                                             attnDataType_t dtype, attnLseBase_t lse_base,
+                                             attnLseLayout_t lse_layout, attnStream_t stream);
 
 /* The decode-context-parallel merge as one collective. Every rank holds a
  * partial attention result for the same `rows` query rows over its own share
@@ -991,20 +1014,27 @@ ATTN_API attnResult_t attnCommSetCostModel(attnComm_t comm, const attnCostModel_
 
 /* One partial-attention call: queries of `q` against keys/values of `k`,
  * `v` (this step's block), sequence by sequence. The kernel writes the
- * normalised partial output (fp32) and its lse; a query that sees no key
- * must get out = 0, lse = -inf. */
+ * normalised partial output and its lse, in the output dtype and LSE
+ * convention it was registered with (out_dtype, lse_base, lse_layout
+ * below: fp32, natural, token-major through attnCommSetAttnKernel); a
+ * query that sees no key must get out = 0, lse = -inf. */
 typedef struct {
   const void* q;              /* [q_rows, Hq, D] in cfg->dtype */
   const void* k;              /* [kv_rows, Hkv, D] */
   const void* v;              /* [kv_rows, Hkv, D] */
-  float* out;                 /* [q_rows, Hq, D] fp32 */
-  float* lse;                 /* [q_rows, Hq] */
+  float* out;                 /* [q_rows, Hq, D] in out_dtype (fp16/bf16:
+                                 cast it; float* for the ABI's sake) */
+  float* lse;                 /* [q_rows, Hq], or [Hq, q_rows] head-major */
   int num_seqs;
   const int32_t* q_offsets;   /* [num_seqs+1] */
   const int32_t* q_pos;       /* [q_rows] */
   const int32_t* kv_offsets;  /* [num_seqs+1] */
   const int32_t* kv_pos;      /* [kv_rows] */
   const attnAttnConfig_t* cfg;
+  /* Since 0.2: what the kernel was registered to write (always set). */
+  attnDataType_t out_dtype;   /* attnFloat32, or cfg->dtype */
+  attnLseBase_t lse_base;
+  attnLseLayout_t lse_layout; /* head-major: q_rows = q_offsets[num_seqs] */
 } attnAttnKernelArgs_t;
 
 typedef attnResult_t (*attnAttnKernelFn)(const attnAttnKernelArgs_t* args, void* user_data,
@@ -1029,6 +1059,46 @@ typedef attnResult_t (*attnAttnKernelFn)(const attnAttnKernelArgs_t* args, void*
  * tell the two apart. */
 ATTN_API attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn,
                                             void* user_data);
+
+#define ATTN_ATTN_KERNEL_MAGIC 0xA77C4E1Bu
+
+/* An engine's kernel as it is: the dtype of the partial output it writes
+ * and the convention of its LSE. The library folds that partial as it is
+ * (no fp32 round trip, no LSE conversion pass). Versioned like
+ * attnAttnConfig_t: start from ATTN_ATTN_KERNEL_INITIALIZER or
+ * ATTN_ATTN_KERNEL(...). */
+typedef struct {
+  size_t size;              /* sizeof(attnAttnKernel_t) as the caller compiled it */
+  unsigned int magic;       /* ATTN_ATTN_KERNEL_MAGIC */
+  unsigned int version;     /* ATTN_VERSION_CODE as the caller compiled it */
+  attnAttnKernelFn fn;      /* NULL restores the built-in kernel */
+  void* user_data;
+  attnDataType_t out_dtype; /* attnFloat32, attnFloat16 or attnBfloat16; a
+                               16-bit one must be each call's cfg->dtype,
+                               else that call is refused with
+                               attnInvalidArgument naming both, on every
+                               rank (the peers name this one) */
+  attnLseBase_t lse_base;
+  attnLseLayout_t lse_layout;
+} attnAttnKernel_t;
+
+#define ATTN_ATTN_KERNEL(fn, user_data, out_dtype, lse_base, lse_layout)                 \
+  {                                                                                      \
+    sizeof(attnAttnKernel_t), ATTN_ATTN_KERNEL_MAGIC, ATTN_VERSION_CODE, (fn), (user_data), \
+        (out_dtype), (lse_base), (lse_layout)                                            \
+  }
+/* No kernel (the built-in one); fp32 output, natural token-major LSE. */
+#define ATTN_ATTN_KERNEL_INITIALIZER \
+  ATTN_ATTN_KERNEL(NULL, NULL, attnFloat32, attnLseNatural, attnLseTokenMajor)
+
+/* attnCommSetAttnKernel with the kernel's native output dtype and LSE
+ * convention (kernel == NULL, or kernel->fn == NULL, restores the built-in
+ * kernel). fn is called as attnCommSetAttnKernel says, with args->out in
+ * kernel->out_dtype and args->lse in its convention. attnInvalidArgument
+ * for a descriptor not started from ATTN_ATTN_KERNEL_INITIALIZER (magic,
+ * size) or with a value out of its enum. attnCommSetAttnKernel(comm, fn,
+ * user_data) is this with attnFloat32, attnLseNatural, attnLseTokenMajor. */
+ATTN_API attnResult_t attnCommSetAttnKernelEx(attnComm_t comm, const attnAttnKernel_t* kernel);
 
 /* --- Topology: proximity order, splits by locality, dumps --- */
 

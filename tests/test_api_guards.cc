@@ -99,4 +99,24 @@ TEST(ApiGuards, EveryEntryPointOfTheHeaderIsGuarded) {
                                  << list;
 }
 
+// The entries of the LSE conventions and of the native kernel hook are
+// declared, defined once and guarded (the test above checks every entry;
+// this one fails if these were dropped from the header).
+TEST(ApiGuards, LseAndKernelHookEntriesAreDeclaredAndGuarded) {
+  const std::vector<std::string> names = DeclaredEntryPoints();
+  for (const char* want : {"attnMergeAttnStatesLse", "attnCommSetAttnKernelEx", "attnMergeAttnStates",
+                           "attnCommSetAttnKernel"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want << " is not declared";
+    int defs = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(fs::path(ATTN_SOURCE_DIR) / "src")) {
+      if (!entry.is_regular_file() || entry.path().extension() != ".cc") continue;
+      for (const Definition& d : DefinitionsIn(ReadFile(entry.path()), want)) {
+        ++defs;
+        EXPECT_TRUE(Guarded(d.body)) << want << " in " << entry.path();
+      }
+    }
+    EXPECT_EQ(defs, 1) << want;
+  }
+}
+
 }  // namespace

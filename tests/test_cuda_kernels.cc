@@ -765,6 +765,43 @@ bool sameValue(attnDataType_t t, const char* a, const char* b) {
   return isNan(a) && isNan(b);
 }
 
+// Each LSE convention: the value scaled by log2(e) for base 2, the element
+// moved to [h, r] for head-major; -inf stays -inf. Grids of one block and
+// of several (rows x heads above 256), heads not a power of two.
+TEST(CudaLse, EveryConventionFromNatural) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (auto [rows, heads] : {std::pair<int64_t, int>{1, 1}, {5, 3}, {300, 7}}) {
+    std::vector<float> nat(size_t(rows) * heads);
+    for (auto& x : nat) x = nd(rng);
+    nat[0] = kNegInf;
+    Dev src(nat);
+    for (bool base2 : {false, true})
+      for (bool hm : {false, true}) {
+        SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(heads) + (base2 ? " base2" : " e") +
+                     (hm ? " head-major" : " token-major"));
+        Dev dst(nat.size() * 4);
+        ASSERT_EQ(writeLse(dst.as<float>(), src.as<float>(), rows, heads, base2, hm, nullptr), attnSuccess);
+        sync();
+        const std::vector<float> got = dst.down<float>(nat.size());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int h = 0; h < heads; ++h) {
+            const float want = nat[size_t(r) * heads + h] * (base2 ? 1.4426950408889634f : 1.f);
+            const float g = got[hm ? size_t(h) * rows + r : size_t(r) * heads + h];
+            if (std::isinf(want)) EXPECT_TRUE(std::isinf(g) && g < 0) << r << "," << h;
+            else EXPECT_FLOAT_EQ(g, want) << r << "," << h;
+          }
+      }
+  }
+  // In place is fine token-major, refused head-major.
+  Dev buf(std::vector<float>{1.f, 2.f});
+  ASSERT_EQ(writeLse(buf.as<float>(), buf.as<float>(), 1, 2, true, false, nullptr), attnSuccess);
+  sync();
+  EXPECT_FLOAT_EQ(buf.down<float>(2)[1], 2.f * 1.4426950408889634f);
+  EXPECT_EQ(writeLse(buf.as<float>(), buf.as<float>(), 1, 2, false, true, nullptr), attnInvalidArgument);
+}
+
 TEST(CudaReduce, AllTypesAndOpsMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(9);

@@ -28,6 +28,7 @@
 #include "support/attn_fixtures.h"
 #include "support/gpu.h"
 #include "support/kv_fixtures.h"
+#include "support/lse_conventions.h"
 #include "support/multirank.h"
 #include "src/device/backends/cuda_ipc/ipc_stats.h"
 
@@ -68,9 +69,12 @@ attnResult_t DeviceAppend(attnKvPool_t pool, cudaStream_t s, attnDataType_t t, i
 class DeviceAttentionCall {
  public:
   DeviceAttentionCall(attnKvPool_t pool, attnComm_t comm, cudaStream_t s, int rank, std::vector<Req> reqs,
-                      attnDataType_t t, bool causal, int hq = 4)
+                      attnDataType_t t, bool causal, int hq = 4, attnLseBase_t base = attnLseNatural,
+                      attnLseLayout_t layout = attnLseTokenMajor)
       : comm_(comm), s_(s), rank_(rank), reqs_(std::move(reqs)), t_(t), causal_(causal),
         qs_(MakeKvQueries(rank, reqs_, t, causal, hq)) {
+    qs_.cfg.lse_base = base;
+    qs_.cfg.lse_layout = layout;
     const size_t lseBytes = size_t(qs_.rows) * qs_.cfg.num_q_heads * sizeof(float);
     EXPECT_EQ(cudaMallocAsync(&q_, qs_.q.size() + 1, s), cudaSuccess);
     EXPECT_EQ(cudaMallocAsync(&out_, qs_.q.size() + 1, s), cudaSuccess);
@@ -95,7 +99,10 @@ class DeviceAttentionCall {
     c.rc = rc_ != attnSuccess ? rc_ : async;
     c.error = rc_ != attnSuccess ? error_ : async != attnSuccess ? attnGetLastError(comm_) : "";
     if (c.rc != attnSuccess) return c;
-    AttnCheck r = CompareKvAttention(qs_, rank_, reqs_, t_, causal_, out.data(), lse.data());
+    // Back to natural token-major from the config's convention.
+    const std::vector<float> natural =
+        FromLseConvention(lse.data(), qs_.rows, qs_.cfg.num_q_heads, qs_.cfg.lse_base, qs_.cfg.lse_layout);
+    AttnCheck r = CompareKvAttention(qs_, rank_, reqs_, t_, causal_, out.data(), natural.data());
     return r;
   }
 
@@ -211,6 +218,27 @@ TEST(DeviceKvPool, LendAndReturnKeepAttentionExactThreads) {
     RunThreads(3, [&](int rank, int n, attnComm_t& comm) { LendAndReturnOnDevice(s, rank, n, comm); },
                OnGpu0(&cfg));
   }
+}
+
+// The LSE in each convention of the config (base 2, head-major), served
+// at the owner and at the holder of lent blocks.
+TEST(DeviceKvPool, AttentionWritesTheLseConventionOfItsConfig) {
+  REQUIRE_GPU();
+  constexpr int kBlock = 4;
+  RunWithDevicePools(2, kBlock, attnFloat32, [&](int rank, attnComm_t& comm, cudaStream_t st, attnKvPool_t pool) {
+    const std::vector<Req> reqs = {{100, 3 * kBlock + 1, 2}, {101, 2 * kBlock, 1}};
+    if (rank == 0)
+      for (const Req& r : reqs) ATTN_ASSERT_OK(comm, DeviceAppend(pool, st, attnFloat32, rank, r.id, 0, r.len, r.len));
+    std::vector<attnKvMove_t> moves;
+    if (rank == 0) moves = {{0, 1, 0, 100, 2}};
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), nullptr, AsStream(st)));
+    const std::vector<Req> mine = rank == 0 ? reqs : std::vector<Req>{};
+    for (attnLseBase_t base : {attnLseNatural, attnLseBase2})
+      for (attnLseLayout_t lay : {attnLseTokenMajor, attnLseHeadMajor})
+        ExpectExact(DeviceAttentionCall(pool, comm, st, rank, mine, attnFloat32, true, 4, base, lay).Check(),
+                    attnFloat32, std::string(base == attnLseBase2 ? "base 2" : "natural") +
+                                     (lay == attnLseHeadMajor ? ", head-major" : ", token-major"));
+  });
 }
 
 // Requests whose blocks are scattered through the pools (appended a block

@@ -63,6 +63,9 @@ void ExpectEveryCommCallRefuses(attnComm_t bad) {
   EXPECT_BAD_HANDLE(attnCommTopoDump(bad, attnTopoFormatText, nullptr, &size));
   attnCostModel_t model{};
   EXPECT_BAD_HANDLE(attnCommGetCostModel(bad, &model));
+  const attnAttnKernel_t kernel = ATTN_ATTN_KERNEL_INITIALIZER;
+  EXPECT_BAD_HANDLE(attnCommSetAttnKernelEx(bad, &kernel));
+  EXPECT_BAD_HANDLE(attnCommSetAttnKernel(bad, nullptr, nullptr));
   attnKvPool_t pool = nullptr;
   const attnKvPoolConfig_t cfg = PoolCfg(4, 8);
   EXPECT_BAD_HANDLE(attnKvPoolCreate(bad, &cfg, &pool));

@@ -18,18 +18,21 @@ const float* partRow(const AttnPartialRef& p, size_t r, int d, float* buf) {
   return buf;
 }
 
-bool validParts(const AttnPartialRef* parts, int n) {
+bool validParts(const AttnPartialRef* parts, int n, size_t rows) {
   for (int j = 0; j < n; ++j)
-    if (!isAttnFloatType(parts[j].o_dtype) || parts[j].o == nullptr || parts[j].lse == nullptr)
+    if (!isAttnFloatType(parts[j].o_dtype) || parts[j].o == nullptr || parts[j].lse == nullptr ||
+        !validLseOf(parts[j], rows))
       return false;
   return true;
 }
 
-// Merges row `ra` of the accumulator with row `rp` of every part.
-void mergeRow(float* o, float& lse, const AttnPartialRef* parts, int n, size_t rp, int d,
-              float* buf) {
+// Merges an accumulator row with row `rp` of every part (of `rows` rows);
+// l: room for the n parts' natural LSEs of the row, read once.
+void mergeRow(float* o, float& lse, const AttnPartialRef* parts, int n, size_t rp, size_t rows,
+              int d, float* buf, float* l) {
+  for (int j = 0; j < n; ++j) l[j] = partLse(parts[j], rp, rows);
   float mx = lse;
-  for (int j = 0; j < n; ++j) mx = std::fmax(mx, parts[j].lse[rp]);
+  for (int j = 0; j < n; ++j) mx = std::fmax(mx, l[j]);
   if (mx == kNegInf) {  // nobody saw a key
     for (int i = 0; i < d; ++i) o[i] = 0.0f;
     lse = kNegInf;
@@ -39,10 +42,8 @@ void mergeRow(float* o, float& lse, const AttnPartialRef* parts, int n, size_t r
   // so garbage in their O cannot leak (0 * NaN).
   float w0 = lse == kNegInf ? 0.0f : std::exp(lse - mx);
   float sum = w0;
-  for (int j = 0; j < n; ++j) {
-    const float l = parts[j].lse[rp];
-    if (l != kNegInf) sum += std::exp(l - mx);
-  }
+  for (int j = 0; j < n; ++j)
+    if (l[j] != kNegInf) sum += std::exp(l[j] - mx);
   const float inv = 1.0f / sum;
   if (w0 == 0.0f) {
     for (int i = 0; i < d; ++i) o[i] = 0.0f;
@@ -51,9 +52,8 @@ void mergeRow(float* o, float& lse, const AttnPartialRef* parts, int n, size_t r
     for (int i = 0; i < d; ++i) o[i] *= s;
   }
   for (int j = 0; j < n; ++j) {
-    const float l = parts[j].lse[rp];
-    if (l == kNegInf) continue;
-    const float s = std::exp(l - mx) * inv;
+    if (l[j] == kNegInf) continue;
+    const float s = std::exp(l[j] - mx) * inv;
     const float* src = partRow(parts[j], rp, d, buf);
     for (int i = 0; i < d; ++i) o[i] += s * src[i];
   }
@@ -64,11 +64,11 @@ void mergeRow(float* o, float& lse, const AttnPartialRef* parts, int n, size_t r
 
 attnResult_t mergePartials(float* o_acc, float* lse_acc, const AttnPartialRef* parts, int nparts,
                            size_t rows, int head_dim) {
-  if (nparts < 0 || head_dim <= 0 || (rows && (!o_acc || !lse_acc)) || !validParts(parts, nparts))
+  if (nparts < 0 || head_dim <= 0 || (rows && (!o_acc || !lse_acc)) || !validParts(parts, nparts, rows))
     return attnInvalidArgument;
-  std::vector<float> buf(static_cast<size_t>(head_dim));
+  std::vector<float> buf(static_cast<size_t>(head_dim)), l(size_t(nparts) + 1);
   for (size_t r = 0; r < rows; ++r)
-    mergeRow(o_acc + r * head_dim, lse_acc[r], parts, nparts, r, head_dim, buf.data());
+    mergeRow(o_acc + r * head_dim, lse_acc[r], parts, nparts, r, rows, head_dim, buf.data(), l.data());
   return attnSuccess;
 }
 
@@ -79,14 +79,15 @@ attnResult_t foldPartial(float* o_acc, float* lse_acc, const AttnPartialRef& par
 
 attnResult_t foldPartialRows(float* o_acc, float* lse_acc, const AttnPartialRef& part,
                              const int32_t* acc_rows, size_t ntokens, int heads, int head_dim) {
-  if (heads <= 0 || head_dim <= 0 || (ntokens && !acc_rows) || !validParts(&part, 1))
+  if (heads <= 0 || head_dim <= 0 || (ntokens && !acc_rows) || !validParts(&part, 1, ntokens * size_t(heads)))
     return attnInvalidArgument;
   std::vector<float> buf(static_cast<size_t>(head_dim));
+  float l = 0;
   for (size_t t = 0; t < ntokens; ++t) {
     for (int h = 0; h < heads; ++h) {
       const size_t ra = size_t(acc_rows[t]) * heads + h;
-      mergeRow(o_acc + ra * head_dim, lse_acc[ra], &part, 1, t * heads + h, head_dim,
-               buf.data());
+      mergeRow(o_acc + ra * head_dim, lse_acc[ra], &part, 1, t * heads + h, ntokens * size_t(heads),
+               head_dim, buf.data(), &l);
     }
   }
   return attnSuccess;

@@ -150,6 +150,12 @@ constexpr int kMergeMaxPartsPerLaunch = 8;
 [[nodiscard]] attnResult_t convertFromFloat(void* dst, attnDataType_t type, const float* src,
                                             size_t count, cudaStream_t stream);
 
+// ---- LSE conventions (lse.cu) ------------------------------------------------
+// dst = natural * (base2 ? log2(e) : 1), token-major [rows, heads] as
+// `natural` or head-major [heads, rows]; head-major needs dst != natural.
+[[nodiscard]] attnResult_t writeLse(float* dst, const float* natural, int64_t rows, int heads, bool base2,
+                                    bool head_major, cudaStream_t stream);
+
 // ---- errors -----------------------------------------------------------------
 // attnSuccess, or attnUnhandledCudaError with "cuda: <what>: <name> (<text>)"
 // recorded by kernels::fail.

@@ -3,7 +3,8 @@
 // owns a row, each thread moves 16 bytes of fp32 (8 of fp16/bf16) per load;
 // the row's weights are computed once per thread from the LSE values
 // (broadcast reads). A -inf partial is never read, so garbage in its O
-// cannot leak (0 * NaN).
+// cannot leak (0 * NaN). A partial's LSE is read in its own convention
+// (base 2, head-major), so an engine kernel's output folds as it is.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/kernel_status.h"
 
@@ -18,6 +19,8 @@ struct MergeArgs {
   const void* o[kMergeMaxPartsPerLaunch];
   const float* lse[kMergeMaxPartsPerLaunch];
   attnDataType_t type[kMergeMaxPartsPerLaunch];
+  float lscale[kMergeMaxPartsPerLaunch];  // to natural log: 1, or ln 2 (base 2)
+  int lheads[kMergeMaxPartsPerLaunch];    // head-major: heads per token row; 0: token-major
   int nparts;
   size_t rows;  // partial rows (= accumulator rows unless acc_rows)
   int d;
@@ -53,6 +56,13 @@ __device__ inline void loadVec(const void* base, attnDataType_t t, size_t i, flo
   }
 }
 
+// Part j's natural LSE of partial row rp.
+__device__ inline float partLse(const MergeArgs& a, int j, size_t rp) {
+  const int h = a.lheads[j];
+  const size_t i = h == 0 ? rp : (rp % size_t(h)) * (a.rows / size_t(h)) + rp / size_t(h);
+  return a.lse[j][i] * a.lscale[j];
+}
+
 template <int VW>
 __global__ void __launch_bounds__(kMergeThreads) mergeKernel(MergeArgs a) {
   const int rpb = kMergeThreads / a.tpr;
@@ -73,15 +83,18 @@ __global__ void __launch_bounds__(kMergeThreads) mergeKernel(MergeArgs a) {
     float mx = la;
     // Loops over parts are unrolled to the launch maximum so that the
     // parameter arrays and w[] are indexed statically (registers, no local memory).
+    // w[] holds the parts' natural LSEs first, then their weights.
 #pragma unroll
-    for (int j = 0; j < kMergeMaxPartsPerLaunch; ++j)
-      if (j < a.nparts) mx = fmaxf(mx, a.lse[j][rp]);
+    for (int j = 0; j < kMergeMaxPartsPerLaunch; ++j) {
+      w[j] = j < a.nparts ? partLse(a, j, rp) : -INFINITY;
+      mx = fmaxf(mx, w[j]);
+    }
     if (mx != -INFINITY) {
       w0 = la == -INFINITY ? 0.0f : expf(la - mx);
       float sum = w0;
 #pragma unroll
       for (int j = 0; j < kMergeMaxPartsPerLaunch; ++j) {
-        const float lj = j < a.nparts ? a.lse[j][rp] : -INFINITY;
+        const float lj = w[j];
         w[j] = lj == -INFINITY ? 0.0f : expf(lj - mx);
         sum += w[j];
       }
@@ -151,6 +164,9 @@ attnResult_t mergeImpl(float* o_acc, float* lse_acc, const cpu::AttnPartialRef* 
     KERNEL_REQUIRE(t == attnFloat32 || t == attnFloat16 || t == attnBfloat16,
                  "cuda merge: part %d has dtype %d (not fp32, fp16 or bf16)", j, int(t));
     KERNEL_REQUIRE(rows == 0 || (parts[j].o && parts[j].lse), "cuda merge: part %d has a null pointer", j);
+    KERNEL_REQUIRE(cpu::validLseOf(parts[j], rows),
+                   "cuda merge: part %d has LSE base %d, layout %d, %d heads (not one of %zu rows)", j,
+                   int(parts[j].lse_base), int(parts[j].lse_layout), parts[j].lse_heads, rows);
   }
   if (rows == 0) return attnSuccess;
   KERNEL_REQUIRE(o_acc && lse_acc, "cuda merge: null accumulator");
@@ -165,6 +181,8 @@ attnResult_t mergeImpl(float* o_acc, float* lse_acc, const cpu::AttnPartialRef* 
       a.o[i] = parts[j + i].o;
       a.lse[i] = parts[j + i].lse;
       a.type[i] = parts[j + i].o_dtype;
+      a.lscale[i] = parts[j + i].lse_base == attnLseBase2 ? 0.69314718055994531f : 1.0f;  // ln 2
+      a.lheads[i] = parts[j + i].lse_layout == attnLseHeadMajor ? parts[j + i].lse_heads : 0;
     }
     a.rows = rows;
     a.d = head_dim;

@@ -770,17 +770,23 @@ class SeqLayout:
 
     @classmethod
     def from_buffers(cls, q_offsets, q_pos, kv_offsets, kv_pos):
-        """A layout over four contiguous int32 buffers in host memory (numpy
-        arrays, CPU or pinned torch tensors): cu_seqlens-style offsets
-        [num_seqs + 1] and global positions [rows], not copied. The buffers
-        are held by the layout; their values are read when a call runs."""
+        """A layout over four contiguous int32 buffers (numpy arrays, torch
+        tensors): cu_seqlens-style offsets [num_seqs + 1] and global
+        positions [rows], not copied. The buffers are held by the layout.
+        Host buffers are read during a call; CUDA (or pinned) ones by a
+        device communicator when the call runs on its stream, so a captured
+        CUDA graph reads the values of each replay (attnSeqLayout_t). All
+        four live on one side; CUDA ones only for a device communicator."""
         self = cls.__new__(cls)
         bufs = (q_offsets, q_pos, kv_offsets, kv_pos)
+        on_cuda = [bool(getattr(b, "is_cuda", False)) for b in bufs]
+        if any(on_cuda) and not all(on_cuda):
+            raise AttnError(INVALID_ARGUMENT, "layout: " + ", ".join(
+                f"{n} on {'CUDA' if c else 'the host'}" for n, c in zip(cls._NAMES, on_cuda)) +
+                "; all four live on one side")
+        self.on_cuda = all(on_cuda)
         ptrs = []
         for name, b in zip(cls._NAMES, bufs):
-            if getattr(b, "is_cuda", False):
-                raise AttnError(INVALID_ARGUMENT, f"layout {name}: a host-memory int32 buffer is needed, "
-                                                  f"got one on {b.device}")
             ptr, n, t = _buffer(b)
             if t != INT32:
                 raise AttnError(INVALID_ARGUMENT, f"layout {name}: int32 is needed")

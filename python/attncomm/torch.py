@@ -17,173 +17,83 @@ FlashAttention returns it), in natural log (lse_base="e", FlashAttention and
 PyTorch) or base 2 ("2", FlashInfer). Bad tensors raise attncomm.AttnError
 naming the argument before anything runs; a layout that disagrees with the
 tensors' rows is refused on every rank (the call fails everywhere).
+
+Custom ops (torch.ops.attncomm.*, each with a fake implementation, so
+torch.compile(fullgraph=True) traces the calls below without a graph
+break): ring_attention, level_attention (CSPS level-aware sparse attention),
+decode_attention (a context-parallel decode step), kv_attention (over a
+distributed KV cache, KvPool), merge_attn_states, merge_attn_reduce_scatter
+and merge_attn_all_gather. Every call takes out (and lse) to write into,
+and runs on torch's current CUDA stream unless stream= is given. A
+communicator that a traced function uses must have been seen by this module
+outside the trace once (init_from_group does it; else any eager call).
 """
 import ctypes
 import math
+from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 import attncomm as _ac
 from attncomm import AttnError, INVALID_ARGUMENT
+from attncomm._torch_base import (  # noqa: F401
+    _prepare,
+    MODES,
+    SeqLayout,
+    _check_layout,
+    _check_lse,
+    _check_lse_base,
+    _check_op_side,
+    _check_out,
+    _check_qkv,
+    _comm_id,
+    _comm_of,
+    _int32_host,
+    _lse_shape,
+    _raw_lse,
+    _require,
+    _result,
+    _stream_of,
+    _torch_on,
+    init_from_group)
+from attncomm._torch_kv import KvPool, kv_attention, kv_pool  # noqa: F401
+from attncomm._torch_merge import merge_attn_all_gather, merge_attn_reduce_scatter, merge_attn_states  # noqa: F401
 
-MODES = {"auto": _ac.MODE_AUTO, "pass_kv": _ac.MODE_PASS_KV, "pass_q": _ac.MODE_PASS_Q,
-         "ship_q": _ac.MODE_SHIP_Q, "head_parallel": _ac.MODE_HEAD_PARALLEL}
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_LOG2E = 1.0 / math.log(2.0)
-
-# Communicators travel through traced graphs as ints: the custom ops look
-# them up here (a dict insert or lookup is atomic under the GIL, and
-# torch.compile traces it).
-_comms = {}
-
-
-def _comm_id(comm):
-    key = getattr(comm, "_torch_key", None)
-    if key is None:
-        key = id(comm)
-        comm._torch_key = key
-        _comms[key] = comm
-    return key
-
-
-def _comm_of(key):
-    comm = _comms.get(key)
-    if comm is None:
-        raise AttnError(INVALID_ARGUMENT, "attncomm.torch: the communicator of this call is gone")
-    return comm
-
-# ---- communicators ---------------------------------------------------------------
+# ---- ring attention ------------------------------------------------------------------
 
 
-def init_from_group(group=None, device=None, **config):
-    """A communicator over the ranks of a torch.distributed process group
-    (collective over it; any backend). The unique id is made on the group's
-    first rank and broadcast through the group. device: a CUDA ordinal, or
-    attncomm.DEVICE_HOST; default the current CUDA device when the group's
-    backend is NCCL, else host memory. config: as attncomm.Comm.init_rank
-    (timeout_ms, transports, blocking, name)."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise AttnError(INVALID_ARGUMENT, "init_from_group: torch.distributed is not initialised "
-                                          "(dist.init_process_group first)")
-    rank = dist.get_rank(group)
-    world = dist.get_world_size(group)
-    if rank < 0:
-        raise AttnError(INVALID_ARGUMENT, "init_from_group: this process is not in the group")
-    backend = str(dist.get_backend(group)).lower()
-    if device is None:
-        device = torch.cuda.current_device() if "nccl" in backend and torch.cuda.is_available() \
-            else _ac.DEVICE_HOST
-    src = 0 if group is None else dist.get_global_rank(group, 0)
-    box = [_ac.UniqueId().bytes() if rank == 0 else None]
-    # NCCL groups move objects through CUDA tensors on the current device.
-    bdev = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else None
-    dist.broadcast_object_list(box, src=src, group=group, device=bdev)
-    return _ac.Comm.init_rank(world, _ac.UniqueId(box[0]), rank, device=device, **config)
-
-# ---- layouts --------------------------------------------------------------------
-
-
-class SeqLayout:
-    """This rank's shard of a batch as int32 tensors: cu_seqlens-style
-    offsets [num_seqs + 1] of q and of kv rows, and the global position of
-    every row. Lists are turned into tensors. The tensors are read when the
-    call runs, so an engine may update them in place between steps; on a
-    device communicator they must be in host (ideally pinned) memory."""
-
-    def __init__(self, q_offsets, q_pos, kv_offsets, kv_pos):
-        def as_int32(name, x):
-            if not isinstance(x, torch.Tensor):
-                x = torch.tensor(list(x), dtype=torch.int32)
-            if x.dtype != torch.int32:
-                raise AttnError(INVALID_ARGUMENT, f"layout {name}: int32 is needed, got {x.dtype}")
-            if x.dim() != 1:
-                raise AttnError(INVALID_ARGUMENT, f"layout {name}: a 1-D tensor is needed, got {x.dim()}-D")
-            return x.contiguous()
-        self.q_offsets = as_int32("q_offsets", q_offsets)
-        self.q_pos = as_int32("q_pos", q_pos)
-        self.kv_offsets = as_int32("kv_offsets", kv_offsets)
-        self.kv_pos = as_int32("kv_pos", kv_pos)
-        if self.q_offsets.numel() < 1 or self.q_offsets.numel() != self.kv_offsets.numel():
-            raise AttnError(INVALID_ARGUMENT, f"layout: q_offsets has {self.q_offsets.numel()} entries and "
-                                              f"kv_offsets {self.kv_offsets.numel()}: both need num_seqs + 1")
-
-    def tensors(self):
-        return self.q_offsets, self.q_pos, self.kv_offsets, self.kv_pos
-
-# ---- argument checks --------------------------------------------------------------
-
-
-def _require(cond, what):
-    if not cond:
-        raise AttnError(INVALID_ARGUMENT, what)
-
-
-def _check_qkv(comm, q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _require(isinstance(t, torch.Tensor), f"{name}: a torch.Tensor is needed, got {type(t).__name__}")
-        _require(t.dim() == 3, f"{name}: [rows, heads, head_dim] is needed, got shape {tuple(t.shape)}")
-        _require(t.dtype in _DTYPES, f"{name}: dtype {t.dtype} is not float32, float16 or bfloat16")
-        _require(t.dtype == q.dtype, f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
-        _require(t.device == q.device, f"{name}: on {t.device}, q on {q.device}")
-        _require(t.is_contiguous(), f"{name}: not contiguous")
-    _require(k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
-    _require(q.shape[2] == k.shape[2], f"head_dim: q has {q.shape[2]}, k {k.shape[2]}")
-    _require(k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
-             f"q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]}")
-    if torch.compiler.is_compiling():
-        return  # the communicator's side is checked when the op runs
-    on_device = comm.device >= 0
-    _require(q.is_cuda == on_device, f"q: on {q.device}, but the communicator is "
-                                     f"{'on CUDA device %d' % comm.device if on_device else 'a host one'}")
-
-
-def _check_out(q, out):
-    _require(isinstance(out, torch.Tensor), "out: a torch.Tensor is needed")
-    _require(out.shape == q.shape, f"out: shape {tuple(out.shape)}, q is {tuple(q.shape)}")
-    _require(out.dtype == q.dtype, f"out: dtype {out.dtype}, q is {q.dtype}")
-    _require(out.device == q.device, f"out: on {out.device}, q on {q.device}")
-    _require(out.is_contiguous(), "out: not contiguous")
-
-
-def _lse_shape(q, lse_layout):
-    rows, heads = q.shape[0], q.shape[1]
-    if lse_layout == "th":
-        return (rows, heads)
-    if lse_layout == "ht":
-        return (heads, rows)
-    raise AttnError(INVALID_ARGUMENT, f"lse_layout: 'th' or 'ht', got {lse_layout!r}")
-
-
-def _check_lse(q, lse, lse_layout):
-    shape = _lse_shape(q, lse_layout)
-    _require(isinstance(lse, torch.Tensor), "lse: a torch.Tensor is needed")
-    _require(lse.dtype == torch.float32, f"lse: float32 is needed, got {lse.dtype}")
-    _require(tuple(lse.shape) == shape, f"lse: shape {tuple(lse.shape)}, {shape} is needed (lse_layout "
-                                        f"{lse_layout!r})")
-    _require(lse.device == q.device, f"lse: on {lse.device}, q on {q.device}")
-    _require(lse.is_contiguous(), "lse: not contiguous")
-
-
-def _check_layout(comm, layout):
-    _require(isinstance(layout, SeqLayout), f"layout: an attncomm.torch.SeqLayout is needed, got "
-                                            f"{type(layout).__name__}")
-    for name, t in zip(("q_offsets", "q_pos", "kv_offsets", "kv_pos"), layout.tensors()):
-        _require(not t.is_cuda, f"layout {name}: host memory is needed (the library reads it on the host)")
-
-# ---- the custom op ----------------------------------------------------------------
+def _last(t):
+    """The last value of an offsets tensor, or None for CUDA memory (never
+    read on the host here: a device communicator reads it when it runs)."""
+    return None if t.is_cuda or t.numel() == 0 else int(t[-1])
 
 
 def _rows_disagree(layout, q, k):
     """Why the layout does not describe q and k, or None."""
     qo, ko = layout.q_offsets, layout.kv_offsets
-    if int(qo[-1]) != q.shape[0] or layout.q_pos.numel() != q.shape[0]:
-        return (f"layout: q_offsets ends at {int(qo[-1])} and q_pos has {layout.q_pos.numel()} entries, "
+    q_end, kv_end = _last(qo), _last(ko)
+    if (q_end is not None and q_end != q.shape[0]) or layout.q_pos.numel() != q.shape[0]:
+        return (f"layout: q_offsets ends at {q_end} and q_pos has {layout.q_pos.numel()} entries, "
                 f"q has {q.shape[0]} rows")
-    if int(ko[-1]) != k.shape[0] or layout.kv_pos.numel() != k.shape[0]:
-        return (f"layout: kv_offsets ends at {int(ko[-1])} and kv_pos has {layout.kv_pos.numel()} entries, "
+    if (kv_end is not None and kv_end != k.shape[0]) or layout.kv_pos.numel() != k.shape[0]:
+        return (f"layout: kv_offsets ends at {kv_end} and kv_pos has {layout.kv_pos.numel()} entries, "
                 f"k has {k.shape[0]} rows")
     return None
+
+
+def _c_layout(q_offsets, q_pos, kv_offsets, kv_pos, wrong):
+    c_layout = _ac.SeqLayout.from_buffers(q_offsets, q_pos, kv_offsets, kv_pos)
+    if wrong:
+        # Refused on every rank: the library sees an impossible layout and
+        # fails the call on all of them (its refusal reaches the peers).
+        c_layout._c.num_seqs = -1
+    return c_layout
+
+
+def _reraise(e, wrong):
+    if wrong:
+        raise AttnError(INVALID_ARGUMENT, wrong) from e
+    raise e
 
 
 @torch.library.custom_op("attncomm::ring_attention", mutates_args=("out", "lse"))
@@ -192,21 +102,15 @@ def _ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        kv_offsets: torch.Tensor, kv_pos: torch.Tensor, comm_id: int, attn_mode: int,
                        causal: bool, softmax_scale: float, stream: int) -> None:
     comm = _comm_of(comm_id)
-    _require(q.is_cuda == (comm.device >= 0), f"q: on {q.device}, the communicator's device is {comm.device}")
+    _check_op_side(comm, q)
     layout = SeqLayout(q_offsets, q_pos, kv_offsets, kv_pos)
-    c_layout = _ac.SeqLayout.from_buffers(*layout.tensors())
     wrong = _rows_disagree(layout, q, k)
-    if wrong:
-        # Refused on every rank: the library sees an impossible layout and
-        # fails the call on all of them (its refusal reaches the peers).
-        c_layout._c.num_seqs = -1
+    c_layout = _c_layout(*layout.tensors(), wrong)
     try:
         comm.ring_attention(q, k, v, out, c_layout, q.shape[1], k.shape[1], q.shape[2], lse=lse,
                             causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None)
     except AttnError as e:
-        if wrong:
-            raise AttnError(INVALID_ARGUMENT, wrong) from e
-        raise
+        _reraise(e, wrong)
 
 
 @_ring_attention_op.register_fake
@@ -214,15 +118,6 @@ def _(q, k, v, out, lse, q_offsets, q_pos, kv_offsets, kv_pos, comm_id, attn_mod
       stream):
     return None
 
-# ---- the public calls ---------------------------------------------------------------
-
-
-def _stream_of(q, stream):
-    if stream is not None:
-        return int(_ac._stream(stream) or 0)
-    if q.is_cuda:
-        return int(torch.cuda.current_stream(q.device).cuda_stream)
-    return 0
 
 
 def ring_attention(comm, q, k, v, layout, *, mode="auto", causal=True, softmax_scale=None, out=None,
@@ -232,95 +127,195 @@ def ring_attention(comm, q, k, v, layout, *, mode="auto", causal=True, softmax_s
     with return_lse (or when lse is given). Runs on torch's current CUDA
     stream for CUDA tensors unless `stream` is given."""
     _require(mode in MODES, f"mode: one of {', '.join(MODES)}, got {mode!r}")
-    _require(lse_base in ("e", "2"), f"lse_base: 'e' or '2', got {lse_base!r}")
     _check_qkv(comm, q, k, v)
     _check_layout(comm, layout)
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        _check_out(q, out)
-    if lse is not None:
-        _check_lse(q, lse, lse_layout)
-    # The library writes natural-log [rows, Hq]; other conventions are a
-    # transpose and a scale of that.
-    direct = lse is not None and lse_base == "e" and lse_layout == "th"
-    raw = lse if direct else torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    out, raw = _prepare(q, out, lse, lse_base, lse_layout)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _ring_attention_op(q, k, v, out, raw, *layout.tensors(), _comm_id(comm), MODES[mode], bool(causal), scale,
                        _stream_of(q, stream))
-    if not (return_lse or lse is not None):
-        return out
-    converted = raw if lse_base == "e" else raw * _LOG2E
-    if lse_layout == "ht":
-        converted = converted.t()
-    if lse is None:
-        return out, converted.contiguous()
-    if not direct:
-        lse.copy_(converted)
-    return out, lse
+    return _result(out, raw, lse, return_lse, lse_base, lse_layout)
+
+# ---- level-aware sparse attention (CSPS) ------------------------------------------------
 
 
-def merge_attn_states(outs, lses, out=None, lse=None, stream=None):
-    """attnMergeAttnStates on torch tensors: partial outputs outs[j] [rows,
-    H, D] (float32, float16 or bfloat16) and their natural-log lses[j]
-    [rows, H] float32 merged into one (out, lse). CUDA tensors merge on the
-    GPU, on torch's current stream unless `stream` is given."""
-    _require(len(outs) == len(lses) and len(outs) > 0, "outs and lses: the same number of partials, at least one")
-    first = outs[0]
-    _require(isinstance(first, torch.Tensor) and first.dim() == 3, "outs[0]: a [rows, heads, head_dim] tensor")
-    rows, heads, dim = first.shape
-    for j, (o, s) in enumerate(zip(outs, lses)):
-        _require(o.dtype == first.dtype and o.shape == first.shape and o.is_contiguous() and o.device == first.device,
-                 f"outs[{j}]: contiguous {first.dtype} {tuple(first.shape)} on {first.device} is needed")
-        _require(s.dtype == torch.float32 and tuple(s.shape) == (rows, heads) and s.is_contiguous()
-                 and s.device == first.device, f"lses[{j}]: contiguous float32 {(rows, heads)} on {first.device}")
-    out = torch.empty_like(first) if out is None else out
-    _check_out(first, out)
-    lse = torch.empty((rows, heads), dtype=torch.float32, device=first.device) if lse is None else lse
-    _check_lse(first, lse, "th")
-    _ac.merge_attn_states(list(outs), list(lses), out, lse, rows, heads, dim,
-                          stream=_stream_of(first, stream) or None)
-    return out, lse
+@torch.library.custom_op("attncomm::level_attention", mutates_args=("out", "lse"))
+def _level_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, q_offsets: torch.Tensor, q_pos: torch.Tensor,
+                        kv_offsets: torch.Tensor, kv_pos: torch.Tensor, importance: Optional[torch.Tensor],
+                        comm_id: int, keep: list[float], causal: bool, softmax_scale: float, stream: int) -> None:
+    comm = _comm_of(comm_id)
+    _check_op_side(comm, q)
+    layout = SeqLayout(q_offsets, q_pos, kv_offsets, kv_pos)
+    wrong = _rows_disagree(layout, q, k)
+    c_layout = _c_layout(*layout.tensors(), wrong)
+    dtype = _ac._buffer(q)[2]
+    cfg = _ac._AttnConfig(q.shape[1], k.shape[1], q.shape[2], dtype, softmax_scale, int(causal))
+    drop = None
+    if keep:
+        imp = ctypes.cast(importance.data_ptr(), ctypes.POINTER(ctypes.c_float)) if importance is not None else None
+        drop = _ac._LevelDrop((ctypes.c_float * 4)(*keep), imp)
+    try:
+        # The C call itself (Comm.level_attention has no stream).
+        code = _ac._LevelAttention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                                   ctypes.byref(c_layout._c), ctypes.byref(cfg),
+                                   ctypes.byref(drop) if drop is not None else None, comm._h, stream or None)
+        comm._queued(_ac._check(code, comm._h, "attnLevelAttention"), q, k, v, out, lse, c_layout, cfg, drop,
+                     importance)
+    except AttnError as e:
+        _reraise(e, wrong)
 
 
-def _merge_collective(comm, out_part, lse_part, out, lse, return_lse, stream, all_gather):
-    _require(isinstance(out_part, torch.Tensor) and out_part.dim() == 3,
-             "out_part: a [rows, heads, head_dim] tensor is needed")
-    _require(out_part.dtype in _DTYPES, f"out_part: dtype {out_part.dtype} is not float32, float16 or bfloat16")
-    _require(out_part.is_contiguous(), "out_part: not contiguous")
-    rows, heads, dim = out_part.shape
-    _require(isinstance(lse_part, torch.Tensor) and lse_part.dtype == torch.float32
-             and tuple(lse_part.shape) == (rows, heads) and lse_part.is_contiguous(),
-             f"lse_part: contiguous float32 {(rows, heads)} is needed")
-    n, r = comm.size, comm.rank
-    share = heads if all_gather else (r + 1) * heads // n - r * heads // n
-    want = (rows, share, dim)
-    out = torch.empty(want, dtype=out_part.dtype, device=out_part.device) if out is None else out
-    _require(tuple(out.shape) == want and out.dtype == out_part.dtype and out.is_contiguous()
-             and out.device == out_part.device, f"out: contiguous {out_part.dtype} {want} is needed")
-    if lse is None and return_lse:
-        lse = torch.empty((rows, share), dtype=torch.float32, device=out_part.device)
-    if lse is not None:
-        _require(lse.dtype == torch.float32 and tuple(lse.shape) == (rows, share) and lse.is_contiguous(),
-                 f"lse: contiguous float32 {(rows, share)} is needed")
-    call = comm.merge_attn_all_gather if all_gather else comm.merge_attn_reduce_scatter
-    call(out_part, lse_part, out, lse, rows, heads, dim, stream=_stream_of(out_part, stream) or None)
-    return (out, lse) if (return_lse or lse is not None) else out
+@_level_attention_op.register_fake
+def _(q, k, v, out, lse, q_offsets, q_pos, kv_offsets, kv_pos, importance, comm_id, keep, causal, softmax_scale,
+      stream):
+    return None
 
 
-def merge_attn_reduce_scatter(comm, out_part, lse_part, *, out=None, lse=None, return_lse=False, stream=None):
-    """attnMergeAttnReduceScatter: every rank's partial (out_part [rows,
-    heads, D], natural-log lse_part [rows, heads] float32) for the same
-    query rows over its own keys, merged; this rank gets its share of the
-    heads ([rank * heads // n, (rank + 1) * heads // n)) as out [rows,
-    share, D] (and lse). The decode-context-parallel merge as one call."""
-    return _merge_collective(comm, out_part, lse_part, out, lse, return_lse, stream, False)
+def level_attention(comm, q, k, v, layout, *, keep=None, importance=None, causal=True, softmax_scale=None,
+                    out=None, lse=None, return_lse=False, lse_base="e", lse_layout="th", stream=None):
+    """attnLevelAttention on torch tensors (CSPS level-aware sparse
+    attention): this rank's queries over its own keys and, from each peer,
+    the keys that peer keeps for the tier between the two ranks. keep: 4
+    fractions in [0, 1] by tier (attncomm.TIER_DEVICE, TIER_HOST, TIER_RACK,
+    TIER_CLUSTER; the same on every rank): per sequence a peer sends
+    round(keep * n) of its n keys (at least one when keep > 0), those of
+    highest importance; None keeps every key, which is exact attention (as
+    ring_attention). importance: float32 [kv rows], a score per key of this
+    rank's shard, on k's device; needed when a keep is below 1. q, k, v,
+    layout, out, lse and the LSE conventions as ring_attention; returns out,
+    or (out, lse) with return_lse (or when lse is given)."""
+    _check_qkv(comm, q, k, v)
+    _check_layout(comm, layout)
+    keep_list = []
+    if keep is not None:
+        _require(isinstance(keep, (list, tuple)) and len(keep) == 4,
+                 "keep: 4 fractions (device, host, rack, cluster tiers) or None")
+        keep_list = [float(x) for x in keep]
+        _require(all(0.0 <= x <= 1.0 for x in keep_list), f"keep: fractions in [0, 1], got {keep_list}")
+        if min(keep_list) < 1.0:
+            _require(importance is not None, "importance: needed when a keep fraction is below 1")
+    if importance is not None:
+        _require(isinstance(importance, torch.Tensor), "importance: a torch.Tensor is needed")
+        _require(importance.dtype == torch.float32, f"importance: float32 is needed, got {importance.dtype}")
+        _require(tuple(importance.shape) == (k.shape[0],),
+                 f"importance: shape {tuple(importance.shape)}, ({k.shape[0]},) is needed (one per k row)")
+        _require(importance.device == k.device, f"importance: on {importance.device}, k on {k.device}")
+        _require(importance.is_contiguous(), "importance: not contiguous")
+        if not keep_list:
+            importance = None  # every key is kept: unused
+    out, raw = _prepare(q, out, lse, lse_base, lse_layout)
+    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    _level_attention_op(q, k, v, out, raw, *layout.tensors(), importance, _comm_id(comm), keep_list,
+                        bool(causal), scale, _stream_of(q, stream))
+    return _result(out, raw, lse, return_lse, lse_base, lse_layout)
+
+# ---- context-parallel decode --------------------------------------------------------------
 
 
-def merge_attn_all_gather(comm, out_part, lse_part, *, out=None, lse=None, return_lse=False, stream=None):
-    """As merge_attn_reduce_scatter, with every head on every rank."""
-    return _merge_collective(comm, out_part, lse_part, out, lse, return_lse, stream, True)
+def _owned(num_seqs, rank, size):
+    """The sequences whose query this rank holds (attnDecodePlacement's
+    q_rank: s % nranks)."""
+    return range(rank, num_seqs, size)
 
+
+@torch.library.custom_op("attncomm::decode_attention", mutates_args=("out", "lse"))
+def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                         lse: torch.Tensor, kv_offsets: torch.Tensor, kv_pos: torch.Tensor, q_pos: torch.Tensor,
+                         comm_id: int, attn_mode: int, causal: bool, softmax_scale: float, replicated: bool,
+                         stream: int) -> None:
+    comm = _comm_of(comm_id)
+    _check_op_side(comm, q)
+    rank, size = comm.rank, comm.size
+    seqs = kv_offsets.numel() - 1
+    owned = _owned(max(seqs, 0), rank, size)
+    rows = seqs if replicated else len(owned)
+    kv_end = _last(kv_offsets)
+    wrong = None
+    if seqs < 0 or q.shape[0] != rows or q_pos.numel() != q.shape[0]:
+        wrong = (f"kv_offsets: {seqs} sequences, so q needs {rows} rows "
+                 f"({'one per sequence' if replicated else 'one per sequence this rank holds the query of'}), "
+                 f"q has {q.shape[0]} and q_pos {q_pos.numel()}")
+    elif (kv_end is not None and kv_end != k.shape[0]) or kv_pos.numel() != k.shape[0]:
+        wrong = (f"kv_offsets: ends at {kv_end} and kv_pos has {kv_pos.numel()} entries, k has {k.shape[0]} rows")
+    with _torch_on(q, stream):
+        # Made where the layout lives, by torch ops (no host round trip:
+        # capturable in a CUDA graph): one query row for each owned sequence.
+        lay = kv_offsets.device
+        mine = (torch.arange(max(seqs, 0), device=lay) % size == rank).to(torch.int32)
+        q_offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=lay),
+                               torch.cumsum(mine, 0, dtype=torch.int32)])
+        index = torch.arange(rank, max(seqs, 0), size, device=q.device)
+        if replicated and not wrong:
+            q_own = q.index_select(0, index).contiguous()
+            pos_own = q_pos.index_select(0, torch.arange(rank, seqs, size, device=q_pos.device)).contiguous()
+            out_own = torch.empty_like(q_own)
+            lse_own = torch.empty((q_own.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+        else:
+            q_own, pos_own, out_own, lse_own = q, q_pos, out, lse
+    c_layout = _c_layout(q_offsets, pos_own, kv_offsets, kv_pos, wrong)
+    try:
+        comm.ring_attention(q_own, k, v, out_own, c_layout, q.shape[1], k.shape[1], q.shape[2], lse=lse_own,
+                            causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None)
+    except AttnError as e:
+        _reraise(e, wrong)
+    if not replicated or wrong:
+        return
+    # Every rank's rows to every rank: a merge in which each row has one
+    # partial that saw keys (its query rank's) and -inf elsewhere.
+    with _torch_on(q, stream):
+        out_part = torch.zeros_like(q)
+        lse_part = torch.full((q.shape[0], q.shape[1]), -math.inf, dtype=torch.float32, device=q.device)
+        out_part.index_copy_(0, index, out_own)
+        lse_part.index_copy_(0, index, lse_own)
+    comm.merge_attn_all_gather(out_part, lse_part, out, lse, q.shape[0], q.shape[1], q.shape[2],
+                               stream=stream or None)
+
+
+@_decode_attention_op.register_fake
+def _(q, k, v, out, lse, kv_offsets, kv_pos, q_pos, comm_id, attn_mode, causal, softmax_scale, replicated, stream):
+    return None
+
+
+def decode_attention(comm, q, k, v, kv_offsets, kv_pos, q_pos, *, replicated=True, mode="ship_q", causal=True,
+                     softmax_scale=None, out=None, lse=None, return_lse=False, lse_base="e", lse_layout="th",
+                     stream=None):
+    """A context-parallel decode step (CP paper §3.6): one new query row per
+    sequence, the keys and values of every sequence spread over the ranks
+    (e.g. each step's new KV on attncomm.decode_placement's kv rank,
+    (s + step) % nranks).
+
+    k, v: this rank's KV shard [kv rows, Hkv, D], sequence by sequence;
+    kv_offsets: int32 [num_seqs + 1] (cu_seqlens-style, the same num_seqs
+    on every rank; a rank may hold no key of a sequence); kv_pos: int32
+    [kv rows], the global position of each key.
+
+    replicated=True (an engine that runs the other layers replicated): q is
+    [num_seqs, Hq, D], every sequence's new query, the same on every rank,
+    and q_pos int32 [num_seqs] their positions; every rank gets every
+    sequence's output. Each query is attended once, by the rank that holds
+    it by attnDecodePlacement (s % nranks), over every rank's keys (`mode`,
+    by default ship_q: the query goes to each KV holder, partials come back
+    and merge on arrival); the outputs then reach every rank in one merge
+    all-gather. replicated=False: q holds only this rank's queries, the
+    sequences s with s % nranks == rank in order, and q_pos theirs; out is
+    theirs (one ring call, no gather).
+
+    causal: a key is seen when its position <= the query's. out (q's shape
+    and dtype), lse and the LSE conventions as ring_attention; returns out,
+    or (out, lse) with return_lse (or when lse is given). Layout tensors are
+    host memory, read when the call runs; a kv_offsets, kv_pos or q_pos that
+    disagrees with the tensors' rows is refused on every rank."""
+    _require(mode in MODES, f"mode: one of {', '.join(MODES)}, got {mode!r}")
+    _check_qkv(comm, q, k, v)
+    kv_offsets = _int32_host("kv_offsets", kv_offsets, "")
+    kv_pos = _int32_host("kv_pos", kv_pos, "")
+    q_pos = _int32_host("q_pos", q_pos, "")
+    _require(kv_offsets.numel() >= 1, "kv_offsets: num_seqs + 1 entries are needed, got none")
+    out, raw = _prepare(q, out, lse, lse_base, lse_layout)
+    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    _decode_attention_op(q, k, v, out, raw, kv_offsets, kv_pos, q_pos, _comm_id(comm), MODES[mode], bool(causal),
+                         scale, bool(replicated), _stream_of(q, stream))
+    return _result(out, raw, lse, return_lse, lse_base, lse_layout)
 
 # ---- the engine's own kernel inside the ring -----------------------------------------
 
@@ -421,3 +416,4 @@ def reference_kernel(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, softmax_scal
         out[q0:q1] = torch.einsum("hqk,khd->qhd", p, vs)
         lse[q0:q1] = m.t()
     return out, lse
+

@@ -1,5 +1,5 @@
-// C API of the attention collectives: attnRingAttention and its selector,
-// cost model and kernel hooks.
+// C API of the attention collectives: attnRingAttention and its selector
+// and cost model (the kernel hook is in api_kernel_hook.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,6 +17,9 @@
 #include "src/coll/coll.h"
 #include "src/core/api_call.h"
 #include "src/device/device_route.h"
+#include "src/api/attn_args.h"
+#include "src/attn/device/device_layout.h"
+#include "src/attn/device/device_lse.h"
 #include "src/core/datatype.h"
 #include "src/core/log.h"
 
@@ -37,36 +40,41 @@ attnResult_t ringAttention(attnComm* comm, const void* q, const void* k, const v
   return attnSuccess;
 }
 
-// Device communicator: the layout (host memory) is copied now; the call
-// runs on the communicator's proxy thread when its turn comes on the
-// stream. Every mode runs the CUDA kernels on the device while its blocks
-// move (its device run in src/attn/attn_algorithms.cc's table).
-attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* out, float* lse,
-                             const attnSeqLayout_t& lay, const attnAttnConfig_t& cfg, attnAttnMode_t mode,
-                             attnComm* comm, attnStream_t stream, int64_t qRows, int64_t kvRows) {
 #if ATTN_HAVE_CUDA
-  const std::shared_ptr<const LayoutCopy> lc = copyLayout(lay, qRows, kvRows);
+// Device communicator: the call runs on the communicator's proxy thread
+// when its turn comes on the stream, with the layout captured at the call
+// (device_layout.h: host arrays copied then, device ones read now). Every
+// mode runs the CUDA kernels on the device while its blocks move (its
+// device run in src/attn/attn_algorithms.cc's table).
+attnResult_t enqueueOnDevice(const void* q, const void* k, const void* v, void* out, float* lse,
+                             const DeviceCallLayout& dl, const attnAttnConfig_t& cfg, attnAttnMode_t mode,
+                             attnComm* comm, attnStream_t stream) {
   return deviceEnqueueWork(comm, stream, [=]() -> attnResult_t {
     // Not an ApiCall: attnCommAbort must not wait for the proxy's work (it
     // breaks the engine that work may be blocked on).
     ErrorContext ctx(comm->prefix);
     ATTN_CHECK(checkCommUsable(comm));
     auto t0 = Clock::now();
+    const attnSeqLayout_t* lay = nullptr;
+    int64_t qRows = 0, kvRows = 0;
+    // A bad layout read now fails on every rank, as one refused at the call.
+    if (attnResult_t bad = dl.resolve(comm, &lay, &qRows, &kvRows); bad != attnSuccess)
+      return refuseCallHere(comm, bad, int32_t(attnModeAuto));
     AttnCall c;
     attnAttnMode_t m = mode;
-    ATTN_CHECK(planCall(comm, q, k, v, lc->layout, cfg, &m, &c));
+    ATTN_CHECK(planCall(comm, q, k, v, *lay, cfg, &m, &c));
     const AttnAlgorithm* algo = findAttnAlgorithm(m);
     if (!algo || !algo->device) return setError(attnInternalError, "no device algorithm for mode %d", (int)m);
-    ATTN_CHECK(algo->device(c, DeviceAttnBuffers{out, lse}));
+    DeviceLseOut lseOut;
+    float* natural = nullptr;
+    ATTN_CHECK(lseOut.begin(comm, cfg, lse, c.q.rows, &natural));
+    ATTN_CHECK(algo->device(c, DeviceAttnBuffers{out, natural}));
+    ATTN_CHECK(lseOut.finish());
     recordStats(c, m, t0);
     return attnSuccess;
   });
-#else
-  (void)q, (void)k, (void)v, (void)out, (void)lse, (void)lay, (void)cfg, (void)mode, (void)stream;
-  (void)qRows, (void)kvRows;
-  return setError(attnInternalError, "rank %d: a device communicator in a build without CUDA", comm->rank);
-#endif
 }
+#endif
 
 }  // namespace
 
@@ -80,21 +88,20 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
     ATTN_CHECK(call.finish(call.check()));
     int64_t qRows = 0, kvRows = 0;
     attnResult_t bad = attnSuccess;
+    DeviceCallLayout dl;
     if (stream != nullptr && !deviceRoute(comm))
       bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
     else if (mode != attnModeAuto && !findAttnAlgorithm(mode))
       bad = setError(attnInvalidArgument, "unknown attention mode %d", (int)mode);
     else
-      bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
-    if (bad == attnSuccess && deviceRoute(comm) && !lseIsNatural(attnConfigOf(cfg)))
-      bad = setError(attnNotSupported, "device communicators write the natural, token-major LSE only (cfg.lse_base "
-                                       "and cfg.lse_layout at their defaults)");
+      bad = checkAttnArgs(comm, q, k, v, out, layout, cfg, &qRows, &kvRows, &dl);
     // The peers fail the call too (plan_call.h).
     if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, int32_t(attnModeAuto)));
     attnSeqLayout_t lay = *layout;
     const attnAttnConfig_t c = attnConfigOf(cfg);
-    if (deviceRoute(comm))
-      return call.finish(enqueueOnDevice(q, k, v, out, lse, lay, c, mode, comm, stream, qRows, kvRows));
+#if ATTN_HAVE_CUDA
+    if (deviceRoute(comm)) return call.finish(enqueueOnDevice(q, k, v, out, lse, dl, c, mode, comm, stream));
+#endif
     return call.finish(dispatch(comm, "RingAttention", [=] {
       return ringAttention(comm, q, k, v, out, lse, lay, c, mode);
     }));
@@ -173,18 +180,6 @@ attnResult_t attnCommSetCostModel(attnComm_t comm, const attnCostModel_t* model)
                                   "cost model rates must be positive and comm_interference within [0, 1]"));
     st.override = *model;
     st.modelOverridden = true;
-    return attnSuccess;
-  });
-}
-
-attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn, void* userData) {
-  return guardedEntry([&]() -> attnResult_t {
-    ApiCall call(comm);
-    ATTN_CHECK(call.finish(call.check()));
-    AttnState& st = attnStateOf(comm);
-    st.userKernel = fn;
-    st.userData = userData;
-    st.kernelTflops.clear();  // the new kernel has its own rate
     return attnSuccess;
   });
 }

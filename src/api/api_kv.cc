@@ -391,8 +391,6 @@ extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const i
       a.lse = lse;
       a.hasQPos = q_pos != nullptr;
       local = readAttnConfig(cfg, &a.cfg);
-      if (local == attnSuccess && p.onDevice() && !lseIsNatural(a.cfg))
-        local = setError(attnNotSupported, "device pools write the natural, token-major LSE only");
       if (local == attnSuccess) local = checkKvAttnArgs(p, a);
     }
     // The positions are read now, as the call may run later (stream,

@@ -6,7 +6,9 @@
 // (src/attn/device/level_alltoall_device.cc).
 #include <cmath>
 
+#include "src/api/attn_args.h"
 #include "src/attn/attn_config.h"
+#include "src/attn/device/device_lse.h"
 #include "src/attn/level_alltoall.h"
 #include "src/attn/plan_call.h"
 #include "src/core/api_call.h"
@@ -42,31 +44,34 @@ attnResult_t levelAttention(attnComm* comm, const void* q, const void* k, const 
   return attnSuccess;
 }
 
-// Device communicator: the layout is copied now, the call runs on the
-// proxy when its turn comes on the stream.
-attnResult_t enqueueLevelOnDevice(attnComm* comm, attnStream_t stream, const void* q, const void* k,
-                                  const void* v, void* out, float* lse, const attnSeqLayout_t& lay,
-                                  const attnAttnConfig_t& cfg, const LevelDrop& drop, int64_t qRows,
-                                  int64_t kvRows) {
 #if ATTN_HAVE_CUDA
-  const std::shared_ptr<const LayoutCopy> lc = copyLayout(lay, qRows, kvRows);
+// Device communicator: the call runs on the proxy when its turn comes on
+// the stream, with the layout captured at the call (device_layout.h).
+attnResult_t enqueueLevelOnDevice(attnComm* comm, attnStream_t stream, const void* q, const void* k,
+                                  const void* v, void* out, float* lse, const DeviceCallLayout& dl,
+                                  const attnAttnConfig_t& cfg, const LevelDrop& drop) {
   return deviceEnqueueWork(comm, stream, [=]() -> attnResult_t {
     ErrorContext ctx(comm->prefix);  // not an ApiCall: see attnRingAttention's
     ATTN_CHECK(checkCommUsable(comm));
     auto t0 = Clock::now();
+    const attnSeqLayout_t* lay = nullptr;
+    int64_t qRows = 0, kvRows = 0;
+    // A bad layout read now fails on every rank, as one refused at the call.
+    if (attnResult_t bad = dl.resolve(comm, &lay, &qRows, &kvRows); bad != attnSuccess)
+      return refuseCallHere(comm, bad, kLevelCallMode);
     AttnCall c;
     attnAttnMode_t mode = attnModeAuto;  // not a ring mode: the stats say so
-    ATTN_CHECK(planCall(comm, q, k, v, lc->layout, cfg, &mode, &c, drop.keep));
-    ATTN_CHECK(runLevelAllToAllDevice(c, drop, DeviceAttnBuffers{out, lse}));
+    ATTN_CHECK(planCall(comm, q, k, v, *lay, cfg, &mode, &c, drop.keep));
+    DeviceLseOut lseOut;
+    float* natural = nullptr;
+    ATTN_CHECK(lseOut.begin(comm, cfg, lse, c.q.rows, &natural));
+    ATTN_CHECK(runLevelAllToAllDevice(c, drop, DeviceAttnBuffers{out, natural}));
+    ATTN_CHECK(lseOut.finish());
     recordStats(c, mode, t0);
     return attnSuccess;
   });
-#else
-  (void)stream, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)lay, (void)cfg, (void)drop;
-  (void)qRows, (void)kvRows;
-  return setError(attnInternalError, "rank %d: a device communicator in a build without CUDA", comm->rank);
-#endif
 }
+#endif
 
 }  // namespace
 
@@ -79,12 +84,13 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
     ATTN_CHECK(call.finish(call.check()));
     int64_t qRows = 0, kvRows = 0;
     attnResult_t bad = attnSuccess;
+    DeviceCallLayout dl;
     if (stream != nullptr && !deviceRoute(comm))
       bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
     else
-      bad = checkCallArgs(q, k, v, out, layout, cfg, &qRows, &kvRows);
-    if (bad == attnSuccess && deviceRoute(comm) && !lseIsNatural(attnConfigOf(cfg)))
-      bad = setError(attnNotSupported, "device communicators write the natural, token-major LSE only");
+      bad = checkAttnArgs(comm, q, k, v, out, layout, cfg, &qRows, &kvRows, &dl);
+    // kvRows is -1 for a layout read when the call runs: importance is
+    // needed whenever keys are dropped.
     if (bad == attnSuccess && drop) bad = checkDrop(*drop, kvRows);
     // The peers fail the call too (plan_call.h).
     if (bad != attnSuccess) return call.finish(refuseCall(comm, stream, bad, kLevelCallMode));
@@ -95,8 +101,9 @@ extern "C" attnResult_t attnLevelAttention(const void* q, const void* k, const v
     }
     const attnSeqLayout_t lay = *layout;
     const attnAttnConfig_t c = attnConfigOf(cfg);
-    if (deviceRoute(comm))
-      return call.finish(enqueueLevelOnDevice(comm, stream, q, k, v, out, lse, lay, c, d, qRows, kvRows));
+#if ATTN_HAVE_CUDA
+    if (deviceRoute(comm)) return call.finish(enqueueLevelOnDevice(comm, stream, q, k, v, out, lse, dl, c, d));
+#endif
     return call.finish(dispatch(comm, "LevelAttention", [=] {
       return levelAttention(comm, q, k, v, out, lse, lay, c, d);
     }));

@@ -1,13 +1,15 @@
-// The merges of partial attention results: attnMergeAttnStates (local, on
-// host memory or on a CUDA stream) and the merge collectives
+// The merges of partial attention results: attnMergeAttnStates and
+// attnMergeAttnStatesLse (local, on host memory or on a CUDA stream, LSEs
+// in any convention) and the merge collectives
 // (attnMergeAttnReduceScatter / attnMergeAttnAllGather, src/attn/
 // merge_collective.h).
-#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/merge.h"
 #include "src/api/refuse.h"
+#include "src/attn/attn_config.h"
 #include "src/attn/device/merge_device.h"
 #include "src/attn/merge_collective.h"
 #include "src/core/api_call.h"
@@ -17,22 +19,43 @@ using namespace attn;
 
 static attnResult_t mergeStates(int n, const void* const* outs, const float* const* lses, void* out,
                                 float* lse, int64_t rows, int heads, int head_dim,
-                                attnDataType_t dtype, attnStream_t stream);
+                                attnDataType_t dtype, attnLseBase_t base, attnLseLayout_t layout,
+                                attnStream_t stream);
 
 extern "C" attnResult_t attnMergeAttnStates(int n, const void* const* outs, const float* const* lses,
                                             void* out, float* lse, int64_t rows, int heads,
                                             int head_dim, attnDataType_t dtype, attnStream_t stream) {
   return guardedEntry([&] {
     ErrorContext ctx("-");
-    return mergeStates(n, outs, lses, out, lse, rows, heads, head_dim, dtype, stream);
+    return mergeStates(n, outs, lses, out, lse, rows, heads, head_dim, dtype, attnLseNatural,
+                       attnLseTokenMajor, stream);
   });
 }
 
+extern "C" attnResult_t attnMergeAttnStatesLse(int n, const void* const* outs, const float* const* lses,
+                                               void* out, float* lse, int64_t rows, int heads, int head_dim,
+                                               attnDataType_t dtype, attnLseBase_t lse_base,
+                                               attnLseLayout_t lse_layout, attnStream_t stream) {
+  return guardedEntry([&] {
+    ErrorContext ctx("-");
+    return mergeStates(n, outs, lses, out, lse, rows, heads, head_dim, dtype, lse_base, lse_layout, stream);
+  });
+}
+
+// Every partial is folded into an fp32 accumulator that starts empty
+// (lse -inf), its LSE read in the caller's convention by the merge kernel;
+// the merged LSE is written back in it. So the inputs are read once and
+// out / lse may alias outs[0] / lses[0].
 static attnResult_t mergeStates(int n, const void* const* outs, const float* const* lses, void* out,
                                 float* lse, int64_t rows, int heads, int head_dim,
-                                attnDataType_t dtype, attnStream_t stream) {
+                                attnDataType_t dtype, attnLseBase_t base, attnLseLayout_t layout,
+                                attnStream_t stream) {
   clearThreadLastError();
   ATTN_REQUIRE(n >= 1, "n must be >= 1, got %d", n);
+  ATTN_REQUIRE(base == attnLseNatural || base == attnLseBase2, "lse_base %d is not attnLseNatural or attnLseBase2",
+               int(base));
+  ATTN_REQUIRE(layout == attnLseTokenMajor || layout == attnLseHeadMajor,
+               "lse_layout %d is not attnLseTokenMajor or attnLseHeadMajor", int(layout));
   ATTN_REQUIRE(rows >= 0 && heads >= 1 && head_dim >= 1, "rows, heads, head_dim must be positive");
   ATTN_REQUIRE(cpu::isAttnFloatType(dtype), "dtype must be attnFloat32, attnFloat16 or attnBfloat16");
   ATTN_REQUIRE(outs && lses, "outs and lses must not be NULL");
@@ -45,20 +68,22 @@ static attnResult_t mergeStates(int n, const void* const* outs, const float* con
                "rows %lld x heads %d x head_dim %d is larger than any buffer", (long long)rows, heads, head_dim);
   if (stream != nullptr) {
 #if ATTN_HAVE_CUDA
-    return mergeStatesOnDevice(n, outs, lses, out, lse, rows, heads, head_dim, dtype, stream);
+    return mergeStatesOnDevice(n, outs, lses, out, lse, rows, heads, head_dim, dtype, base, layout, stream);
 #else
     return setError(attnNotSupported, "a merge on a CUDA stream needs a build with CUDA (this one has none)");
 #endif
   }
-  std::vector<float> acc(elems), accLse(r);
-  ATTN_CHECK(cpu::convertToFloat(acc.data(), outs[0], dtype, acc.size()));
-  std::memcpy(accLse.data(), lses[0], r * sizeof(float));
+  std::vector<float> acc(elems), accLse(r, -std::numeric_limits<float>::infinity());
   std::vector<cpu::AttnPartialRef> parts;
-  for (int j = 1; j < n; ++j) parts.push_back({outs[j], dtype, lses[j]});
-  if (!parts.empty())
-    ATTN_CHECK(cpu::mergePartials(acc.data(), accLse.data(), parts.data(), n - 1, r, head_dim));
+  for (int j = 0; j < n; ++j) parts.push_back({outs[j], dtype, lses[j], base, layout, heads});
+  ATTN_CHECK(cpu::mergePartials(acc.data(), accLse.data(), parts.data(), n, r, head_dim));
   ATTN_CHECK(cpu::convertFromFloat(out, dtype, acc.data(), acc.size()));
-  if (lse) std::memcpy(lse, accLse.data(), r * sizeof(float));
+  if (lse) {
+    attnAttnConfig_t conv = ATTN_ATTN_CONFIG_INITIALIZER;
+    conv.lse_base = base;
+    conv.lse_layout = layout;
+    writeLse(conv, accLse.data(), lse, rows, heads);
+  }
   return attnSuccess;
 }
 

@@ -6,9 +6,19 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/merge.h"
+#include "src/core/datatype.h"
 #include "src/core/error.h"
 
 namespace attn {
+
+attnResult_t checkKernelOut(const AttnState& st, attnDataType_t callDtype) {
+  const attnDataType_t t = st.userOutDtype;
+  if (t == attnFloat32 || t == callDtype) return attnSuccess;
+  return setError(attnInvalidArgument,
+                  "the attention kernel set by attnCommSetAttnKernelEx writes out_dtype %s, which is neither "
+                  "float32 nor this call's cfg.dtype %s",
+                  dataTypeName(t), dataTypeName(callDtype));
+}
 
 // The built-in kernel's problem for one (queries, keys) pair of blocks: one
 // segment per sequence, rows of sequence i against keys of sequence i.
@@ -60,13 +70,14 @@ BlockExpect anyCardBlock(const AttnCall& c, int from, bool kv) {
 
 namespace {
 
-attnResult_t callUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs, float* o,
+attnResult_t callUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs, void* o,
                             float* lse) {
+  ATTN_CHECK(checkKernelOut(*c.state, c.cfg.dtype));
   attnAttnKernelArgs_t a;
   a.q = qs.t0;
   a.k = kvs.t0;
   a.v = kvs.t1;
-  a.out = o;
+  a.out = static_cast<float*>(o);  // in out_dtype (attncomm.h)
   a.lse = lse;
   a.num_seqs = c.numSeqs;
   a.q_offsets = qs.offsets;
@@ -74,9 +85,25 @@ attnResult_t callUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef&
   a.kv_offsets = kvs.offsets;
   a.kv_pos = kvs.pos;
   a.cfg = &c.cfg;
+  a.out_dtype = c.state->userOutDtype;
+  a.lse_base = c.state->userLseBase;
+  a.lse_layout = c.state->userLseLayout;
   attnResult_t r = c.state->userKernel(&a, c.state->userData, nullptr);
   if (r != attnSuccess) return setError(r, "the attention kernel set by attnCommSetAttnKernel failed");
   return attnSuccess;
+}
+
+// The kernel's partial of qs over kvs folded into (o, lse) as the kernel
+// wrote it: the merge reads its dtype and LSE convention (no fp32 round trip).
+attnResult_t foldUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs, float* o, float* lse) {
+  const AttnState& st = *c.state;
+  const size_t rows = static_cast<size_t>(qs.rows) * c.cfg.num_q_heads;
+  const size_t oBytes = rows * c.cfg.head_dim * dataTypeSize(st.userOutDtype);
+  std::vector<float> po((oBytes + sizeof(float) - 1) / sizeof(float)), pl(rows);
+  ATTN_CHECK(callUserKernel(c, qs, kvs, po.data(), pl.data()));
+  const cpu::AttnPartialRef ref{po.data(), st.userOutDtype, pl.data(), st.userLseBase, st.userLseLayout,
+                                c.cfg.num_q_heads};
+  return cpu::foldPartial(o, lse, ref, rows, c.cfg.head_dim);
 }
 
 }  // namespace
@@ -87,8 +114,12 @@ attnResult_t AttnCall::partial(const RowsRef& qs, const RowsRef& kvs, float* o, 
   if (state->skipCompute) {
     cpu::initAccumulator(o, lse, qs.rows, cfg.num_q_heads, cfg.head_dim);
     r = attnSuccess;
-  } else if (state->userKernel) {
+  } else if (state->userKernel && state->kernelWritesAccumulatorForm()) {
     r = callUserKernel(*this, qs, kvs, o, lse);
+  } else if (state->userKernel) {
+    // A native partial becomes the fp32 one by folding into an empty one.
+    cpu::initAccumulator(o, lse, qs.rows, cfg.num_q_heads, cfg.head_dim);
+    r = foldUserKernel(*this, qs, kvs, o, lse);
   } else {
     std::vector<cpu::AttnSegment> segs;
     cpu::AttnExec ex;
@@ -103,13 +134,8 @@ attnResult_t AttnCall::partial(const RowsRef& qs, const RowsRef& kvs, float* o, 
 attnResult_t AttnCall::accumulate(const RowsRef& qs, const RowsRef& kvs, float* o, float* lse) {
   if (kvs.rows == 0 || qs.rows == 0 || state->skipCompute) return attnSuccess;
   if (state->userKernel) {
-    std::vector<float> po(static_cast<size_t>(qs.rows) * cfg.num_q_heads * cfg.head_dim);
-    std::vector<float> pl(static_cast<size_t>(qs.rows) * cfg.num_q_heads);
-    ATTN_CHECK(partial(qs, kvs, po.data(), pl.data()));
     auto t0 = Clock::now();
-    cpu::AttnPartialRef ref{po.data(), attnFloat32, pl.data()};
-    attnResult_t r = cpu::foldPartial(o, lse, ref, static_cast<size_t>(qs.rows) * cfg.num_q_heads,
-                                      cfg.head_dim);
+    attnResult_t r = foldUserKernel(*this, qs, kvs, o, lse);
     stats.computeUs += usSince(t0);
     return r;
   }

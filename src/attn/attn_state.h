@@ -24,8 +24,18 @@ struct AttnCallStats {
 };
 
 struct AttnState {
+  // The engine's kernel (attnCommSetAttnKernel[Ex]) and what its partial
+  // is: the dtype of out, the convention of lse (folded as they are).
   attnAttnKernelFn userKernel = nullptr;
   void* userData = nullptr;
+  attnDataType_t userOutDtype = attnFloat32;
+  attnLseBase_t userLseBase = attnLseNatural;
+  attnLseLayout_t userLseLayout = attnLseTokenMajor;
+  // Whether that kernel writes what the accumulators hold (fp32, natural,
+  // token-major), so its partial may land in one directly.
+  bool kernelWritesAccumulatorForm() const {
+    return userOutDtype == attnFloat32 && userLseBase == attnLseNatural && userLseLayout == attnLseTokenMajor;
+  }
   // Rates by (dtype, head_dim) of the kernel; link rates once.
   bool haveLink = false;
   double linkGBps = 0, linkLatencyUs = 0, interference = 0;
@@ -49,5 +59,9 @@ struct AttnState {
 };
 
 AttnState& attnStateOf(struct ::attnComm* comm);
+
+// The engine's kernel writes 16-bit partials only in the call's own dtype:
+// else attnInvalidArgument naming both (attn_call.cc), before it runs.
+attnResult_t checkKernelOut(const AttnState& st, attnDataType_t callDtype);
 
 }  // namespace attn

@@ -262,20 +262,31 @@ attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&
   return attnSuccess;
 }
 
-attnResult_t checkCallArgs(const void* q, const void* k, const void* v, const void* out,
-                           const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
-                           int64_t* qRows, int64_t* kvRows) {
+attnResult_t checkCallShape(const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg) {
   ATTN_CHECK(checkConfig(cfg));
   ATTN_REQUIRE(layout != nullptr, "layout is NULL");
   ATTN_REQUIRE(layout->num_seqs >= 0, "layout.num_seqs %d < 0", layout->num_seqs);
-  ATTN_CHECK(checkOffsets("q_offsets", layout->num_seqs, layout->q_offsets, qRows));
-  ATTN_CHECK(checkOffsets("kv_offsets", layout->num_seqs, layout->kv_offsets, kvRows));
+  return attnSuccess;
+}
+
+attnResult_t checkLayoutRows(const void* q, const void* k, const void* v, const void* out,
+                             const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg, int64_t* qRows,
+                             int64_t* kvRows) {
+  ATTN_CHECK(checkOffsets("q_offsets", layout.num_seqs, layout.q_offsets, qRows));
+  ATTN_CHECK(checkOffsets("kv_offsets", layout.num_seqs, layout.kv_offsets, kvRows));
   ATTN_REQUIRE(*qRows == 0 || (q && out), "q or out is NULL with %lld query rows", (long long)*qRows);
   ATTN_REQUIRE(*kvRows == 0 || (k && v), "k or v is NULL with %lld key rows", (long long)*kvRows);
-  ATTN_REQUIRE(!cfg->causal || ((*qRows == 0 || layout->q_pos) && (*kvRows == 0 || layout->kv_pos)),
+  ATTN_REQUIRE(!cfg.causal || ((*qRows == 0 || layout.q_pos) && (*kvRows == 0 || layout.kv_pos)),
                "causal attention needs layout.q_pos and layout.kv_pos");
   ATTN_REQUIRE(*qRows <= INT32_MAX && *kvRows <= INT32_MAX, "more than 2^31 rows on one rank");
   return attnSuccess;
+}
+
+attnResult_t checkCallArgs(const void* q, const void* k, const void* v, const void* out,
+                           const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
+                           int64_t* qRows, int64_t* kvRows) {
+  ATTN_CHECK(checkCallShape(layout, cfg));
+  return checkLayoutRows(q, k, v, out, *layout, *cfg, qRows, kvRows);
 }
 
 void recordStats(AttnCall& c, attnAttnMode_t mode, Clock::time_point t0) {

@@ -75,7 +75,14 @@ attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&
                          void* out, float* lse);
 
 // The checks every attention call makes on its pointers and layout before
-// anything moves: *qRows / *kvRows are this rank's row counts.
+// anything moves: *qRows / *kvRows are this rank's row counts. In two
+// halves for a device layout read when the call runs
+// (src/attn/device/device_layout.h): the shape reads no layout array, the
+// rows read them all (host copies).
+attnResult_t checkCallShape(const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg);
+attnResult_t checkLayoutRows(const void* q, const void* k, const void* v, const void* out,
+                             const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg, int64_t* qRows,
+                             int64_t* kvRows);
 attnResult_t checkCallArgs(const void* q, const void* k, const void* v, const void* out,
                            const attnSeqLayout_t* layout, const attnAttnConfig_t* cfg,
                            int64_t* qRows, int64_t* kvRows);

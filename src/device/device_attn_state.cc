@@ -14,7 +14,7 @@ DeviceAttnState::~DeviceAttnState() {
   // Freed stream-ordered (device_buffer.h), then that stream is drained:
   // no device-wide wait while other ranks may share the GPU.
   if (compute) {
-    for (DeviceBuffer* b : {&block[0], &block[1], &acc, &part, &visit, &meta}) b->reset(compute);
+    for (DeviceBuffer* b : {&block[0], &block[1], &acc, &part, &visit, &meta, &lseOut}) b->reset(compute);
     (void)cudaStreamSynchronize(compute);
   }
   for (cudaEvent_t e : {blockReady[0], blockReady[1], kernelDone[0], kernelDone[1], ownOnHost, finished})

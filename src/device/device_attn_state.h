@@ -37,6 +37,7 @@ struct DeviceAttnState {
   DeviceBuffer part;        // a user kernel's partial (O then LSE)
   DeviceBuffer visit;       // pass-Q, ship-Q: a partial on its way out or in
   DeviceBuffer meta;        // the call's offsets and positions, every launch's segments
+  DeviceBuffer lseOut;      // the natural LSE of a call whose config asks for another (device_lse.h)
   PinnedArena hostBlock[2]; // the same blocks on the host, sent and received
   PinnedArena metaStage;    // what `meta` is uploaded from
   PinnedArena hostOut;      // pass-Q, ship-Q: what goes to peers (query block, partials)

@@ -253,4 +253,21 @@ attnResult_t convertFromFloat(void* dst, attnDataType_t type, const float* src, 
                 [=] { return cpu::convertFromFloat(dst, type, src, count); });
 }
 
+attnResult_t writeLse(float* dst, const float* natural, int64_t rows, int heads, bool base2, bool head_major,
+                      cudaStream_t stream) {
+  if (rows == 0 || heads == 0) return attnSuccess;
+  ATTN_REQUIRE(dst && natural, "cuda writeLse: null pointer");
+  ATTN_REQUIRE(rows > 0 && heads > 0, "cuda writeLse: %lld rows, %d heads", (long long)rows, heads);
+  ATTN_REQUIRE(!head_major || dst != natural, "cuda writeLse: head-major needs distinct buffers");
+  const size_t n = size_t(rows) * size_t(heads);
+  return launch("writeLse", stream, {{dst, n * 4, "dst"}, {natural, n * 4, "natural"}}, [=] {
+    const float scale = base2 ? 1.4426950408889634f : 1.0f;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t r = i / size_t(heads), h = i % size_t(heads);
+      dst[head_major ? h * size_t(rows) + r : i] = natural[i] * scale;
+    }
+    return attnSuccess;
+  });
+}
+
 }  // namespace attn::cuda

@@ -130,6 +130,70 @@ class RingAttentionOnOneGpu(unittest.TestCase):
                         c.destroy()
 
 
+class CudaGraphDecode(unittest.TestCase):
+    def test_one_captured_graph_serves_every_decode_step(self):
+        """attncomm.torch.ring_attention captured once by torch.cuda.graph,
+        its layout in CUDA tensors: each replay, after the engine appended a
+        key and advanced the query, equals flash attention over that step's
+        keys (a layout read at the capture would replay step 0's)."""
+        import attncomm.torch as act
+        n, hq, hkv, d, cap, start, steps = 2, 8, 2, 128, 256, 200, 4
+        dt = torch.bfloat16
+        g = torch.Generator(device="cuda").manual_seed(5)
+        total = start + steps
+        q_all = torch.rand(total, hq, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+        k_all = torch.rand(total, hkv, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+        v_all = torch.rand(total, hkv, d, device="cuda", dtype=dt, generator=g) * 2 - 1
+        torch.cuda.synchronize()
+        comms = ac.Comm.init_all(n, devices=[0] * n)
+
+        def body(r, c, stream):
+            # Keys round-robin (position p on rank p % n); rank 0 holds the query.
+            k = torch.zeros(cap, hkv, d, dtype=dt, device="cuda")
+            v = torch.zeros(cap, hkv, d, dtype=dt, device="cuda")
+            kv_pos = torch.zeros(cap, dtype=torch.int32, device="cuda")
+            kv_off = torch.zeros(2, dtype=torch.int32, device="cuda")
+            q_rows = 1 if r == 0 else 0
+            q = torch.zeros(q_rows, hq, d, dtype=dt, device="cuda")
+            q_pos = torch.zeros(q_rows, dtype=torch.int32, device="cuda")
+            q_off = torch.tensor([0, q_rows], dtype=torch.int32, device="cuda")
+            out = torch.zeros_like(q)
+            lse = torch.zeros(q_rows, hq, device="cuda")
+            layout = act.SeqLayout(q_off, q_pos, kv_off, kv_pos)
+
+            def fill(step):
+                mine = torch.arange(r, start + step + 1, n, device="cuda")
+                k[:len(mine)] = k_all[mine]
+                v[:len(mine)] = v_all[mine]
+                kv_pos[:len(mine)] = mine.int()
+                kv_off[1] = len(mine)
+                if r == 0:
+                    q.copy_(q_all[start + step:start + step + 1])
+                    q_pos.fill_(start + step)
+
+            fill(0)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                act.ring_attention(c, q, k, v, layout, mode="ship_q", out=out, lse=lse)
+            for step in range(steps):
+                fill(step)
+                graph.replay()
+                settle(c, stream)
+                if r != 0:
+                    continue
+                keys = start + step + 1
+                ref_out, ref_lse = flash_reference(q_all[keys - 1:keys], k_all[:keys], v_all[:keys], False)
+                o, le = errors(out, lse, ref_out, ref_lse)
+                self.assertLess(o, 2e-2, f"step {step}: out")
+                self.assertLess(le, 1e-2, f"step {step}: lse")
+
+        try:
+            on_ranks(comms, body)
+        finally:
+            for c in comms:
+                c.destroy()
+
+
 class DeviceCollectives(unittest.TestCase):
     def test_collectives_on_cuda_tensors(self):
         n = 3

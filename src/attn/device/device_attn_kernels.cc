@@ -119,8 +119,12 @@ attnResult_t DeviceKernels::reserve(const std::vector<RowsRef>& resident, int la
   ATTN_CHECK(R_.prepare(2 * static_cast<size_t>(launches)));
   ATTN_CHECK(R_.metaStage.reserve(total));
   ATTN_CHECK(R_.meta.reserve(total, R_.compute));
-  if (c_.state->userKernel && !c_.state->skipCompute && c_.q.rows > 0) {
-    const size_t headRows = static_cast<size_t>(c_.q.rows) * c_.cfg.num_q_heads;
+  // A user kernel's partial: the call's own query rows, or a visitor's
+  // (pass-Q, ship-Q), in fp32 or the kernel's own dtype.
+  partRows_ = c_.q.rows;
+  for (int64_t r : c_.qRowsOf) partRows_ = std::max<int64_t>(partRows_, r);
+  if (c_.state->userKernel && !c_.state->skipCompute && partRows_ > 0) {
+    const size_t headRows = static_cast<size_t>(partRows_) * c_.cfg.num_q_heads;
     const size_t lseAt = alignUp(headRows * c_.cfg.head_dim * sizeof(float), 256);
     ATTN_CHECK(R_.part.reserve(lseAt + headRows * sizeof(float), R_.compute));
     partO_ = reinterpret_cast<float*>(R_.part.get());
@@ -198,26 +202,37 @@ attnResult_t DeviceKernels::builtIn(int slot, const DeviceRows& qs, const Device
 
 attnResult_t DeviceKernels::userKernel(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse,
                                        bool fold) {
-  if (fold && (!partO_ || qs.rows > c_.q.rows))
-    return setError(attnInternalError, "device attention: %d query rows to fold, room for %d", qs.rows,
-                    c_.q.rows);
+  const AttnState& st = *c_.state;
+  // Straight into (o, lse) when the kernel writes what they hold; else into
+  // R.part, folded from there as the kernel wrote it (no fp32 round trip).
+  const bool direct = !fold && st.kernelWritesAccumulatorForm();
+  if (!direct && (!partO_ || qs.rows > partRows_))
+    return setError(attnInternalError, "device attention: %d query rows to fold, room for %lld", qs.rows,
+                    (long long)partRows_);
+  ATTN_CHECK(checkKernelOut(st, c_.cfg.dtype));
   attnAttnKernelArgs_t a;
   a.q = qs.t0;
   a.k = kvs.t0;
   a.v = kvs.t1;
-  a.out = fold ? partO_ : o;
-  a.lse = fold ? partLse_ : lse;
+  a.out = direct ? o : partO_;  // in out_dtype (attncomm.h)
+  a.lse = direct ? lse : partLse_;
   a.num_seqs = c_.numSeqs;
   a.q_offsets = qs.devOffsets;
   a.q_pos = qs.devPos;
   a.kv_offsets = kvs.devOffsets;
   a.kv_pos = kvs.devPos;
   a.cfg = &c_.cfg;
-  attnResult_t r = c_.state->userKernel(&a, c_.state->userData, reinterpret_cast<attnStream_t>(R_.compute));
+  a.out_dtype = st.userOutDtype;
+  a.lse_base = st.userLseBase;
+  a.lse_layout = st.userLseLayout;
+  attnResult_t r = st.userKernel(&a, st.userData, reinterpret_cast<attnStream_t>(R_.compute));
   if (r != attnSuccess)
     return setError(r, "the attention kernel set by attnCommSetAttnKernel failed (on the device)");
-  if (!fold) return attnSuccess;
-  const cpu::AttnPartialRef part{partO_, attnFloat32, partLse_};
+  if (direct) return attnSuccess;
+  // A fresh partial is the fold of the kernel's into an empty one.
+  if (!fold) ATTN_CHECK(cuda::initAccumulator(o, lse, qs.rows, c_.cfg.num_q_heads, c_.cfg.head_dim, R_.compute));
+  const cpu::AttnPartialRef part{partO_, st.userOutDtype, partLse_, st.userLseBase, st.userLseLayout,
+                                 c_.cfg.num_q_heads};
   return cuda::foldPartial(o, lse, part, static_cast<size_t>(qs.rows) * c_.cfg.num_q_heads,
                            c_.cfg.head_dim, R_.compute);
 }

@@ -139,8 +139,11 @@ class DeviceKernels {
   size_t fixedBytes_ = 0, segAt_ = 0, segBytes_ = 0;
   int launches_ = 0, used_ = 0;
   std::vector<bool> timed_;  // launch i has timing events 2i, 2i+1 recorded
-  float* partO_ = nullptr;  // a user kernel's partial when folding
+  // A user kernel's partial when folding it, or when it writes another
+  // dtype or LSE convention than the accumulators': room for partRows_ rows.
+  float* partO_ = nullptr;
   float* partLse_ = nullptr;
+  int64_t partRows_ = 0;
 };
 
 // The first thing a device algorithm does with its kernels, after growing

@@ -22,6 +22,7 @@
 #include <functional>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "src/attn/attn_config.h"
 #include "src/core/comm.h"
 #include "src/core/datatype.h"
 #include "src/device/cuda_check.h"
@@ -235,9 +236,12 @@ class DeviceKvAttnCompute : public KvAttnCompute {
     const int64_t rows = a_.rows();
     if (rows > 0) {
       ATTN_CHECK(cuda::convertFromFloat(a_.out, a_.cfg.dtype, accO_, size_t(rows) * hq_ * d_, s_));
-      if (a_.lse)
+      if (a_.lse && lseIsNatural(a_.cfg))
         ATTN_CUDA_CHECK(cudaMemcpyAsync(a_.lse, accL_, size_t(rows) * hq_ * sizeof(float), cudaMemcpyDeviceToDevice,
                                         s_));
+      else if (a_.lse)  // the config's convention (kernels/cuda/lse.cu)
+        ATTN_CHECK(cuda::writeLse(a_.lse, accL_, rows, hq_, a_.cfg.lse_base == attnLseBase2,
+                                  a_.cfg.lse_layout == attnLseHeadMajor, s_));
     }
     ATTN_CUDA_CHECK(cudaStreamSynchronize(s_));
     return attnSuccess;

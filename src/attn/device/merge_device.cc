@@ -35,7 +35,8 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
 attnResult_t mergeStatesOnDevice(int n, const void* const* outs, const float* const* lses, void* out, float* lse,
-                                 int64_t rows, int heads, int headDim, attnDataType_t dtype, attnStream_t stream) {
+                                 int64_t rows, int heads, int headDim, attnDataType_t dtype, attnLseBase_t base,
+                                 attnLseLayout_t layout, attnStream_t stream) {
   int device = -1, other = -1;
   ATTN_CHECK(deviceOf(out, "out", &device));
   for (int j = 0; j < n; ++j) {
@@ -53,18 +54,21 @@ attnResult_t mergeStatesOnDevice(int n, const void* const* outs, const float* co
                                                                          cells * sizeof(float), s));
   float* acc = reinterpret_cast<float*>(scratch);
   float* accLse = reinterpret_cast<float*>(scratch + align256(elems * sizeof(float)));
-  attnResult_t r = cuda::convertToFloat(acc, outs[0], dtype, elems, s);
-  if (r == attnSuccess && cudaMemcpyAsync(accLse, lses[0], cells * sizeof(float), cudaMemcpyDeviceToDevice, s) !=
-                              cudaSuccess)
-    r = setError(attnUnhandledCudaError, "merge: copying lses[0] failed");
+  // Every partial folds into an empty accumulator, its LSE read in the
+  // caller's convention by the merge kernel (no conversion pass).
+  attnResult_t r = cuda::initAccumulator(acc, accLse, rows, heads, headDim, s);
   std::vector<cpu::AttnPartialRef> parts;
-  for (int j = 1; j < n; ++j) parts.push_back({outs[j], dtype, lses[j]});
-  if (r == attnSuccess && !parts.empty())
-    r = cuda::mergePartials(acc, accLse, parts.data(), n - 1, cells, headDim, s);
+  for (int j = 0; j < n; ++j) parts.push_back({outs[j], dtype, lses[j], base, layout, heads});
+  if (r == attnSuccess) r = cuda::mergePartials(acc, accLse, parts.data(), n, cells, headDim, s);
   if (r == attnSuccess) r = cuda::convertFromFloat(out, dtype, acc, elems, s);
-  if (r == attnSuccess && lse &&
-      cudaMemcpyAsync(lse, accLse, cells * sizeof(float), cudaMemcpyDeviceToDevice, s) != cudaSuccess)
-    r = setError(attnUnhandledCudaError, "merge: copying the merged lse failed");
+  if (r == attnSuccess && lse) {
+    if (base == attnLseNatural && layout == attnLseTokenMajor) {
+      if (cudaMemcpyAsync(lse, accLse, cells * sizeof(float), cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+        r = setError(attnUnhandledCudaError, "merge: copying the merged lse failed");
+    } else {
+      r = cuda::writeLse(lse, accLse, rows, heads, base == attnLseBase2, layout == attnLseHeadMajor, s);
+    }
+  }
   (void)cudaFreeAsync(scratch, s);
   return r;
 }

@@ -14,10 +14,11 @@ struct attnComm;
 namespace attn {
 
 #if ATTN_HAVE_CUDA
-// attnMergeAttnStates' contract on device (or managed) memory, enqueued on
-// `stream`; the caller's thread does not wait.
+// attnMergeAttnStatesLse's contract on device (or managed) memory, enqueued
+// on `stream`; the caller's thread does not wait.
 attnResult_t mergeStatesOnDevice(int n, const void* const* outs, const float* const* lses, void* out, float* lse,
-                                 int64_t rows, int heads, int headDim, attnDataType_t dtype, attnStream_t stream);
+                                 int64_t rows, int heads, int headDim, attnDataType_t dtype, attnLseBase_t base,
+                                 attnLseLayout_t layout, attnStream_t stream);
 // A merge collective on a device communicator, ordered on `stream` (run by
 // its proxy thread: the partial staged to pinned host memory, merged on
 // receive there, the result copied back).
