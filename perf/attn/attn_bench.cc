@@ -233,22 +233,62 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     return 1;
   }
 
-  SeqDevice seqDevice(dev, o.processes);  // --modes seq with --device
-  // One call of `mode`; its compute time in *computeUs, AUTO's pick in *chose.
-  auto once = [&](int mode, double* computeUs, int* chose) -> bool {
-    if (mode < 0 && dev.onDevice()) return seqDevice.once(comm, b, s, dq, dk, dv, dout, dlse, computeUs);
-    if (mode < 0) {
-      if (!sequentialOnce(comm, b, s, q.data(), k.data(), v.data(), accO.data(), lse.data(), computeUs))
-        return false;
-      return attn::cpu::convertFromFloat(out.data(), b.cfg.dtype, accO.data(), accO.size()) == attnSuccess;
+  // --layers: a model's worth of layers, each with its own copy of the KV
+  // (distinct memory, as a decode step reads it); layer 0 is the tensors
+  // above. Queries and outputs are shared: a layer's are made just before.
+  const int layers = std::max(1, o.layers);
+  std::vector<std::vector<char>> kCopy(size_t(layers - 1), k), vCopy(size_t(layers - 1), v);
+  std::vector<void*> dks{dk}, dvs{dv};
+  std::vector<const char*> hks{k.data()}, hvs{v.data()};
+  for (int l = 1; l < layers; ++l) {
+    void* lk = dev.place(kCopy[size_t(l - 1)].data(), k.size());
+    void* lv = dev.place(vCopy[size_t(l - 1)].data(), v.size());
+    if (!lk || !lv || !dev.upload(lk, k.data(), k.size()) || !dev.upload(lv, v.data(), v.size())) {
+      fprintf(stderr, "runModes: could not place layer %d's tensors\n", l);
+      return 1;
     }
-    if (!ok(attnRingAttention(dq, dk, dv, dout, dlse, &s.layout, &b.cfg, static_cast<attnAttnMode_t>(mode),
-                              comm, dev.stream()),
-            comm, "attnRingAttention") ||
-        !dev.finish(comm, "attnRingAttention"))
-      return false;
-    *computeUs = st.last.computeUs;
-    *chose = st.last.mode;
+    dks.push_back(lk);
+    dvs.push_back(lv);
+    hks.push_back(kCopy[size_t(l - 1)].data());
+    hvs.push_back(vCopy[size_t(l - 1)].data());
+  }
+
+  SeqDevice seqDevice(dev, o.processes);  // --modes seq with --device
+  // One step of `mode` (a call per layer, enqueued back to back, then
+  // waited for); its compute time in *computeUs, AUTO's pick in *chose,
+  // the library's stages summed over the layers in *sum.
+  auto once = [&](int mode, double* computeUs, int* chose, attn::AttnCallStats* sum) -> bool {
+    *computeUs = 0;
+    *sum = attn::AttnCallStats{};
+    for (int l = 0; l < layers; ++l) {
+      double cu = 0;
+      if (mode < 0 && dev.onDevice()) {
+        if (!seqDevice.once(comm, b, s, dq, dks[size_t(l)], dvs[size_t(l)], dout, dlse, &cu)) return false;
+      } else if (mode < 0) {
+        if (!sequentialOnce(comm, b, s, q.data(), hks[size_t(l)], hvs[size_t(l)], accO.data(), lse.data(), &cu) ||
+            attn::cpu::convertFromFloat(out.data(), b.cfg.dtype, accO.data(), accO.size()) != attnSuccess)
+          return false;
+      } else {
+        if (!ok(attnRingAttention(dq, dks[size_t(l)], dvs[size_t(l)], dout, dlse, &s.layout, &b.cfg,
+                                  static_cast<attnAttnMode_t>(mode), comm, dev.stream()),
+                comm, "attnRingAttention"))
+          return false;
+        // Host calls have run; device ones are queued, and the proxy's
+        // figures of the last are read once the stream is idle.
+        if (!dev.onDevice() || l == layers - 1) {
+          if (l == layers - 1 && !dev.finish(comm, "attnRingAttention")) return false;
+          const attn::AttnCallStats& x = st.last;
+          cu = dev.onDevice() ? x.computeUs * layers : x.computeUs;
+          *chose = x.mode;
+          sum->totalUs += dev.onDevice() ? x.totalUs * layers : x.totalUs;
+          for (auto [to, from] : {std::pair{&sum->planUs, x.planUs}, {&sum->setupUs, x.setupUs},
+                                  {&sum->waitUs, x.waitUs}, {&sum->outputUs, x.outputUs}})
+            *to += dev.onDevice() ? from * layers : from;
+          sum->computeUs += cu;
+        }
+      }
+      *computeUs += cu;
+    }
     return true;
   };
   // Iterations are the outer loop and modes the inner one, so background
@@ -259,14 +299,19 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
   // overlap stays within [0, 1].
   const size_t m = modes.size();
   std::vector<std::vector<double>> t(m), c(m), tc(m);
+  // --breakdown: this rank's call by stage, per iteration (kStageNames).
+  static const char* const kStageNames[] = {"outside", "plan", "setup", "kernel", "wait", "output", "rest"};
+  constexpr size_t kStages = sizeof(kStageNames) / sizeof(kStageNames[0]);
+  std::vector<std::vector<std::vector<double>>> stage(m, std::vector<std::vector<double>>(kStages));
   std::vector<int> chose(m, -1);
+  attn::AttnCallStats last, ignoredStats;
   auto call = [&](size_t j, bool commOnly, double* us, double* cu) -> bool {
     if (!ok(attnBarrier(comm, dev.stream()), comm, "attnBarrier") || !dev.finish(comm, "attnBarrier"))
       return false;
     int ignored = -1;
     st.skipCompute = commOnly;
     const double t0 = nowUs();
-    const bool good = once(modes[j], cu, commOnly ? &ignored : &chose[j]);
+    const bool good = once(modes[j], cu, commOnly ? &ignored : &chose[j], commOnly ? &ignoredStats : &last);
     *us = nowUs() - t0;
     st.skipCompute = false;
     return good;
@@ -277,6 +322,12 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
       if (!call(j, false, &us, &cu)) return 1;
       if (modes[j] >= 0 && !call(j, true, &commUs, &ignored)) return 1;
       if (i < o.warmup) continue;
+      if (o.breakdown && modes[j] >= 0) {
+        const attn::AttnCallStats& x = last;
+        const double parts[kStages] = {us - x.totalUs, x.planUs, x.setupUs, x.computeUs, x.waitUs, x.outputUs,
+                                       x.totalUs - x.planUs - x.setupUs - x.computeUs - x.waitUs - x.outputUs};
+        for (size_t k = 0; k < kStages; ++k) stage[j][k].push_back(parts[k]);
+      }
       t[j].push_back(us);
       c[j].push_back(std::min(cu, us));
       tc[j].push_back(std::min(commUs, us));
@@ -295,10 +346,13 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     // The baseline's communication is its all-gather: time minus compute.
     r.commUs = modes[j] >= 0 ? median(tc[j]) : r.timeUs - r.computeUs;
     r.overlap = r.timeUs > 0 ? std::max(r.computeUs, r.commUs) / r.timeUs : 0;
+    if (!stage[j][0].empty())
+      for (size_t k = 0; k < kStages; ++k) r.stages.emplace_back(kStageNames[k], median(stage[j][k]));
     if (o.check) {
       double cu;
       int ch;
-      if (!once(modes[j], &cu, &ch) || !dev.download(out.data(), dout, out.size()) ||
+      attn::AttnCallStats unused;
+      if (!once(modes[j], &cu, &ch, &unused) || !dev.download(out.data(), dout, out.size()) ||
           !dev.download(lse.data(), dlse, sizeof(float) * lse.size()))
         return 1;
       if (!checkAgainstReference(comm, dev, b, s, q.data(), out.data(), lse.data(), &r.maxErr, &r.lseErr))
@@ -319,6 +373,11 @@ void printRow(int64_t T, int64_t P, int B, const ModeResult& r) {
   printf("  %8" PRId64 " %8" PRId64 " %3d %7.2f %-10s %-8s %10.3f %10.3f %10.3f %7.2f %10s\n", T, P, B,
          T + P ? 100.0 * T / (T + P) : 0.0, r.mode.c_str(), r.autoChose.empty() ? "-" : r.autoChose.c_str(),
          r.timeUs / 1e3, r.computeUs / 1e3, r.commUs / 1e3, r.overlap, err);
+  if (!r.stages.empty()) {
+    printf("#   %s, rank 0's step (median us):", r.mode.c_str());
+    for (const auto& [name, us] : r.stages) printf(" %s %.1f", name.c_str(), us);
+    printf("\n");
+  }
   fflush(stdout);
 }
 

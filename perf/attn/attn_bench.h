@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attncomm.h"
@@ -42,6 +43,8 @@ struct ModeResult {
   double overlap = 0;      // max(compute, comm) / time
   double maxErr = -1;      // relative to the row's largest |O|; -1 unchecked
   double lseErr = -1;
+  // --breakdown: rank 0's call by stage, (name, median us), in order.
+  std::vector<std::pair<std::string, double>> stages;
 };
 
 struct RunOptions {
@@ -50,6 +53,8 @@ struct RunOptions {
   int device = ATTN_DEVICE_HOST;  // --device: tensors on this CUDA device
   bool processes = false;         // ranks are processes (--procs, or launched externally)
   int average = 3;                // -a: 0 rank 0, 1 mean, 2 min, 3 max over ranks
+  bool breakdown = false;         // --breakdown: ModeResult::stages
+  int layers = 1;                 // --layers: calls per timed step, each layer with its own KV
 };
 
 // Runs every mode of `modes` (attnModeAuto.. or -1 for the

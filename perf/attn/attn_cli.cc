@@ -16,7 +16,7 @@ namespace {
 // Long options without a short letter (values above any char).
 enum : int {
   kProcs = 256, kMiss, kBatches, kKvHeads, kHeadDim, kCausal, kModes, kDevice, kPlot,
-  kBlockTokens, kLend, kRequests,
+  kBlockTokens, kLend, kRequests, kBreakdown, kLayers,
 };
 
 // Bit per program, for the options only some binaries take.
@@ -28,7 +28,7 @@ unsigned programsOf(int c) {
   switch (c) {
     case kMiss: return bit(AttnProgram::Ring);
     case kBatches: return bit(AttnProgram::Decode);
-    case kModes: return bit(AttnProgram::Ring) | bit(AttnProgram::Decode);
+    case kModes: case kBreakdown: case kLayers: return bit(AttnProgram::Ring) | bit(AttnProgram::Decode);
     case 'B': return bit(AttnProgram::Ring) | bit(AttnProgram::Level);
     case 'k': return bit(AttnProgram::Level);
     case kCausal: return kAll & ~bit(AttnProgram::Kv);  // kv: the query is the last token
@@ -50,7 +50,9 @@ const option kLong[] = {
     {"causal", required_argument, nullptr, kCausal}, {"modes", required_argument, nullptr, kModes},
     {"device", required_argument, nullptr, kDevice}, {"plot", required_argument, nullptr, kPlot},
     {"block-tokens", required_argument, nullptr, kBlockTokens}, {"lend", required_argument, nullptr, kLend},
-    {"requests", required_argument, nullptr, kRequests}, {nullptr, 0, nullptr, 0},
+    {"requests", required_argument, nullptr, kRequests}, {"breakdown", no_argument, nullptr, kBreakdown},
+    {"layers", required_argument, nullptr, kLayers},
+    {nullptr, 0, nullptr, 0},
 };
 
 // nccl-tests' letters these binaries do not take, and why (with the new
@@ -102,10 +104,12 @@ void usage(AttnProgram p) {
           prog);
   switch (p) {
     case AttnProgram::Ring:
-      fprintf(stderr, "          [--miss 1,0.1,0.01] [-B|--seqs N] [--causal 0|1] [--modes LIST]\n");
+      fprintf(stderr, "          [--miss 1,0.1,0.01] [-B|--seqs N] [--causal 0|1] [--modes LIST] [--breakdown]\n"
+                      "          [--layers N]\n");
       break;
     case AttnProgram::Decode:
-      fprintf(stderr, "          [--batches 1,4,16] [--causal 0|1] [--modes LIST]\n");
+      fprintf(stderr, "          [--batches 1,4,16] [--causal 0|1] [--modes LIST] [--breakdown]\n"
+                      "          [--layers N]\n");
       break;
     case AttnProgram::Level:
       fprintf(stderr, "          [-B|--seqs N] [--causal 0|1] [-k|--keeps host:rack:cluster,...]\n");
@@ -119,8 +123,14 @@ void usage(AttnProgram p) {
           "  letters are refused. -T S: after S seconds abort the communicators and fail.\n"
           "  -a: how the ranks' times combine: 0 rank 0, 1 mean, 2 fastest, 3 slowest (default%s)\n"
           "  --modes: comma list of kv, q, ship, auto, seq (all-gather KV then compute), heads\n"
-          "         (all-to-all over heads, CSPS SP-NTP / Ulysses)\n"
+          "         (all-to-all over heads, CSPS SP-NTP / Ulysses); decode_attn_perf also one\n"
+          "         (the whole step on rank 0 alone, through a one-rank communicator)\n"
           "  --device DEV: tensors on CUDA device DEV, every rank on it, one stream per rank\n"
+          "  --breakdown: after each row, where rank 0's call went (medians, us): outside the\n"
+          "         library's call, planning, set-up, kernel, waiting, output, the rest\n"
+          "  --layers N: each timed step is N calls, one per layer, each layer with its own KV\n"
+          "         (a whole model's decode step: time per token); --modes seq's attn column\n"
+          "         is then the same step computed on one rank\n"
           "  --plot FILE.png: a picture of the table (perf/plot_perf.py, needs matplotlib)\n",
           p == AttnProgram::Kv ? "; kv_attn_perf times rank 0 only: 0" : " 3");
 }
@@ -186,7 +196,7 @@ bool parseKeeps(const char* s, std::vector<std::array<float, 3>>* out) {
   return true;
 }
 
-bool parseModes(const char* s, std::vector<int>* out) {
+bool parseModes(const char* s, AttnProgram p, std::vector<int>* out) {
   std::vector<int> m;
   std::stringstream ss(s);
   std::string tok;
@@ -197,6 +207,7 @@ bool parseModes(const char* s, std::vector<int>* out) {
     else if (tok == "heads") m.push_back(attnModeHeadParallel);
     else if (tok == "auto") m.push_back(attnModeAuto);
     else if (tok == "seq") m.push_back(-1);
+    else if (tok == "one" && p == AttnProgram::Decode) m.push_back(kOneRankMode);
     else return false;
   }
   if (m.empty()) return false;
@@ -329,11 +340,17 @@ bool parseAttnOptions(int argc, char** argv, AttnProgram p, AttnOptions* o, int*
       case 'k': want = "host:rack:cluster fractions in [0, 1], comma list"; good = parseKeeps(optarg, &o->keeps); break;
       case kMiss: want = "rates in (0, 1], comma list"; good = parseList(optarg, 1e-9, 1.0, false, &o->miss); break;
       case kBatches: want = "batch sizes >= 1, comma list"; good = parseList(optarg, 1, 1 << 20, true, &o->batches); break;
-      case kModes: want = "kv, q, ship, heads, auto, seq, comma list"; good = parseModes(optarg, &o->modes); break;
+      case kModes:
+        want = p == AttnProgram::Decode ? "kv, q, ship, heads, auto, seq, one, comma list"
+                                        : "kv, q, ship, heads, auto, seq, comma list";
+        good = parseModes(optarg, p, &o->modes);
+        break;
       case kDevice: want = "a CUDA device ordinal"; good = setInt(optarg, 0, 1023, &o->device); break;
       case kBlockTokens: want = "tokens >= 1"; good = setInt(optarg, 1, 1 << 20, &o->blockTokens); break;
       case kLend: want = "shares in [0, 1], comma list"; good = parseList(optarg, 0.0, 1.0, false, &o->lend); break;
       case kRequests: want = "a request count >= 1"; good = setInt(optarg, 1, 1 << 16, &o->requests); break;
+      case kBreakdown: o->breakdown = true; break;
+      case kLayers: want = "a layer count in 1..1024"; good = setInt(optarg, 1, 1024, &o->layers); break;
       default: good = false; break;
     }
     if (!good) {

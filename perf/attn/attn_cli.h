@@ -18,6 +18,9 @@ enum class AttnProgram { Ring, Decode, Level, Kv };
 
 const char* programName(AttnProgram p);
 
+// --modes one (decode_attn_perf): the whole step on one rank.
+constexpr int kOneRankMode = -2;
+
 struct AttnOptions {
   int threads = 0, procs = 0;  // -t N / --procs N (default: -t 4, kv_attn_perf -t 2)
   int iters = 3, warmup = 1;   // -n / -w
@@ -41,6 +44,8 @@ struct AttnOptions {
   int blockTokens = 16;                       // --block-tokens
   std::vector<double> lend{0, 0.25, 0.5, 0.75};  // --lend
   int requests = 1;                           // --requests
+  bool breakdown = false;                     // --breakdown (ring, decode)
+  int layers = 1;                             // --layers (ring, decode): calls per timed step
 };
 
 // The binary's defaults (kv_attn_perf's differ: longer request, larger heads).

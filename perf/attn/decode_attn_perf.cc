@@ -57,6 +57,12 @@ bool decodeShard(const Batch& b, int nranks, int rank, int64_t step, Shard* s) {
   return true;
 }
 
+bool succeeded(attnResult_t r, attnComm_t comm, const char* what) {
+  if (r == attnSuccess) return true;
+  fprintf(stderr, "%s failed: %s (%s)\n", what, attnGetErrorString(r), attnGetLastError(comm));
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,10 +83,29 @@ int main(int argc, char** argv) {
              rankMode(o).c_str(), (long long)o.length, o.cfg.num_q_heads,
              o.cfg.num_kv_heads, o.cfg.head_dim);
       printf("# times are medians over %d iterations of %s (-a %d)\n", o.iters, averageName(o.average), o.average);
+      if (o.layers > 1)
+        printf("# each timed step is %d layers (a call per layer, each with its own KV): time per token\n",
+               o.layers);
       printHeader();
     }
     AttnReport report("decode_attn_perf", o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally(), o.average};
+    // --modes one: the same step on rank 0 alone, through a one-rank
+    // communicator of its own (the library's call, its whole KV local),
+    // after the other modes of each batch.
+    std::vector<int> modes;
+    bool oneRank = false;
+    for (int m : o.modes) {
+      if (m == kOneRankMode)
+        oneRank = true;
+      else
+        modes.push_back(m);
+    }
+    attnComm_t alone = nullptr;
+    if (oneRank && !succeeded(attnCommSplit(comm, me == 0 ? 0 : ATTN_SPLIT_NOCOLOR, 0, &alone, nullptr), comm,
+                              "attnCommSplit"))
+      return 1;
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally(), o.average,
+                  o.breakdown, o.layers};
     for (int B : o.batches) {
       Batch b;
       b.cfg = o.cfg;
@@ -89,9 +114,21 @@ int main(int argc, char** argv) {
       Shard s;
       if (!decodeShard(b, n, me, /*step=*/B, &s)) return 1;
       std::vector<ModeResult> rows;
-      if (runModes(comm, b, s, o.modes, ro, &rows) != 0) return 1;
+      if (!modes.empty() && runModes(comm, b, s, modes, ro, &rows) != 0) return 1;
+      if (oneRank) {
+        if (me == 0) {
+          Shard whole;
+          std::vector<ModeResult> one;
+          if (!decodeShard(b, 1, 0, /*step=*/B, &whole) || runModes(alone, b, whole, {attnModeShipQ}, ro, &one) != 0)
+            return 1;
+          one[0].mode = "one-rank";
+          rows.push_back(one[0]);
+        }
+        if (!succeeded(attnBarrier(comm, nullptr), comm, "attnBarrier")) return 1;
+      }
       if (me == 0) report.add(B, static_cast<int64_t>(B) * (o.length - 1), B, rows);
     }
+    if (alone) attnCommDestroy(alone);
     if (me != 0) return 0;
     const int rc = report.finish(o.json);
     return plot.draw() ? 1 : rc;

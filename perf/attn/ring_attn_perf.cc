@@ -64,10 +64,12 @@ int main(int argc, char** argv) {
              o.cfg.causal);
       printf("# times are medians over %d iterations of %s (-a %d); comm = the same call with "
              "the kernel off\n", o.iters, averageName(o.average), o.average);
+      if (o.layers > 1) printf("# each timed step is %d layers (a call per layer, each with its own KV)\n", o.layers);
       printHeader();
     }
     AttnReport report("ring_attn_perf", o.cfg.dtype, n);
-    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally(), o.average};
+    RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally(), o.average,
+                  o.breakdown, o.layers};
     for (double miss : o.miss) {
       Batch b;
       b.cfg = o.cfg;

@@ -19,6 +19,10 @@ struct AttnCallStats {
   double totalUs = 0;    // the whole call
   double computeUs = 0;  // in the attention kernel (and merges)
   double waitUs = 0;     // blocked on communication after computing
+  // Stages of totalUs besides compute and wait (perf's --breakdown):
+  double planUs = 0;     // planCall: the layout, the card exchange, AUTO's choice
+  double setupUs = 0;    // the accumulator sized and cleared
+  double outputUs = 0;   // out in the call's dtype, the LSE in its convention
   int64_t rowsSent = 0;  // key rows sent to peers (attnLevelAttention)
   uint64_t bytesSent = 0;  // bytes of those blocks
 };

@@ -171,7 +171,7 @@ attnResult_t timeInterference(attnComm* comm, KernelProbe& k, double kernelSecon
       Request s, r;
       ATTN_CHECK(e.irecv((me - 1 + n) % n, in.data(), bytes, &r));
       ATTN_CHECK(e.isend((me + 1) % n, out.data(), bytes, &s));
-      driver.kick();
+      ATTN_CHECK(driver.kick());
       ATTN_CHECK(k.run());
       ATTN_CHECK(driver.wait(&s));
       ATTN_CHECK(driver.wait(&r));

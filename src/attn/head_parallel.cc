@@ -142,7 +142,7 @@ attnResult_t Outbox::pump(ProgressThread& driver, Arrived arrived) {
   const Item& m = items_[next_];
   ATTN_CHECK(e_.isend(m.peer, m.data, m.bytes, &req_[next_]));
   inflight_ = static_cast<int>(next_++);
-  driver.kick();
+  ATTN_CHECK(driver.kick());
   return attnSuccess;
 }
 

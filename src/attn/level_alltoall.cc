@@ -203,7 +203,7 @@ attnResult_t exchangeLevelBlocks(AttnCall& c, const LevelPlan& L, const std::vec
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) {
     driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-    driver->kick();
+    ATTN_CHECK(driver->kick());
   }
   // Our own keys, all of them, while the first blocks are on the way.
   const double computeBefore = c.stats.computeUs;
@@ -241,7 +241,7 @@ attnResult_t exchangeLevelBlocks(AttnCall& c, const LevelPlan& L, const std::vec
         ATTN_CHECK(e.isend(r, buf[i], recvReq[i].bytes, &sendReq[sends++]));
         c.stats.bytesSent += recvReq[i].bytes;
       }
-      if (!next.empty()) driver->kick();
+      if (!next.empty()) ATTN_CHECK(driver->kick());
       ATTN_CHECK(be.fold(i, block, buf[i], recvReq[i].bytes, !next.empty()));
       ATTN_TRACE(kLogAttn, "level attention: folded %d of %lld keys of rank %d (tier %s%s)", block.rows,
                  static_cast<long long>(c.kvRowsOf[o]), o, tierName(Tier(L.tierOf[o])),

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
@@ -116,13 +117,27 @@ attnResult_t checkPeerCard(const AttnCard& mine, const AttnCard& o, int peer) {
 }
 
 attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<AttnCard>* all) {
-  const int n = comm->nranks;
+  const int n = comm->nranks, me = comm->rank;
   all->assign(n, AttnCard{});
-  (*all)[comm->rank] = mine;
-  std::vector<Block> blocks(n);
-  for (int i = 0; i < n; ++i) blocks[i] = {i * sizeof(AttnCard), sizeof(AttnCard)};
-  ATTN_CHECK(ringAllGatherv(*comm->engine, Ring::identity(comm->rank, n),
-                            reinterpret_cast<char*>(all->data()), blocks, chunkBytes(1)));
+  (*all)[me] = mine;
+  // Every card straight to every peer, all at once: one message time, where
+  // a ring took n - 1 in a row (a decode step's planning, measured with 4
+  // processes on 2 cores: perf/RESULTS.md section 15).
+  Engine& e = *comm->engine;
+  std::unique_ptr<Request[]> req(new Request[2 * size_t(n)]);
+  req[2 * me].complete(sizeof(AttnCard));  // no messages to ourselves
+  req[2 * me + 1].complete(0);
+  for (int p = 0; p < n; ++p)
+    if (p != me) ATTN_CHECK(e.irecv(p, &(*all)[p], sizeof(AttnCard), &req[2 * p]));
+  for (int s = 1; s < n; ++s) {
+    const int p = (me + s) % n;
+    ATTN_CHECK(e.isend(p, &(*all)[me], sizeof(AttnCard), &req[2 * p + 1]));
+  }
+  ATTN_CHECK(e.waitAll(req.get(), 2 * size_t(n)));
+  for (int p = 0; p < n; ++p)
+    if (req[2 * p].bytes != sizeof(AttnCard))
+      return setError(attnRemoteError, "%s: rank %d sent a %zu-byte card, %zu expected", callName(mine), p,
+                      req[2 * p].bytes, sizeof(AttnCard));
   if (mine.status != attnSuccess) return attnResult_t(mine.status);  // its own text stands
   for (int r = 0; r < n; ++r)
     if ((*all)[r].status != attnSuccess)
@@ -203,6 +218,7 @@ ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs) {
 attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* v,
                       const attnSeqLayout_t& layout, const attnAttnConfig_t& cfg,
                       attnAttnMode_t* mode, AttnCall* out, const float* keep) {
+  const auto t0 = Clock::now();
   AttnCall& c = *out;
   c.comm = comm;
   c.state = &attnStateOf(comm);
@@ -247,18 +263,23 @@ attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* 
     ATTN_TRACE(kLogAttn, "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us, heads %.0f us -> mode %d",
                est.pass_kv_us, est.pass_q_us, est.ship_q_us, est.head_parallel_us, (int)*mode);
   }
+  c.stats.planUs = usSince(t0);
   return attnSuccess;
 }
 
 attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&)>& algo,
                          void* out, float* lse) {
   const attnAttnConfig_t& cfg = c.cfg;
+  auto t0 = Clock::now();
   c.accO.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads * cfg.head_dim);
   c.accLse.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads);
   cpu::initAccumulator(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim);
+  c.stats.setupUs += usSince(t0);
   ATTN_CHECK(algo(c));
+  t0 = Clock::now();
   ATTN_CHECK(cpu::convertFromFloat(out, cfg.dtype, c.accO.data(), c.accO.size()));
   if (lse) writeLse(cfg, c.accLse.data(), lse, c.q.rows, cfg.num_q_heads);
+  c.stats.outputUs += usSince(t0);
   return attnSuccess;
 }
 

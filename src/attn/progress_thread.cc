@@ -10,6 +10,9 @@
 namespace attn {
 
 namespace {
+// A message this small leaves in the pass kick() makes right after it is
+// posted (a shm ring slot; the smallest default TCP send buffer).
+constexpr size_t kEagerMax = size_t(16) << 10;
 constexpr size_t kCallerDrivenMax = size_t(64) << 10;
 constexpr double kCallerDrivenMacs = double(1 << 19);
 }  // namespace
@@ -21,6 +24,7 @@ DriveMode driveModeFor(size_t largestMessage, double kernelMacs) {
     case 1: return DriveMode::kThread;
     case 2: return DriveMode::kCaller;
     default:
+      if (largestMessage <= kEagerMax) return DriveMode::kCaller;
       return largestMessage <= kCallerDrivenMax && kernelMacs <= kCallerDrivenMacs ? DriveMode::kCaller
                                                                                    : DriveMode::kThread;
   }
@@ -40,13 +44,17 @@ ProgressThread::~ProgressThread() {
   thread_.join();
 }
 
-void ProgressThread::kick() {
-  if (mode_ == DriveMode::kCaller) return;
+attnResult_t ProgressThread::kick() {
+  if (mode_ == DriveMode::kCaller) {
+    bool progressed = false;
+    return e_.progress(&progressed);
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     ++kicks_;
   }
   cv_.notify_all();
+  return attnSuccess;
 }
 
 void ProgressThread::loop() {

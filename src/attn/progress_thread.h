@@ -24,11 +24,14 @@ enum class DriveMode { kThread, kCaller };
 // The mode for a call whose largest message is `largestMessage` bytes and
 // whose largest kernel on one rank is `kernelMacs` multiply-adds:
 // ATTN_ATTN_PROGRESS (thread, caller, or auto). Auto leaves it to the
-// caller when every message is at most 64 KiB and the kernel is short
-// (at most 2^19 multiply-adds, well under 100 us): a peer's message then
-// waits for this rank's kernel to end, which costs less than a thread.
-// Past that a peer would wait for a long kernel (measured: a 16K-token
-// decode slower by half), so a thread moves the messages meanwhile.
+// caller when every message is at most 16 KiB: kick() sends each whole
+// the moment it is posted, so no peer waits for this rank's kernel, however
+// long, and a thread would only take a core from the kernels (a 16K-token
+// decode on 2 processes: 0.55 ms against 2.0 with a thread,
+// perf/RESULTS.md section 15). Up to 64 KiB (a message may leave in
+// parts, the rest at the next pass) only when the kernel is short too (at
+// most 2^19 multiply-adds, well under 100 us); past that a thread moves
+// the messages while the kernel runs.
 DriveMode driveModeFor(size_t largestMessage, double kernelMacs);
 
 class ProgressThread {
@@ -38,9 +41,10 @@ class ProgressThread {
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
 
-  // Call after posting, so a sleeping driver looks again (nothing in caller
-  // mode: the next wait drives).
-  void kick();
+  // Call after posting, so a sleeping driver looks again. In caller mode,
+  // one pass over the engine right away: what was just posted leaves now,
+  // not after the kernel this thread runs next (a peer would wait for it).
+  [[nodiscard]] attnResult_t kick();
   // Caller mode: one pass over the engine's connections, without blocking
   // (for loops that poll requests themselves); nothing in thread mode.
   attnResult_t poll();

@@ -87,7 +87,7 @@ attnResult_t runPassQ(AttnCall& c) {
     if (step == n - 2) {  // prev's last query block is posted: its partial comes next
       ATTN_CHECK(e.irecv(prev, home.buf[prev].data(), myPartial, &home.req[prev]));
       home.posted[prev] = true;
-      driver->kick();
+      ATTN_CHECK(driver->kick());
     }
     if (n == 1) {
       ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
@@ -106,7 +106,7 @@ attnResult_t runPassQ(AttnCall& c) {
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
         ATTN_CHECK(e.isend(owner, part, c.partialBytes(visitor.rows), &outReq[owner]));
         outPosted[owner] = true;
-        driver->kick();
+        ATTN_CHECK(driver->kick());
       }
     }
     return foldArrived(c, home, me);

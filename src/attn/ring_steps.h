@@ -96,7 +96,7 @@ attnResult_t RingSteps::run(RingMover& mover, const char* name, Step&& step, Aft
     Request& recvReq = req_[2 * s + 1];
     if (moving) {
       ATTN_CHECK(mover.post(s, &sendReq, &recvReq));
-      driver_->kick();
+      ATTN_CHECK(driver_->kick());
     }
     ATTN_CHECK(step(s));
     if (moving) ATTN_CHECK(mover.advance(*driver_, &sendReq, &recvReq, &c_.stats.waitUs));

@@ -52,7 +52,7 @@ attnResult_t runShipQ(AttnCall& c) {
     size_t largest = std::max(mineBytes, myPartial);
     for (int p = 0; p < n; ++p) largest = std::max({largest, qin[p].size(), c.partialBytes(c.qRowsOf[p])});
     driver = std::make_unique<ProgressThread>(e, c.comm->prefix, driveModeFor(largest, largestKernelMacs(c)));
-    driver->kick();
+    ATTN_CHECK(driver->kick());
   }
   ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
 
@@ -75,7 +75,7 @@ attnResult_t runShipQ(AttnCall& c) {
         float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
         ATTN_CHECK(e.isend(p, o, c.partialBytes(visitor.rows), &poutReq[p]));
-        driver->kick();
+        ATTN_CHECK(driver->kick());
         served[p] = did = true;
         --remaining;
       }

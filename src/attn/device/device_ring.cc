@@ -174,7 +174,7 @@ attnResult_t DeviceRing::receiveDevice(ProgressThread& driver, Request* recvReq,
   Request* sent = &deviceReq_.back();
   Request* got = &deviceReq_.emplace_back();
   ATTN_CHECK(e_.irecvDevice(prev_, R_.block[nb].get(), capacity_, got));
-  driver.kick();
+  ATTN_CHECK(driver.kick());
   const auto t0 = Clock::now();
   ATTN_CHECK(driver.wait(sent));
   ATTN_CHECK(driver.wait(got));

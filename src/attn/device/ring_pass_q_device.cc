@@ -127,7 +127,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     ATTN_CHECK(e.isend(owner, R.hostOut.base() + outSlot.offset[owner], c.partialBytes(c.qRowsOf[owner]),
                        &outReq[owner]));
     outPosted[owner] = true;
-    driver->kick();
+    ATTN_CHECK(driver->kick());
     return attnSuccess;
   };
 
@@ -166,7 +166,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   auto afterMove = [&](int s) -> attnResult_t {
     if (s != n - 2) return attnSuccess;
     ATTN_CHECK(expectPartial(env.prev));
-    driver->kick();
+    ATTN_CHECK(driver->kick());
     return attnSuccess;
   };
   ATTN_CHECK(steps.run(ring, "device pass-Q", step, afterMove));

@@ -108,7 +108,7 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) {
     driver = std::make_unique<ProgressThread>(e, c.comm->prefix);
-    driver->kick();
+    ATTN_CHECK(driver->kick());
   }
 
   // Serve the visitors' queries, send their partials back, fold ours.
@@ -149,7 +149,7 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
         if (q != cudaErrorNotReady) {
           ATTN_CUDA_CHECK(q);
           ATTN_CHECK(e.isend(p, hostOut + out.offset[p], c.partialBytes(c.qRowsOf[p]), &poutReq[p]));
-          driver->kick();
+          ATTN_CHECK(driver->kick());
           serve[p] = PeerStep::kServed;
           --remaining;
           did = true;
