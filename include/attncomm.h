@@ -593,6 +593,14 @@ typedef enum {
                          blocks; balanced whatever the placement. KV heads
                          are replicated when num_kv_heads < N. AUTO
                          weighs it with the rings */
+  attnModeAllGatherKV = 5, /* all-gather every rank's KV, then attend
+                         (Llama 3's context parallelism): one hop, each
+                         block merged on receive while the rest arrive.
+                         Sends N-1 KV blocks per rank at once and holds
+                         every rank's keys: AUTO weighs it only while
+                         those fit in 256 MiB. Host communicators only for
+                         now: a device communicator refuses it
+                         (attnNotSupported) and AUTO leaves it out there */
   ATTN_ENUM_SPANS_INT(attnAttnMode)
 } attnAttnMode_t;
 
@@ -990,6 +998,7 @@ typedef struct {
   double alg1_threshold_tokens; /* Eq. 2's T threshold with these rates */
   attnAttnMode_t alg1_choice;   /* Alg. 5 (App. C) with these rates */
   double head_parallel_us;      /* attnModeHeadParallel's predicted time */
+  double all_gather_kv_us;      /* attnModeAllGatherKV's predicted time */
 } attnModeEstimate_t;
 
 /* What attnModeAuto would run for this layout on this communicator, with

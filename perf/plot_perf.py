@@ -204,7 +204,7 @@ def draw_modes(ax, doc, path, program):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch (sequences, one new token each)")
         fmt = lambda x: "batch %.3g" % x
-    order = ["pass-kv", "pass-q", "ship-q", "heads", "auto", "sequential"]  # one colour per mode everywhere
+    order = ["pass-kv", "pass-q", "ship-q", "heads", "auto", "sequential", "gather-kv"]  # one colour per mode everywhere
     for mode, (xs, ts) in sorted(curves.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
         color = "C%d" % (order.index(mode) if mode in order else 9)
         ax.plot(xs, ts, "o-" if mode != "auto" else "x--", markersize=4, color=color, label=mode)

@@ -32,7 +32,8 @@ void RunEveryMode(const char* progress, const Shape& shape, bool processes) {
   attn_test::RunOptions o = attn_test::AttnRunOptions();
   o.env.push_back({"ATTN_ATTN_PROGRESS", progress});
   auto body = [&](int rank, int, attnComm_t& comm) {
-    for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeHeadParallel}) {
+    for (attnAttnMode_t m :
+         {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeHeadParallel, attnModeAllGatherKV}) {
       const attn_test::RankRun run = attn_test::RunRingAttentionRank(c, pl, rank, comm, m, true);
       ASSERT_EQ(run.rc, attnSuccess) << attn_test::ModeName(m) << ": " << run.error;
       EXPECT_EQ(run.stats.rows, int64_t(pl.q_rows[size_t(rank)].size()) * cfg.num_q_heads)  // (row, head) pairs

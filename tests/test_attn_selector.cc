@@ -63,9 +63,9 @@ TEST(EstimateModes, CpPaperTable4) {
     std::memset(&est, 0xAB, sizeof(est));
     ASSERT_EQ(attnEstimateModes(&model, &cfg, n, T, P, &est), attnSuccess) << attnGetLastError(nullptr);
     std::printf("[ table4 ] miss %5.1f%% T=%6lld: pass-KV %9.1f us, pass-Q %9.1f us, ship-Q %9.1f us,"
-                " heads %9.1f us -> %s (Alg.1: %s, threshold %.0f tokens)\n",
+                " heads %9.1f us, all-gather KV %9.1f us -> %s (Alg.1: %s, threshold %.0f tokens)\n",
                 100 * row.miss, (long long)T, est.pass_kv_us, est.pass_q_us, est.ship_q_us, est.head_parallel_us,
-                ModeName(est.chosen), ModeName(est.alg1_choice), est.alg1_threshold_tokens);
+                est.all_gather_kv_us, ModeName(est.chosen), ModeName(est.alg1_choice), est.alg1_threshold_tokens);
     EXPECT_TRUE(std::isfinite(est.pass_kv_us) && est.pass_kv_us > 0);
     EXPECT_TRUE(std::isfinite(est.pass_q_us) && est.pass_q_us > 0);
     EXPECT_TRUE(std::isfinite(est.ship_q_us) && est.ship_q_us > 0);
@@ -74,18 +74,21 @@ TEST(EstimateModes, CpPaperTable4) {
     EXPECT_NE(est.chosen, attnModeAuto) << "chosen must be a concrete mode";
     EXPECT_TRUE(std::isfinite(est.head_parallel_us) && est.head_parallel_us > 0);
     // The choice is the cheapest prediction.
-    const double best = std::min({est.pass_kv_us, est.pass_q_us, est.head_parallel_us});
+    EXPECT_TRUE(std::isfinite(est.all_gather_kv_us) && est.all_gather_kv_us > 0);
+    const double best = std::min({est.pass_kv_us, est.pass_q_us, est.head_parallel_us, est.all_gather_kv_us});
     if (est.chosen == attnModePassKV) EXPECT_EQ(est.pass_kv_us, best);
     if (est.chosen == attnModePassQ) EXPECT_EQ(est.pass_q_us, best);
     if (est.chosen == attnModeHeadParallel) EXPECT_EQ(est.head_parallel_us, best);
+    if (est.chosen == attnModeAllGatherKV) EXPECT_EQ(est.all_gather_kv_us, best);
     if (row.expect != attnModeAuto) {
       // The paper measured the two rings; of those, the model must prefer
       // the one it measured faster (head-parallel may beat both: the paper
-      // did not run it).
+      // did not run it; all-gather KV is pass-KV's bytes in one hop).
       const attnAttnMode_t ring = est.pass_kv_us <= est.pass_q_us ? attnModePassKV : attnModePassQ;
       EXPECT_EQ(ring, row.expect)
           << "miss rate " << row.miss << ": the paper measured " << ModeName(row.expect) << " faster";
-      if (est.chosen != attnModeHeadParallel) EXPECT_EQ(est.chosen, row.expect);
+      if (est.chosen == attnModeAllGatherKV) EXPECT_EQ(row.expect, attnModePassKV);
+      else if (est.chosen != attnModeHeadParallel) EXPECT_EQ(est.chosen, row.expect);
       EXPECT_EQ(est.alg1_choice, row.expect) << "Alg. 1 at miss rate " << row.miss;
     }
     // Eq. 2's threshold: N * C * Hkv * e / (2 * Hq * BW).
@@ -133,9 +136,11 @@ TEST(EstimateModes, InterferenceChargesTheBytesThatMove) {
   EXPECT_GT(shared.pass_q_us, overlap.pass_q_us);
   EXPECT_EQ(shared.chosen, attnModePassQ) << "pass-Q moves 8 query rows, pass-KV 1024 KV rows per step";
   // Full prefill: a KV block (2 heads) is smaller than a query block plus
-  // its partial (8 heads): pass-KV.
+  // its partial (8 heads): KV moves, in one hop (all-gather KV) as the
+  // ring's per-step latency is charged in full here.
   ASSERT_EQ(attnEstimateModes(&m, &cfg, n, total, 0, &shared), attnSuccess);
-  EXPECT_EQ(shared.chosen, attnModePassKV);
+  EXPECT_EQ(shared.chosen, attnModeAllGatherKV);
+  EXPECT_LT(shared.pass_kv_us, shared.pass_q_us);
   // Alg. 1 / Alg. 5 stay the paper's, whatever beta.
   attnModeEstimate_t a, b;
   m.comm_interference = 0;
@@ -144,6 +149,39 @@ TEST(EstimateModes, InterferenceChargesTheBytesThatMove) {
   ASSERT_EQ(attnEstimateModes(&m, &cfg, n, 512, total - 512, &b), attnSuccess);
   EXPECT_EQ(a.alg1_choice, b.alg1_choice);
   EXPECT_DOUBLE_EQ(a.alg1_threshold_tokens, b.alg1_threshold_tokens);
+}
+
+// All-gather KV moves what pass-KV moves, in one hop: the same prediction
+// on two ranks (where it is the same exchange, and pass-KV keeps the tie),
+// one latency per ring step less on more. Where Q is what should move
+// (decode, low miss rates) it is never the choice.
+TEST(EstimateModes, AllGatherKvSavesTheRingsLatencies) {
+  const attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 2, 64, attnFloat32, 0.0f, 1);
+  for (const double beta : {0.0, 1.0}) {
+    SCOPED_TRACE(beta);
+    const attnCostModel_t m{1.5, 5.0, 0.04, beta};
+    attnModeEstimate_t e;
+    ASSERT_EQ(attnEstimateModes(&m, &cfg, 1, 4096, 0, &e), attnSuccess);
+    EXPECT_EQ(e.all_gather_kv_us, e.pass_kv_us);
+    EXPECT_NE(e.chosen, attnModeAllGatherKV);
+    ASSERT_EQ(attnEstimateModes(&m, &cfg, 2, 4096, 0, &e), attnSuccess);
+    EXPECT_EQ(e.all_gather_kv_us, e.pass_kv_us);
+    EXPECT_NE(e.chosen, attnModeAllGatherKV) << "a tie at N = 2 stays pass-KV";
+    for (int n : {3, 4, 8}) {
+      ASSERT_EQ(attnEstimateModes(&m, &cfg, n, 4096, 0, &e), attnSuccess);
+      EXPECT_LE(e.all_gather_kv_us, e.pass_kv_us) << n;
+      EXPECT_GE(e.pass_kv_us - e.all_gather_kv_us, beta * (n - 2) * m.link_latency_us * (1 - 1e-9)) << n;
+      if (beta > 0) EXPECT_EQ(e.chosen, attnModeAllGatherKV) << n;
+    }
+    // Decode: one query row against 4K cached keys.
+    const attnCostModel_t slow{0.01, 50.0, 1000.0, beta};
+    ASSERT_EQ(attnEstimateModes(&slow, &cfg, 4, 4, 4092, &e), attnSuccess);
+    EXPECT_EQ(e.chosen, attnModeShipQ);
+    EXPECT_GT(e.all_gather_kv_us, e.ship_q_us);
+    // Low miss rate on slow links: pass-Q.
+    ASSERT_EQ(attnEstimateModes(&slow, &cfg, 4, 64, 4032, &e), attnSuccess);
+    EXPECT_EQ(e.chosen, attnModePassQ);
+  }
 }
 
 TEST(EstimateModes, BadArguments) {

@@ -801,6 +801,54 @@ TEST(DeviceComm, ArgumentsRefusedOnOneRankFailThePeersCall) {
   }, OnGpu0(&cfg));
 }
 
+// All-gather KV has no device run yet: a device communicator refuses it at
+// the call (attnNotSupported, naming the mode) on every rank that asks, a
+// peer asking for another mode fails that call too instead of waiting, and
+// AUTO leaves it out where the host model would take it; the communicator
+// stays usable.
+TEST(DeviceComm, AllGatherKvIsRefusedAndNeverChosen) {
+  REQUIRE_GPU();
+  const attnAttnConfig_t gqa = ATTN_ATTN_CONFIG(8, 2, 64, attnFloat32, 0.f, 1);
+  const attn_test::AttnCase c = attn_test::MakeCase("device-ag", attn_test::PrefillSpec(gqa, {256}, {0}), 12);
+  // Slow compute, per-step latency charged in full: all-gather KV on a host.
+  const attnCostModel_t hostWouldGather{1.5, 5.0, 0.04, 1.0};
+  for (bool everyRank : {true, false}) {
+    attnConfig_t cfg;
+    RunThreads(4, [&](int rank, int nranks, attnComm_t& comm) {
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+      const attnSeqLayout_t none{0, nullptr, nullptr, nullptr, nullptr};
+      const bool asks = everyRank || rank == 1;
+      const attnResult_t r = attnRingAttention(nullptr, nullptr, nullptr, nullptr, nullptr, &none, &gqa,
+                                               asks ? attnModeAllGatherKV : attnModePassKV, comm,
+                                               (attnStream_t)s);
+      if (asks) {
+        EXPECT_EQ(r, attnNotSupported) << attnGetLastError(comm);
+        EXPECT_NE(std::string(attnGetLastError(comm)).find("all_gather_kv"), std::string::npos)
+            << attnGetLastError(comm);
+      } else {
+        EXPECT_EQ(r, attnSuccess) << attnGetLastError(comm);
+      }
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      attnResult_t async;
+      ASSERT_EQ(attnCommGetAsyncError(comm, &async), attnSuccess);
+      if (!asks) EXPECT_EQ(async, attnRemoteError) << "the peer's call must fail, naming rank 1";
+      cudaStreamDestroy(s);
+      if (!everyRank) return;  // a failed call leaves the peers' communicators broken
+      ASSERT_EQ(attnCommSetCostModel(comm, &hostWouldGather), attnSuccess);
+      const attn_test::Placement pl = attn_test::RandomPlacement(c, nranks, 7, -1);
+      const attn_test::RankShard sh = attn_test::GatherShard(c, pl, rank);
+      attnModeEstimate_t est;
+      ASSERT_EQ(attnSelectMode(&sh.layout, &gqa, comm, &est), attnSuccess) << attnGetLastError(comm);
+      EXPECT_LT(est.all_gather_kv_us, est.pass_kv_us) << "the host model would gather";
+      EXPECT_NE(est.chosen, attnModeAllGatherKV);
+      const DeviceRun run = RunOnDevice(c, sh, comm, attnModeAuto, true);
+      ExpectExact(run, gqa.dtype, "AUTO after the refusal");
+      EXPECT_NE(attn::attnStateOf(comm).last.mode, attnModeAllGatherKV);
+    }, OnGpu0(&cfg));
+  }
+}
+
 // num_seqs 0 with NULL offsets (which the API allows) on the device path:
 // nothing to read, nothing to do, in every mode.
 TEST(DeviceComm, ZeroSequencesWithNullOffsets) {

@@ -471,5 +471,44 @@ TEST(HostileAttention, PassKvBlockOfAnotherShapeIsRefused) {
   }, {.config = &cfg});
 }
 
+// All-gather KV: rank 1's card is true, but the one block it sends rank 0
+// is self-consistent and wrong: one sequence where the call has two, or
+// two rows where its card announced four. Refused, naming rank 1.
+TEST(HostileAttention, AllGatherKvBlockUnlikeTheCardIsRefused) {
+  const attnConfig_t cfg = ShortTimeout();
+  for (const bool shortBlock : {false, true}) {
+    SCOPED_TRACE(shortBlock ? "two rows of four" : "one sequence of two");
+    RunThreads(2, [shortBlock](int rank, int, attnComm_t& comm) {
+      const attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(2, 2, 8, attnFloat32, 0.0f, 0);
+      const size_t rowBytes = 2 * 8 * sizeof(float);
+      std::vector<int32_t> offs = {0, 2, 4}, pos = {0, 1, 0, 1};
+      std::vector<float> q(4 * 2 * 8, 0.25f), k(q), v(q), out(q.size());
+      const attnSeqLayout_t lay{2, offs.data(), pos.data(), offs.data(), pos.data()};
+      if (rank == 0) {
+        const attnResult_t rc = attnRingAttention(q.data(), k.data(), v.data(), out.data(), nullptr, &lay, &acfg,
+                                                  attnModeAllGatherKV, comm, nullptr);
+        ExpectBlamesRank1(rc, comm, "attnRingAttention");
+      } else {
+        const attn::AttnCard mine = attn::cardOf(comm, 4, 4, 2, attnModeAllGatherKV, acfg, nullptr);
+        std::vector<attn::AttnCard> all;
+        ASSERT_EQ(attn::exchangeCards(comm, mine, &all), attnSuccess);
+        const std::vector<int32_t> oneSeq = {0, 4}, twoRows = {0, 1, 2};
+        std::vector<char> block;
+        if (shortBlock)
+          attn::packBlock(1, 2, twoRows.data(), pos.data(), 2, k.data(), v.data(), rowBytes, &block);
+        else
+          attn::packBlock(1, 1, oneSeq.data(), pos.data(), 4, k.data(), v.data(), rowBytes, &block);
+        std::vector<char> theirs(attn::BlockLayout::of(2, 4, rowBytes, 2).total);
+        attn::Engine& e = *comm->engine;
+        attn::Request s, r;
+        ASSERT_EQ(e.irecv(0, theirs.data(), theirs.size(), &r), attnSuccess);
+        ASSERT_EQ(e.isend(0, block.data(), block.size(), &s), attnSuccess);
+        (void)e.wait(&s);
+        (void)e.wait(&r);
+      }
+    }, {.config = &cfg});
+  }
+}
+
 }  // namespace
 }  // namespace attn_test

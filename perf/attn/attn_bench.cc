@@ -205,6 +205,7 @@ const char* modeName(int mode) {
     case attnModePassQ: return "pass-q";
     case attnModeShipQ: return "ship-q";
     case attnModeHeadParallel: return "heads";
+    case attnModeAllGatherKV: return "gather-kv";
     default: return "sequential";
   }
 }

@@ -123,7 +123,8 @@ void usage(AttnProgram p) {
           "  letters are refused. -T S: after S seconds abort the communicators and fail.\n"
           "  -a: how the ranks' times combine: 0 rank 0, 1 mean, 2 fastest, 3 slowest (default%s)\n"
           "  --modes: comma list of kv, q, ship, auto, seq (all-gather KV then compute), heads\n"
-          "         (all-to-all over heads, CSPS SP-NTP / Ulysses); decode_attn_perf also one\n"
+          "         (all-to-all over heads, CSPS SP-NTP / Ulysses), ag (attnModeAllGatherKV, merged\n"
+          "         on receive: gather-kv in the table); decode_attn_perf also one\n"
           "         (the whole step on rank 0 alone, through a one-rank communicator)\n"
           "  --device DEV: tensors on CUDA device DEV, every rank on it, one stream per rank\n"
           "  --breakdown: after each row, where rank 0's call went (medians, us): outside the\n"
@@ -206,6 +207,7 @@ bool parseModes(const char* s, AttnProgram p, std::vector<int>* out) {
     else if (tok == "ship") m.push_back(attnModeShipQ);
     else if (tok == "heads") m.push_back(attnModeHeadParallel);
     else if (tok == "auto") m.push_back(attnModeAuto);
+    else if (tok == "ag") m.push_back(attnModeAllGatherKV);
     else if (tok == "seq") m.push_back(-1);
     else if (tok == "one" && p == AttnProgram::Decode) m.push_back(kOneRankMode);
     else return false;
@@ -341,8 +343,8 @@ bool parseAttnOptions(int argc, char** argv, AttnProgram p, AttnOptions* o, int*
       case kMiss: want = "rates in (0, 1], comma list"; good = parseList(optarg, 1e-9, 1.0, false, &o->miss); break;
       case kBatches: want = "batch sizes >= 1, comma list"; good = parseList(optarg, 1, 1 << 20, true, &o->batches); break;
       case kModes:
-        want = p == AttnProgram::Decode ? "kv, q, ship, heads, auto, seq, one, comma list"
-                                        : "kv, q, ship, heads, auto, seq, comma list";
+        want = p == AttnProgram::Decode ? "kv, q, ship, heads, ag, auto, seq, one, comma list"
+                                        : "kv, q, ship, heads, ag, auto, seq, comma list";
         good = parseModes(optarg, p, &o->modes);
         break;
       case kDevice: want = "a CUDA device ordinal"; good = setInt(optarg, 0, 1023, &o->device); break;

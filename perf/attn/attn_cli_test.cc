@@ -50,6 +50,8 @@ TEST(AttnCli, LongOptions) {
   EXPECT_EQ(o.seqs, 2);
   EXPECT_EQ(o.plot, "x.png");
 
+  ASSERT_TRUE(parse(AttnProgram::Ring, {"--modes", "heads,ag,auto"}, &o, &code));
+  EXPECT_EQ(o.modes, (std::vector<int>{attnModeHeadParallel, attnModeAllGatherKV, attnModeAuto}));
   ASSERT_TRUE(parse(AttnProgram::Decode, {"--batches", "1,8,32"}, &o, &code));
   EXPECT_EQ(o.batches, (std::vector<int>{1, 8, 32}));
   EXPECT_EQ(o.threads, 4);  // the default

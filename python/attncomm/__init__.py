@@ -72,7 +72,7 @@ SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR, INVALID_ARGUMENT, I
     REMOTE_ERROR, IN_PROGRESS, TIMEOUT, NOT_SUPPORTED = range(10)
 INT8, UINT8, INT32, INT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(8)
 SUM, PROD, MAX, MIN, AVG = range(5)
-MODE_AUTO, MODE_PASS_KV, MODE_PASS_Q, MODE_SHIP_Q, MODE_HEAD_PARALLEL = range(5)
+MODE_AUTO, MODE_PASS_KV, MODE_PASS_Q, MODE_SHIP_Q, MODE_HEAD_PARALLEL, MODE_ALL_GATHER_KV = range(6)
 TIER_DEVICE, TIER_HOST, TIER_RACK, TIER_CLUSTER = range(4)  # attnTier_t: indices of level_attention keep
 SPLIT_HOST, SPLIT_HOST_LEADERS, SPLIT_RACK, SPLIT_PROXIMITY = range(4)  # attnSplitType_t
 _TOPO_FORMAT = {"text": 0, "dot": 1, "json": 2}  # attnTopoFormat_t
@@ -200,7 +200,8 @@ class _CostModel(ctypes.Structure):
 class _ModeEstimate(ctypes.Structure):
     _fields_ = [("chosen", ctypes.c_int), ("pass_kv_us", ctypes.c_double), ("pass_q_us", ctypes.c_double),
                 ("ship_q_us", ctypes.c_double), ("alg1_threshold_tokens", ctypes.c_double),
-                ("alg1_choice", ctypes.c_int), ("head_parallel_us", ctypes.c_double)]
+                ("alg1_choice", ctypes.c_int), ("head_parallel_us", ctypes.c_double),
+                ("all_gather_kv_us", ctypes.c_double)]
 
 
 _SelectMode = _declare("attnSelectMode", ctypes.POINTER(_SeqLayout), ctypes.POINTER(_AttnConfig), _comm,
@@ -819,7 +820,8 @@ class Shard:
 CostModel = collections.namedtuple("CostModel", "link_bandwidth_GBps link_latency_us attn_tflops comm_interference")
 CostModel.__doc__ = "attnCostModel_t: the rates the mode selector uses (attncomm.h)."
 ModeEstimate = collections.namedtuple(
-    "ModeEstimate", "chosen pass_kv_us pass_q_us ship_q_us head_parallel_us alg1_threshold_tokens alg1_choice")
+    "ModeEstimate",
+    "chosen pass_kv_us pass_q_us ship_q_us head_parallel_us alg1_threshold_tokens alg1_choice all_gather_kv_us")
 ModeEstimate.__doc__ = "attnModeEstimate_t: the chosen mode (MODE_*) and each mode's predicted time."
 
 
@@ -840,7 +842,7 @@ def _cost_model_of(m):
 
 def _estimate_of(e):
     return ModeEstimate(e.chosen, e.pass_kv_us, e.pass_q_us, e.ship_q_us, e.head_parallel_us,
-                        e.alg1_threshold_tokens, e.alg1_choice)
+                        e.alg1_threshold_tokens, e.alg1_choice, e.all_gather_kv_us)
 
 
 def estimate_modes(model, nranks, new_tokens, cached_tokens, num_q_heads, num_kv_heads, head_dim,

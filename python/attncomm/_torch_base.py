@@ -11,7 +11,8 @@ import attncomm as _ac
 from attncomm import AttnError, INVALID_ARGUMENT
 
 MODES = {"auto": _ac.MODE_AUTO, "pass_kv": _ac.MODE_PASS_KV, "pass_q": _ac.MODE_PASS_Q,
-         "ship_q": _ac.MODE_SHIP_Q, "head_parallel": _ac.MODE_HEAD_PARALLEL}
+         "ship_q": _ac.MODE_SHIP_Q, "head_parallel": _ac.MODE_HEAD_PARALLEL,
+         "all_gather_kv": _ac.MODE_ALL_GATHER_KV}
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = 1.0 / math.log(2.0)
 

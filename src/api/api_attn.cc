@@ -93,6 +93,9 @@ attnResult_t attnRingAttention(const void* q, const void* k, const void* v, void
       bad = setError(attnInvalidArgument, "a host-memory communicator takes a NULL stream");
     else if (mode != attnModeAuto && !findAttnAlgorithm(mode))
       bad = setError(attnInvalidArgument, "unknown attention mode %d", (int)mode);
+    else if (mode != attnModeAuto && deviceRoute(comm) && !findAttnAlgorithm(mode)->device)
+      bad = setError(attnNotSupported, "attention mode %s has no device implementation yet: use it on a "
+                     "host communicator, or another mode here", findAttnAlgorithm(mode)->name);
     else
       bad = checkAttnArgs(comm, q, k, v, out, layout, cfg, &qRows, &kvRows, &dl);
     // The peers fail the call too (plan_call.h).
@@ -127,7 +130,7 @@ attnResult_t attnSelectMode(const attnSeqLayout_t* layout, const attnAttnConfig_
     ATTN_CHECK(call.finish(exchangeCards(comm, mine, &cards)));
     attnCostModel_t model;
     ATTN_CHECK(call.finish(agreedModel(comm, c, cards, &model)));
-    const ModelInput in = modelInputOf(cards, layout->num_seqs);
+    const ModelInput in = modelInputOf(comm, cards, layout->num_seqs);
     estimateModes(model, c, in, estimate);
     return attnSuccess;
   });

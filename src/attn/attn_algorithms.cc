@@ -11,11 +11,13 @@ namespace {
 #define ATTN_DEVICE_RUN(f) nullptr
 #endif
 
-constexpr std::array<AttnAlgorithm, 4> kAlgorithms = {{
+constexpr std::array<AttnAlgorithm, 5> kAlgorithms = {{
     {attnModePassKV, "pass_kv", runPassKv, ATTN_DEVICE_RUN(runPassKvDevice)},
     {attnModePassQ, "pass_q", runPassQ, ATTN_DEVICE_RUN(runPassQDevice)},
     {attnModeShipQ, "ship_q", runShipQ, ATTN_DEVICE_RUN(runShipQDevice)},
     {attnModeHeadParallel, "head_parallel", runHeadParallel, ATTN_DEVICE_RUN(runHeadParallelDevice)},
+    // No device run yet: a device communicator refuses it at the call.
+    {attnModeAllGatherKV, "all_gather_kv", runAllGatherKv, nullptr},
 }};
 
 #undef ATTN_DEVICE_RUN

@@ -87,6 +87,7 @@ attnResult_t runPassKv(AttnCall& c);
 attnResult_t runPassQ(AttnCall& c);
 attnResult_t runShipQ(AttnCall& c);
 attnResult_t runHeadParallel(AttnCall& c);
+attnResult_t runAllGatherKv(AttnCall& c);
 
 // The largest kernel of the call on one rank, in multiply-adds (every
 // rank's query rows against every rank's key rows, the larger of each):

@@ -196,8 +196,9 @@ attnResult_t refuseCallHere(attnComm* comm, attnResult_t status, int32_t cardMod
   return restoreError(status, why);
 }
 
-ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs) {
+ModelInput modelInputOf(attnComm* comm, const std::vector<AttnCard>& cards, int numSeqs) {
   ModelInput in;
+  in.allGatherKv = !deviceRoute(comm);
   in.nranks = static_cast<int>(cards.size());
   in.numSeqs = numSeqs;
   int64_t kvTotal = 0;
@@ -257,11 +258,14 @@ attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* 
     attnCostModel_t model;
     ATTN_CHECK(agreedModel(comm, cfg, cards, &model));
     attnModeEstimate_t est;
-    const ModelInput in = modelInputOf(cards, layout.num_seqs);
+    const ModelInput in = modelInputOf(comm, cards, layout.num_seqs);
     estimateModes(model, cfg, in, &est);
     *mode = est.chosen;
-    ATTN_TRACE(kLogAttn, "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us, heads %.0f us -> mode %d",
-               est.pass_kv_us, est.pass_q_us, est.ship_q_us, est.head_parallel_us, (int)*mode);
+    ATTN_TRACE(kLogAttn,
+               "auto: pass-KV %.0f us, pass-Q %.0f us, ship-Q %.0f us, heads %.0f us, all-gather KV %.0f us -> "
+               "mode %d",
+               est.pass_kv_us, est.pass_q_us, est.ship_q_us, est.head_parallel_us, est.all_gather_kv_us,
+               (int)*mode);
   }
   c.stats.planUs = usSince(t0);
   return attnSuccess;

@@ -57,7 +57,9 @@ attnResult_t refuseCallHere(attnComm* comm, attnResult_t status, int32_t cardMod
 // The rates AUTO decides with, the same on every rank.
 attnResult_t agreedModel(attnComm* comm, const attnAttnConfig_t& cfg,
                          const std::vector<AttnCard>& cards, attnCostModel_t* model);
-ModelInput modelInputOf(const std::vector<AttnCard>& cards, int numSeqs);
+// The selector's input for `comm`: totals from the cards, and which modes
+// can run here (all-gather KV has no device run yet).
+ModelInput modelInputOf(attnComm* comm, const std::vector<AttnCard>& cards, int numSeqs);
 
 // Plans one call on host-side metadata: checks the layout, rebases the
 // offsets, learns every rank's row counts and agrees on the mode (AUTO

@@ -16,6 +16,12 @@
 //            pairs is computed; t_attn' = t_attn scaled by the largest head
 //            group's share, t_last the pairs the last arrival brings,
 //            t_out the outputs going home in the model's dtype)
+//   all-gather KV: step(t_attn, t_kv) + (N-2) step(t_attn, t_kv - lat) + t_attn
+//            (every block leaves at once, one latency; they share the
+//            link and land one after another, each merged on arrival
+//            while the next comes in: the last block's attention is
+//            exposed. A ring pays the latency, and a neighbour's pace, at
+//            each of its N-1 steps)
 // with t_attn one step's attention (the largest shard against one rank's
 // keys), t_kv / t_q a KV / Q block on the link, t_ret one partial (fp32 O
 // and lse) coming home. Ship-Q is a candidate only for decode-like shapes
@@ -70,7 +76,9 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   const double tAll = N * N * tAttn * maxGroup / Hq;
   const double tLast = (2.0 * N - 1.0) / (N * N) * tAll;
   out->head_parallel_us = 1e6 * (step(tAll - tLast, tRows) + tLast + tOut);
-  if (N == 1) out->pass_q_us = out->ship_q_us = out->head_parallel_us = out->pass_kv_us;
+  out->all_gather_kv_us =
+      1e6 * (step(tAttn, tKv) + std::max(0.0, N - 2) * step(tAttn, tKv - lat) + (N > 1 ? tAttn : 0));
+  if (N == 1) out->pass_q_us = out->ship_q_us = out->head_parallel_us = out->all_gather_kv_us = out->pass_kv_us;
 
   const bool decodeLike = in.newTokens <= static_cast<int64_t>(in.numSeqs) * in.nranks;
   out->chosen = out->pass_kv_us <= out->pass_q_us ? attnModePassKV : attnModePassQ;
@@ -78,6 +86,15 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   if (N > 1 && out->head_parallel_us < best) {
     out->chosen = attnModeHeadParallel;
     best = out->head_parallel_us;
+  }
+  // Strictly cheaper: at N = 2 it moves what pass-KV moves, the same way.
+  // And only while every rank can hold every rank's keys and values at
+  // once (a ring holds two blocks): a million-token cache cannot.
+  const double gathered =
+      2.0 * N * double(in.maxKvRows) * cfg.num_kv_heads * cfg.head_dim * double(dataTypeSize(cfg.dtype));
+  if (N > 1 && in.allGatherKv && gathered <= kAllGatherKvAutoMaxBytes && out->all_gather_kv_us < best) {
+    out->chosen = attnModeAllGatherKV;
+    best = out->all_gather_kv_us;
   }
   if (decodeLike && out->ship_q_us < best) out->chosen = attnModeShipQ;
 

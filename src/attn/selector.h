@@ -1,6 +1,6 @@
-// Choosing pass-KV, pass-Q, ship-Q or head-parallel (CP paper Alg. 1 and
-// App. C; CSPS §3.2.2) with a cost model on this communicator's measured
-// rates.
+// Choosing pass-KV, pass-Q, ship-Q, head-parallel or all-gather KV (CP
+// paper Alg. 1 and App. C; CSPS §3.2.2; Llama 3's CP) with a cost model on
+// this communicator's measured rates.
 #pragma once
 
 #include "attncomm.h"
@@ -15,7 +15,12 @@ struct ModelInput {
   int64_t cachedTokens = 0;  // P: key rows minus query rows, all ranks
   int64_t maxQRows = 0;      // the largest shard, which sets the pace
   int64_t maxKvRows = 0;
+  bool allGatherKv = true;  // a candidate (not on device communicators yet)
 };
+
+// AUTO weighs all-gather KV only when the gathered keys and values (every
+// rank's largest shard, K and V) fit in this many bytes.
+constexpr double kAllGatherKvAutoMaxBytes = double(256 << 20);
 
 void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const ModelInput& in,
                    attnModeEstimate_t* out);

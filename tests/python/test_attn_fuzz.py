@@ -29,7 +29,7 @@ import attncomm as ac  # noqa: E402
 from attn_reference import attention_at_positions  # noqa: E402
 
 D, HKV = 8, 2
-MODES = [ac.MODE_AUTO, ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_HEAD_PARALLEL]
+MODES = [ac.MODE_AUTO, ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_HEAD_PARALLEL, ac.MODE_ALL_GATHER_KV]
 
 
 def make_case(rnd, n):

@@ -243,7 +243,8 @@ class RingAttention(unittest.TestCase):
         ref_o, ref_lse = exact_attention(q, k, v, new_lens, cached_lens)
         shards = ac.plan_prefill(new_lens, n, cached_lens)
         comms = ac.Comm.init_all(n)
-        modes = (ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_AUTO, ac.MODE_HEAD_PARALLEL)
+        modes = (ac.MODE_PASS_KV, ac.MODE_PASS_Q, ac.MODE_SHIP_Q, ac.MODE_AUTO, ac.MODE_HEAD_PARALLEL,
+                 ac.MODE_ALL_GATHER_KV)
 
         def body(r, c):
             s = shards[r]
@@ -525,6 +526,8 @@ class SelectorAndTopology(unittest.TestCase):
             e = ac.estimate_modes(h100, 4, t, 128000 - t, 128, 8, 128, dtype=ac.BFLOAT16)
             self.assertEqual(e.chosen, want, f"miss {miss}: {e}")
             self.assertGreater(min(e.pass_kv_us, e.pass_q_us), 0)
+            # All-gather KV: pass-KV's bytes in one hop, never slower in the model.
+            self.assertLessEqual(e.all_gather_kv_us, e.pass_kv_us)
         # Decode placement: new KV at (s + step) % n, the query at s % n.
         self.assertEqual(ac.decode_placement(5, 3, 4), ([3, 0, 1, 2, 3], [0, 1, 2, 3, 0]))
 

@@ -153,7 +153,7 @@ def run_checks(rank, comm):
         return act.reference_kernel(*args)
 
     act.set_attn_kernel(comm, counted)
-    for mode in ("pass_kv", "pass_q", "ship_q", "head_parallel"):
+    for mode in ("pass_kv", "pass_q", "ship_q", "head_parallel", "all_gather_kv"):
         before = calls[0]
         out, lse = act.ring_attention(comm, mq, mk, mv, layout, mode=mode, return_lse=True)
         assert calls[0] > before, f"{mode}: the plugged kernel was not called"

@@ -68,6 +68,7 @@ const char* ModeName(attnAttnMode_t m) {
     case attnModePassQ: return "pass-Q";
     case attnModeShipQ: return "ship-Q";
     case attnModeHeadParallel: return "head-parallel";
+    case attnModeAllGatherKV: return "all-gather-KV";
   }
   return "?";
 }

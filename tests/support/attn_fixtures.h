@@ -151,8 +151,8 @@ void ExpectRingAttentionExact(const AttnCase& c, const Placement& pl, int rank, 
                               AttnErrorStats* stats_out = nullptr);
 
 const char* ModeName(attnAttnMode_t m);
-constexpr attnAttnMode_t kAllModes[] = {attnModePassKV, attnModePassQ, attnModeShipQ,
-                                        attnModeAuto, attnModeHeadParallel};
+constexpr attnAttnMode_t kAllModes[] = {attnModePassKV, attnModePassQ,        attnModeShipQ,
+                                        attnModeAuto,   attnModeHeadParallel, attnModeAllGatherKV};
 
 // A plain loop attention kernel for attnCommSetAttnKernel, fp32 math,
 // any dtype. user_data: an AttnKernelCounter (may be NULL).
