@@ -201,9 +201,10 @@ TEST(AlgoSelect, ModelPrefersHierAcrossSlowHostLink) {
   EXPECT_EQ(attn::chooseAlgo(attn::AlgoSetting::kHier, odd, big, rates), attn::CollAlgo::kRing);
 }
 
-// Direct all-gather: auto takes it only on one host over single-copy shm
-// links with blocks of at most kDirectMaxBlock; ATTN_ALGO=direct forces it
-// for all-gather and leaves the reductions on the ring.
+// Direct all-gather: auto takes it on one host over single-copy shm links
+// with blocks of at most kDirectMaxBlock, and over any link for blocks of
+// at most kAllGatherDirectSmallMax; ATTN_ALGO=direct forces it for
+// all-gather and leaves the reductions on the ring.
 TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
   using attn::AlgoSetting;
   using attn::CollAlgo;
@@ -220,6 +221,13 @@ TEST(AlgoSelect, DirectAllGatherOnlyOnSingleCopyLinks) {
             CollAlgo::kRing);
   EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kDirect, one, false, big, 3 * big, rates),
             CollAlgo::kDirect);
+  // Small blocks among few ranks: direct over any link (one message time
+  // instead of n - 1 in a row), on one host or several.
+  const size_t tiny = attn::kAllGatherDirectSmallMax;
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, one, false, tiny, 3 * tiny, rates), CollAlgo::kDirect);
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kAuto, one, false, tiny + 1, 3 * (tiny + 1), rates),
+            CollAlgo::kRing);
+  EXPECT_EQ(attn::chooseAllGatherAlgo(AlgoSetting::kRing, one, false, tiny, 3 * tiny, rates), CollAlgo::kRing);
   // Several hosts: the ring / hier model decides, whatever the links.
   Hierarchy h = buildHierarchy(keysOf(grid("2x4", 1, 2, 4)), identity(8));
   const size_t total = size_t(64) << 20;

@@ -222,6 +222,8 @@ CollAlgo pickAlgo(attnComm* comm, AlgoSetting s, int collIndex, const char* coll
     comm->collTopo->logged |= bit;
     const char* why = s == AlgoSetting::kRing     ? "ATTN_ALGO=ring"
                       : s == AlgoSetting::kDirect ? "ATTN_ALGO=direct"
+                      : a == CollAlgo::kDirect && maxBlock <= kAllGatherDirectSmallMax
+                          ? "small blocks: each straight to every peer, one message time"
                       : a == CollAlgo::kDirect    ? "one host, single-copy shm, blocks within the direct limit"
                       : !t.hier.regular           ? "hierarchy irregular"
                       : s == AlgoSetting::kHier   ? "ATTN_ALGO=hier"

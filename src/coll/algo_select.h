@@ -43,6 +43,11 @@ namespace attn {
 enum class AlgoSetting { kAuto, kRing, kHier, kDirect };
 enum class CollAlgo { kRing, kHier, kDirect };
 constexpr size_t kDirectMaxBlock = size_t(2) << 20;
+// All-gather of small blocks over any transport: every block straight to
+// every peer (one message time) instead of a ring's n - 1 in a row
+// (perf/RESULTS.md section 16).
+constexpr size_t kAllGatherDirectSmallMax = size_t(4) << 10;
+constexpr int kAllGatherDirectMaxRanks = 16;
 constexpr size_t kStageMaxBlock = size_t(32) << 20;
 // ATTN_STAGE_MAX in bytes (0: never stage); kStageMaxBlock when unset.
 size_t readStageMaxBlock();

@@ -23,10 +23,12 @@ bool hierFits(const AutoInputs& in) {
 }
 
 constexpr std::array kAllGather{
-    // One host over single-copy shm, blocks within the direct limit.
+    // One host over single-copy shm, blocks within the direct limit; or
+    // small blocks among few ranks over any transport.
     AllGatherRow{"direct", CollAlgo::kDirect, allGatherDirect, "direct",
                  [](const AutoInputs& in) {
-                   return in.singleCopy && !in.hier->worthwhile() && in.maxBlock <= in.limit;
+                   return (in.singleCopy && !in.hier->worthwhile() && in.maxBlock <= in.limit) ||
+                          (in.maxBlock <= kAllGatherDirectSmallMax && in.nranks <= kAllGatherDirectMaxRanks);
                  }},
     AllGatherRow{"hier", CollAlgo::kHier, allGatherHier, "hier", hierFits},
     AllGatherRow{"ring", CollAlgo::kRing, allGatherRing, "ring", always},
