@@ -2,7 +2,8 @@
 // same two matrix products (S = Q K^T and O = S V per query head), in one run.
 //
 //   kernel_perf [-T 2048,4096] [-Q 0,1] [-H 8,32] [-K 8,1] [-D 128] [-d fp32,bf16]
-//               [-c 0,1] [-t threads] [-r reps] [-w warmup] [-C 0|1] [-J out.json]
+//               [-c 0,1] [-W -1,4096] [-s softcap] [-B 0|1] [-t threads] [-r reps]
+//               [-w warmup] [-C 0|1] [-J out.json]
 //
 // T is the key count; -Q lists query row counts (0 = T, a square prefill;
 // 1 = a decode step: the last position attends to all T keys). kv_GB/s is
@@ -20,6 +21,12 @@
 // runs on fp32 copies of the inputs (conversion not timed) with the same
 // thread count. -C 1 times by process CPU time instead of wall time: steadier
 // on a shared, oversubscribed host, and meaningful only with -t 1.
+// -W lists sliding windows (AttnProblem::window_left; -1 = none): each query
+// sees the keys at most W positions before it (and, without causal, the
+// whole future); FLOPs count the visible pairs only. -s sets a softcap
+// (0 = none); kv_GB/s still counts all T keys' K and V bytes, those a
+// window lets the kernel skip included. -B 0 skips the OpenBLAS products (long windowed runs, where
+// the full products would take minutes): their columns read nan.
 #include <cblas.h>
 
 #include <algorithm>
@@ -32,6 +39,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -46,7 +54,9 @@ using attn::cpu::AttnProblem;
 bool g_cpu_time = false;  // -C 1: process CPU time instead of wall time
 
 struct Options {
-  std::vector<int> T{2048, 4096}, Q{0}, H{8, 32}, K{8, 1}, D{128}, causal{0, 1};
+  std::vector<int> T{2048, 4096}, Q{0}, H{8, 32}, K{8, 1}, D{128}, causal{0, 1}, window{-1};
+  float softcap = 0.0f;
+  bool blas = true;
   std::vector<std::string> dtypes{"fp32", "bf16"};
   int threads = 1, reps = 5, warmup = 1;
   std::string json;
@@ -89,6 +99,9 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "-K") o.K = intList(v);
     else if (a == "-D") o.D = intList(v);
     else if (a == "-c") o.causal = intList(v);
+    else if (a == "-W") o.window = intList(v);
+    else if (a == "-s") o.softcap = float(std::atof(v));
+    else if (a == "-B") o.blas = std::atoi(v) != 0;
     else if (a == "-d") o.dtypes = strList(v);
     else if (a == "-t") o.threads = std::max(1, std::atoi(v));
     else if (a == "-r") o.reps = std::max(1, std::atoi(v));
@@ -147,7 +160,7 @@ double medianTime(int reps, int warmup, const std::function<void()>& f) {
 }
 
 struct Row {
-  int T, Q, H, K, D, causal;
+  int T, Q, H, K, D, causal, window;
   std::string dtype;
   double ours_s, blas_s, ours_gflops, blas_gflops, kv_gbps, read_gbps;
 };
@@ -164,7 +177,7 @@ uint64_t readAll(const std::vector<char>& a, const std::vector<char>& b) {
   return sum;
 }
 
-Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal,
+Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal, int window,
             const std::string& dt, attn::cpu::WorkerPool* pool) {
   const attnDataType_t dtype = dtypeOf(dt);
   std::mt19937 rng(1234);
@@ -198,6 +211,8 @@ Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal,
   p.num_kv_heads = K;
   p.head_dim = D;
   p.causal = causal != 0;
+  p.window_left = window;
+  p.softcap = o.softcap;
   p.q_pos = qpos;
   p.k_pos = pos.data();
   std::vector<float> out(nq), lse(size_t(Q) * H);
@@ -218,16 +233,31 @@ Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal,
                   v.data() + g * D, K * D, 0.0f, o_blas.data() + h * D, H * D);
     }
   };
-  const auto [ours, blas] = medianPair(o.reps, o.warmup, kernel, blas_products);
+  double ours = 0, blas = std::nan("");
+  if (o.blas) std::tie(ours, blas) = medianPair(o.reps, o.warmup, kernel, blas_products);
+  else ours = medianTime(o.reps, o.warmup, kernel);
   volatile uint64_t sink = 0;
   const double read = medianTime(o.reps, o.warmup, [&] { sink = sink + readAll(kd, vd); });
   const double full = 4.0 * Q * double(T) * D * H;
-  // Query i (of Q, at position T-Q+i) sees T-Q+i+1 keys.
-  const double seen = causal ? (double(T) - Q) * Q + Q * (Q + 1.0) / 2.0 : double(Q) * T;
+  // Query i (of Q, at position t = T-Q+i) sees keys [t - window, t] when
+  // causal (t + 1 of them without a window), [t - window, T) when not.
+  double seen = 0;
+  for (int i = 0; i < Q; ++i) {
+    const int64_t t = T - Q + i, lo = window < 0 ? 0 : std::max<int64_t>(0, t - window);
+    seen += double((causal ? t + 1 : T) - lo);
+  }
   const double visible = full * seen / (double(Q) * T);
   const double kv_bytes = 2.0 * double(nk) * double(es);
-  return {T,    Q,    H,   K, D, causal, dt, ours, blas, visible / ours * 1e-9,
+  return {T,    Q,    H,   K, D, causal, window, dt, ours, blas, visible / ours * 1e-9,
           full / blas * 1e-9, kv_bytes / ours * 1e-9, kv_bytes / read * 1e-9};
+}
+
+// A JSON number, or null for nan (BLAS not run, -B 0).
+std::string jnum(double x, const char* fmt) {
+  if (std::isnan(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, x);
+  return buf;
 }
 
 void writeJson(const std::string& path, const Options& o, const std::vector<Row>& rows) {
@@ -244,11 +274,14 @@ void writeJson(const std::string& path, const Options& o, const std::vector<Row>
     const Row& r = rows[i];
     std::fprintf(f,
                  "  {\"T\":%d,\"Q\":%d,\"Hq\":%d,\"Hkv\":%d,\"D\":%d,\"dtype\":\"%s\",\"causal\":%d,"
-                 "\"kernel_ms\":%.3f,\"blas_ms\":%.3f,\"kernel_gflops\":%.2f,"
-                 "\"blas_gflops\":%.2f,\"rate_ratio\":%.3f,\"time_ratio\":%.3f,"
+                 "\"window_left\":%d,\"softcap\":%g,"
+                 "\"kernel_ms\":%.3f,\"blas_ms\":%s,\"kernel_gflops\":%.2f,"
+                 "\"blas_gflops\":%s,\"rate_ratio\":%s,\"time_ratio\":%s,"
                  "\"kv_gbps\":%.3f,\"read_gbps\":%.3f}%s\n",
-                 r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3, r.blas_s * 1e3,
-                 r.ours_gflops, r.blas_gflops, r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s, r.kv_gbps,
+                 r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.window, double(o.softcap),
+                 r.ours_s * 1e3, jnum(r.blas_s * 1e3, "%.3f").c_str(), r.ours_gflops,
+                 jnum(r.blas_gflops, "%.2f").c_str(), jnum(r.ours_gflops / r.blas_gflops, "%.3f").c_str(),
+                 jnum(r.blas_s / r.ours_s, "%.3f").c_str(), r.kv_gbps,
                  r.read_gbps, i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
@@ -265,7 +298,8 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,
                  "usage: %s [-T list] [-Q list] [-H list] [-K list] [-D list] [-d fp32,bf16,fp16] "
-                 "[-c 0,1] [-t threads] [-r reps] [-w warmup] [-C 0|1] [-J out.json]\n",
+                 "[-c 0,1] [-W windows] [-s softcap] [-B 0|1] [-t threads] [-r reps] [-w warmup] [-C 0|1] "
+                 "[-J out.json]\n",
                  argv[0]);
     return 2;
   }
@@ -274,8 +308,9 @@ int main(int argc, char** argv) {
   std::printf("# kernel_perf: isa %s, %d thread(s), median of %d (%s time), OpenBLAS %s\n",
               attn::cpu::isaName(attn::cpu::activeIsa()), o.threads, o.reps,
               g_cpu_time ? "cpu" : "wall", openblas_get_config());
-  std::printf("# %5s %5s %4s %4s %4s %5s %6s %11s %11s %10s %10s %7s %7s %8s %9s\n", "T", "Q",
-              "Hq", "Hkv", "D", "dtype", "causal", "kernel_ms", "blas_ms", "kern_GF/s",
+  if (o.softcap != 0.0f) std::printf("# softcap %g\n", double(o.softcap));
+  std::printf("# %5s %5s %4s %4s %4s %5s %6s %6s %11s %11s %10s %10s %7s %7s %8s %9s\n", "T", "Q",
+              "Hq", "Hkv", "D", "dtype", "causal", "window", "kernel_ms", "blas_ms", "kern_GF/s",
               "blas_GF/s", "rate_x", "time_x", "kv_GB/s", "read_GB/s");
   std::vector<Row> rows;
   for (int T : o.T)
@@ -285,12 +320,13 @@ int main(int argc, char** argv) {
         if (K > H || H % K) continue;
         for (int D : o.D)
           for (const auto& dt : o.dtypes)
-            for (int c : o.causal) {
+            for (int c : o.causal)
+              for (int w : o.window) {
               const int Q = Q0 <= 0 || Q0 > T ? T : Q0;
-              const Row r = measure(o, T, Q, H, K, D, c, dt, &pool);
-              std::printf("  %5d %5d %4d %4d %4d %5s %6d %11.2f %11.2f %10.1f %10.1f %7.2f %7.2f "
+              const Row r = measure(o, T, Q, H, K, D, c, w, dt, &pool);
+              std::printf("  %5d %5d %4d %4d %4d %5s %6d %6d %11.2f %11.2f %10.1f %10.1f %7.2f %7.2f "
                           "%8.2f %9.2f\n",
-                          r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.ours_s * 1e3,
+                          r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.window, r.ours_s * 1e3,
                           r.blas_s * 1e3, r.ours_gflops, r.blas_gflops,
                           r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s, r.kv_gbps, r.read_gbps);
               std::fflush(stdout);

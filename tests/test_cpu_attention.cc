@@ -65,6 +65,8 @@ struct Case {
   int nq = 0, nk = 0, hq = 1, hkv = 1, d = 64;
   attnDataType_t dtype = attnFloat32;
   bool causal = false;
+  int32_t wl = -1, wr = -1;  // sliding window (AttnProblem::window_left / right)
+  float softcap = 0.0f;
   std::vector<AttnSegment> segs;  // empty: one segment over everything
   std::vector<int32_t> qpos, kpos;
 };
@@ -88,6 +90,9 @@ struct Inputs {
     p.head_dim = c.d;
     p.scale = 4.0f / std::sqrt(float(c.d));
     p.causal = c.causal;
+    p.window_left = c.wl;
+    p.window_right = c.wr;
+    p.softcap = c.softcap;
     p.q_pos = c.qpos.empty() ? nullptr : c.qpos.data();
     p.k_pos = c.kpos.empty() ? nullptr : c.kpos.data();
     p.segments = c.segs.empty() ? nullptr : c.segs.data();
@@ -152,7 +157,9 @@ Case selfAttention(int t, int hq, int hkv, int d, bool causal, attnDataType_t dt
 std::string describe(const Case& c, Isa isa) {
   return std::string(isaName(isa)) + " " + dataTypeName(c.dtype) + " nq=" + std::to_string(c.nq) +
          " nk=" + std::to_string(c.nk) + " hq=" + std::to_string(c.hq) + " hkv=" +
-         std::to_string(c.hkv) + " d=" + std::to_string(c.d) + (c.causal ? " causal" : "");
+         std::to_string(c.hkv) + " d=" + std::to_string(c.d) + (c.causal ? " causal" : "") +
+         (c.wl >= 0 || c.wr >= 0 ? " window(" + std::to_string(c.wl) + "," + std::to_string(c.wr) + ")" : "") +
+         (c.softcap > 0 ? " softcap " + std::to_string(c.softcap) : "");
 }
 
 TEST(CpuAttention, MatchesReferenceAcrossGqaHeadDimAndMask) {
@@ -578,6 +585,390 @@ TEST(CpuAttention, RejectsBadProblems) {
   p.segments = outside;
   p.num_segments = 1;
   EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument);
+}
+
+// ---- Sliding windows, softcap and sinks (issue 48) ----
+
+struct Window { int32_t wl, wr; };
+// Left only, right only, both, window 0 (one side or both: the query's own
+// position only), wider than any sequence here, and symmetric.
+const Window kWindows[] = {{16, -1}, {-1, 9}, {20, 5}, {0, 0}, {0, -1}, {-1, 0}, {100000, 100000}, {70, 70}};
+
+Case withWindow(Case c, Window w, float softcap = 0.0f) {
+  c.wl = w.wl;
+  c.wr = w.wr;
+  c.softcap = softcap;
+  return c;
+}
+
+// The case on the active ISA with 1 and 2 threads (and `more`), against the
+// reference; `adjust` edits the problem first (e.g. its scale).
+template <class Adjust>
+void checkCase(const Case& c, uint32_t seed, double tol, double oTol, const std::string& what,
+               Adjust adjust, std::initializer_list<int> threads = {1, 2}) {
+  Inputs in(c, seed);
+  adjust(in.p);
+  const Reference ref(in.p);
+  for (int n : threads) {
+    Result r(in.p);
+    ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {n}), attnSuccess) << what;
+    expectClose(in.p, r, ref, tol, what + " threads " + std::to_string(n), oTol);
+  }
+}
+void checkCase(const Case& c, uint32_t seed, double tol, double oTol, const std::string& what) {
+  checkCase(c, seed, tol, oTol, what, [](AttnProblem&) {});
+}
+
+// Prefill shapes: several query tiles per kv head (K/V packed), GQA, head_dim
+// 64, 128 and 40 (no whole vectors), each window with and without causal.
+TEST(CpuAttention, SlidingWindowsMatchReference) {
+  struct Shape { int t, hq, hkv, d; };
+  const Shape shapes[] = {{300, 2, 1, 64}, {150, 4, 2, 128}, {97, 3, 1, 40}, {20, 8, 8, 64}};
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const auto& s : shapes)
+      for (const Window& w : kWindows)
+        for (bool causal : {false, true}) {
+          const Case c = withWindow(selfAttention(s.t, s.hq, s.hkv, s.d, causal, attnFloat32), w);
+          checkCase(c, uint32_t(s.t + s.d), 1e-5, 0, describe(c, isa));
+        }
+  }
+}
+
+TEST(CpuAttention, SlidingWindowsHalfInputs) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat16, attnBfloat16})
+      for (int d : {64, 128, 40})
+        for (bool causal : {false, true})
+          for (Window w : {Window{32, 8}, Window{5, -1}}) {
+            const Case c = withWindow(selfAttention(140, 8, 2, d, causal, dt), w);
+            checkCase(c, 5, 1e-5, 0, describe(c, isa));
+          }
+  }
+}
+
+// Positions out of order (shuffled, repeated), several sequences, one of
+// them near INT32_MAX and one near INT32_MIN (the bounds saturate), a decode
+// segment, a segment without keys.
+Case shuffledSegments(std::mt19937& rng, attnDataType_t dt, bool causal, Window w) {
+  Case c = emptyCausal(4, 2, 64, dt);
+  c.causal = causal;
+  c.wl = w.wl;
+  c.wr = w.wr;
+  auto add = [&](int len, int64_t base, int nq, int nk) {
+    AttnSegment s{c.nq, c.nq + nq, c.nk, c.nk + nk};
+    std::vector<int32_t> qp, kp;
+    for (int i = 0; i < nq; ++i) qp.push_back(int32_t(base + len - nq + i));
+    for (int i = 0; i < nk; ++i) kp.push_back(int32_t(base + int64_t(rng() % uint32_t(len))));  // repeats
+    std::shuffle(qp.begin(), qp.end(), rng);
+    for (int32_t q : qp) c.qpos.push_back(q), ++c.nq;
+    for (int32_t k : kp) c.kpos.push_back(k), ++c.nk;
+    c.segs.push_back(s);
+  };
+  add(200, 0, 200, 230);
+  add(90, 1000, 3, 90);  // decode-like
+  add(80, int64_t(std::numeric_limits<int32_t>::max()) - 80, 80, 80);
+  add(70, std::numeric_limits<int32_t>::min(), 70, 70);
+  add(10, 5000, 10, 0);  // no keys
+  return c;
+}
+
+TEST(CpuAttention, WindowsOnShuffledPositionsAndSegments) {
+  std::mt19937 rng(7);
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16})
+      for (bool causal : {false, true})
+        for (Window w : {Window{24, -1}, Window{30, 10}, Window{-1, 12}, Window{0, 0}, Window{40, 40}}) {
+          const Case c = shuffledSegments(rng, dt, causal, w);
+          // (its decode segment goes through bf16 P·V on AVX512_BF16)
+          checkCase(c, 13, 1e-5, decodeOTolerance(dt, isa), describe(c, isa), [](AttnProblem&) {}, {1, 3});
+        }
+  }
+}
+
+// Decode shapes: several kv heads per task, dot-product scores (fp32 in
+// place, converted fp16, bf16 dot products on AVX512_BF16), split-K.
+TEST(CpuAttention, SlidingWindowsDecode) {
+  struct Shape { int rows, hq, hkv, d; };
+  const Shape shapes[] = {{1, 32, 8, 128}, {1, 8, 1, 64}, {3, 10, 2, 128}, {1, 24, 3, 80}, {2, 12, 3, 40}};
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const auto& s : shapes)
+      for (attnDataType_t dt : {attnFloat32, attnFloat16, attnBfloat16})
+        for (Window w : {Window{100, -1}, Window{5, -1}, Window{64, 0}, Window{0, 0}}) {
+          const Case c = withWindow(decodeBatch(s.rows, s.hq, s.hkv, s.d, dt), w);
+          checkCase(c, uint32_t(s.hq + s.d), 1e-5, decodeOTolerance(dt, isa), describe(c, isa),
+                    [](AttnProblem&) {}, {1, 2, 3});
+        }
+    // Split-K over one long sequence: rows whose windows lie in different chunks.
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16}) {
+      Case c = emptyCausal(8, 1, 64, dt);
+      c.wl = 500;
+      c.segs.push_back({0, 3, 0, 3000});
+      for (int32_t q : {2999, 1200, 3}) c.qpos.push_back(q), ++c.nq;
+      for (int32_t k = 0; k < 3000; ++k) c.kpos.push_back(k), ++c.nk;
+      checkCase(c, 31, 1e-5, decodeOTolerance(dt, isa), describe(c, isa) + " split-K",
+                [](AttnProblem&) {}, {2, 3, 4});
+    }
+  }
+}
+
+// Softcap across scales: scores ~1e-3 of the cap (the polynomial), around
+// it, far past it (saturated), and a cap that caps nothing; with causal,
+// windows, GQA, prefill and decode, every dtype.
+TEST(CpuAttention, SoftcapMatchesReference) {
+  struct Cap { float scale_mul, cap; };
+  const Cap caps[] = {{1.0f, 2.0f}, {1.0f, 0.3f}, {1e-3f, 0.5f}, {10.0f, 1.0f}, {10.0f, 4.0f}, {1.0f, 1e6f}};
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const Cap& k : caps)
+      for (attnDataType_t dt : {attnFloat32, attnFloat16, attnBfloat16}) {
+        auto scaled = [&](AttnProblem& p) { p.scale *= k.scale_mul; };
+        const Case cases[] = {
+            withWindow(selfAttention(130, 8, 2, 64, true, dt), {-1, -1}, k.cap),
+            withWindow(selfAttention(130, 8, 2, 64, false, dt), {-1, -1}, k.cap),
+            withWindow(selfAttention(90, 4, 1, 40, true, dt), {20, -1}, k.cap),
+            withWindow(selfAttention(70, 3, 3, 128, false, dt), {10, 10}, k.cap),
+            withWindow(decodeBatch(1, 32, 8, 128, dt), {-1, -1}, k.cap),
+            withWindow(decodeBatch(2, 8, 1, 64, dt), {50, -1}, k.cap)};
+        // Scores 10x larger carry 10x the fp32 rounding of their dot
+        // products (capped or not): scale the tolerance with them.
+        const double tol = k.scale_mul > 1.0f ? 3e-5 : 1e-5;
+        for (const Case& c : cases)
+          checkCase(c, 3, tol, c.nq < 20 ? std::max(tol, decodeOTolerance(dt, isa)) : 0,
+                    describe(c, isa) + " scale x" + std::to_string(k.scale_mul), scaled);
+      }
+  }
+}
+
+// attentionAccumulate over the keys in 2 or 3 blocks gives the one call's
+// result (and the reference's), windows and softcap on; a first block seen
+// by no row leaves those rows' accumulators empty.
+TEST(CpuAttention, WindowedAccumulateInBlocksEqualsOneCall) {
+  std::mt19937 rng(3);
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16}) {
+      const Case cases[] = {withWindow(selfAttention(260, 4, 2, 64, true, dt), {40, -1}, 3.0f),
+                            withWindow(selfAttention(120, 2, 2, 40, false, dt), {7, 30}, 0.0f),
+                            withWindow(decodeBatch(2, 16, 4, 128, dt), {70, -1}, 5.0f),
+                            shuffledSegments(rng, dt, true, {25, -1})};
+      for (const Case& c : cases) {
+        Inputs in(c, 19);
+        const Reference ref(in.p);
+        Result one(in.p);
+        ASSERT_EQ(attentionPartial(in.p, one.o.data(), one.lse.data()), attnSuccess);
+        const double oTol = decodeOTolerance(dt, isa);  // bf16 decode rows on AVX512_BF16
+        for (int parts : {2, 3}) {
+          const auto split = keyPartition(c, parts, rng);
+          Result acc(in.p);
+          initAccumulator(acc.o.data(), acc.lse.data(), c.nq, c.hq, c.d);
+          AttnProblem p = in.p;
+          for (const auto& segs : split) {
+            p.segments = segs.data();
+            p.num_segments = int32_t(segs.size());
+            ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data(), {2}), attnSuccess);
+          }
+          const std::string what = describe(c, isa) + " parts " + std::to_string(parts);
+          expectClose(in.p, acc, ref, 1e-5, what, oTol);
+          // Against the one call, as a reference of its own.
+          for (size_t i = 0; i < one.lse.size(); ++i) {
+            if (one.lse[i] == kNegInf) {
+              EXPECT_EQ(acc.lse[i], kNegInf) << what;
+              continue;
+            }
+            EXPECT_NEAR(acc.lse[i], one.lse[i], 1e-5) << what;
+            for (int d = 0; d < c.d; ++d)
+              EXPECT_NEAR(acc.o[i * c.d + d], one.o[i * c.d + d], 2 * oTol) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Paged K/V with a window and a softcap: the bits of the gathered keys.
+TEST(CpuAttention, PagedKeysWithWindowGiveTheBitsOfTheGatheredKeys) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16})
+      for (bool prefill : {false, true}) {
+        const Case c = withWindow(prefill ? selfAttention(150, 4, 1, 128, true, dt) : decodeBatch(1, 32, 8, 128, dt),
+                                  {40, -1}, 4.0f);
+        Inputs in(c, 23);
+        std::vector<int64_t> rows(size_t(c.nk));
+        for (int j = 0; j < c.nk; ++j) rows[size_t(j)] = int64_t(c.nk - 1 - j) * 2 + 1;  // reversed, odd rows
+        const size_t rowElems = size_t(c.hkv) * c.d, rowBytes = rowElems * dataTypeSize(dt);
+        std::mt19937 rng(1);
+        Tensor pk(dt, 2 * c.nk * rowElems, rng, -1.0f, 1.0f), pv(dt, 2 * c.nk * rowElems, rng, -1.0f, 1.0f);
+        for (int j = 0; j < c.nk; ++j) {
+          const size_t r = size_t(rows[size_t(j)]);
+          std::memcpy(pk.bytes.data() + r * rowBytes, static_cast<const char*>(in.k.data()) + j * rowBytes, rowBytes);
+          std::memcpy(pv.bytes.data() + r * rowBytes, static_cast<const char*>(in.v.data()) + j * rowBytes, rowBytes);
+          pk.setRowNan(r - 1, rowElems);
+          pv.setRowNan(r - 1, rowElems);
+        }
+        AttnProblem paged = in.p;
+        paged.k = pk.data();
+        paged.v = pv.data();
+        paged.k_rows = rows.data();
+        const Reference ref(paged);
+        for (int threads : {1, 3}) {
+          const std::string what = describe(c, isa) + " threads " + std::to_string(threads);
+          Result want(in.p), got(paged);
+          ASSERT_EQ(attentionPartial(in.p, want.o.data(), want.lse.data(), {threads}), attnSuccess);
+          ASSERT_EQ(attentionPartial(paged, got.o.data(), got.lse.data(), {threads}), attnSuccess) << what;
+          EXPECT_EQ(std::memcmp(want.o.data(), got.o.data(), want.o.size() * sizeof(float)), 0) << what;
+          EXPECT_EQ(std::memcmp(want.lse.data(), got.lse.data(), want.lse.size() * sizeof(float)), 0) << what;
+          expectClose(paged, got, ref, 1e-5, what, prefill ? 1e-5 : decodeOTolerance(dt, isa));
+        }
+      }
+  }
+}
+
+// The expected tile classification of a self-attention case (one segment,
+// positions 0..T-1, one kv head per task) under span (lo, hi).
+AttnStats expectedTiles(int T, int nq, int hkv, int rows, int64_t lo, int64_t hi) {
+  AttnStats want;
+  for (int h = 0; h < hkv; ++h)
+    for (int m0 = 0; m0 < nq; m0 += rows)
+      for (int k0 = 0; k0 < T; k0 += kAttnKeyTile) {
+        const int64_t qmin = m0 + (T - nq), qmax = std::min(nq, m0 + rows) - 1 + (T - nq);
+        const int64_t kmin = k0, kmax = std::min(T, k0 + kAttnKeyTile) - 1;
+        if (kmin > qmax + hi || kmax < qmin - lo) ++want.tiles_skipped;
+        else if (kmin < qmax - lo || kmax > qmin + hi) ++want.tiles_masked;
+        else ++want.tiles_full;
+      }
+  return want;
+}
+
+// Window 64 over 4096 keys: all but the tiles around the window are skipped
+// (their K/V hold NaN in the decode case: never read).
+TEST(CpuAttention, WindowSkipsTilesOutsideIt) {
+  const int T = 4096;
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    {  // decode: one row at the last position
+      Case c = emptyCausal(8, 1, 64, attnFloat32);
+      c.wl = 64;
+      c.qpos = {T - 1};
+      c.nq = 1;
+      for (int k = 0; k < T; ++k) c.kpos.push_back(k);
+      c.nk = T;
+      Inputs in(c, 2);
+      for (int j = 0; j < T - 2 * kAttnKeyTile; ++j) {
+        in.k.setRowNan(size_t(j), size_t(c.d));
+        in.v.setRowNan(size_t(j), size_t(c.d));
+      }
+      Result r(in.p);
+      AttnStats st;
+      ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {1, nullptr, &st}), attnSuccess);
+      expectClose(in.p, r, Reference(in.p), 1e-5, describe(c, isa));
+      EXPECT_EQ(st.tiles_skipped, T / kAttnKeyTile - 2) << isaName(isa);
+      EXPECT_EQ(st.tiles_masked, 1) << isaName(isa);  // keys 3968..4031: 4031 only
+      EXPECT_EQ(st.tiles_full, 1) << isaName(isa);    // keys 4032..4095
+    }
+    for (Window w : {Window{64, -1}, Window{64, 64}}) {  // prefill, causal / two-sided
+      const bool causal = w.wr < 0;
+      const Case c = withWindow(selfAttention(T, 1, 1, 64, causal, attnFloat32), w);
+      Inputs in(c, 4);
+      Result r(in.p);
+      AttnStats st;
+      ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {1, nullptr, &st}), attnSuccess);
+      expectClose(in.p, r, Reference(in.p), 1e-5, describe(c, isa));
+      const VisibleSpan span = visibleSpan(in.p);
+      const AttnStats want = expectedTiles(T, T, 1, kernelsFor(activeIsa()).attn_tile_rows, span.lo, span.hi);
+      EXPECT_EQ(st.tiles_skipped, want.tiles_skipped) << describe(c, isa);
+      EXPECT_EQ(st.tiles_masked, want.tiles_masked) << describe(c, isa);
+      EXPECT_EQ(st.tiles_full, want.tiles_full) << describe(c, isa);
+      const int64_t total = st.tiles_skipped + st.tiles_masked + st.tiles_full;
+      EXPECT_GT(st.tiles_skipped, total * 8 / 10) << describe(c, isa);
+    }
+  }
+}
+
+TEST(CpuAttention, RejectsBadWindowsAndSoftcaps) {
+  Case c = selfAttention(8, 4, 2, 64, false, attnFloat32);
+  Inputs in(c, 1);
+  Result r(in.p);
+  auto run = [&](auto edit) {
+    AttnProblem p = in.p;
+    edit(p);
+    return attentionPartial(p, r.o.data(), r.lse.data());
+  };
+  EXPECT_EQ(run([](AttnProblem& p) { p.window_left = -2; }), attnInvalidArgument);
+  EXPECT_EQ(run([](AttnProblem& p) { p.window_right = -7; }), attnInvalidArgument);
+  EXPECT_EQ(run([](AttnProblem& p) { p.softcap = -1.0f; }), attnInvalidArgument);
+  EXPECT_EQ(run([](AttnProblem& p) { p.softcap = std::numeric_limits<float>::quiet_NaN(); }),
+            attnInvalidArgument);
+  EXPECT_EQ(run([](AttnProblem& p) { p.softcap = std::numeric_limits<float>::infinity(); }),
+            attnInvalidArgument);
+  // A window needs positions, on either side, causal or not.
+  EXPECT_EQ(run([](AttnProblem& p) { p.window_left = 3; p.q_pos = nullptr; }), attnInvalidArgument);
+  EXPECT_EQ(run([](AttnProblem& p) { p.window_right = 0; p.k_pos = nullptr; }), attnInvalidArgument);
+  // Fine: -1 (unbounded), a window with positions, a cap, no positions unbounded.
+  EXPECT_EQ(run([](AttnProblem& p) { p.window_left = 4; p.window_right = 0; p.softcap = 30.0f; }), attnSuccess);
+  EXPECT_EQ(run([](AttnProblem& p) { p.q_pos = nullptr; p.k_pos = nullptr; p.softcap = 1e-30f; }), attnSuccess);
+  for (float x : r.o) EXPECT_FALSE(std::isnan(x));
+  EXPECT_EQ(run([](AttnProblem& p) { p.softcap = 3e38f; }), attnSuccess);  // caps nothing
+  double o[8 * 4 * 64], lse[8 * 4];
+  AttnProblem p = in.p;
+  p.window_left = -3;
+  EXPECT_EQ(referenceAttention(p, o, lse), attnInvalidArgument);
+  p = in.p;
+  p.window_left = 2;
+  p.q_pos = nullptr;
+  EXPECT_EQ(referenceAttention(p, o, lse), attnInvalidArgument);
+}
+
+// Sinks in the reference, from the definition: every row's denominator
+// gains exp(sink[h]); rows that see no key (masked by the window, or in no
+// segment) get O = 0 and LSE = sink. Checked against the kernels' sink-free
+// result with the sink folded in afterwards, as the library does.
+TEST(CpuAttention, ReferenceSinks) {
+  Case c = withWindow(selfAttention(50, 4, 2, 64, true, attnFloat32), {10, -1}, 5.0f);
+  for (int i = 0; i < 5; ++i) c.qpos[size_t(i)] += 1000;  // beyond every key's window
+  c.segs = {{0, 45, 0, 50}};                              // rows 45.. in no segment
+  Inputs in(c, 6);
+  const float sinks[4] = {0.5f, -1.0f, 3.0f, -20.0f};
+  std::vector<double> so(size_t(c.nq) * c.hq * c.d), slse(size_t(c.nq) * c.hq);
+  ASSERT_EQ(referenceAttention(in.p, sinks, so.data(), slse.data()), attnSuccess);
+  Result r(in.p);
+  ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data()), attnSuccess);
+  int empty = 0;
+  for (int i = 0; i < c.nq; ++i)
+    for (int h = 0; h < c.hq; ++h) {
+      const size_t row = size_t(i) * c.hq + h;
+      const double sink = sinks[h];
+      if (r.lse[row] == kNegInf) {
+        ++empty;
+        EXPECT_EQ(slse[row], sink);
+        for (int d = 0; d < c.d; ++d) EXPECT_EQ(so[row * c.d + d], 0.0);
+        continue;
+      }
+      const double l = r.lse[row], m = std::max(l, sink);
+      const double want = m + std::log(std::exp(l - m) + std::exp(sink - m));
+      EXPECT_NEAR(slse[row], want, 1e-5) << i << " " << h;
+      for (int d = 0; d < c.d; ++d)
+        EXPECT_NEAR(so[row * c.d + d], r.o[row * c.d + d] * std::exp(l - want), 1e-5) << i << " " << h;
+    }
+  EXPECT_EQ(empty, 10 * c.hq);
+  // One key: o = v e^s / (e^s + e^sink), straight.
+  Case one = selfAttention(1, 1, 1, 4, false, attnFloat32);
+  Inputs in1(one, 8);
+  double o1[4], l1;
+  const float sink1 = 0.25f;
+  ASSERT_EQ(referenceAttention(in1.p, &sink1, o1, &l1), attnSuccess);
+  const float* q = static_cast<const float*>(in1.p.q);
+  const float* k = static_cast<const float*>(in1.p.k);
+  const float* v = static_cast<const float*>(in1.p.v);
+  double s = 0;
+  for (int d = 0; d < 4; ++d) s += double(q[d]) * k[d];
+  s *= in1.p.scale;
+  EXPECT_NEAR(l1, std::log(std::exp(s) + std::exp(double(sink1))), 1e-12);
+  for (int d = 0; d < 4; ++d) EXPECT_NEAR(o1[d], v[d] * std::exp(s) / (std::exp(s) + std::exp(double(sink1))), 1e-12);
 }
 
 TEST(CpuMerge, MinusInfinityPartialsContributeNothing) {

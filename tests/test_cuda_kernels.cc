@@ -24,6 +24,7 @@
 #include "kernels/cpu/pack.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/reference_attention.h"
+#include "kernels/cpu/sinks.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/core/datatype.h"
 
@@ -95,6 +96,8 @@ struct Case {
   int nq = 0, nk = 0, hq = 1, hkv = 1, d = 64;
   attnDataType_t dtype = attnBfloat16;
   bool causal = false;
+  int window_left = -1, window_right = -1;  // AttnProblem's sliding window
+  float softcap = 0.0f;
   bool force_generic = false;
   bool force_wmma = false;             // the WMMA kernel instead of the mma.sync one
   int key_splits = 0;                  // AttnCudaExec::key_splits
@@ -103,7 +106,11 @@ struct Case {
   std::string name() const {
     return std::string(dtName(dtype)) + " nq " + std::to_string(nq) + " nk " + std::to_string(nk) +
            " hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " d " + std::to_string(d) +
-           (causal ? " causal" : "") + (force_generic ? " simt" : "") + (force_wmma ? " wmma" : "") +
+           (causal ? " causal" : "") +
+           (window_left >= 0 || window_right >= 0
+                ? " window " + std::to_string(window_left) + "," + std::to_string(window_right)
+                : "") +
+           (softcap != 0.0f ? " softcap " + std::to_string(softcap) : "") + (force_generic ? " simt" : "") + (force_wmma ? " wmma" : "") +
            (key_splits ? " splits " + std::to_string(key_splits) : "") +
            (segs.empty() ? "" : " segs " + std::to_string(segs.size()));
   }
@@ -163,6 +170,9 @@ struct HostProblem {
     p.head_dim = c.d;
     p.scale = 4.0f / std::sqrt(float(c.d));  // peaked softmax: errors stay visible
     p.causal = c.causal;
+    p.window_left = c.window_left;
+    p.window_right = c.window_right;
+    p.softcap = c.softcap;
     p.q_pos = c.qpos.empty() ? nullptr : c.qpos.data();
     p.k_pos = c.kpos.empty() ? nullptr : c.kpos.data();
     p.segments = c.segs.empty() ? nullptr : c.segs.data();
@@ -193,21 +203,26 @@ struct DevProblem {
 // Tile counts the kernel must report, from the same rule on the host.
 AttnCudaStats expectedTiles(const Case& c, const AttnCudaPlan& plan) {
   AttnCudaStats s{};
+  const cpu::VisibleSpan span = cpu::visibleSpan(c.causal, c.window_left, c.window_right);
   std::vector<cpu::AttnSegment> segs = c.segs;
   if (segs.empty()) segs.push_back({0, c.nq, 0, c.nk});
   for (const auto& g : segs) {
     for (int q0 = g.q_begin; q0 < g.q_end; q0 += plan.block_q) {
       const int q1 = std::min(g.q_end, q0 + plan.block_q);
-      int qlo = INT32_MAX, qhi = INT32_MIN;
-      if (c.causal)
-        for (int i = q0; i < q1; ++i) qlo = std::min(qlo, c.qpos[i]), qhi = std::max(qhi, c.qpos[i]);
+      int64_t qlo = INT32_MAX, qhi = INT32_MIN;
+      if (span.bounded)
+        for (int i = q0; i < q1; ++i) qlo = std::min<int64_t>(qlo, c.qpos[i]), qhi = std::max<int64_t>(qhi, c.qpos[i]);
       for (int k0 = g.k_begin; k0 < g.k_end; k0 += plan.block_k) {
         const int k1 = std::min(g.k_end, k0 + plan.block_k);
-        int klo = INT32_MAX, khi = INT32_MIN;
-        if (c.causal)
-          for (int j = k0; j < k1; ++j) klo = std::min(klo, c.kpos[j]), khi = std::max(khi, c.kpos[j]);
+        int64_t klo = INT32_MAX, khi = INT32_MIN;
+        if (span.bounded)
+          for (int j = k0; j < k1; ++j) klo = std::min<int64_t>(klo, c.kpos[j]), khi = std::max<int64_t>(khi, c.kpos[j]);
+        // Skipped when no key can be seen by any query (by the bounds),
+        // full when every key is seen by every query.
+        const bool none = klo > qhi + span.hi || khi < qlo - span.lo;
+        const bool all = khi <= qlo + span.hi && klo >= qhi - span.lo;
         unsigned long long& slot =
-            !c.causal || khi <= qlo ? s.tiles_full : (klo > qhi ? s.tiles_skipped : s.tiles_masked);
+            !span.bounded || all ? s.tiles_full : (none ? s.tiles_skipped : s.tiles_masked);
         slot += unsigned(c.hq);
       }
     }
@@ -217,7 +232,7 @@ AttnCudaStats expectedTiles(const Case& c, const AttnCudaPlan& plan) {
 
 // Runs a case on the device, checks it against the double reference and
 // the tile counts against the host's prediction.
-void checkCase(const Case& c, uint32_t seed = 1) {
+void checkCase(const Case& c, uint32_t seed = 1, AttnCudaStats* tiles = nullptr) {
   SCOPED_TRACE(c.name());
   HostProblem h(c, seed);
   DevProblem dp(h, c);
@@ -252,6 +267,7 @@ void checkCase(const Case& c, uint32_t seed = 1) {
     EXPECT_EQ(got.tiles_full, want.tiles_full);
     EXPECT_EQ(got.tiles_masked, want.tiles_masked);
     EXPECT_EQ(got.tiles_skipped, want.tiles_skipped);
+    if (tiles) *tiles = got;
   }
 }
 
@@ -556,6 +572,273 @@ TEST(CudaAttention, AccumulateMatchesOneCall) {
     std::shuffle(c.kpos.begin(), c.kpos.end(), std::mt19937(3));  // blocks out of order
     // Three key blocks: [0,64) [64,64) (empty) [64,150).
     checkAccumulateInBlocks(c, 5, {0, 64, 64, 150}, {0, 0, 0});
+  }
+}
+
+// ---- sliding windows and softcap ------------------------------------------------
+
+// The kernels a problem can be forced onto (fp32 runs on SIMT whatever is asked).
+const AttnCudaKernel kAllKernels[] = {AttnCudaKernel::mma, AttnCudaKernel::wmma, AttnCudaKernel::simt};
+Case& onKernel(Case& c, AttnCudaKernel k) {
+  c.force_generic = k == AttnCudaKernel::simt;
+  c.force_wmma = k == AttnCudaKernel::wmma;
+  return c;
+}
+bool skipKernel(attnDataType_t dt, AttnCudaKernel k) { return dt == attnFloat32 && k != AttnCudaKernel::simt; }
+
+// Sliding windows (FlashAttention's convention on global positions): left
+// only, right only, both, zero-width, with causal (which caps the right side
+// at the query whatever window_right says) and without; every kernel and
+// dtype, GQA.
+TEST(CudaAttention, SlidingWindows) {
+  REQUIRE_GPU();
+  const std::tuple<bool, int, int> windows[] = {{true, 20, -1}, {false, 20, -1}, {false, -1, 7}, {false, 33, 70},
+                                                {true, 0, -1},  {false, 0, 0},   {true, 45, 9}};
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32})
+    for (AttnCudaKernel k : kAllKernels) {
+      if (skipKernel(dt, k)) continue;
+      for (auto [causal, wl, wr] : windows) {
+        Case c = selfAttn(100, 4, 2, 64, causal, dt);
+        c.window_left = wl, c.window_right = wr;
+        checkCase(onKernel(c, k));
+      }
+    }
+}
+
+// Unsorted positions (duplicates too) under a window: tiles are skipped and
+// masked by their actual bounds; queries whose window holds no key see
+// nothing (O = 0, LSE = -inf). GQA groups of 8 and 3 (the mma kernel packs
+// a group's heads into one CTA).
+TEST(CudaAttention, WindowsOnUnsortedPositions) {
+  REQUIRE_GPU();
+  std::mt19937 rng(21);
+  const std::tuple<bool, int, int> windows[] = {{true, 30, -1}, {false, 50, 20}, {false, -1, 0}, {false, 3, 3}};
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32})
+    for (auto [hq, hkv] : {std::pair{8, 1}, std::pair{6, 2}})
+      for (auto [causal, wl, wr] : windows) {
+        Case c;
+        c.nq = 90, c.nk = 150, c.hq = hq, c.hkv = hkv, c.d = 64, c.causal = causal, c.dtype = dt;
+        c.window_left = wl, c.window_right = wr;
+        for (int j = 0; j < c.nk; ++j) c.kpos.push_back(int(rng() % 400));
+        for (int i = 0; i < c.nq; ++i) c.qpos.push_back(i % 11 == 0 ? 5000 + i : int(rng() % 420));
+        for (AttnCudaKernel k : kAllKernels) {
+          if (skipKernel(dt, k)) continue;
+          checkCase(onKernel(c, k), 2);
+        }
+      }
+}
+
+// Packed variable-length batch under windows: empty ranges, rows outside
+// every segment, load-balanced shards.
+TEST(CudaAttention, WindowsOverVariableLengthSegments) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    Case c;
+    c.hq = 4, c.hkv = 2, c.d = 64, c.dtype = dt;
+    const int shape[][4] = {{70, 150, 80, 0}, {0, 40, 0, 0}, {33, 0, 5, 0}, {1, 1, 0, 0}, {40, 90, 0, 0}, {5, 200, 2, 10}};
+    for (const auto& sh : shape) {
+      c.segs.push_back({c.nq, c.nq + sh[0], c.nk, c.nk + sh[1]});
+      for (int i = 0; i < sh[0]; ++i) c.qpos.push_back(sh[2] + i);
+      for (int j = 0; j < sh[1]; ++j) c.kpos.push_back(sh[3] + j);
+      c.nq += sh[0];
+      c.nk += sh[1];
+      for (int i = 0; i < 2; ++i) c.qpos.push_back(0);  // rows of no segment
+      c.nq += 2;
+    }
+    for (auto [causal, wl, wr] : {std::tuple{true, 40, -1}, std::tuple{false, 25, 25}})
+      for (AttnCudaKernel k : kAllKernels) {
+        if (skipKernel(dt, k)) continue;
+        c.causal = causal, c.window_left = wl, c.window_right = wr;
+        checkCase(onKernel(c, k), 3);
+      }
+  }
+}
+
+// Decode steps under a sliding window with split-K: chunks wholly outside
+// the window are skipped, the rest merged; the launcher's own choice too.
+TEST(CudaAttention, WindowedDecodeWithSplitKeys) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32})
+    for (AttnCudaKernel k : kAllKernels)
+      for (int splits : {0, 1, 3}) {
+        if (skipKernel(dt, k)) continue;
+        Case c = decodeStep(8, 2, 64, dt, {1300, 41, 700});
+        c.window_left = 200;
+        c.key_splits = splits;
+        AttnCudaStats got{};
+        checkCase(onKernel(c, k), 4, &got);
+        EXPECT_GT(got.tiles_skipped, got.tiles_full + got.tiles_masked) << c.name();
+      }
+}
+
+// A narrow window over a long cache: almost every key tile is skipped
+// without being loaded, the tiles along the window run masked.
+TEST(CudaAttention, NarrowWindowSkipsTiles) {
+  REQUIRE_GPU();
+  for (AttnCudaKernel k : kAllKernels) {
+    Case c;
+    c.nq = 64, c.nk = 1024, c.hq = 2, c.hkv = 1, c.d = 64, c.causal = true, c.dtype = attnFloat16;
+    c.window_left = 32;
+    for (int i = 0; i < c.nq; ++i) c.qpos.push_back(960 + i);
+    for (int j = 0; j < c.nk; ++j) c.kpos.push_back(j);
+    AttnCudaStats got{};
+    checkCase(onKernel(c, k), 5, &got);
+    SCOPED_TRACE(attnCudaKernelName(k));
+    EXPECT_GE(got.tiles_skipped, 5 * (got.tiles_full + got.tiles_masked));  // 14 of 16 64-key tiles
+    EXPECT_GT(got.tiles_masked, 0u);
+  }
+}
+
+// Positions at both ends of int32 with windows as wide as int32 allows:
+// the bounds are computed without overflow.
+TEST(CudaAttention, WindowsAtTheEndsOfThePositionRange) {
+  REQUIRE_GPU();
+  for (AttnCudaKernel k : kAllKernels)
+    for (bool top : {true, false}) {
+      Case c;
+      c.nq = 40, c.nk = 70, c.hq = 2, c.hkv = 1, c.d = 64, c.dtype = attnBfloat16;
+      // Keys and queries (unsorted, some past the keys) within 80 of the end.
+      for (int j = 0; j < c.nk; ++j) c.kpos.push_back(top ? INT32_MAX - j : INT32_MIN + j);
+      for (int i = 0; i < c.nq; ++i) c.qpos.push_back(top ? INT32_MAX - (i * 7) % 80 : INT32_MIN + (i * 7) % 80);
+      c.window_left = top ? 10 : INT32_MAX;
+      c.window_right = top ? INT32_MAX : 6;
+      checkCase(onKernel(c, k), 6);
+      c.causal = true;  // right side capped at the query
+      checkCase(onKernel(c, k), 6);
+    }
+}
+
+// Softcap (Gemma 2): scaled scores s -> cap * tanh(s / cap) before the
+// softmax; a small cap flattens the test's peaked scores, a large one
+// hardly changes them. Causal and not, every kernel and dtype, GQA.
+TEST(CudaAttention, Softcap) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32})
+    for (AttnCudaKernel k : kAllKernels) {
+      if (skipKernel(dt, k)) continue;
+      for (float cap : {1.5f, 30.0f})
+        for (bool causal : {false, true}) {
+          Case c = selfAttn(70, 4, 2, 64, causal, dt);
+          c.softcap = cap;
+          checkCase(onKernel(c, k), 7);
+        }
+      Case c = selfAttn(40, 2, 2, 128, true, dt);  // another head size
+      c.softcap = 2.0f;
+      checkCase(onKernel(c, k), 8);
+    }
+}
+
+// Window and softcap together: one call, split-K decode, and folded into
+// an accumulator block by block (keys out of order).
+TEST(CudaAttention, WindowAndSoftcapTogether) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32})
+    for (AttnCudaKernel k : kAllKernels) {
+      if (skipKernel(dt, k)) continue;
+      Case c = selfAttn(100, 4, 1, 64, true, dt);
+      c.window_left = 24, c.softcap = 2.0f;
+      checkCase(onKernel(c, k), 9);
+      Case d = decodeStep(4, 1, 64, dt, {600, 70});
+      d.window_left = 100, d.softcap = 3.0f, d.key_splits = 3;
+      checkCase(onKernel(d, k), 10);
+    }
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    Case c = selfAttn(90, 4, 2, 64, false, dt);
+    c.window_left = 30, c.window_right = 10, c.softcap = 2.5f;
+    std::shuffle(c.kpos.begin(), c.kpos.end(), std::mt19937(4));
+    checkAccumulateInBlocks(c, 11, {0, 30, 90}, {0, 2});
+  }
+}
+
+// ---- attention sinks ----------------------------------------------------------
+
+// applySinks against the definition in double: random rows, rows that saw
+// no key (LSE -inf, NaN garbage in O: O must become 0, with or without a
+// sink), a head without a
+// sink (-inf), sinks far above and below the LSE; and the CPU version gives
+// the same values.
+TEST(CudaSinks, MatchTheDefinition) {
+  REQUIRE_GPU();
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t rows = 37;
+  const int heads = 5, d = 70;
+  const std::vector<float> sinks = {0.5f, kNegInf, 40.f, -30.f, 2.f};
+  std::vector<float> o(size_t(rows) * heads * d), lse(size_t(rows) * heads);
+  for (auto& x : o) x = u(rng);
+  for (size_t i = 0; i < lse.size(); ++i) {
+    lse[i] = nd(rng);
+    if (i % 7 == 3) {
+      lse[i] = kNegInf;
+      for (int c = 0; c < d; ++c) o[i * d + c] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  Dev go(o), gl(lse), gs(sinks);
+  ASSERT_EQ(applySinks(go.as<float>(), gl.as<float>(), rows, heads, d, gs.as<float>(), nullptr), attnSuccess);
+  sync();
+  const auto got_o = go.down<float>(o.size());
+  const auto got_l = gl.down<float>(lse.size());
+  std::vector<float> cpu_o = o, cpu_l = lse;
+  cpu::applySinks(cpu_o.data(), cpu_l.data(), rows, heads, d, sinks.data());
+  for (size_t i = 0; i < lse.size(); ++i) {
+    const double l = lse[i], sk = sinks[i % heads];
+    double want_l, f;
+    if (std::isinf(l)) want_l = sk, f = 0.0;
+    else if (std::isinf(sk)) want_l = l, f = 1.0;
+    else want_l = std::log(std::exp(l) + std::exp(sk)), f = std::exp(l - want_l);
+    if (std::isinf(want_l)) {
+      EXPECT_EQ(got_l[i], kNegInf) << i;
+      EXPECT_EQ(cpu_l[i], kNegInf) << i;
+    } else {
+      EXPECT_NEAR(got_l[i], want_l, 1e-5 * std::max(1.0, std::fabs(want_l))) << i;
+      EXPECT_NEAR(cpu_l[i], want_l, 1e-5 * std::max(1.0, std::fabs(want_l))) << i;
+    }
+    for (int c = 0; c < d; ++c) {
+      const double want = f == 0.0 ? 0.0 : o[i * d + c] * f;
+      ASSERT_NEAR(got_o[i * d + c], want, 1e-5 * std::fabs(want) + 1e-30) << i << "," << c;
+      ASSERT_NEAR(cpu_o[i * d + c], want, 1e-5 * std::fabs(want) + 1e-30) << i << "," << c;
+    }
+  }
+  EXPECT_EQ(applySinks(go.as<float>(), gl.as<float>(), 0, heads, d, gs.as<float>(), nullptr), attnSuccess);
+  EXPECT_EQ(applySinks(go.as<float>(), gl.as<float>(), rows, 0, d, gs.as<float>(), nullptr), attnInvalidArgument);
+  EXPECT_EQ(applySinks(go.as<float>(), gl.as<float>(), rows, heads, d, nullptr, nullptr), attnInvalidArgument);
+}
+
+// Sinks folded into an attention result equal the reference with the
+// sinks in its softmax: a causal window (rows that see no key get LSE =
+// their sink, O = 0) and rows outside every segment, every kernel.
+TEST(CudaSinks, AfterAttentionMatchTheReference) {
+  REQUIRE_GPU();
+  for (AttnCudaKernel k : kAllKernels) {
+    Case c = selfAttn(70, 4, 2, 64, true, attnBfloat16);
+    c.window_left = 10;
+    for (int i = 60; i < 70; ++i) c.qpos[size_t(i)] = -100 + i;  // before every key
+    c.segs = {{0, 65, 0, 70}};  // rows 65.. outside every segment
+    onKernel(c, k);
+    SCOPED_TRACE(c.name());
+    HostProblem h(c, 13);
+    DevProblem dp(h, c);
+    const std::vector<float> sinks = {0.5f, kNegInf, 3.0f, -2.0f};
+    const size_t rows = size_t(c.nq) * c.hq;
+    Dev o(rows * c.d * 4), lse(rows * 4), gs(sinks);
+    AttnCudaExec ex;
+    ex.force_generic = c.force_generic;
+    ex.force_wmma = c.force_wmma;
+    ASSERT_EQ(attentionPartial(dp.p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
+    ASSERT_EQ(applySinks(o.as<float>(), lse.as<float>(), c.nq, c.hq, c.d, gs.as<float>(), nullptr), attnSuccess);
+    sync();
+    std::vector<double> ro(rows * c.d), rl(rows);
+    ASSERT_EQ(cpu::referenceAttention(h.p, sinks.data(), ro.data(), rl.data()), attnSuccess);
+    const auto go = o.down<float>(rows * c.d);
+    const auto gl = lse.down<float>(rows);
+    const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
+    EXPECT_EQ(e.nan_values, 0);
+    EXPECT_EQ(e.empty_mismatch, 0);
+    EXPECT_LE(e.max_o_rel, 1e-2);
+    EXPECT_LE(e.max_lse_abs, 1e-2);
+    for (int i = 60; i < 70; ++i)  // saw no key: the sink alone
+      for (int hd = 0; hd < c.hq; ++hd) EXPECT_EQ(gl[size_t(i) * c.hq + hd], sinks[size_t(hd)]) << i << "," << hd;
   }
 }
 
@@ -875,6 +1158,23 @@ TEST(CudaKernelsArgs, BadInputIsRefusedBeforeAnyLaunch) {
   p.dtype = attnBfloat16;
   p.causal = true;  // no positions
   EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument);
+  // Windows below -1, a negative, NaN or infinite softcap; a window needs positions.
+  p.causal = false;
+  const int32_t pos[4] = {};
+  p.q_pos = p.k_pos = pos;
+  for (auto [wl, wr, cap] : {std::tuple{-2, -1, 0.f}, std::tuple{-1, -5, 0.f}, std::tuple{3, 3, -1.f},
+                             std::tuple{-1, -1, std::numeric_limits<float>::quiet_NaN()},
+                             std::tuple{-1, -1, std::numeric_limits<float>::infinity()}}) {
+    p.window_left = wl, p.window_right = wr, p.softcap = cap;
+    EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument) << wl << " " << wr << " " << cap;
+  }
+  p.softcap = 0.0f;
+  p.q_pos = p.k_pos = nullptr;
+  for (auto [wl, wr] : {std::pair{5, -1}, std::pair{-1, 0}}) {
+    p.window_left = wl, p.window_right = wr;
+    EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument) << wl << " " << wr;
+  }
+  p.window_left = p.window_right = -1;
   cpu::AttnPartialRef bad{dummy, attnInt8, dummy};
   EXPECT_EQ(mergePartials(dummy, dummy, &bad, 1, 1, 4, nullptr), attnInvalidArgument);
   EXPECT_EQ(reduce2(dummy, dummy, dummy, 4, attnDataType_t(42), attnSum, nullptr), attnInvalidArgument);

@@ -33,8 +33,13 @@ attnResult_t validate(const AttnProblem& p, const float* o, const float* lse,
                "attention: head_dim %d outside 1..%d", p.head_dim, kAttnMaxHeadDim);
   KERNEL_REQUIRE(p.nq == 0 || (p.q && o && lse), "attention: null q or output");
   KERNEL_REQUIRE(p.nk == 0 || (p.k && p.v), "attention: null k or v");
-  KERNEL_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
-               "attention: causal needs q_pos and k_pos");
+  KERNEL_REQUIRE(p.window_left >= -1 && p.window_right >= -1,
+               "attention: window (%d, %d) below -1 (-1 leaves a side unbounded)", p.window_left,
+               p.window_right);
+  KERNEL_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.0f,
+               "attention: softcap %g is not a finite value >= 0 (0: none)", double(p.softcap));
+  KERNEL_REQUIRE(!visibleSpan(p).bounded || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
+               "attention: %s needs q_pos and k_pos", p.causal ? "causal" : "a sliding window");
   KERNEL_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments),
                "attention: bad segment list");
   std::vector<std::pair<int32_t, int32_t>> qr;
@@ -124,8 +129,8 @@ class ScratchArena {
     const size_t R = kAttnMaxTileRows, K = kAttnKeyTile, D = size_t(head_dim), H = size_t(heads);
     const size_t floats = D * R + K * R + 2 * R * dpad + 3 * R + H * K * (D + dpad) + dpad;
     const size_t bytes = floats * sizeof(float) + R * dpad * sizeof(uint16_t) +
-                         R * sizeof(int32_t) + 4 * H * K * sizeof(const void*) +
-                         19 * 64;  // + alignment slack
+                         2 * R * sizeof(int32_t) + 4 * H * K * sizeof(const void*) +
+                         20 * 64;  // + alignment slack
     if (bytes > cap_) {
       mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
       cap_ = bytes;
@@ -148,6 +153,7 @@ class ScratchArena {
     sc_.vbuf = reinterpret_cast<float*>(take(H * K * dpad * sizeof(float)));
     sc_.row = reinterpret_cast<float*>(take(dpad * sizeof(float)));
     sc_.qpos = reinterpret_cast<int32_t*>(take(R * sizeof(int32_t)));
+    sc_.qlo = reinterpret_cast<int32_t*>(take(R * sizeof(int32_t)));
     sc_.krow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
     sc_.vrow = reinterpret_cast<const float**>(take(H * K * sizeof(const float*)));
     sc_.krow16 = reinterpret_cast<const uint16_t**>(take(H * K * sizeof(const uint16_t*)));
@@ -212,11 +218,16 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
   int max_heads = 1;
   for (const auto& t : tasks) max_heads = std::max(max_heads, int(t.kv_heads));
   const float scale_log2 = scale * 1.4426950408889634f;
+  // A cap beyond fp32's range in base 2 caps nothing a score can reach.
+  float softcap_log2 = p.softcap * 1.4426950408889634f;
+  if (!std::isfinite(softcap_log2)) softcap_log2 = 0.0f;
+  const VisibleSpan span = visibleSpan(p);
   const int splits = packed ? 1 : keySplits(tasks.size(), tasks, segs, threads);
   std::vector<AttnTileStats> stats(static_cast<size_t>(threads));
   if (splits == 1) {
     const AttnCall call{&p, segs.data(), o, lse, accumulate, scale_log2, group, dpad,
-                        packed ? packed->k() : nullptr, packed ? packed->v() : nullptr};
+                        packed ? packed->k() : nullptr, packed ? packed->v() : nullptr,
+                        softcap_log2, span};
     parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
       kt.attention(call, tasks[size_t(t)], threadScratch(p.head_dim, call.dpad, max_heads), stats[worker]);
     });
@@ -232,7 +243,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
       po[size_t(j)].assign(rows * size_t(p.head_dim), 0.0f);
       plse[size_t(j)].assign(rows, kNegInf);
       calls.push_back({&p, chunk[size_t(j)].data(), po[size_t(j)].data(), plse[size_t(j)].data(), false,
-                       scale_log2, group, dpad, nullptr, nullptr});
+                       scale_log2, group, dpad, nullptr, nullptr, softcap_log2, span});
     }
     const int64_t n = int64_t(tasks.size());
     parallelFor(threads, ex.pool, n * splits, [&](int worker, int64_t i) {

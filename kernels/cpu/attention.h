@@ -5,7 +5,8 @@
 // one dtype (fp32, fp16 or bf16). Query head h reads kv head h / (Hq / Hkv)
 // (GQA). A segment says which key rows a run of query rows may attend to; with
 // `causal`, key j is visible to query i only if k_pos[j] <= q_pos[i] (global
-// token positions, so shards of one sequence mask correctly).
+// token positions, so shards of one sequence mask correctly); a sliding
+// window bounds it on either side, and softcap caps scores (AttnProblem).
 //
 // Results are O [nq, Hq, D] fp32, normalised, and LSE [nq, Hq] fp32, the
 // natural log of the softmax denominator over the keys seen. A query that
@@ -46,7 +47,15 @@ struct AttnProblem {
   int32_t head_dim = 0;                       // 1 .. kAttnMaxHeadDim
   float scale = 0.0f;                         // score scale; 0 means 1/sqrt(head_dim)
   bool causal = false;
-  const int32_t* q_pos = nullptr;  // [nq] global positions; required if causal
+  // Sliding window (FlashAttention's convention, attncomm.h): key j is
+  // visible to query i only if q_pos[i] - window_left <= k_pos[j] <=
+  // q_pos[i] + window_right; -1 leaves a side unbounded; causal caps the
+  // right side at 0. See visibleSpan() below.
+  int32_t window_left = -1, window_right = -1;
+  // score = softcap * tanh(score / softcap) on the scaled score, before the
+  // softmax; 0: none.
+  float softcap = 0.0f;
+  const int32_t* q_pos = nullptr;  // [nq] global positions; required if causal or windowed
   const int32_t* k_pos = nullptr;  // [nk]
   const AttnSegment* segments = nullptr;  // null: one segment, all rows x all keys
   int32_t num_segments = 0;
@@ -55,6 +64,26 @@ struct AttnProblem {
   // Null: key j is row j. Rows must lie in k and v.
   const int64_t* k_rows = nullptr;
 };
+
+// Keys a query at position q sees lie in [q - lo, q + hi] (int64, so no
+// sum overflows); `bounded` is false when every key is visible (no causal,
+// no window), where positions are not needed.
+struct VisibleSpan {
+  bool bounded = false;
+  int64_t lo = 0, hi = 0;  // offsets below / above the query's position
+  bool sees(int64_t q, int64_t k) const { return !bounded || (k >= q - lo && k <= q + hi); }
+};
+constexpr int64_t kUnboundedSpan = int64_t(1) << 40;  // beyond any int32 distance
+inline VisibleSpan visibleSpan(bool causal, int32_t window_left, int32_t window_right) {
+  VisibleSpan s;
+  s.lo = window_left < 0 ? kUnboundedSpan : window_left;
+  s.hi = causal ? 0 : window_right < 0 ? kUnboundedSpan : window_right;
+  s.bounded = causal || window_left >= 0 || window_right >= 0;
+  return s;
+}
+inline VisibleSpan visibleSpan(const AttnProblem& p) {
+  return visibleSpan(p.causal, p.window_left, p.window_right);
+}
 
 // The row of k / v holding key j.
 inline size_t keyRow(const AttnProblem& p, int64_t j) {

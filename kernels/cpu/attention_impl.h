@@ -23,26 +23,63 @@
 
 namespace {
 
-// Online softmax step over keys [0, nkeys) for row vectors [c0, nvec): masks,
-// updates the running max m and denominator l, turns S^T into P^T and leaves
-// the factor that rescales the rows' previous output in alpha.
+// How a key tile is masked: every pair visible; keys above a row's upper
+// bound hidden (causal, or a window's right side); keys outside [lower,
+// upper] hidden (a window's left side, one compare pair per vector).
+enum TileMask : int { kMaskNone = 0, kMaskUpper = 1, kMaskSpan = 2 };
+
+// c * tanh(s / c) (softcap), c > 0, lane by lane. tanh(|x|) = (1 - e) /
+// (1 + e) with e = 2^(-2|x| log2 e) in (0, 1], which neither overflows nor
+// loses the sign; below |x| = 1/8, where 1 - e cancels, its odd Taylor
+// polynomial to x^7 (relative error < 4e-9 there). Either way the absolute
+// error is about one fp32 ulp of c, that of a score of that size. Infinite s
+// gives +-c, NaN stays NaN.
+template <class I>
+__attribute__((always_inline)) inline typename I::V softcapV(typename I::V s, typename I::V c, typename I::V inv_c) {
+  using V = typename I::V;
+  const V x = I::mul(s, inv_c);
+  const V ax = I::abs(x);
+  const V e = I::exp2(I::mul(ax, I::set1(-2.0f * 1.4426950408889634f)));
+  const V one = I::set1(1.0f);
+  const V big = I::div(I::sub(one, e), I::add(one, e));
+  const V x2 = I::mul(ax, ax);
+  V poly = I::fma(x2, I::set1(-17.0f / 315.0f), I::set1(2.0f / 15.0f));
+  poly = I::fma(x2, poly, I::set1(-1.0f / 3.0f));
+  poly = I::fma(x2, poly, one);
+  const V small = I::mul(ax, poly);
+  return I::mul(c, I::copySign(I::selectLess(ax, I::set1(0.125f), small, big), x));
+}
+
+// Online softmax step over keys [0, nkeys) for row vectors [c0, nvec): caps
+// the scores (kCap: softcap, cap = softcap * log2 e, the scores being base
+// 2), masks (kMask, TileMask: sc.qpos holds each row's upper bound, sc.qlo
+// its lower one), updates the running max m and denominator l, turns S^T
+// into P^T and leaves the factor that rescales the rows' previous output in
+// alpha. A capped score is finite, so a masked one stays -inf.
 // With kBf16Pairs (bf16 decode, AVX512_BF16), P is left as bf16 pairs for
 // pvTileBf16 instead: row j / 2 of S^T holds keys j and j + 1 (a 0 past the
 // last key). The denominator sums P unrounded, so the LSE stays that of the
 // scores; O's weights carry bf16 rounding (2^-9 relative, unbiased), as
 // flash attention's P·V on tensor cores does.
-template <class I, bool kBf16Pairs = false>
-void softmaxTile(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, bool masked,
-                 const int32_t* kpos) {
+template <class I, int kMask, bool kCap, bool kBf16Pairs>
+void softmaxTile(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, const int32_t* kpos,
+                 float cap) {
   using V = typename I::V;
+  // 1 / cap kept finite (a denormal cap), so that a score of 0 gives 0, not NaN.
+  const V capv = I::set1(cap),
+          inv_cap = I::set1(kCap ? std::min(1.0f / cap, std::numeric_limits<float>::max()) : 0.0f);
   for (int c = c0; c < nvec; ++c) {
     float* col = sc.s + c * I::W;
     const V m_old = I::load(sc.m + c * I::W);
     V mx = I::set1(kNegInf);
-    if (masked) {
-      const int32_t* qpos = sc.qpos + c * I::W;
+    if constexpr (kMask != kMaskNone || kCap) {
+      const int32_t* qhi = sc.qpos + c * I::W;
+      const int32_t* qlo = sc.qlo + c * I::W;
       for (int j = 0; j < nkeys; ++j) {
-        const V s = I::maskCausal(I::load(col + j * ss), kpos[j], qpos);
+        V s = I::load(col + j * ss);
+        if constexpr (kCap) s = softcapV<I>(s, capv, inv_cap);
+        if constexpr (kMask == kMaskUpper) s = I::maskCausal(s, kpos[j], qhi);
+        if constexpr (kMask == kMaskSpan) s = I::maskSpan(s, kpos[j], qlo, qhi);
         I::store(col + j * ss, s);
         mx = I::max(mx, s);
       }
@@ -71,6 +108,21 @@ void softmaxTile(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, bool mask
     I::store(sc.l + c * I::W, I::fma(I::load(sc.l + c * I::W), alpha, sum));
     I::store(sc.m + c * I::W, m_new);
     I::store(sc.alpha + c * I::W, alpha);
+  }
+}
+
+// softmaxTile for a run-time mask and cap (0: none).
+template <class I, bool kBf16Pairs>
+void softmaxTileFor(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, int mask,
+                    const int32_t* kpos, float cap) {
+  if (cap != 0.0f) {
+    if (mask == kMaskSpan) softmaxTile<I, kMaskSpan, true, kBf16Pairs>(sc, ss, nkeys, c0, nvec, kpos, cap);
+    else if (mask == kMaskUpper) softmaxTile<I, kMaskUpper, true, kBf16Pairs>(sc, ss, nkeys, c0, nvec, kpos, cap);
+    else softmaxTile<I, kMaskNone, true, kBf16Pairs>(sc, ss, nkeys, c0, nvec, kpos, cap);
+  } else {
+    if (mask == kMaskSpan) softmaxTile<I, kMaskSpan, false, kBf16Pairs>(sc, ss, nkeys, c0, nvec, kpos, cap);
+    else if (mask == kMaskUpper) softmaxTile<I, kMaskUpper, false, kBf16Pairs>(sc, ss, nkeys, c0, nvec, kpos, cap);
+    else softmaxTile<I, kMaskNone, false, kBf16Pairs>(sc, ss, nkeys, c0, nvec, kpos, cap);
   }
 }
 
@@ -201,19 +253,31 @@ inline size_t outRow(const AttnCall& c, const AttnTask& t, const RowLayout& L, i
          flat % c.group;
 }
 
+// The visible key positions of a task's rows: the extremes of the rows'
+// upper bounds (q + span.hi) and lower bounds (q - span.lo), saturated to
+// int32 (no key lies beyond them), over the rows that are not padding.
+struct RowBounds {
+  int32_t hi_min, hi_max, lo_min, lo_max;
+};
+
+inline int32_t saturate32(int64_t x) {
+  return x < std::numeric_limits<int32_t>::min()   ? std::numeric_limits<int32_t>::min()
+         : x > std::numeric_limits<int32_t>::max() ? std::numeric_limits<int32_t>::max()
+                                                    : int32_t(x);
+}
+
 // Q rows of the task -> sc.qt (scaled, transposed), or sc.qr (scaled) for
-// the dot-product path, or sc.qr16 (bf16 as given) for the bf16 one,
-// positions -> sc.qpos.
-// Returns the task's query position range in qmin/qmax, and the largest
-// position of each vector of rows in vqmax.
+// the dot-product path, or sc.qr16 (bf16 as given) for the bf16 one; each
+// row's visible key positions -> sc.qlo, sc.qpos (padding rows see none).
+// Returns their extremes over the task in rb, and per vector of rows the
+// largest upper bound in vhi and the smallest lower bound in vlo.
 template <class I>
 void loadQueries(const AttnCall& c, const AttnTask& t, const RowLayout& L, bool dot,
-                 bool bf16_dot, AttnScratch& sc, int32_t& qmin, int32_t& qmax,
-                 int32_t* vqmax) {
+                 bool bf16_dot, AttnScratch& sc, RowBounds& rb, int32_t* vhi, int32_t* vlo) {
   const auto& p = *c.p;
   const int D = p.head_dim, R = I::kRows;
-  qmin = std::numeric_limits<int32_t>::max();
-  qmax = std::numeric_limits<int32_t>::min();
+  constexpr int32_t kMin = std::numeric_limits<int32_t>::min(), kMax = std::numeric_limits<int32_t>::max();
+  rb = {kMax, kMin, kMax, kMin};
   for (int m = 0; m < L.cols(); ++m) {
     float* qr = sc.qr + size_t(m) * c.dpad;
     uint16_t* qr16 = sc.qr16 + size_t(m) * c.dpad;
@@ -224,7 +288,8 @@ void loadQueries(const AttnCall& c, const AttnTask& t, const RowLayout& L, bool 
         for (int d = 0; d < c.dpad; ++d) qr[d] = 0.0f;
       else
         for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = 0.0f;
-      sc.qpos[m] = std::numeric_limits<int32_t>::min();
+      sc.qpos[m] = kMin;
+      sc.qlo[m] = kMax;
       continue;
     }
     const size_t oh = outRow(c, t, L, m);
@@ -237,14 +302,26 @@ void loadQueries(const AttnCall& c, const AttnTask& t, const RowLayout& L, bool 
       else  // transposed (broadcast kernel)
         for (int d = 0; d < D; ++d) sc.qt[size_t(d) * R + m] = q[d] * c.scale_log2;
     }
-    const int32_t pos = p.causal ? p.q_pos[oh / size_t(p.num_q_heads)] : 0;
-    sc.qpos[m] = pos;
-    qmin = pos < qmin ? pos : qmin;
-    qmax = pos > qmax ? pos : qmax;
+    int32_t hi = kMax, lo = kMin;
+    if (c.span.bounded) {
+      const int64_t pos = p.q_pos[oh / size_t(p.num_q_heads)];
+      hi = saturate32(pos + c.span.hi);
+      lo = saturate32(pos - c.span.lo);
+    }
+    sc.qpos[m] = hi;
+    sc.qlo[m] = lo;
+    rb.hi_min = std::min(rb.hi_min, hi);
+    rb.hi_max = std::max(rb.hi_max, hi);
+    rb.lo_min = std::min(rb.lo_min, lo);
+    rb.lo_max = std::max(rb.lo_max, lo);
   }
   for (int v = 0; v < L.cols() / I::W; ++v) {
-    vqmax[v] = std::numeric_limits<int32_t>::min();
-    for (int i = 0; i < I::W; ++i) vqmax[v] = std::max(vqmax[v], sc.qpos[v * I::W + i]);
+    vhi[v] = kMin;
+    vlo[v] = kMax;
+    for (int i = 0; i < I::W; ++i) {
+      vhi[v] = std::max(vhi[v], sc.qpos[v * I::W + i]);
+      vlo[v] = std::min(vlo[v], sc.qlo[v * I::W + i]);
+    }
   }
 }
 
@@ -379,8 +456,9 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
   const bool prefetch = dot && c.kpack == nullptr && p.dtype != attnFloat32 &&
                         size_t(t.kv_heads) * kAttnKeyTile * 2 * p.head_dim * sizeof(uint16_t) <=
                             kPrefetchTileBytes;
-  int32_t qmin, qmax, vqmax[attn::cpu::kAttnMaxTileRows / I::W];
-  loadQueries<I>(c, t, L, dot, bf16_dot, sc, qmin, qmax, vqmax);
+  RowBounds rb;
+  int32_t vhi[attn::cpu::kAttnMaxTileRows / I::W], vlo[attn::cpu::kAttnMaxTileRows / I::W];
+  loadQueries<I>(c, t, L, dot, bf16_dot, sc, rb, vhi, vlo);
   initState<I>(c, t, L, sc);
   const int dvec = (p.head_dim + I::W - 1) / I::W;
   if (dot)
@@ -390,53 +468,61 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
   bool computed = false;
   for (int k0 = seg.k_begin; k0 < seg.k_end; k0 += kAttnKeyTile) {
     const int n = seg.k_end - k0 < kAttnKeyTile ? seg.k_end - k0 : kAttnKeyTile;
-    bool masked = false;
-    int32_t kmin = std::numeric_limits<int32_t>::min();
-    if (p.causal) {
-      int32_t kmax = std::numeric_limits<int32_t>::min();
+    int mask = kMaskNone;
+    int32_t kmin = std::numeric_limits<int32_t>::min(), kmax = std::numeric_limits<int32_t>::max();
+    if (c.span.bounded) {
+      kmax = std::numeric_limits<int32_t>::min();
       kmin = std::numeric_limits<int32_t>::max();
       for (int j = 0; j < n; ++j) {
         const int32_t kp = p.k_pos[k0 + j];
         kmin = kp < kmin ? kp : kmin;
         kmax = kp > kmax ? kp : kmax;
       }
-      if (kmin > qmax) {  // every key is in every query's future
+      // Every key above every row's upper bound (in every query's future)
+      // or below every row's lower bound (out of every query's window).
+      if (kmin > rb.hi_max || kmax < rb.lo_min) {
         st.skipped += t.kv_heads;
         continue;
       }
-      masked = kmax > qmin;
+      if (kmin < rb.lo_max) mask = kMaskSpan;  // some key below some row's window
+      else if (kmax > rb.hi_min) mask = kMaskUpper;
     }
+    const bool masked = mask != kMaskNone;
     (masked ? st.masked : st.full) += t.kv_heads;
     computed = true;
     const int nkeys_pad = roundUp(n, I::kSJ);
     loadKeys<I>(c, t, sc, k0, n, nkeys_pad, bf16_dot);
     for (int b = 0; b < t.kv_heads; ++b) {
-      int c0 = b * bvec;  // leading row vectors this key tile cannot reach
-      const int c1 = c0 + bvec;
-      if (masked)  // rows are usually in position order: skip the early ones
-        while (c0 < c1 && vqmax[c0] < kmin) ++c0;
+      // Row vectors no key of this tile reaches (every key above all their
+      // upper bounds or below all their lower ones): rows are usually in
+      // position order, so skip the leading and trailing ones.
+      int c0 = b * bvec, c1 = c0 + bvec;
+      if (masked) {
+        while (c0 < c1 && (vhi[c0] < kmin || vlo[c0] > kmax)) ++c0;
+        while (c1 > c0 && (vhi[c1 - 1] < kmin || vlo[c1 - 1] > kmax)) --c1;
+      }
       if (c0 == c1) continue;
       const TilePrefetch pf =
           prefetch ? tilePrefetch(c, t.kv_head + b, k0 + kAttnKeyTile, seg.k_end) : TilePrefetch{};
+      const int r1 = std::min(b * L.block + dot_rows, c1 * I::W);  // dot paths' last scored row
+      const int pv_end = std::min(roundUp(b * L.block + nrows, I::kPR), c1 * I::W);
       if (bf16_dot)
-        scoreDotBf16<I>(sc.krow16 + b * kAttnKeyTile, nkeys_pad, sc.qr16, c.dpad, c0 * I::W,
-                        b * L.block + dot_rows, p.head_dim, c.scale_log2, sc.s, ss, pf);
+        scoreDotBf16<I>(sc.krow16 + b * kAttnKeyTile, nkeys_pad, sc.qr16, c.dpad, c0 * I::W, r1,
+                        p.head_dim, c.scale_log2, sc.s, ss, pf);
       else if (dot && prefetch)
-        scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W,
-                    b * L.block + dot_rows, dvec, sc.s, ss, pf);
+        scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W, r1, dvec, sc.s, ss, pf);
       else if (dot)
-        scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W,
-                    b * L.block + dot_rows, dvec, sc.s, ss, NoPrefetch{});
+        scoreDot<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qr, c.dpad, c0 * I::W, r1, dvec, sc.s, ss,
+                    NoPrefetch{});
       else
         scoreTile<I>(sc.krow + b * kAttnKeyTile, nkeys_pad, sc.qt, c0, c1, p.head_dim, sc.s);
+      const int32_t* kpos = masked ? p.k_pos + k0 : nullptr;
       if (bf16_dot) {
-        softmaxTile<I, kHasBf16Dot<I>>(sc, ss, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
-        pvTileBf16<I>(sc, ss, sc.vrow16 + b * kAttnKeyTile, n, c0 * I::W, roundUp(b * L.block + nrows, I::kPR),
-                      p.head_dim, c.dpad);
+        softmaxTileFor<I, kHasBf16Dot<I>>(sc, ss, n, c0, c1, mask, kpos, c.softcap_log2);
+        pvTileBf16<I>(sc, ss, sc.vrow16 + b * kAttnKeyTile, n, c0 * I::W, pv_end, p.head_dim, c.dpad);
       } else {
-        softmaxTile<I>(sc, ss, n, c0, c1, masked, masked ? p.k_pos + k0 : nullptr);
-        pvTile<I>(sc, ss, sc.vrow + b * kAttnKeyTile, n, c0 * I::W, roundUp(b * L.block + nrows, I::kPR), dvec,
-                  c.dpad);
+        softmaxTileFor<I, false>(sc, ss, n, c0, c1, mask, kpos, c.softcap_log2);
+        pvTile<I>(sc, ss, sc.vrow + b * kAttnKeyTile, n, c0 * I::W, pv_end, dvec, c.dpad);
       }
     }
   }

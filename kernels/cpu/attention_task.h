@@ -25,6 +25,8 @@ struct AttnCall {
   // dpad), when the call packs them; null: tiles read p.k / p.v directly.
   const float* kpack;
   const float* vpack;
+  float softcap_log2;  // softcap * log2(e): the cap of the base-2 scores; 0: none
+  VisibleSpan span;    // the keys a query sees (causal, window)
 };
 
 // Tile rows [m_begin, m_end) of the flattened (row, head-in-group) index
@@ -52,7 +54,8 @@ struct AttnScratch {
   float* kbuf;   // [head][key tile][head_dim]  K converted to fp32
   float* vbuf;   // [head][key tile][dpad]      V converted / padded
   float* row;    // [dpad]             one converted Q row
-  int32_t* qpos;        // [rows]
+  int32_t* qpos;        // [rows]  highest key position the row sees (q + span.hi, saturated)
+  int32_t* qlo;         // [rows]  lowest key position the row sees (q - span.lo, saturated)
   const float** krow;   // [head][key tile]
   const float** vrow;   // [head][key tile]
   const uint16_t** krow16;  // [head][key tile]  bf16 K rows in place (bf16 dot products)

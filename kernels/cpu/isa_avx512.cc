@@ -15,6 +15,7 @@
 // operands (GCC PR 105593, fixed in 13).
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"  // the same, where GCC proves it
 #endif
 #define ATTN_KERNEL_AVX512 1
 #include "kernels/cpu/fill_table.h"

@@ -14,6 +14,7 @@
 #endif
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC PR 105593, as isa_avx512.cc
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #define ATTN_KERNEL_AVX512 1
 #define ATTN_KERNEL_AVX512_BF16 1

@@ -1,5 +1,6 @@
 #include "kernels/cpu/reference_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -20,17 +21,27 @@ double elem(const void* base, attnDataType_t t, size_t i) {
 }  // namespace
 
 attnResult_t referenceAttention(const AttnProblem& p, double* o, double* lse) {
+  return referenceAttention(p, nullptr, o, lse);
+}
+
+attnResult_t referenceAttention(const AttnProblem& p, const float* sinks, double* o, double* lse) {
   if (p.dtype != attnFloat32 && p.dtype != attnFloat16 && p.dtype != attnBfloat16)
     return attnInvalidArgument;
   if (p.num_q_heads <= 0 || p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads ||
       p.head_dim <= 0)
     return attnInvalidArgument;
+  if (p.window_left < -1 || p.window_right < -1 || !(p.softcap >= 0.0f) || std::isinf(p.softcap))
+    return attnInvalidArgument;
+  const VisibleSpan span = visibleSpan(p);
+  if (span.bounded && ((p.nq > 0 && !p.q_pos) || (p.nk > 0 && !p.k_pos))) return attnInvalidArgument;
   const int Hq = p.num_q_heads, Hkv = p.num_kv_heads, D = p.head_dim;
   const int group = Hq / Hkv;
   const double scale = p.scale != 0.0f ? double(p.scale) : 1.0 / std::sqrt(double(D));
+  const double cap = double(p.softcap);
   const double ninf = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < size_t(p.nq) * Hq * D; ++i) o[i] = 0.0;
-  for (size_t i = 0; i < size_t(p.nq) * Hq; ++i) lse[i] = ninf;
+  for (size_t i = 0; i < size_t(p.nq) * Hq; ++i)
+    lse[i] = sinks != nullptr ? double(sinks[i % size_t(Hq)]) : ninf;
 
   std::vector<AttnSegment> segs;
   if (p.segments == nullptr) segs.push_back({0, p.nq, 0, p.nk});
@@ -42,16 +53,23 @@ attnResult_t referenceAttention(const AttnProblem& p, double* o, double* lse) {
         const int kvh = h / group;
         for (int d = 0; d < D; ++d) q[d] = elem(p.q, p.dtype, (size_t(i) * Hq + h) * D + d);
         s.assign(size_t(seg.k_end - seg.k_begin), ninf);
+        // The sink joins the max: exp(sink - mx) stays <= 1.
+        const double sink = sinks != nullptr ? double(sinks[h]) : ninf;
         double mx = ninf;
+        bool seen = false;
         for (int32_t j = seg.k_begin; j < seg.k_end; ++j) {
-          if (p.causal && p.k_pos[j] > p.q_pos[i]) continue;
+          if (span.bounded && !span.sees(p.q_pos[i], p.k_pos[j])) continue;
           double dot = 0.0;
           for (int d = 0; d < D; ++d) dot += q[d] * elem(p.k, p.dtype, (keyRow(p, j) * Hkv + kvh) * D + d);
-          s[j - seg.k_begin] = dot * scale;
-          mx = std::max(mx, s[j - seg.k_begin]);
+          double sc = dot * scale;
+          if (cap > 0.0) sc = cap * std::tanh(sc / cap);
+          s[j - seg.k_begin] = sc;
+          mx = std::max(mx, sc);
+          seen = true;
         }
-        if (mx == ninf) continue;  // saw no key
-        double sum = 0.0;
+        if (!seen) continue;  // saw no key: O = 0, LSE = the sink (or -inf)
+        if (sink > mx) mx = sink;
+        double sum = sink == ninf ? 0.0 : std::exp(sink - mx);
         double* out = o + (size_t(i) * Hq + h) * D;
         for (int32_t j = seg.k_begin; j < seg.k_end; ++j) {
           if (s[j - seg.k_begin] == ninf) continue;

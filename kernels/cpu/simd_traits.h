@@ -52,6 +52,28 @@ struct SimdAvx512 {
         _mm512_set1_epi32(kpos), _mm512_loadu_si512(qpos));
     return _mm512_mask_blend_ps(visible, set1(-std::numeric_limits<float>::infinity()), s);
   }
+  // -inf where the key lies outside [qlo, qhi] (sliding window): one
+  // compare pair, the second under the first's mask.
+  static V maskSpan(V s, int32_t kpos, const int32_t* qlo, const int32_t* qhi) {
+    const __m512i k = _mm512_set1_epi32(kpos);
+    const __mmask16 below_hi = _mm512_cmple_epi32_mask(k, _mm512_loadu_si512(qhi));
+    const __mmask16 visible = _mm512_mask_cmpge_epi32_mask(below_hi, k, _mm512_loadu_si512(qlo));
+    return _mm512_mask_blend_ps(visible, set1(-std::numeric_limits<float>::infinity()), s);
+  }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V abs(V x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+  }
+  // |mag| with the sign of `sign` (mag is not negative).
+  static V copySign(V mag, V sign) {
+    return _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_castps_si512(mag),
+        _mm512_and_si512(_mm512_castps_si512(sign), _mm512_set1_epi32(int32_t(0x80000000u)))));
+  }
+  // x < t ? a : b lane by lane (false for NaN).
+  static V selectLess(V x, V t, V a, V b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, t, _CMP_LT_OQ), b, a);
+  }
   // x where finite-or-NaN, 0 where -inf (a running max with nothing seen yet).
   static V zeroIfNegInf(V x) {
     const __mmask16 ninf = _mm512_cmp_ps_mask(
@@ -161,6 +183,17 @@ struct SimdAvx2 {
     return _mm256_blendv_ps(s, set1(-std::numeric_limits<float>::infinity()),
                             _mm256_castsi256_ps(future));
   }
+  static V maskSpan(V s, int32_t kpos, const int32_t* qlo, const int32_t* qhi) {
+    const __m256i k = _mm256_set1_epi32(kpos);
+    const __m256i out = _mm256_or_si256(
+        _mm256_cmpgt_epi32(k, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qhi))),
+        _mm256_cmpgt_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qlo)), k));
+    return _mm256_blendv_ps(s, set1(-std::numeric_limits<float>::infinity()), _mm256_castsi256_ps(out));
+  }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V abs(V x) { return _mm256_andnot_ps(set1(-0.0f), x); }
+  static V copySign(V mag, V sign) { return _mm256_or_ps(mag, _mm256_and_ps(sign, set1(-0.0f))); }
+  static V selectLess(V x, V t, V a, V b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, t, _CMP_LT_OQ)); }
   static V zeroIfNegInf(V x) {
     const V ninf = _mm256_cmp_ps(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
     return _mm256_andnot_ps(ninf, x);
@@ -208,6 +241,30 @@ struct SimdGeneric {
     const VI k = VI{kpos, kpos, kpos, kpos};
     return k > q ? set1(-std::numeric_limits<float>::infinity()) : s;
   }
+  static V maskSpan(V s, int32_t kpos, const int32_t* qlo, const int32_t* qhi) {
+    VI lo, hi;
+    std::memcpy(&lo, qlo, sizeof lo);
+    std::memcpy(&hi, qhi, sizeof hi);
+    const VI k = VI{kpos, kpos, kpos, kpos};
+    return (k > hi) | (k < lo) ? set1(-std::numeric_limits<float>::infinity()) : s;
+  }
+  static V div(V a, V b) { return a / b; }
+  static V abs(V x) {
+    VI b;
+    std::memcpy(&b, &x, sizeof b);
+    b &= 0x7fffffff;
+    std::memcpy(&x, &b, sizeof b);
+    return x;
+  }
+  static V copySign(V mag, V sign) {
+    VI m, s;
+    std::memcpy(&m, &mag, sizeof m);
+    std::memcpy(&s, &sign, sizeof s);
+    m |= s & VI{INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN};
+    std::memcpy(&mag, &m, sizeof m);
+    return mag;
+  }
+  static V selectLess(V x, V t, V a, V b) { return x < t ? a : b; }
   static V zeroIfNegInf(V x) {
     return x == set1(-std::numeric_limits<float>::infinity()) ? zero() : x;
   }

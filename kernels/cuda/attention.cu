@@ -41,8 +41,12 @@ attnResult_t checkProblem(const cpu::AttnProblem& p, const float* o, const float
                "cuda attention: %d segments but no segment array", p.num_segments);
   KERNEL_REQUIRE(p.nq == 0 || (p.q && o && lse), "cuda attention: null q, o or lse");
   KERNEL_REQUIRE(p.nk == 0 || (p.k && p.v), "cuda attention: null k or v");
-  KERNEL_REQUIRE(!p.causal || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
-               "cuda attention: causal needs q_pos and k_pos");
+  KERNEL_REQUIRE(p.window_left >= -1 && p.window_right >= -1,
+               "cuda attention: window (%d, %d) below -1", p.window_left, p.window_right);
+  KERNEL_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.0f,
+               "cuda attention: softcap %g is not a finite value >= 0", double(p.softcap));
+  KERNEL_REQUIRE(!cpu::visibleSpan(p).bounded || ((p.nq == 0 || p.q_pos) && (p.nk == 0 || p.k_pos)),
+               "cuda attention: causal or windowed attention needs q_pos and k_pos");
   // Grid: head slots x query tiles in one dimension. SIMT's 32-row tiles of
   // one head give the most CTAs; mma's packed GQA grids have no more.
   const long long tiles = (long long)p.nq / 32 + 1 + p.num_segments;
@@ -265,7 +269,17 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   a.d = p.head_dim;
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim));
   a.scale_log2 = scale * 1.4426950408889634f;
-  a.causal = p.causal;
+  if (p.softcap > 0.0f) {
+    a.cap = p.softcap * 1.4426950408889634f;
+    a.cap_in = scale / p.softcap;
+    a.cap_inv = 1.0f / a.cap;
+    KERNEL_REQUIRE(std::isfinite(a.cap_in) && std::isfinite(a.cap_inv),
+                   "cuda attention: softcap %g too small for scale %g", double(p.softcap), double(scale));
+  }
+  const cpu::VisibleSpan span = cpu::visibleSpan(p);
+  a.bounded = span.bounded;
+  a.span_lo = span.lo;
+  a.span_hi = span.hi;
   a.accumulate = accumulate;
   a.o = o;
   a.lse = lse;

@@ -110,14 +110,14 @@ attnMmaKernel(AttnArgs a) {
   for (int x = 1; x < 16; x <<= 1) any |= __shfl_xor_sync(0xffffffffu, any, x);
   const bool warp_rows = any != 0;
   const int wq0 = w.q0 + warp * 16 / hc, wq1 = min(w.q1, w.q0 + (warp * 16 + 15) / hc + 1);
-  int qp0 = INT_MIN, qp1 = INT_MIN;
-  int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qhi = INT_MIN;
-  if (a.causal) {
-    if (ok0) qp0 = a.q_pos[w.q0 + r0 / hc];
-    if (ok1) qp1 = a.q_pos[w.q0 + r1 / hc];
-    int lo;
+  // The key positions rows r0 and r1 see.
+  int lo0 = INT_MIN, hi0 = INT_MAX, lo1 = INT_MIN, hi1 = INT_MAX;
+  int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qlo = INT_MAX, warp_qhi = INT_MIN;
+  if (a.bounded) {
+    if (ok0) rowSpan(a, a.q_pos[w.q0 + r0 / hc], lo0, hi0);
+    if (ok1) rowSpan(a, a.q_pos[w.q0 + r1 / hc], lo1, hi1);
     warpPosBounds64(a.q_pos, w.q0, w.q1, cta_qlo, cta_qhi);
-    warpPosBounds(a.q_pos, wq0, wq1, lo, warp_qhi);
+    warpPosBounds(a.q_pos, wq0, wq1, warp_qlo, warp_qhi);
   }
 
   TileCounts counts;
@@ -125,9 +125,9 @@ attnMmaKernel(AttnArgs a) {
   // (uniform: every warp computes the same bounds), with its bounds.
   auto nextTile = [&](int k0, int& klo, int& khi) {
     for (; k0 < w.ke; k0 += kMmaBK) {
-      if (!a.causal) return k0;
+      if (!a.bounded) return k0;
       warpPosBounds64(a.k_pos, k0, min(w.ke, k0 + kMmaBK), klo, khi);
-      if (klo <= cta_qhi) return k0;
+      if (!noneVisible(a, klo, khi, cta_qlo, cta_qhi)) return k0;
       counts.skipped += unsigned(nheads);  // counted per (query tile, q head)
     }
     return w.ke;
@@ -143,7 +143,7 @@ attnMmaKernel(AttnArgs a) {
     stageKeys(sK, gk, k0);
     const int nk = min(kMmaBK, w.ke - k0);
     if (threadIdx.x < kMmaBK)
-      sKpos[threadIdx.x] = (a.causal && int(threadIdx.x) < nk) ? a.k_pos[k0 + int(threadIdx.x)] : 0;
+      sKpos[threadIdx.x] = (a.bounded && int(threadIdx.x) < nk) ? a.k_pos[k0 + int(threadIdx.x)] : 0;
   };
 
   [[maybe_unused]] uint32_t qf[kQInRegs ? D / 16 : 1][4];
@@ -161,14 +161,14 @@ attnMmaKernel(AttnArgs a) {
   if (k0 < w.ke) stageK(k0);
   while (k0 < w.ke) {
     const int nk = min(kMmaBK, w.ke - k0);
-    const bool needs_mask = a.causal && khi > cta_qlo;
+    const bool needs_mask = a.bounded && !allVisible(a, klo, khi, cta_qlo, cta_qhi);
     if (needs_mask) counts.masked += unsigned(nheads);
     else counts.full += unsigned(nheads);
     __pipeline_wait_prior(0);  // Q (first tile) and this tile's K have landed
     __syncthreads();           // for every thread; every warp is done with the last V
     stageKeys(sV, gv, k0);     // lands while S and the softmax run
 
-    const bool active = warp_rows && !(a.causal && klo > warp_qhi);
+    const bool active = warp_rows && !(a.bounded && noneVisible(a, klo, khi, warp_qlo, warp_qhi));
     uint32_t p[kMmaBK / 16][4];  // the weights, as A fragments of P V
     if (active) {
       if constexpr (kQInRegs) {
@@ -200,6 +200,15 @@ attnMmaKernel(AttnArgs a) {
           ptx::mma16816<T>(s[2 * n + 1], qa, kb[2], kb[3]);
         }
       }
+      // Softcap on the scaled score (then already in the log2 domain).
+      float mul = a.scale_log2;
+      if (a.cap != 0.0f) {
+#pragma unroll
+        for (int j = 0; j < kNB; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] = a.cap * tanhf(s[j][e] * a.cap_in);
+        mul = 1.0f;
+      }
       // Mask and scale; -inf where a pair is masked, out of range, or the row is.
       float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -210,11 +219,11 @@ attnMmaKernel(AttnArgs a) {
           bool c0 = ok0 && c < nk, c1 = ok1 && c < nk;
           if (needs_mask) {
             const int kp = sKpos[c];
-            c0 = c0 && kp <= qp0;
-            c1 = c1 && kp <= qp1;
+            c0 = c0 && kp >= lo0 && kp <= hi0;
+            c1 = c1 && kp >= lo1 && kp <= hi1;
           }
-          s[j][e] = c0 ? s[j][e] * a.scale_log2 : -INFINITY;
-          s[j][2 + e] = c1 ? s[j][2 + e] * a.scale_log2 : -INFINITY;
+          s[j][e] = c0 ? s[j][e] * mul : -INFINITY;
+          s[j][2 + e] = c1 ? s[j][2 + e] * mul : -INFINITY;
           mx0 = fmaxf(mx0, s[j][e]);
           mx1 = fmaxf(mx1, s[j][2 + e]);
         }

@@ -51,17 +51,21 @@ attnSimtKernel(AttnArgs a) {
   const int r = threadIdx.x >> 2, sl = threadIdx.x & 3, lane = threadIdx.x & 31;
   const int row = w.q0 + r;
   const bool row_ok = row < w.q1;
-  const int my_qpos = (a.causal && row_ok) ? a.q_pos[row] : INT_MIN;
-  int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qlo, warp_qhi = INT_MIN;
-  if (a.causal) {
+  const int my_qpos = (a.bounded && row_ok) ? a.q_pos[row] : INT_MIN;
+  int my_lo = INT_MIN, my_hi = INT_MAX;  // the key positions my row sees
+  int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qlo = INT_MAX, warp_qhi = INT_MIN;
+  if (a.bounded) {
+    rowSpan(a, my_qpos, my_lo, my_hi);
     warpPosBounds(a.q_pos, w.q0, w.q1, cta_qlo, cta_qhi);
     // This warp's 8 rows: reduce my_qpos over the warp.
     warp_qlo = row_ok ? my_qpos : INT_MAX;
     warp_qhi = my_qpos;
-    for (int o = 16; o; o >>= 1) warp_qhi = max(warp_qhi, __shfl_xor_sync(0xffffffffu, warp_qhi, o));
+    for (int o = 16; o; o >>= 1) {
+      warp_qlo = min(warp_qlo, __shfl_xor_sync(0xffffffffu, warp_qlo, o));
+      warp_qhi = max(warp_qhi, __shfl_xor_sync(0xffffffffu, warp_qhi, o));
+    }
   }
   const bool warp_rows = w.q0 + int(threadIdx.x >> 5) * 8 < w.q1;
-  (void)warp_qlo;
 
   float acc[64];
 #pragma unroll
@@ -72,14 +76,14 @@ attnSimtKernel(AttnArgs a) {
   for (int k0 = w.kb; k0 < w.ke; k0 += kSimtBK) {
     const int nk = min(kSimtBK, w.ke - k0);
     int klo = INT_MIN, khi = INT_MIN;
-    if (a.causal) {
+    if (a.bounded) {
       warpPosBounds(a.k_pos, k0, k0 + nk, klo, khi);
-      if (klo > cta_qhi) {
+      if (noneVisible(a, klo, khi, cta_qlo, cta_qhi)) {
         ++counts.skipped;
         continue;
       }
     }
-    const bool needs_mask = a.causal && khi > cta_qlo;
+    const bool needs_mask = a.bounded && !allVisible(a, klo, khi, cta_qlo, cta_qhi);
     if (needs_mask) ++counts.masked;
     else ++counts.full;
 
@@ -92,9 +96,10 @@ attnSimtKernel(AttnArgs a) {
       sV[kr * ld + c] = ok ? F32<T>::load(gv[at]) : 0.0f;
     }
     if (threadIdx.x < kSimtBK)
-      sKpos[threadIdx.x] = (a.causal && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;
+      sKpos[threadIdx.x] = (a.bounded && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;
     __syncthreads();
-    if (!warp_rows || (a.causal && klo > warp_qhi)) continue;  // no barrier follows in this tile
+    // No barrier follows in this tile.
+    if (!warp_rows || (a.bounded && noneVisible(a, klo, khi, warp_qlo, warp_qhi))) continue;
 
     // Scores of my row for keys sl, sl+4, ..., sl+28.
     float s[8];
@@ -104,8 +109,9 @@ attnSimtKernel(AttnArgs a) {
       const int c = sl + 4 * j;
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot = fmaf(sQ[r * ld + d], sK[c * ld + d], dot);
+      if (a.cap != 0.0f) dot = capScore(a, dot);  // Q is pre-scaled: dot is the log2-domain score
       bool ok = row_ok && c < nk;
-      if (needs_mask) ok = ok && sKpos[c] <= my_qpos;
+      if (needs_mask) ok = ok && sKpos[c] >= my_lo && sKpos[c] <= my_hi;
       s[j] = ok ? dot : -INFINITY;
       mt = fmaxf(mt, s[j]);
     }

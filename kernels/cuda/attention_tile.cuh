@@ -1,6 +1,7 @@
 // What every attention CTA does before and around its math: find its
 // (segment, query tile) in a packed variable-length batch, compute position
-// bounds to skip fully masked key tiles, and count tiles. Shared by the
+// bounds to skip fully masked key tiles (causal and sliding windows), and
+// count tiles. Shared by the
 // tensor-core (mma.sync, WMMA) and the SIMT kernels in attention.cu.
 #pragma once
 
@@ -29,7 +30,15 @@ struct AttnArgs {
   const cpu::AttnSegment* segs;  // null: one segment, all rows x all keys
   int nseg, nq, nk, hq, hkv, d;
   float scale_log2;  // score scale * log2(e): softmax runs on exp2
-  bool causal;
+  // Softcap (cap != 0): the log2-domain score is cap * tanh(x), x = the raw
+  // dot q.k * cap_in (= scale / softcap) or the log2-scaled score * cap_inv
+  // (= 1 / cap); cap = softcap * log2(e). 0: no cap.
+  float cap, cap_in, cap_inv;
+  // Causal and / or windowed (cpu::visibleSpan): positions are read, key j
+  // is visible to query i iff q_pos[i] - span_lo <= k_pos[j] <= q_pos[i] +
+  // span_hi (int64: no sum overflows), and tiles are skipped on them.
+  bool bounded;
+  long long span_lo, span_hi;
   bool accumulate;  // fold into (o, lse) instead of writing the partial
   float* o;
   float* lse;
@@ -44,6 +53,28 @@ struct AttnArgs {
 };
 
 __device__ inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// The key positions [lo, hi] a query at position q sees, clamped to int32
+// (exact: lo <= q and hi >= q always fit, and the keys' positions are
+// int32), so the per-element test is two int compares.
+__device__ inline void rowSpan(const AttnArgs& a, int q, int& lo, int& hi) {
+  lo = int(max((long long)q - a.span_lo, (long long)INT_MIN));
+  hi = int(min((long long)q + a.span_hi, (long long)INT_MAX));
+}
+
+// For key positions in [klo, khi] and query positions in [qlo, qhi] (a key
+// tile's and some queries' bounds, positions in any order): no pair can be
+// visible (the tile is skipped for those queries), or every pair is (no
+// mask needed).
+__device__ inline bool noneVisible(const AttnArgs& a, int klo, int khi, int qlo, int qhi) {
+  return (long long)klo > (long long)qhi + a.span_hi || (long long)khi < (long long)qlo - a.span_lo;
+}
+__device__ inline bool allVisible(const AttnArgs& a, int klo, int khi, int qlo, int qhi) {
+  return (long long)khi <= (long long)qlo + a.span_hi && (long long)klo >= (long long)qhi - a.span_lo;
+}
+
+// Softcap of a log2-domain score (a.cap != 0).
+__device__ inline float capScore(const AttnArgs& a, float s2) { return a.cap * tanhf(s2 * a.cap_inv); }
 
 // The row of k / v holding key j.
 __device__ inline size_t keyRow(const AttnArgs& a, int j) {

@@ -89,12 +89,12 @@ attnWmmaKernel(AttnArgs a) {
   const int wr0 = w.q0 + warp * 16, wr1 = min(w.q1, wr0 + 16);
   const int my_row = wr0 + lane / 2;
   const bool row_ok = my_row < wr1;
-  const int my_qpos = (a.causal && row_ok) ? a.q_pos[my_row] : INT_MIN;
-  int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qhi = INT_MIN;
-  if (a.causal) {
-    int lo;
+  int my_lo = INT_MIN, my_hi = INT_MAX;  // the key positions my row sees
+  int cta_qlo = INT_MAX, cta_qhi = INT_MIN, warp_qlo = INT_MAX, warp_qhi = INT_MIN;
+  if (a.bounded) {
+    if (row_ok) rowSpan(a, a.q_pos[my_row], my_lo, my_hi);
     warpPosBounds64(a.q_pos, w.q0, w.q1, cta_qlo, cta_qhi);
-    warpPosBounds(a.q_pos, wr0, wr1, lo, warp_qhi);
+    warpPosBounds(a.q_pos, wr0, wr1, warp_qlo, warp_qhi);
   }
   const bool warp_rows = wr0 < wr1;
 
@@ -107,14 +107,14 @@ attnWmmaKernel(AttnArgs a) {
   for (int k0 = w.kb; k0 < w.ke; k0 += kWmmaBK) {
     const int nk = min(kWmmaBK, w.ke - k0);
     int klo = INT_MIN, khi = INT_MIN;
-    if (a.causal) {
+    if (a.bounded) {
       warpPosBounds64(a.k_pos, k0, k0 + nk, klo, khi);
-      if (klo > cta_qhi) {  // every pair masked: uniform over the CTA
+      if (noneVisible(a, klo, khi, cta_qlo, cta_qhi)) {  // every pair masked: uniform over the CTA
         ++counts.skipped;
         continue;
       }
     }
-    const bool needs_mask = a.causal && khi > cta_qlo;
+    const bool needs_mask = a.bounded && !allVisible(a, klo, khi, cta_qlo, cta_qhi);
     if (needs_mask) ++counts.masked;
     else ++counts.full;
 
@@ -127,11 +127,11 @@ attnWmmaKernel(AttnArgs a) {
     stageRows<T, D, L::kLdT, kWmmaThreads>(sV, gv + first, nk, kstride, kWmmaBK, idx);
     __pipeline_commit();
     if (threadIdx.x < kWmmaBK)
-      sKpos[threadIdx.x] = (a.causal && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;
+      sKpos[threadIdx.x] = (a.bounded && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;
     __pipeline_wait_prior(1);  // Q (first tile) and K have landed
     __syncthreads();
 
-    const bool active = warp_rows && !(a.causal && klo > warp_qhi);
+    const bool active = warp_rows && !(a.bounded && noneVisible(a, klo, khi, warp_qlo, warp_qhi));
     if (active) {
       // S = Q K^T for this warp's 16 rows x 64 keys.
 #pragma unroll 1
@@ -153,10 +153,19 @@ attnWmmaKernel(AttnArgs a) {
       // sS instead of holding 32 scores in registers: D = 256 keeps 128
       // accumulator registers live, and this is what avoids spilling there.
       const int r = lane / 2, c0 = (lane & 1) * 32;
+      // Softcap: capped once in place (the passes below read each score twice).
+      float mul = a.scale_log2;
+      if (a.cap != 0.0f) {
+        for (int j = 0; j < 32; ++j) {
+          float* x = sS + r * L::kLdS + c0 + j;
+          *x = a.cap * tanhf(*x * a.cap_in);
+        }
+        mul = 1.0f;
+      }
       auto score = [&](int c) {
         bool ok = row_ok && c < nk;
-        if (needs_mask) ok = ok && sKpos[c] <= my_qpos;
-        return ok ? sS[r * L::kLdS + c] * a.scale_log2 : -INFINITY;
+        if (needs_mask) ok = ok && sKpos[c] >= my_lo && sKpos[c] <= my_hi;
+        return ok ? sS[r * L::kLdS + c] * mul : -INFINITY;
       };
       float mt = -INFINITY;
 #pragma unroll 8

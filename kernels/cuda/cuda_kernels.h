@@ -31,8 +31,10 @@ namespace attn::cuda {
 // [nk, Hkv, D]), fp32 / fp16 / bf16, GQA (query head h reads kv head
 // h / (Hq / Hkv)), causal on global positions (key j visible to query i iff
 // k_pos[j] <= q_pos[i]; positions may be in any order), segments for
-// variable-length batches, O fp32 normalised, LSE fp32 natural log, a row
-// that sees no key O = 0 and LSE = -inf. head_dim 1..256.
+// variable-length batches, sliding windows on the same positions
+// (window_left / window_right, cpu::visibleSpan), softcap on the scaled
+// scores, O fp32 normalised, LSE fp32 natural log, a row that sees no key
+// O = 0 and LSE = -inf. head_dim 1..256.
 //
 // Device-side differences, all because the host must not read device data:
 //  - q_pos, k_pos, k_rows (paged K/V) and segments are device pointers;
@@ -44,8 +46,8 @@ namespace attn::cuda {
 // Tile counts, added to by the kernel with atomics (device memory; zero it
 // yourself). One tile = one (query tile, q head) x one key tile.
 struct AttnCudaStats {
-  unsigned long long tiles_full;     // computed without the causal mask
-  unsigned long long tiles_masked;   // computed with the causal mask
+  unsigned long long tiles_full;     // computed without the mask (every pair visible)
+  unsigned long long tiles_masked;   // computed with the causal / window mask
   unsigned long long tiles_skipped;  // every (query, key) pair masked: not loaded, not computed
 };
 
@@ -155,6 +157,14 @@ constexpr int kMergeMaxPartsPerLaunch = 8;
 // `natural` or head-major [heads, rows]; head-major needs dst != natural.
 [[nodiscard]] attnResult_t writeLse(float* dst, const float* natural, int64_t rows, int heads, bool base2,
                                     bool head_major, cudaStream_t stream);
+
+// ---- attention sinks (sinks.cu) ------------------------------------------------
+// Contract of kernels/cpu/sinks.h, in place: o [rows, heads, head_dim] fp32
+// normalised, lse [rows, heads] fp32 natural log, token-major, sinks [heads]
+// fp32 (device pointer): lse' = log(exp(lse) + exp(sink_h)) with the maximum
+// subtracted (lse = -inf gives lse' = sink_h and O = 0), O *= exp(lse - lse').
+[[nodiscard]] attnResult_t applySinks(float* o, float* lse, int64_t rows, int heads, int head_dim,
+                                      const float* sinks, cudaStream_t stream);
 
 // ---- errors -----------------------------------------------------------------
 // attnSuccess, or attnUnhandledCudaError with "cuda: <what>: <name> (<text>)"

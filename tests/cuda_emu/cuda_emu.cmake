@@ -31,7 +31,7 @@ target_include_directories(attn_cudart INTERFACE ${ATTN_CUDA_EMU_INCLUDE} ${NCCL
 # the rest of the emulated build keeps the fast CPU twins above. (The
 # archive's emu_kernels.o defines the same launchers and is then never
 # pulled in.)
-set(ATTN_SIMT_KERNELS attention.cu lse.cu merge.cu pack.cu reduce.cu)
+set(ATTN_SIMT_KERNELS attention.cu lse.cu merge.cu pack.cu reduce.cu sinks.cu)
 list(TRANSFORM ATTN_SIMT_KERNELS PREPEND ${PROJECT_SOURCE_DIR}/kernels/cuda/)
 file(GLOB ATTN_SIMT_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/simt/*.cc)
 set_source_files_properties(${ATTN_SIMT_KERNELS} PROPERTIES LANGUAGE CXX

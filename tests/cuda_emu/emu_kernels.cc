@@ -14,6 +14,7 @@
 #include "kernels/cpu/merge.h"
 #include "kernels/cpu/pack.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/sinks.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
@@ -268,6 +269,21 @@ attnResult_t writeLse(float* dst, const float* natural, int64_t rows, int heads,
     }
     return attnSuccess;
   });
+}
+
+attnResult_t applySinks(float* o, float* lse, int64_t rows, int heads, int head_dim, const float* sinks,
+                        cudaStream_t stream) {
+  ATTN_REQUIRE(rows >= 0 && heads > 0 && head_dim > 0, "cuda applySinks: %lld rows, %d heads, head_dim %d",
+               (long long)rows, heads, head_dim);
+  if (rows == 0) return attnSuccess;
+  ATTN_REQUIRE(o && lse && sinks, "cuda applySinks: null pointer");
+  const size_t n = size_t(rows) * size_t(heads);
+  return launch("applySinks", stream,
+                {{o, n * size_t(head_dim) * 4, "o"}, {lse, n * 4, "lse"}, {sinks, size_t(heads) * 4, "sinks"}},
+                [=] {
+                  cpu::applySinks(o, lse, rows, heads, head_dim, sinks);
+                  return attnSuccess;
+                });
 }
 
 }  // namespace attn::cuda
