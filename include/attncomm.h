@@ -67,7 +67,7 @@ extern "C" {
 #endif
 
 #define ATTN_MAJOR 0
-#define ATTN_MINOR 2
+#define ATTN_MINOR 3
 #define ATTN_PATCH 0
 /* Version code: MAJOR*10000 + MINOR*100 + PATCH. */
 #define ATTN_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
@@ -543,15 +543,39 @@ typedef struct {
    * token-major. */
   attnLseBase_t lse_base;
   attnLseLayout_t lse_layout;
+  /* Since 0.3. Sliding-window attention on global positions, in
+   * FlashAttention's convention: key j is visible to query i only if
+   * q_pos[i] - window_left <= kv_pos[j] <= q_pos[i] + window_right, -1
+   * leaving that side unbounded (other negative values are refused). With
+   * causal the right bound is q_pos[i] whatever window_right says. Change
+   * it per call for Gemma- / Mistral-style alternating layers. Blocks no
+   * query can see are neither computed nor, where the mode knows it
+   * beforehand, sent. */
+  int window_left;
+  int window_right;
+  /* Since 0.3. Logit soft-capping (Gemma 2): each scaled score s becomes
+   * softcap * tanh(s / softcap) before the softmax. 0: none. */
+  float softcap;
+  /* Since 0.3. Attention sinks (GPT-OSS): [num_q_heads] fp32 learned
+   * logits, one per query head, added to the softmax denominator of every
+   * query row (as exp(sink) next to the exp of its scaled scores), once,
+   * after the partials over every rank's keys are merged. The LSE written
+   * includes it: out = sum_j exp(s_j - lse) v_j. NULL: none. Host memory on
+   * host communicators; on device communicators device, managed or pinned
+   * memory, read when the operation runs. A row that sees no key gets
+   * out = 0 and lse = sink. */
+  const float* sinks;
 } attnAttnConfig_t;
 
 #define ATTN_ATTN_CONFIG(hq, hkv, d, dtype, scale, causal)                          \
   {                                                                                  \
     sizeof(attnAttnConfig_t), ATTN_ATTN_CONFIG_MAGIC, ATTN_VERSION_CODE, (hq), (hkv), \
-        (d), (dtype), (scale), (causal), attnLseNatural, attnLseTokenMajor           \
+        (d), (dtype), (scale), (causal), attnLseNatural, attnLseTokenMajor, -1, -1,  \
+        0.0f, NULL                                                                    \
   }
 /* No heads yet: set num_q_heads, num_kv_heads and head_dim. fp32, causal,
- * softmax_scale 1/sqrt(head_dim), natural token-major LSE. */
+ * softmax_scale 1/sqrt(head_dim), natural token-major LSE, no window, no
+ * softcap, no sinks. */
 #define ATTN_ATTN_CONFIG_INITIALIZER ATTN_ATTN_CONFIG(0, 0, 0, attnFloat32, 0.0f, 1)
 
 /* This rank's shard of a batch, packed "THD": the rows of all sequences back
@@ -1026,7 +1050,13 @@ ATTN_API attnResult_t attnCommSetCostModel(attnComm_t comm, const attnCostModel_
  * normalised partial output and its lse, in the output dtype and LSE
  * convention it was registered with (out_dtype, lse_base, lse_layout
  * below: fp32, natural, token-major through attnCommSetAttnKernel); a
- * query that sees no key must get out = 0, lse = -inf. */
+ * query that sees no key must get out = 0, lse = -inf. Since 0.3 the
+ * kernel applies cfg->window_left, window_right and softcap as the
+ * built-in kernel does; cfg->sinks are the library's (applied once, after
+ * the merge: the kernel must not). A call with a window or softcap is
+ * refused (attnNotSupported, on every rank) on a kernel set through
+ * attnCommSetAttnKernel, or through attnCommSetAttnKernelEx from a header
+ * older than 0.3. */
 typedef struct {
   const void* q;              /* [q_rows, Hq, D] in cfg->dtype */
   const void* k;              /* [kv_rows, Hkv, D] */

@@ -136,6 +136,49 @@ TEST(DeviceComm, RingAttentionOnDeviceEqualsExactAttention) {
   }
 }
 
+// Sliding windows, softcap and attention sinks on a device communicator
+// (issue 48): every mode runs the CUDA kernels with the window and the cap,
+// and the sinks, in device memory, join each row once after the merge
+// (kernels/cuda/sinks.cu). Sinks in pageable host memory are refused at the
+// call (the GPU reads them when the call runs).
+TEST(DeviceComm, WindowsSoftcapAndSinksOnDevice) {
+  REQUIRE_GPU();
+  const std::vector<int32_t> newLens = {90, 1}, cachedLens = {40, 70};
+  std::vector<attn_test::AttnCase> cases;
+  uint64_t seed = 81;
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32}) {
+    attnAttnConfig_t shape = ATTN_ATTN_CONFIG(8, 2, 64, dt, 0.f, 1);
+    shape.window_left = 37;
+    shape.softcap = 20.0f;
+    attn_test::AttnProblemSpec s = attn_test::PrefillSpec(shape, newLens, cachedLens);
+    s.sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -0.5f, 3.0f, 0.25f};
+    cases.push_back(attn_test::MakeCase("device window", s, seed++));
+  }
+  attnConfig_t cfg;
+  RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const attn_test::AttnCase& c = cases[i];
+      const attn_test::RankShard sh = attn_test::GatherShard(c, attn_test::RandomPlacement(c, nranks, 90 + i, -1), rank);
+      for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeHeadParallel, attnModeAuto}) {
+        const DeviceRun r = attn_test::RunShardOnDevice(c, sh, comm, true, c.sinks, [&](const attn_test::DeviceShard& d) {
+          attnAttnConfig_t acfg = c.cfg;
+          acfg.sinks = d.extra;  // the sinks' device copy
+          return attnRingAttention(d.q, d.k, d.v, d.out, d.lse, &sh.layout, &acfg, mode, comm, (attnStream_t)d.stream);
+        });
+        ExpectExact(r, c.cfg.dtype, attn_test::CfgName(c.cfg) + " window + softcap + sinks " + attn_test::ModeName(mode));
+      }
+      // Pageable sinks: refused on every rank, nothing enqueued.
+      const DeviceRun bad = attn_test::RunShardOnDevice(c, sh, comm, true, {}, [&](const attn_test::DeviceShard& d) {
+        attnAttnConfig_t acfg = c.runCfg();  // host vector: pageable
+        return attnRingAttention(d.q, d.k, d.v, d.out, d.lse, &sh.layout, &acfg, attnModePassKV, comm,
+                                 (attnStream_t)d.stream);
+      });
+      EXPECT_EQ(bad.rc, attnInvalidArgument) << bad.error;
+      EXPECT_NE(bad.error.find("cfg.sinks is pageable"), std::string::npos) << bad.error;
+    }
+  }, OnGpu0(&cfg));
+}
+
 // Ranks that are threads of one process pass their ring blocks device to
 // device (the next rank copies out of this rank's buffer); without
 // cuda_ipc in ATTN_TRANSPORT they go through pinned host memory. Both are

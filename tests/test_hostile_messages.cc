@@ -10,6 +10,7 @@
 // kv_attention.cc, wire.h), so these tests pin the format too.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -40,6 +41,8 @@ struct QueryHeader {
   int32_t causal;
   float scale;
   uint32_t entries;
+  int32_t windowLeft = -1, windowRight = -1;
+  float softcap = 0.0f;
 };
 
 attnConfig_t ShortTimeout() {
@@ -158,10 +161,11 @@ TEST(KvWire, MigrateRequestCountsAreBoundedByBytesAndBooks) {
 }
 
 // attnKvAttention's queries: 2 requests of 1 and 2 rows, 4 heads x 8 fp16.
-std::vector<char> Queries(uint32_t entries, int32_t heads, std::vector<int32_t> rows) {
+std::vector<char> Queries(uint32_t entries, int32_t heads, std::vector<int32_t> rows, int32_t windowLeft = -1,
+                          float softcap = 0.0f) {
   std::vector<char> m;
   Put(&m, uint32_t(0));
-  Put(&m, QueryHeader{heads, 1, 0.5f, entries});
+  Put(&m, QueryHeader{heads, 1, 0.5f, entries, windowLeft, -1, softcap});
   for (size_t i = 0; i < rows.size(); ++i) Put(&m, attn::QueryEntry{int64_t(10 + i), rows[i], 0});
   for (int32_t r : rows)
     if (r > 0 && r < 1000) m.insert(m.end(), size_t(r) * (4 + size_t(heads) * 8 * 2), '\x01');
@@ -195,6 +199,15 @@ TEST(KvWire, QueryRequestCountsAreBoundedByBytesAndBooks) {
   EXPECT_REFUSED_FROM_RANK3(attn::parseKvQueryRequest(badHeads.data(), badHeads.size(), lim, &out));
   const std::vector<char> negative = Queries(1, 4, {-1});
   EXPECT_REFUSED_FROM_RANK3(attn::parseKvQueryRequest(negative.data(), negative.size(), lim, &out));
+  // The window and softcap the queries carry (issue 48): a window of 7 and
+  // a cap of 30 are fine; a window below -1 or a NaN / negative cap is not.
+  const std::vector<char> windowed = Queries(2, 4, {1, 2}, 7, 30.0f);
+  ASSERT_EQ(attn::parseKvQueryRequest(windowed.data(), windowed.size(), lim, &out), attnSuccess)
+      << attn::threadLastError();
+  EXPECT_EQ(out.header.windowLeft, 7);
+  EXPECT_EQ(out.header.softcap, 30.0f);
+  for (const auto& bad : {Queries(2, 4, {1, 2}, -2), Queries(2, 4, {1, 2}, -1, NAN), Queries(2, 4, {1, 2}, -1, -1.0f)})
+    EXPECT_REFUSED_FROM_RANK3(attn::parseKvQueryRequest(bad.data(), bad.size(), lim, &out));
   EXPECT_REFUSED_FROM_RANK3(attn::parseKvQueryRequest(ok.data(), ok.size() - 1, lim, &out));
 }
 

@@ -86,6 +86,9 @@ bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void*
     p.head_dim = b.cfg.head_dim;
     p.scale = b.cfg.softmax_scale;
     p.causal = b.cfg.causal;
+    p.window_left = b.cfg.window_left;
+    p.window_right = b.cfg.window_right;
+    p.softcap = b.cfg.softcap;
     p.q_pos = s.qPos.data();
     p.k_pos = h + S + 2;
     p.segments = segs.data();
@@ -180,6 +183,9 @@ bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, con
   p.head_dim = b.cfg.head_dim;
   p.scale = b.cfg.softmax_scale;
   p.causal = b.cfg.causal;
+  p.window_left = b.cfg.window_left;
+  p.window_right = b.cfg.window_right;
+  p.softcap = b.cfg.softcap;
   p.q_pos = s.qPos.data();
   p.k_pos = kpos.data();
   p.segments = segs.data();
@@ -300,6 +306,7 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
   // overlap stays within [0, 1].
   const size_t m = modes.size();
   std::vector<std::vector<double>> t(m), c(m), tc(m);
+  std::vector<double> sent(m, -1);  // bytes this rank sent in the mode's last call
   // --breakdown: this rank's call by stage, per iteration (kStageNames).
   static const char* const kStageNames[] = {"outside", "plan", "setup", "kernel", "wait", "output", "rest"};
   constexpr size_t kStages = sizeof(kStageNames) / sizeof(kStageNames[0]);
@@ -321,6 +328,7 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     for (size_t j = 0; j < m; ++j) {
       double us = 0, cu = 0, commUs = 0, ignored = 0;
       if (!call(j, false, &us, &cu)) return 1;
+      if (modes[j] >= 0) sent[j] = static_cast<double>(st.last.bytesSent);
       if (modes[j] >= 0 && !call(j, true, &commUs, &ignored)) return 1;
       if (i < o.warmup) continue;
       if (o.breakdown && modes[j] >= 0) {
@@ -337,12 +345,14 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
     if (!(combineOverRanks(comm, dev, &t[j], o.average) && combineOverRanks(comm, dev, &c[j], o.average) &&
           (tc[j].empty() || combineOverRanks(comm, dev, &tc[j], o.average))))
       return 1;
+  if (!maxOverRanks(comm, dev, &sent)) return 1;
   results->assign(m, {});
   for (size_t j = 0; j < m; ++j) {
     ModeResult& r = (*results)[j];
     r.mode = modeName(modes[j]);
     r.timeUs = median(t[j]);
     r.computeUs = median(c[j]);
+    r.sentBytes = sent[j];
     if (modes[j] == attnModeAuto) r.autoChose = modeName(chose[j]);
     // The baseline's communication is its all-gather: time minus compute.
     r.commUs = modes[j] >= 0 ? median(tc[j]) : r.timeUs - r.computeUs;
@@ -364,16 +374,18 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
 }
 
 void printHeader() {
-  printf("# %8s %8s %3s %7s %-10s %-8s %10s %10s %10s %7s %10s\n", "T", "P", "B", "miss%", "mode",
-         "auto", "time(ms)", "attn(ms)", "comm(ms)", "overlap", "max_err");
+  printf("# %8s %8s %3s %7s %-10s %-8s %10s %10s %10s %7s %10s %9s\n", "T", "P", "B", "miss%", "mode",
+         "auto", "time(ms)", "attn(ms)", "comm(ms)", "overlap", "max_err", "sent(MB)");
 }
 
 void printRow(int64_t T, int64_t P, int B, const ModeResult& r) {
   char err[32] = "-";
   if (r.maxErr >= 0) snprintf(err, sizeof(err), "%.2e", r.maxErr);
-  printf("  %8" PRId64 " %8" PRId64 " %3d %7.2f %-10s %-8s %10.3f %10.3f %10.3f %7.2f %10s\n", T, P, B,
+  char sentMb[32] = "-";
+  if (r.sentBytes >= 0) snprintf(sentMb, sizeof(sentMb), "%.3f", r.sentBytes / 1e6);
+  printf("  %8" PRId64 " %8" PRId64 " %3d %7.2f %-10s %-8s %10.3f %10.3f %10.3f %7.2f %10s %9s\n", T, P, B,
          T + P ? 100.0 * T / (T + P) : 0.0, r.mode.c_str(), r.autoChose.empty() ? "-" : r.autoChose.c_str(),
-         r.timeUs / 1e3, r.computeUs / 1e3, r.commUs / 1e3, r.overlap, err);
+         r.timeUs / 1e3, r.computeUs / 1e3, r.commUs / 1e3, r.overlap, err, sentMb);
   if (!r.stages.empty()) {
     printf("#   %s, rank 0's step (median us):", r.mode.c_str());
     for (const auto& [name, us] : r.stages) printf(" %s %.1f", name.c_str(), us);
@@ -387,9 +399,9 @@ std::string jsonRow(int64_t T, int64_t P, int B, int nranks, const ModeResult& r
   snprintf(buf, sizeof(buf),
            "{\"T\": %" PRId64 ", \"P\": %" PRId64 ", \"batch\": %d, \"nranks\": %d, \"mode\": \"%s\", "
            "\"auto_chose\": \"%s\", \"time_us\": %.3f, \"compute_us\": %.3f, \"comm_us\": %.3f, "
-           "\"overlap\": %.4f, \"max_err\": %.3e, \"lse_err\": %.3e}",
+           "\"overlap\": %.4f, \"max_err\": %.3e, \"lse_err\": %.3e, \"sent_bytes\": %.0f}",
            T, P, B, nranks, r.mode.c_str(), r.autoChose.c_str(), r.timeUs, r.computeUs, r.commUs,
-           r.overlap, r.maxErr, r.lseErr);
+           r.overlap, r.maxErr, r.lseErr, r.sentBytes);
   return buf;
 }
 

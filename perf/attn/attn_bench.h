@@ -43,6 +43,7 @@ struct ModeResult {
   double overlap = 0;      // max(compute, comm) / time
   double maxErr = -1;      // relative to the row's largest |O|; -1 unchecked
   double lseErr = -1;
+  double sentBytes = -1;   // the most any rank sent in one call (attnRingAttention modes)
   // --breakdown: rank 0's call by stage, (name, median us), in order.
   std::vector<std::pair<std::string, double>> stages;
 };

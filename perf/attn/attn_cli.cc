@@ -3,6 +3,9 @@
 #include <getopt.h>
 
 #include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +19,7 @@ namespace {
 // Long options without a short letter (values above any char).
 enum : int {
   kProcs = 256, kMiss, kBatches, kKvHeads, kHeadDim, kCausal, kModes, kDevice, kPlot,
-  kBlockTokens, kLend, kRequests, kBreakdown, kLayers,
+  kBlockTokens, kLend, kRequests, kBreakdown, kLayers, kWindows, kSoftcap, kPlacement,
 };
 
 // Bit per program, for the options only some binaries take.
@@ -26,7 +29,8 @@ constexpr unsigned kAll = bit(AttnProgram::Ring) | bit(AttnProgram::Decode) | bi
 
 unsigned programsOf(int c) {
   switch (c) {
-    case kMiss: return bit(AttnProgram::Ring);
+    case kMiss: case kWindows: case kPlacement: return bit(AttnProgram::Ring);
+    case kSoftcap: return bit(AttnProgram::Ring) | bit(AttnProgram::Decode);
     case kBatches: return bit(AttnProgram::Decode);
     case kModes: case kBreakdown: case kLayers: return bit(AttnProgram::Ring) | bit(AttnProgram::Decode);
     case 'B': return bit(AttnProgram::Ring) | bit(AttnProgram::Level);
@@ -52,6 +56,8 @@ const option kLong[] = {
     {"block-tokens", required_argument, nullptr, kBlockTokens}, {"lend", required_argument, nullptr, kLend},
     {"requests", required_argument, nullptr, kRequests}, {"breakdown", no_argument, nullptr, kBreakdown},
     {"layers", required_argument, nullptr, kLayers},
+    {"windows", required_argument, nullptr, kWindows}, {"softcap", required_argument, nullptr, kSoftcap},
+    {"placement", required_argument, nullptr, kPlacement},
     {nullptr, 0, nullptr, 0},
 };
 
@@ -105,11 +111,11 @@ void usage(AttnProgram p) {
   switch (p) {
     case AttnProgram::Ring:
       fprintf(stderr, "          [--miss 1,0.1,0.01] [-B|--seqs N] [--causal 0|1] [--modes LIST] [--breakdown]\n"
-                      "          [--layers N]\n");
+                      "          [--layers N] [--windows -1,4096] [--softcap X] [--placement planner|contiguous]\n");
       break;
     case AttnProgram::Decode:
       fprintf(stderr, "          [--batches 1,4,16] [--causal 0|1] [--modes LIST] [--breakdown]\n"
-                      "          [--layers N]\n");
+                      "          [--layers N] [--softcap X]\n");
       break;
     case AttnProgram::Level:
       fprintf(stderr, "          [-B|--seqs N] [--causal 0|1] [-k|--keeps host:rack:cluster,...]\n");
@@ -132,6 +138,11 @@ void usage(AttnProgram p) {
           "  --layers N: each timed step is N calls, one per layer, each layer with its own KV\n"
           "         (a whole model's decode step: time per token); --modes seq's attn column\n"
           "         is then the same step computed on one rank\n"
+          "  --windows: sliding windows (window_left in tokens, -1 none), one table block each;\n"
+          "         the sent(MB) column is the most any rank sent\n"
+          "  --softcap X: logit soft-capping (0 none)\n"
+          "  --placement: planner (attnPlanPrefill's balanced shards, default) or contiguous\n"
+          "         (rank r holds the r-th slice of every sequence, as a window favours)\n"
           "  --plot FILE.png: a picture of the table (perf/plot_perf.py, needs matplotlib)\n",
           p == AttnProgram::Kv ? "; kv_attn_perf times rank 0 only: 0" : " 3");
 }
@@ -353,6 +364,19 @@ bool parseAttnOptions(int argc, char** argv, AttnProgram p, AttnOptions* o, int*
       case kRequests: want = "a request count >= 1"; good = setInt(optarg, 1, 1 << 16, &o->requests); break;
       case kBreakdown: o->breakdown = true; break;
       case kLayers: want = "a layer count in 1..1024"; good = setInt(optarg, 1, 1024, &o->layers); break;
+      case kWindows: want = "windows >= -1, comma list"; good = parseList(optarg, -1, INT32_MAX, true, &o->windows); break;
+      case kSoftcap: {
+        want = "a cap >= 0";
+        char* end;
+        o->cfg.softcap = strtof(optarg, &end);
+        good = *optarg && !*end && std::isfinite(o->cfg.softcap) && o->cfg.softcap >= 0;
+        break;
+      }
+      case kPlacement:
+        want = "planner or contiguous";
+        good = !strcmp(optarg, "planner") || !strcmp(optarg, "contiguous");
+        o->contiguous = !strcmp(optarg, "contiguous");
+        break;
       default: good = false; break;
     }
     if (!good) {

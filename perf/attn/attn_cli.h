@@ -46,6 +46,8 @@ struct AttnOptions {
   int requests = 1;                           // --requests
   bool breakdown = false;                     // --breakdown (ring, decode)
   int layers = 1;                             // --layers (ring, decode): calls per timed step
+  std::vector<int> windows = {-1};            // --windows (ring): window_left of each table block
+  bool contiguous = false;                    // --placement contiguous (ring)
 };
 
 // The binary's defaults (kv_attn_perf's differ: longer request, larger heads).

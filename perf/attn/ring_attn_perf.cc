@@ -40,6 +40,32 @@ bool shardOf(const Batch& b, int nranks, int rank, Shard* s) {
   return true;
 }
 
+// --placement contiguous: rank r holds the r-th slice of each sequence's
+// new tokens and of its keys (cached then new), as sequence parallelism
+// without load balancing does, and as a sliding window favours (a rank's
+// queries see only the last keys of the rank before).
+void contiguousShardOf(const Batch& b, int nranks, int rank, Shard* s) {
+  s->qOffsets = {0};
+  s->kvOffsets = {0};
+  int64_t qBase = 0, kvBase = 0;
+  for (size_t i = 0; i < b.newLens.size(); ++i) {
+    const int64_t T = b.newLens[i], P = b.cachedLens[i], L = T + P;
+    for (int64_t t = T * rank / nranks; t < T * (rank + 1) / nranks; ++t) {
+      s->qGlobal.push_back(qBase + t);
+      s->qPos.push_back(static_cast<int32_t>(P + t));
+    }
+    for (int64_t j = L * rank / nranks; j < L * (rank + 1) / nranks; ++j) {
+      s->kvGlobal.push_back(kvBase + j);
+      s->kvPos.push_back(static_cast<int32_t>(j));
+    }
+    s->qOffsets.push_back(static_cast<int32_t>(s->qPos.size()));
+    s->kvOffsets.push_back(static_cast<int32_t>(s->kvPos.size()));
+    qBase += T;
+    kvBase += L;
+  }
+  s->finish();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,22 +90,28 @@ int main(int argc, char** argv) {
              o.cfg.causal);
       printf("# times are medians over %d iterations of %s (-a %d); comm = the same call with "
              "the kernel off\n", o.iters, averageName(o.average), o.average);
+      printf("# placement %s, softcap %g\n", o.contiguous ? "contiguous" : "planner", double(o.cfg.softcap));
       if (o.layers > 1) printf("# each timed step is %d layers (a call per layer, each with its own KV)\n", o.layers);
       printHeader();
     }
     AttnReport report("ring_attn_perf", o.cfg.dtype, n);
     RunOptions ro{o.iters, o.warmup, o.check != 0, o.device, o.procs > 0 || launchedExternally(), o.average,
                   o.breakdown, o.layers};
+    for (int window : o.windows)
     for (double miss : o.miss) {
+      if (me == 0 && (o.windows.size() > 1 || window >= 0) && miss == o.miss.front())
+        printf("# window_left %d%s\n", window, window < 0 ? " (none)" : "");
       Batch b;
       b.cfg = o.cfg;
+      b.cfg.window_left = window;
       const int64_t T = std::max<int64_t>(1, std::llround(miss * o.length));
       for (int i = 0; i < o.seqs; ++i) {
         b.newLens.push_back(static_cast<int32_t>(T));
         b.cachedLens.push_back(static_cast<int32_t>(o.length - T));
       }
       Shard s;
-      if (!shardOf(b, n, me, &s)) return 1;
+      if (o.contiguous) contiguousShardOf(b, n, me, &s);
+      else if (!shardOf(b, n, me, &s)) return 1;
       std::vector<ModeResult> rows;
       if (runModes(comm, b, s, o.modes, ro, &rows) != 0) return 1;
       if (me == 0) report.add(T * o.seqs, (o.length - T) * o.seqs, o.seqs, rows);

@@ -81,7 +81,7 @@ _CONFIG_MAGIC = 0xA7C0F16
 _ATTN_CONFIG_MAGIC = 0xA77C0F1A
 LSE_NATURAL, LSE_BASE2 = range(2)          # attnLseBase_t
 LSE_TOKEN_MAJOR, LSE_HEAD_MAJOR = range(2)  # attnLseLayout_t
-_HEADER_VERSION = 200  # ATTN_VERSION_CODE of the header these declarations follow (0.2.0)
+_HEADER_VERSION = 300  # ATTN_VERSION_CODE of the header these declarations follow (0.3.0)
 _UNDEF_INT = -2147483648
 _UNIQUE_ID_BYTES = 128
 
@@ -112,12 +112,27 @@ class _AttnConfig(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
                 ("num_q_heads", ctypes.c_int), ("num_kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int),
                 ("dtype", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int),
-                ("lse_base", ctypes.c_int), ("lse_layout", ctypes.c_int)]
+                ("lse_base", ctypes.c_int), ("lse_layout", ctypes.c_int),
+                ("window_left", ctypes.c_int), ("window_right", ctypes.c_int), ("softcap", ctypes.c_float),
+                ("sinks", ctypes.c_void_p)]
 
     def __init__(self, num_q_heads=0, num_kv_heads=0, head_dim=0, dtype=0, softmax_scale=0.0, causal=1,
-                 lse_base=0, lse_layout=0):
+                 lse_base=0, lse_layout=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
         super().__init__(ctypes.sizeof(_AttnConfig), _ATTN_CONFIG_MAGIC, _HEADER_VERSION, num_q_heads,
-                         num_kv_heads, head_dim, dtype, softmax_scale, causal, lse_base, lse_layout)
+                         num_kv_heads, head_dim, dtype, softmax_scale, causal, lse_base, lse_layout,
+                         int(window_left), int(window_right), float(softcap), sinks)
+
+
+def _sinks_of(sinks, num_q_heads):
+    """The address of float32 sinks [num_q_heads] (a buffer, numpy array or
+    tensor), or None."""
+    if sinks is None:
+        return None
+    p, n, t = _buffer(sinks)
+    if t != FLOAT32 or n != num_q_heads:
+        raise AttnError(INVALID_ARGUMENT, f"sinks: float32 with num_q_heads = {num_q_heads} values, got "
+                                          f"{n} of type {t}")
+    return p
 
 
 class _SeqLayout(ctypes.Structure):
@@ -654,15 +669,21 @@ class Comm:
 
     # -- attention --
     def ring_attention(self, q, k, v, out, layout, num_q_heads, num_kv_heads, head_dim, lse=None,
-                       causal=True, softmax_scale=0.0, mode=MODE_AUTO, stream=None):
+                       causal=True, softmax_scale=0.0, mode=MODE_AUTO, stream=None, window_left=-1,
+                       window_right=-1, softcap=0.0, sinks=None):
         """attnRingAttention: out (and lse, float32 [q rows, Hq], optional) of
-        this rank's queries over every rank's keys. layout: a SeqLayout."""
+        this rank's queries over every rank's keys. layout: a SeqLayout.
+        window_left / window_right: a sliding window in tokens (-1: none on
+        that side); softcap: logit soft-capping (0: none); sinks: float32
+        [num_q_heads] attention sinks (None: none)."""
         qp, _, t = _buffer(q)
-        cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal))
+        cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal),
+                          window_left=window_left, window_right=window_right, softcap=softcap,
+                          sinks=_sinks_of(sinks, num_q_heads))
         self._queued(_check(_RingAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
                                            ctypes.byref(layout._c), ctypes.byref(cfg), mode, self._h,
                                            _stream(stream)), self._h, "attnRingAttention"),
-                     q, k, v, out, lse, layout, cfg)
+                     q, k, v, out, lse, layout, cfg, sinks)
 
     def merge_attn_reduce_scatter(self, out_part, lse_part, out, lse, rows, heads, head_dim, stream=None):
         """attnMergeAttnReduceScatter: every rank's partial (out_part [rows,
@@ -689,13 +710,17 @@ class Comm:
         return KvPool(self, block_tokens, num_kv_heads, head_dim, dtype, capacity_blocks)
 
     def level_attention(self, q, k, v, out, layout, num_q_heads, num_kv_heads, head_dim, keep=None,
-                        importance=None, lse=None, causal=True, softmax_scale=0.0):
+                        importance=None, lse=None, causal=True, softmax_scale=0.0, window_left=-1,
+                        window_right=-1, softcap=0.0, sinks=None):
         """attnLevelAttention: as ring_attention, but each peer sends only the
         keys it keeps for the tier between the two ranks. keep: 4 fractions by
         tier (device, host, rack, cluster), or None to keep every key;
-        importance: float32 [kv rows], the score of each local key."""
+        importance: float32 [kv rows], the score of each local key. window,
+        softcap and sinks as ring_attention."""
         qp, _, t = _buffer(q)
-        cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal))
+        cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal),
+                          window_left=window_left, window_right=window_right, softcap=softcap,
+                          sinks=_sinks_of(sinks, num_q_heads))
         drop = None
         if keep is not None:
             if len(keep) != 4:
@@ -711,7 +736,7 @@ class Comm:
                                             ctypes.byref(layout._c), ctypes.byref(cfg),
                                             ctypes.byref(drop) if drop is not None else None, self._h, None),
                             self._h, "attnLevelAttention"),
-                     q, k, v, out, lse, layout, cfg, drop, importance)
+                     q, k, v, out, lse, layout, cfg, drop, importance, sinks)
 
 
 # Inside a group, calls run at the outermost group_end: the arrays passed to
@@ -1086,7 +1111,7 @@ class KvPool:
         return granted
 
     def attention(self, reqs, q_offsets, q, q_pos=None, num_q_heads=None, causal=True, scale=0.0, want_lse=True,
-                  out=None, lse=None, stream=None):
+                  out=None, lse=None, stream=None, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
         """attnKvAttention: attention of this rank's queries over all the
         tokens of its requests, wherever their blocks are. reqs: own request
         ids (distinct); q_offsets: len(reqs) + 1 row offsets into q, from 0 to
@@ -1097,7 +1122,8 @@ class KvPool:
         or None without want_lse). out and lse may be given (device
         communicators: CUDA tensors, which they must be); else numpy arrays
         are made. Inside a CUDA graph capture, q_pos is read at each launch
-        (pass an int32 numpy array you keep, as for append)."""
+        (pass an int32 numpy array you keep, as for append). window, softcap
+        and sinks as Comm.ring_attention (sinks must outlive a queued call)."""
         np = _numpy()
         try:
             r = _ints(reqs, np.int64, "reqs")
@@ -1112,10 +1138,12 @@ class KvPool:
                 out = np.empty_like(q)
             if lse is None and want_lse:
                 lse = np.empty((rows, hq), np.float32)
+            sinks_p = _sinks_of(sinks, hq)
         except Exception as e:  # noqa: BLE001 - any failure here must reach the peers
             self._refuse(lambda: _KvAttention(self._h, -1, None, None, None, None, None, None, None, _stream(stream)), e,
                          "attention")
-        cfg = _AttnConfig(hq, self.num_kv_heads, self.head_dim, self.dtype, scale, int(causal))
+        cfg = _AttnConfig(hq, self.num_kv_heads, self.head_dim, self.dtype, scale, int(causal),
+                          window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks_p)
         _check(_KvAttention(self._h, len(r), r.ctypes.data_as(_i64p), offs.ctypes.data_as(_i32p), qp,
                             pos.ctypes.data_as(_i32p) if pos is not None else None, _buffer(out)[0],
                             ctypes.cast(_buffer(lse)[0], ctypes.POINTER(ctypes.c_float)) if lse is not None else None,

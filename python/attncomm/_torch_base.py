@@ -181,6 +181,27 @@ def _check_lse(q, lse, lse_layout):
     _check_lse_of("lse", lse, q.shape[0], q.shape[1], q.device, lse_layout)
 
 
+def _features(q, window_size, softcap, sinks):
+    """The window, softcap and sinks of an attention call, checked:
+    (window_left, window_right, softcap, sinks or None). window_size is
+    FlashAttention's (left, right), -1 for no bound on that side; sinks a
+    float32 [Hq] tensor on q's device (GPT-OSS attention sinks)."""
+    _require(isinstance(window_size, (tuple, list)) and len(window_size) == 2,
+             f"window_size: (left, right) in tokens, -1 for none, got {window_size!r}")
+    left, right = (int(x) for x in window_size)
+    _require(left >= -1 and right >= -1, f"window_size: each side >= -1, got {(left, right)}")
+    softcap = float(softcap)
+    _require(math.isfinite(softcap) and softcap >= 0.0, f"softcap: finite and >= 0 (0: none), got {softcap}")
+    if sinks is not None:
+        _require(isinstance(sinks, torch.Tensor), "sinks: a torch.Tensor is needed")
+        _require(sinks.dtype == torch.float32, f"sinks: float32 is needed, got {sinks.dtype}")
+        _require(tuple(sinks.shape) == (q.shape[1],),
+                 f"sinks: shape {tuple(sinks.shape)}, ({q.shape[1]},) is needed (one per query head)")
+        _require(sinks.device == q.device, f"sinks: on {sinks.device}, q on {q.device}")
+        _require(sinks.is_contiguous(), "sinks: not contiguous")
+    return left, right, softcap, sinks
+
+
 def _check_lse_base(lse_base):
     _require(lse_base in ("e", "2"), f"lse_base: 'e' or '2', got {lse_base!r}")
 

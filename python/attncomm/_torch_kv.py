@@ -14,6 +14,7 @@ from attncomm._torch_base import (  # noqa: F401
     _check_rows,
     _check_side,
     _comm_id,
+    _features,
     _int32_host,
     _require,
     _result,
@@ -118,22 +119,26 @@ def kv_pool(comm, block_tokens, num_kv_heads, head_dim, dtype=torch.float32, cap
 @torch.library.custom_op("attncomm::kv_attention", mutates_args=("out", "lse"))
 def _kv_attention_op(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, reqs: torch.Tensor,
                      q_offsets: torch.Tensor, q_pos: Optional[torch.Tensor], pool_id: int, causal: bool,
-                     softmax_scale: float, stream: int) -> None:
+                     softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                     sinks: Optional[torch.Tensor], stream: int) -> None:
     pool = _pool_of(pool_id)
     _check_op_side(pool.comm, q)
     # attncomm.KvPool.attention refuses offsets or positions that disagree
     # with q on every rank (it tells the peers), then raises here.
     pool.pool.attention(reqs, q_offsets, q, q_pos=q_pos, num_q_heads=q.shape[1], causal=causal,
-                        scale=softmax_scale, want_lse=True, out=out, lse=lse, stream=stream or None)
+                        scale=softmax_scale, want_lse=True, out=out, lse=lse, stream=stream or None,
+                        window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
 
 
 @_kv_attention_op.register_fake
-def _(q, out, lse, reqs, q_offsets, q_pos, pool_id, causal, softmax_scale, stream):
+def _(q, out, lse, reqs, q_offsets, q_pos, pool_id, causal, softmax_scale, window_left, window_right, softcap,
+      sinks, stream):
     return None
 
 
 def kv_attention(pool, q, reqs, q_offsets, q_pos=None, *, causal=True, softmax_scale=None, out=None, lse=None,
-                 return_lse=False, lse_base="e", lse_layout="th", stream=None):
+                 return_lse=False, lse_base="e", lse_layout="th", stream=None, window_size=(-1, -1), softcap=0.0,
+                 sinks=None):
     """attnKvAttention on torch tensors (collective over the pool's ranks):
     this rank's queries over all the tokens of its requests, wherever their
     blocks are. pool: a KvPool of this module. q: [rows, Hq, D] of the
@@ -143,8 +148,8 @@ def kv_attention(pool, q, reqs, q_offsets, q_pos=None, *, causal=True, softmax_s
     rows; q_pos: int32 [rows], the queries' global positions (needed with
     causal: a key is seen when its position <= the query's). Index and
     position tensors are host memory, read when the call runs (also at
-    each CUDA graph launch, for q_pos). out, lse and the LSE conventions as
-    ring_attention; returns out, or (out, lse) with return_lse (or when lse
+    each CUDA graph launch, for q_pos). out, lse, the LSE conventions,
+    window_size, softcap and sinks as ring_attention; returns out, or (out, lse) with return_lse (or when lse
     is given). Offsets or positions that disagree with q are refused on
     every rank."""
     _require(isinstance(pool, KvPool), f"pool: an attncomm.torch.KvPool is needed, got {type(pool).__name__}")
@@ -161,9 +166,10 @@ def kv_attention(pool, q, reqs, q_offsets, q_pos=None, *, causal=True, softmax_s
     q_offsets = _int32_host("q_offsets", q_offsets, "")
     if q_pos is not None:
         q_pos = _int32_host("q_pos", q_pos, "")
+    left, right, softcap, sinks = _features(q, window_size, softcap, sinks)
     out, raw = _prepare(q, out, lse, lse_base, lse_layout)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _kv_attention_op(q, out, raw, reqs, q_offsets, q_pos, _pool_id(pool), bool(causal), scale,
-                     _stream_of(q, stream))
+                     left, right, softcap, sinks, _stream_of(q, stream))
     return _result(out, raw, lse, return_lse, lse_base, lse_layout)
 

@@ -48,6 +48,7 @@ from attncomm._torch_base import (  # noqa: F401
     _check_qkv,
     _comm_id,
     _comm_of,
+    _features,
     _int32_host,
     _lse_shape,
     _raw_lse,
@@ -100,7 +101,8 @@ def _reraise(e, wrong):
 def _ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        lse: torch.Tensor, q_offsets: torch.Tensor, q_pos: torch.Tensor,
                        kv_offsets: torch.Tensor, kv_pos: torch.Tensor, comm_id: int, attn_mode: int,
-                       causal: bool, softmax_scale: float, stream: int) -> None:
+                       causal: bool, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                       sinks: Optional[torch.Tensor], stream: int) -> None:
     comm = _comm_of(comm_id)
     _check_op_side(comm, q)
     layout = SeqLayout(q_offsets, q_pos, kv_offsets, kv_pos)
@@ -108,31 +110,39 @@ def _ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     c_layout = _c_layout(*layout.tensors(), wrong)
     try:
         comm.ring_attention(q, k, v, out, c_layout, q.shape[1], k.shape[1], q.shape[2], lse=lse,
-                            causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None)
+                            causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None,
+                            window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     except AttnError as e:
         _reraise(e, wrong)
 
 
 @_ring_attention_op.register_fake
 def _(q, k, v, out, lse, q_offsets, q_pos, kv_offsets, kv_pos, comm_id, attn_mode, causal, softmax_scale,
-      stream):
+      window_left, window_right, softcap, sinks, stream):
     return None
 
 
 
 def ring_attention(comm, q, k, v, layout, *, mode="auto", causal=True, softmax_scale=None, out=None,
-                   lse=None, return_lse=False, lse_base="e", lse_layout="th", stream=None):
+                   lse=None, return_lse=False, lse_base="e", lse_layout="th", stream=None, window_size=(-1, -1),
+                   softcap=0.0, sinks=None):
     """attnRingAttention on torch tensors: this rank's queries over every
     rank's keys, the algorithm by name (MODES). Returns out, or (out, lse)
     with return_lse (or when lse is given). Runs on torch's current CUDA
-    stream for CUDA tensors unless `stream` is given."""
+    stream for CUDA tensors unless `stream` is given. window_size:
+    FlashAttention's (left, right) sliding window on global positions, -1
+    for none on a side (blocks no query sees are not sent); softcap: Gemma
+    2's logit soft-capping (0: none); sinks: float32 [Hq] attention sinks
+    (GPT-OSS), added once to every row's softmax denominator (the LSE
+    returned includes them)."""
     _require(mode in MODES, f"mode: one of {', '.join(MODES)}, got {mode!r}")
     _check_qkv(comm, q, k, v)
     _check_layout(comm, layout)
+    left, right, softcap, sinks = _features(q, window_size, softcap, sinks)
     out, raw = _prepare(q, out, lse, lse_base, lse_layout)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _ring_attention_op(q, k, v, out, raw, *layout.tensors(), _comm_id(comm), MODES[mode], bool(causal), scale,
-                       _stream_of(q, stream))
+                       left, right, softcap, sinks, _stream_of(q, stream))
     return _result(out, raw, lse, return_lse, lse_base, lse_layout)
 
 # ---- level-aware sparse attention (CSPS) ------------------------------------------------
@@ -142,14 +152,17 @@ def ring_attention(comm, q, k, v, layout, *, mode="auto", causal=True, softmax_s
 def _level_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, q_offsets: torch.Tensor, q_pos: torch.Tensor,
                         kv_offsets: torch.Tensor, kv_pos: torch.Tensor, importance: Optional[torch.Tensor],
-                        comm_id: int, keep: list[float], causal: bool, softmax_scale: float, stream: int) -> None:
+                        comm_id: int, keep: list[float], causal: bool, softmax_scale: float, window_left: int,
+                        window_right: int, softcap: float, sinks: Optional[torch.Tensor], stream: int) -> None:
     comm = _comm_of(comm_id)
     _check_op_side(comm, q)
     layout = SeqLayout(q_offsets, q_pos, kv_offsets, kv_pos)
     wrong = _rows_disagree(layout, q, k)
     c_layout = _c_layout(*layout.tensors(), wrong)
     dtype = _ac._buffer(q)[2]
-    cfg = _ac._AttnConfig(q.shape[1], k.shape[1], q.shape[2], dtype, softmax_scale, int(causal))
+    cfg = _ac._AttnConfig(q.shape[1], k.shape[1], q.shape[2], dtype, softmax_scale, int(causal),
+                          window_left=window_left, window_right=window_right, softcap=softcap,
+                          sinks=sinks.data_ptr() if sinks is not None else None)
     drop = None
     if keep:
         imp = ctypes.cast(importance.data_ptr(), ctypes.POINTER(ctypes.c_float)) if importance is not None else None
@@ -160,19 +173,20 @@ def _level_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
                                    ctypes.byref(c_layout._c), ctypes.byref(cfg),
                                    ctypes.byref(drop) if drop is not None else None, comm._h, stream or None)
         comm._queued(_ac._check(code, comm._h, "attnLevelAttention"), q, k, v, out, lse, c_layout, cfg, drop,
-                     importance)
+                     importance, sinks)
     except AttnError as e:
         _reraise(e, wrong)
 
 
 @_level_attention_op.register_fake
 def _(q, k, v, out, lse, q_offsets, q_pos, kv_offsets, kv_pos, importance, comm_id, keep, causal, softmax_scale,
-      stream):
+      window_left, window_right, softcap, sinks, stream):
     return None
 
 
 def level_attention(comm, q, k, v, layout, *, keep=None, importance=None, causal=True, softmax_scale=None,
-                    out=None, lse=None, return_lse=False, lse_base="e", lse_layout="th", stream=None):
+                    out=None, lse=None, return_lse=False, lse_base="e", lse_layout="th", stream=None,
+                    window_size=(-1, -1), softcap=0.0, sinks=None):
     """attnLevelAttention on torch tensors (CSPS level-aware sparse
     attention): this rank's queries over its own keys and, from each peer,
     the keys that peer keeps for the tier between the two ranks. keep: 4
@@ -182,10 +196,12 @@ def level_attention(comm, q, k, v, layout, *, keep=None, importance=None, causal
     highest importance; None keeps every key, which is exact attention (as
     ring_attention). importance: float32 [kv rows], a score per key of this
     rank's shard, on k's device; needed when a keep is below 1. q, k, v,
-    layout, out, lse and the LSE conventions as ring_attention; returns out,
-    or (out, lse) with return_lse (or when lse is given)."""
+    layout, out, lse, the LSE conventions, window_size, softcap and sinks as
+    ring_attention; returns out, or (out, lse) with return_lse (or when lse
+    is given)."""
     _check_qkv(comm, q, k, v)
     _check_layout(comm, layout)
+    left, right, softcap, sinks = _features(q, window_size, softcap, sinks)
     keep_list = []
     if keep is not None:
         _require(isinstance(keep, (list, tuple)) and len(keep) == 4,
@@ -206,7 +222,7 @@ def level_attention(comm, q, k, v, layout, *, keep=None, importance=None, causal
     out, raw = _prepare(q, out, lse, lse_base, lse_layout)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _level_attention_op(q, k, v, out, raw, *layout.tensors(), importance, _comm_id(comm), keep_list,
-                        bool(causal), scale, _stream_of(q, stream))
+                        bool(causal), scale, left, right, softcap, sinks, _stream_of(q, stream))
     return _result(out, raw, lse, return_lse, lse_base, lse_layout)
 
 # ---- context-parallel decode --------------------------------------------------------------
@@ -222,6 +238,7 @@ def _owned(num_seqs, rank, size):
 def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                          lse: torch.Tensor, kv_offsets: torch.Tensor, kv_pos: torch.Tensor, q_pos: torch.Tensor,
                          comm_id: int, attn_mode: int, causal: bool, softmax_scale: float, replicated: bool,
+                         window_left: int, window_right: int, softcap: float, sinks: Optional[torch.Tensor],
                          stream: int) -> None:
     comm = _comm_of(comm_id)
     _check_op_side(comm, q)
@@ -244,10 +261,11 @@ def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
         mine = (torch.arange(max(seqs, 0), device=lay) % size == rank).to(torch.int32)
         q_offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=lay),
                                torch.cumsum(mine, 0, dtype=torch.int32)])
-        index = torch.arange(rank, max(seqs, 0), size, device=q.device)
+        # (Empty where this rank holds no query: fewer sequences than ranks.)
+        index = torch.arange(rank, max(seqs, rank), size, device=q.device)
         if replicated and not wrong:
             q_own = q.index_select(0, index).contiguous()
-            pos_own = q_pos.index_select(0, torch.arange(rank, seqs, size, device=q_pos.device)).contiguous()
+            pos_own = q_pos.index_select(0, torch.arange(rank, max(seqs, rank), size, device=q_pos.device)).contiguous()
             out_own = torch.empty_like(q_own)
             lse_own = torch.empty((q_own.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
         else:
@@ -255,7 +273,8 @@ def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
     c_layout = _c_layout(q_offsets, pos_own, kv_offsets, kv_pos, wrong)
     try:
         comm.ring_attention(q_own, k, v, out_own, c_layout, q.shape[1], k.shape[1], q.shape[2], lse=lse_own,
-                            causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None)
+                            causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None,
+                            window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     except AttnError as e:
         _reraise(e, wrong)
     if not replicated or wrong:
@@ -272,13 +291,14 @@ def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
 
 
 @_decode_attention_op.register_fake
-def _(q, k, v, out, lse, kv_offsets, kv_pos, q_pos, comm_id, attn_mode, causal, softmax_scale, replicated, stream):
+def _(q, k, v, out, lse, kv_offsets, kv_pos, q_pos, comm_id, attn_mode, causal, softmax_scale, replicated,
+      window_left, window_right, softcap, sinks, stream):
     return None
 
 
 def decode_attention(comm, q, k, v, kv_offsets, kv_pos, q_pos, *, replicated=True, mode="ship_q", causal=True,
                      softmax_scale=None, out=None, lse=None, return_lse=False, lse_base="e", lse_layout="th",
-                     stream=None):
+                     stream=None, window_size=(-1, -1), softcap=0.0, sinks=None):
     """A context-parallel decode step (CP paper §3.6): one new query row per
     sequence, the keys and values of every sequence spread over the ranks
     (e.g. each step's new KV on attncomm.decode_placement's kv rank,
@@ -301,7 +321,8 @@ def decode_attention(comm, q, k, v, kv_offsets, kv_pos, q_pos, *, replicated=Tru
     theirs (one ring call, no gather).
 
     causal: a key is seen when its position <= the query's. out (q's shape
-    and dtype), lse and the LSE conventions as ring_attention; returns out,
+    and dtype), lse, the LSE conventions, window_size, softcap and sinks as
+    ring_attention; returns out,
     or (out, lse) with return_lse (or when lse is given). Layout tensors are
     host memory, read when the call runs; a kv_offsets, kv_pos or q_pos that
     disagrees with the tensors' rows is refused on every rank."""
@@ -311,10 +332,11 @@ def decode_attention(comm, q, k, v, kv_offsets, kv_pos, q_pos, *, replicated=Tru
     kv_pos = _int32_host("kv_pos", kv_pos, "")
     q_pos = _int32_host("q_pos", q_pos, "")
     _require(kv_offsets.numel() >= 1, "kv_offsets: num_seqs + 1 entries are needed, got none")
+    left, right, softcap, sinks = _features(q, window_size, softcap, sinks)
     out, raw = _prepare(q, out, lse, lse_base, lse_layout)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _decode_attention_op(q, k, v, out, raw, kv_offsets, kv_pos, q_pos, _comm_id(comm), MODES[mode], bool(causal),
-                         scale, bool(replicated), _stream_of(q, stream))
+                         scale, bool(replicated), left, right, softcap, sinks, _stream_of(q, stream))
     return _result(out, raw, lse, return_lse, lse_base, lse_layout)
 
 # ---- the engine's own kernel inside the ring -----------------------------------------

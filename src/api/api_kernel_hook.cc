@@ -40,7 +40,8 @@ attnResult_t readKernel(const attnAttnKernel_t* user, attnAttnKernel_t* out) {
   return attnSuccess;
 }
 
-attnResult_t setKernel(attnComm_t comm, const attnAttnKernel_t* kernel) {
+// legacy: attnCommSetAttnKernel, whose kernel says nothing of windows.
+attnResult_t setKernel(attnComm_t comm, const attnAttnKernel_t* kernel, bool legacy) {
   ApiCall call(comm);
   ATTN_CHECK(call.finish(call.check()));
   attnAttnKernel_t k = ATTN_ATTN_KERNEL_INITIALIZER;
@@ -51,6 +52,7 @@ attnResult_t setKernel(attnComm_t comm, const attnAttnKernel_t* kernel) {
   st.userOutDtype = k.fn ? k.out_dtype : attnFloat32;
   st.userLseBase = k.fn ? k.lse_base : attnLseNatural;
   st.userLseLayout = k.fn ? k.lse_layout : attnLseTokenMajor;
+  st.userKnowsWindows = k.fn && !legacy && kernel->version >= ATTN_VERSION(0, 3, 0);
   st.kernelTflops.clear();  // the new kernel has its own rate
   return attnSuccess;
 }
@@ -60,10 +62,10 @@ attnResult_t setKernel(attnComm_t comm, const attnAttnKernel_t* kernel) {
 extern "C" attnResult_t attnCommSetAttnKernel(attnComm_t comm, attnAttnKernelFn fn, void* userData) {
   return guardedEntry([&]() -> attnResult_t {
     const attnAttnKernel_t k = ATTN_ATTN_KERNEL(fn, userData, attnFloat32, attnLseNatural, attnLseTokenMajor);
-    return setKernel(comm, &k);
+    return setKernel(comm, &k, true);
   });
 }
 
 extern "C" attnResult_t attnCommSetAttnKernelEx(attnComm_t comm, const attnAttnKernel_t* kernel) {
-  return guardedEntry([&]() -> attnResult_t { return setKernel(comm, kernel); });
+  return guardedEntry([&]() -> attnResult_t { return setKernel(comm, kernel, false); });
 }

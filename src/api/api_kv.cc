@@ -11,6 +11,7 @@
 #include <string>
 
 #include "src/attn/attn_config.h"
+#include "src/attn/device/device_layout.h"
 #include "src/attn/kv_attention.h"
 #include "src/attn/kv_migrate.h"
 #include "src/attn/kv_plan.h"
@@ -392,6 +393,10 @@ extern "C" attnResult_t attnKvAttention(attnKvPool_t pool, int num_reqs, const i
       a.hasQPos = q_pos != nullptr;
       local = readAttnConfig(cfg, &a.cfg);
       if (local == attnSuccess) local = checkKvAttnArgs(p, a);
+      if (local == attnSuccess && !p.onDevice()) local = checkHostSinks(a.cfg);
+#if ATTN_HAVE_CUDA
+      if (local == attnSuccess && p.onDevice()) local = checkDeviceSinks(a.cfg);
+#endif
     }
     // The positions are read now, as the call may run later (stream,
     // executor); in a CUDA graph, at each launch, as they advance with every

@@ -15,17 +15,19 @@ attnResult_t checkAttnArgs(attnComm* comm, const void* q, const void* k, const v
   // on every rank, before anything moves.
   if (cfg) {
     attnAttnConfig_t c;
-    if (readAttnConfig(cfg, &c) == attnSuccess) ATTN_CHECK(checkKernelOut(attnStateOf(comm), c.dtype));
+    if (readAttnConfig(cfg, &c) == attnSuccess) ATTN_CHECK(checkKernelOut(attnStateOf(comm), c));
   }
 #if ATTN_HAVE_CUDA
   if (deviceRoute(comm)) {
     ATTN_CHECK(checkCallShape(layout, cfg));
+    ATTN_CHECK(checkDeviceSinks(attnConfigOf(cfg)));
     return dl->capture(q, k, v, out, *layout, attnConfigOf(cfg), qRows, kvRows);
   }
 #else
   (void)comm;
 #endif
-  return checkCallArgs(q, k, v, out, layout, cfg, qRows, kvRows);
+  ATTN_CHECK(checkCallArgs(q, k, v, out, layout, cfg, qRows, kvRows));
+  return checkHostSinks(attnConfigOf(cfg));
 }
 
 }  // namespace attn

@@ -6,7 +6,9 @@
 // right shape when KV blocks are small against the attention (GQA, short
 // contexts on shared memory).
 //
-// Between two ranks there is one message: the sender's packed KV block.
+// Between two ranks there is one message: the sender's packed KV block,
+// unless a sliding window hides those keys from every query of the
+// receiver (RankVisibility, decided alike on both sides).
 #include <algorithm>
 #include <memory>
 
@@ -40,13 +42,25 @@ attnResult_t runAllGatherKv(AttnCall& c) {
   ATTN_CHECK(in.reserve(std::max<size_t>(slot.total, 1)));
 
   std::unique_ptr<Request[]> recvReq(new Request[n]), sendReq(new Request[n]);
+  // folded[p]: p's block merged, or none coming (our queries see none of
+  // its keys); sends[p]: p's queries see some of ours.
+  std::vector<bool> folded(n, true), sends(n, false);
+  int remaining = 0;
+  for (int p = 0; p < n; ++p)
+    if (p != me) {
+      folded[p] = !c.vis.sees(me, p);
+      sends[p] = c.vis.sees(p, me);
+      remaining += !folded[p];
+    }
   BreakOnEarlyExit guard(e);
   for (int p = 0; p < n; ++p)
-    if (p != me) ATTN_CHECK(e.irecv(p, in.data() + slot.offset[p], cap[p], &recvReq[p]));
+    if (!folded[p]) ATTN_CHECK(e.irecv(p, in.data() + slot.offset[p], cap[p], &recvReq[p]));
   // Staggered, so the N-1 senders do not all start on the same peer.
   for (int s = 1; s < n; ++s) {
     const int p = (me + s) % n;
+    if (!sends[p]) continue;
     ATTN_CHECK(e.isend(p, c.state->outgoing.data(), mineBytes, &sendReq[p]));
+    c.stats.bytesSent += mineBytes;
   }
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) {
@@ -58,9 +72,6 @@ attnResult_t runAllGatherKv(AttnCall& c) {
   // Our own keys first: no wait, and the peers' blocks move meanwhile.
   ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
 
-  std::vector<bool> folded(n, false);
-  folded[me] = true;
-  int remaining = n - 1;
   const auto waitStart = Clock::now();
   const double computeBefore = c.stats.computeUs;
   while (remaining > 0) {
@@ -83,7 +94,7 @@ attnResult_t runAllGatherKv(AttnCall& c) {
     }
   }
   for (int p = 0; p < n; ++p)
-    if (p != me) ATTN_CHECK(driver->wait(&sendReq[p]));
+    if (sends[p]) ATTN_CHECK(driver->wait(&sendReq[p]));
   c.stats.waitUs += usSince(waitStart) - (c.stats.computeUs - computeBefore);
   guard.done();
   return attnSuccess;

@@ -6,18 +6,27 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/merge.h"
+#include "src/attn/attn_config.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
 
 namespace attn {
 
-attnResult_t checkKernelOut(const AttnState& st, attnDataType_t callDtype) {
+attnResult_t checkKernelOut(const AttnState& st, const attnAttnConfig_t& cfg) {
+  if (st.userKernel == nullptr) return attnSuccess;
+  if (attnHasWindowOrSoftcap(cfg) && !st.userKnowsWindows)
+    return setError(attnNotSupported,
+                    "this call has a sliding window (%d, %d) or a softcap (%g), but the engine's attention kernel "
+                    "was set by attnCommSetAttnKernel or from a header older than 0.3, so it may not apply them: "
+                    "register it with attnCommSetAttnKernelEx from a 0.3 header, reading cfg->window_left, "
+                    "window_right and softcap",
+                    cfg.window_left, cfg.window_right, double(cfg.softcap));
   const attnDataType_t t = st.userOutDtype;
-  if (t == attnFloat32 || t == callDtype) return attnSuccess;
+  if (t == attnFloat32 || t == cfg.dtype) return attnSuccess;
   return setError(attnInvalidArgument,
                   "the attention kernel set by attnCommSetAttnKernelEx writes out_dtype %s, which is neither "
                   "float32 nor this call's cfg.dtype %s",
-                  dataTypeName(t), dataTypeName(callDtype));
+                  dataTypeName(t), dataTypeName(cfg.dtype));
 }
 
 // The built-in kernel's problem for one (queries, keys) pair of blocks: one
@@ -39,6 +48,9 @@ cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& 
   p.head_dim = c.cfg.head_dim;
   p.scale = c.cfg.softmax_scale;
   p.causal = c.cfg.causal != 0;
+  p.window_left = c.cfg.window_left;
+  p.window_right = c.cfg.window_right;
+  p.softcap = c.cfg.softcap;
   p.q_pos = qs.pos;
   p.k_pos = kvs.pos;
   p.segments = segs->data();
@@ -72,7 +84,7 @@ namespace {
 
 attnResult_t callUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs, void* o,
                             float* lse) {
-  ATTN_CHECK(checkKernelOut(*c.state, c.cfg.dtype));
+  ATTN_CHECK(checkKernelOut(*c.state, c.cfg));
   attnAttnKernelArgs_t a;
   a.q = qs.t0;
   a.k = kvs.t0;

@@ -9,6 +9,7 @@
 #include "attncomm.h"
 #include "kernels/cpu/attention.h"
 #include "src/attn/attn_state.h"
+#include "src/attn/visibility.h"
 #include "src/attn/wire.h"
 #include "src/core/comm.h"
 
@@ -35,6 +36,7 @@ struct AttnCall {
   std::vector<int64_t> qRowsOf, kvRowsOf;    // every rank's counts
   size_t qRowBytes = 0, kvRowBytes = 0;      // one row of Q, of K (or V)
   std::vector<float> accO, accLse;           // fp32 accumulator for q rows
+  RankVisibility vis;                        // which ranks a window hides from which
   AttnCallStats stats;
 
   // Folds attention of `qs` over `kvs` into (o, lse), a [qs.rows, Hq, D]

@@ -1,6 +1,7 @@
 #include "src/attn/attn_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -30,6 +31,18 @@ attnResult_t readAttnConfig(const attnAttnConfig_t* user, attnAttnConfig_t* out)
                "cfg.lse_base %d is not attnLseNatural or attnLseBase2", int(out->lse_base));
   ATTN_REQUIRE(out->lse_layout == attnLseTokenMajor || out->lse_layout == attnLseHeadMajor,
                "cfg.lse_layout %d is not attnLseTokenMajor or attnLseHeadMajor", int(out->lse_layout));
+  ATTN_REQUIRE(out->window_left >= -1 && out->window_right >= -1,
+               "cfg.window_left %d / window_right %d: a window is a number of tokens >= 0, or -1 for none",
+               out->window_left, out->window_right);
+  ATTN_REQUIRE(std::isfinite(out->softcap) && out->softcap >= 0, "cfg.softcap %g must be finite and >= 0 (0: none)",
+               double(out->softcap));
+  return attnSuccess;
+}
+
+attnResult_t checkHostSinks(const attnAttnConfig_t& c) {
+  if (c.sinks == nullptr) return attnSuccess;
+  for (int h = 0; h < c.num_q_heads; ++h)
+    ATTN_REQUIRE(std::isfinite(c.sinks[h]), "cfg.sinks[%d] = %g is not finite", h, double(c.sinks[h]));
   return attnSuccess;
 }
 

@@ -18,6 +18,20 @@ attnResult_t readAttnConfig(const attnAttnConfig_t* user, attnAttnConfig_t* out)
 // The same for a config readAttnConfig accepted before.
 attnAttnConfig_t attnConfigOf(const attnAttnConfig_t* user);
 
+// Whether a query sees only some keys by position (causal or a window):
+// then the layout's positions are needed.
+inline bool attnNeedsPositions(const attnAttnConfig_t& c) {
+  return c.causal || c.window_left >= 0 || c.window_right >= 0;
+}
+// Whether the config asks the kernel for more than plain (causal) softmax
+// attention: what an engine kernel registered before 0.3 cannot do.
+inline bool attnHasWindowOrSoftcap(const attnAttnConfig_t& c) {
+  return c.window_left >= 0 || c.window_right >= 0 || c.softcap != 0.0f;
+}
+
+// Sinks in host memory (a host communicator's): each finite.
+attnResult_t checkHostSinks(const attnAttnConfig_t& c);
+
 // Natural log, token-major: what the algorithms compute.
 inline bool lseIsNatural(const attnAttnConfig_t& c) {
   return c.lse_base == attnLseNatural && c.lse_layout == attnLseTokenMajor;

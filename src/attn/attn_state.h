@@ -24,7 +24,7 @@ struct AttnCallStats {
   double setupUs = 0;    // the accumulator sized and cleared
   double outputUs = 0;   // out in the call's dtype, the LSE in its convention
   int64_t rowsSent = 0;  // key rows sent to peers (attnLevelAttention)
-  uint64_t bytesSent = 0;  // bytes of those blocks
+  uint64_t bytesSent = 0;  // bytes this rank sent to peers (blocks, queries, partials)
 };
 
 struct AttnState {
@@ -35,6 +35,9 @@ struct AttnState {
   attnDataType_t userOutDtype = attnFloat32;
   attnLseBase_t userLseBase = attnLseNatural;
   attnLseLayout_t userLseLayout = attnLseTokenMajor;
+  // Registered through attnCommSetAttnKernelEx from a 0.3 header or later:
+  // the kernel reads cfg's window and softcap (older kernels cannot).
+  bool userKnowsWindows = false;
   // Whether that kernel writes what the accumulators hold (fp32, natural,
   // token-major), so its partial may land in one directly.
   bool kernelWritesAccumulatorForm() const {
@@ -66,6 +69,6 @@ AttnState& attnStateOf(struct ::attnComm* comm);
 
 // The engine's kernel writes 16-bit partials only in the call's own dtype:
 // else attnInvalidArgument naming both (attn_call.cc), before it runs.
-attnResult_t checkKernelOut(const AttnState& st, attnDataType_t callDtype);
+attnResult_t checkKernelOut(const AttnState& st, const attnAttnConfig_t& cfg);
 
 }  // namespace attn

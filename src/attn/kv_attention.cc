@@ -20,6 +20,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/merge.h"
 #include "kernels/cpu/pack.h"
+#include "kernels/cpu/sinks.h"
 #include "src/attn/attn_config.h"
 #include "src/attn/attn_state.h"
 #include "src/attn/break_on_early_exit.h"
@@ -92,7 +93,7 @@ class HostKvAttnCompute : public KvAttnCompute {
   }
 
   attnResult_t own(const std::vector<KvOwnWork>& work) override {
-    const KvQueryHeader mine{hq_, a_.cfg.causal, a_.cfg.softmax_scale, 0};
+    const KvQueryHeader mine = kvQueryHeaderOf(a_.cfg, hq_);
     const size_t qRowBytes = size_t(hq_) * size_t(d_) * dataTypeSize(a_.cfg.dtype);
     for (const KvOwnWork& w : work)
       ATTN_CHECK(accumulateSlots(pool_, w.slots, w.tokens, mine,
@@ -120,6 +121,7 @@ class HostKvAttnCompute : public KvAttnCompute {
 
   attnResult_t finish() override {
     if (a_.rows() == 0) return attnSuccess;
+    if (a_.cfg.sinks) cpu::applySinks(accO_.data(), accL_.data(), a_.rows(), hq_, d_, a_.cfg.sinks);
     ATTN_CHECK(cpu::convertFromFloat(a_.out, a_.cfg.dtype, accO_.data(), accO_.size()));
     if (a_.lse) writeLse(a_.cfg, accL_.data(), a_.lse, a_.rows(), hq_);
     return attnSuccess;
@@ -206,6 +208,9 @@ cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void*
   p.head_dim = pc.head_dim;
   p.scale = h.scale;
   p.causal = h.causal != 0;
+  p.window_left = h.windowLeft;
+  p.window_right = h.windowRight;
+  p.softcap = h.softcap;
   p.q_pos = qPos;
   p.k_pos = keyPos;
   p.k_rows = keys.paged ? keyRows : nullptr;
@@ -235,7 +240,7 @@ attnResult_t checkKvAttnArgs(KvPool& pool, const KvAttnArgs& a) {
                  a.qOffsets[i], a.qOffsets[i + 1]);
   const int32_t rows = a.rows();
   ATTN_REQUIRE(rows == 0 || (a.q && a.out), "q or out is NULL with %d query rows", rows);
-  ATTN_REQUIRE(rows == 0 || !c.causal || a.hasQPos, "causal attention needs q_pos");
+  ATTN_REQUIRE(rows == 0 || !attnNeedsPositions(c) || a.hasQPos, "causal or windowed attention needs q_pos");
   return attnSuccess;
 }
 
@@ -245,7 +250,7 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   const attnAttnConfig_t& cfg = a.cfg;
   const int hq = cfg.num_q_heads, d = cfg.head_dim;
   const size_t qRowBytes = rowBytesOf(cfg);
-  const KvQueryHeader mine{hq, cfg.causal, cfg.softmax_scale, 0};
+  const KvQueryHeader mine = kvQueryHeaderOf(cfg, hq);
   std::unique_ptr<KvAttnCompute> compute;
   if (localStatus == attnSuccess) localStatus = makeKvAttnCompute(pool, a, &compute);
 

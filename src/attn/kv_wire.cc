@@ -100,6 +100,17 @@ attnResult_t parseKvMigrateRequest(const char* data, size_t bytes, const KvPeerL
   return expectEnd(in, lim);
 }
 
+KvQueryHeader kvQueryHeaderOf(const attnAttnConfig_t& cfg, int32_t numQHeads) {
+  KvQueryHeader h{};
+  h.numQHeads = numQHeads;
+  h.causal = cfg.causal ? 1 : 0;
+  h.scale = cfg.softmax_scale;
+  h.windowLeft = cfg.window_left;
+  h.windowRight = cfg.window_right;
+  h.softcap = cfg.softcap;
+  return h;
+}
+
 attnResult_t parseKvQueryRequest(const char* data, size_t bytes, const KvPeerLimits& lim, KvQueryRequest* out) {
   WireIn in(data, bytes);
   ATTN_CHECK(parseReleases(in, lim, &out->releases));
@@ -109,10 +120,13 @@ attnResult_t parseKvQueryRequest(const char* data, size_t bytes, const KvPeerLim
   out->rows = 0;
   if (h.entries == 0) return expectEnd(in, lim);
   if (h.numQHeads < 1 || h.numQHeads % lim.numKvHeads != 0 || !std::isfinite(h.scale) || h.scale < 0 ||
-      (h.causal != 0 && h.causal != 1))
+      (h.causal != 0 && h.causal != 1) || h.windowLeft < -1 || h.windowRight < -1 || !std::isfinite(h.softcap) ||
+      h.softcap < 0)
     return setError(attnRemoteError,
-                    "%s: rank %d sent queries with %d heads (the pool has %d kv heads), scale %g, causal %d",
-                    lim.what, lim.peer, h.numQHeads, lim.numKvHeads, double(h.scale), h.causal);
+                    "%s: rank %d sent queries with %d heads (the pool has %d kv heads), scale %g, causal %d, "
+                    "window (%d, %d), softcap %g",
+                    lim.what, lim.peer, h.numQHeads, lim.numKvHeads, double(h.scale), h.causal, h.windowLeft,
+                    h.windowRight, double(h.softcap));
   ATTN_CHECK(checkCount(lim, "requests of queries", h.entries, lim.maxEntries, sizeof(QueryEntry), in));
   std::vector<QueryEntry> entries(h.entries);
   for (QueryEntry& en : entries) {

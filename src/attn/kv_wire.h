@@ -86,7 +86,11 @@ struct KvQueryHeader {
   int32_t causal;
   float scale;
   uint32_t entries;
+  int32_t windowLeft, windowRight;  // attnAttnConfig_t's: -1 unbounded
+  float softcap;                    // 0: none
 };
+// The header of a call with config `cfg` and `numQHeads` query heads.
+KvQueryHeader kvQueryHeaderOf(const attnAttnConfig_t& cfg, int32_t numQHeads);
 
 struct QueryEntry {
   int64_t req;

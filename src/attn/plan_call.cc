@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/sinks.h"
 #include "src/attn/attn_config.h"
 #include "src/attn/calibrate.h"
 #include "src/coll/coll.h"
@@ -34,6 +35,11 @@ AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int3
   c.scale = cfg.softmax_scale;
   c.overridesRates = costModelOverridden(comm) ? 1 : 0;
   for (int t = 0; t < 4; ++t) c.keep[t] = keep ? keep[t] : 1.0f;
+  c.windowLeft = cfg.window_left;
+  c.windowRight = cfg.window_right;
+  c.softcap = cfg.softcap;
+  c.sinks = cfg.sinks != nullptr ? 1 : 0;
+  c.pos = PosRanges{};
   return c;
 }
 
@@ -153,6 +159,14 @@ attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<Att
                       callName(mine), comm->rank, mine.numSeqs, mine.mode, mine.hq, mine.hkv, mine.d,
                       mine.dtype, mine.causal, r, o.numSeqs, o.mode, o.hq, o.hkv, o.d, o.dtype,
                       o.causal);
+    if (o.windowLeft != mine.windowLeft || o.windowRight != mine.windowRight || o.softcap != mine.softcap ||
+        o.sinks != mine.sinks)
+      return setError(attnInvalidUsage,
+                      "%s: rank %d called with (window %d/%d, softcap %g, sinks %s) but rank %d with "
+                      "(%d/%d, %g, %s): every rank must pass the same window, softcap and whether sinks are set",
+                      callName(mine), comm->rank, mine.windowLeft, mine.windowRight, double(mine.softcap),
+                      mine.sinks ? "set" : "none", r, o.windowLeft, o.windowRight, double(o.softcap),
+                      o.sinks ? "set" : "none");
     if (std::memcmp(o.keep, mine.keep, sizeof(mine.keep)) != 0)
       return setError(attnInvalidUsage,
                       "%s: rank %d keeps (%g, %g, %g, %g) of the keys by tier but rank %d keeps "
@@ -247,18 +261,33 @@ attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* 
   c.kvRowBytes = esz * cfg.num_kv_heads * cfg.head_dim;
 
   const int32_t cardMode = keep ? kLevelCallMode : static_cast<int32_t>(*mode);
-  const AttnCard mine = cardOf(comm, qRows, kvRows, layout.num_seqs, cardMode, cfg, keep);
+  AttnCard mine = cardOf(comm, qRows, kvRows, layout.num_seqs, cardMode, cfg, keep);
+  const bool windowed = cfg.window_left >= 0 || cfg.window_right >= 0;
+  if (windowed) {
+    positionRange(qpos, qRows, &mine.pos.qMin, &mine.pos.qMax);
+    positionRange(kvpos, kvRows, &mine.pos.kvMin, &mine.pos.kvMax);
+  }
   std::vector<AttnCard> cards;
   ATTN_CHECK(exchangeCards(comm, mine, &cards));
+  std::vector<PosRanges> ranges;
   for (const auto& card : cards) {
     c.qRowsOf.push_back(card.qRows);
     c.kvRowsOf.push_back(card.kvRows);
+    ranges.push_back(card.pos);
   }
+  // Host communicators skip what a window hides; device ones move every
+  // block (their kernels skip the masked tiles).
+  if (windowed && !deviceRoute(comm)) c.vis = RankVisibility(cfg, std::move(ranges));
   if (!keep && *mode == attnModeAuto) {
     attnCostModel_t model;
     ATTN_CHECK(agreedModel(comm, cfg, cards, &model));
     attnModeEstimate_t est;
-    const ModelInput in = modelInputOf(comm, cards, layout.num_seqs);
+    ModelInput in = modelInputOf(comm, cards, layout.num_seqs);
+    if (c.vis.active()) {
+      in.kvMoves = c.vis.ringMovesMax(false);
+      in.qMoves = c.vis.ringMovesMax(true);
+      in.peersSeen = c.vis.peersSeenMax();
+    }
     estimateModes(model, cfg, in, &est);
     *mode = est.chosen;
     ATTN_TRACE(kLogAttn,
@@ -281,6 +310,8 @@ attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&
   c.stats.setupUs += usSince(t0);
   ATTN_CHECK(algo(c));
   t0 = Clock::now();
+  // Sinks join the denominator once, after every rank's keys are merged.
+  if (cfg.sinks) cpu::applySinks(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim, cfg.sinks);
   ATTN_CHECK(cpu::convertFromFloat(out, cfg.dtype, c.accO.data(), c.accO.size()));
   if (lse) writeLse(cfg, c.accLse.data(), lse, c.q.rows, cfg.num_q_heads);
   c.stats.outputUs += usSince(t0);
@@ -301,8 +332,8 @@ attnResult_t checkLayoutRows(const void* q, const void* k, const void* v, const 
   ATTN_CHECK(checkOffsets("kv_offsets", layout.num_seqs, layout.kv_offsets, kvRows));
   ATTN_REQUIRE(*qRows == 0 || (q && out), "q or out is NULL with %lld query rows", (long long)*qRows);
   ATTN_REQUIRE(*kvRows == 0 || (k && v), "k or v is NULL with %lld key rows", (long long)*kvRows);
-  ATTN_REQUIRE(!cfg.causal || ((*qRows == 0 || layout.q_pos) && (*kvRows == 0 || layout.kv_pos)),
-               "causal attention needs layout.q_pos and layout.kv_pos");
+  ATTN_REQUIRE(!attnNeedsPositions(cfg) || ((*qRows == 0 || layout.q_pos) && (*kvRows == 0 || layout.kv_pos)),
+               "causal or windowed attention needs layout.q_pos and layout.kv_pos");
   ATTN_REQUIRE(*qRows <= INT32_MAX && *kvRows <= INT32_MAX, "more than 2^31 rows on one rank");
   return attnSuccess;
 }

@@ -32,6 +32,12 @@ struct AttnCard {
   int32_t overridesRates;  // ATTN_MODEL_* or attnCommSetCostModel on this rank
   float keep[4];           // attnLevelAttention's keep fractions by tier (1 otherwise)
   int32_t status;          // attnSuccess, or why this rank refused the call (refuseCall)
+  int32_t windowLeft, windowRight, sinks;  // the config's (sinks: 0 / 1)
+  float softcap;
+  // With a window, the range of this rank's positions: every rank decides
+  // from the same cards which blocks the window hides (visibility.h), so a
+  // sender and its receiver agree.
+  PosRanges pos;
 };
 
 AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int32_t mode,

@@ -3,7 +3,9 @@
 // holds (its own at j = 0) while the next block is already in flight: it
 // sends the current block to rank+1 and receives the next from rank-1 into
 // the other of two buffers. Blocks carry their own lengths and positions, so
-// ranks with different numbers of keys need no padding.
+// ranks with different numbers of keys need no padding. Under a sliding
+// window a block travels only as far as the last rank that may see it, and
+// is attended to only where it may be seen.
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
@@ -28,15 +30,18 @@ attnResult_t runPassKv(AttnCall& c) {
                               .total;
 
   RingSteps steps(c, capacity);
+  steps.skipHidden(false);
   HostRingMover mover(e, buf, capacity, ownBytes, next, prev);
   ATTN_CHECK(steps.run(mover, "pass-KV", [&](int step) -> attnResult_t {
     // Step s holds rank me-s's block, from prev (our own at step 0).
+    if (!steps.holds(step) || !c.vis.sees(me, (me - step + n) % n)) return attnSuccess;
     BlockView block;
     ATTN_CHECK(parseBlock(mover.block(), mover.bytes(), cardBlock(c, step ? prev : me, (me - step + n) % n, true),
                           &block));
     return c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data());
   }));
   steps.done();
+  c.stats.bytesSent += mover.sentBytes();
   return attnSuccess;
 }
 

@@ -7,7 +7,9 @@
 //
 // Message order between two ranks is fixed, so receives can be posted
 // early: rank-1 sends us N-1 query blocks and then our partial; every other
-// rank sends us only our partial.
+// rank sends us only our partial. Under a sliding window a query block
+// travels only as far as the last rank whose keys it may see, and only
+// those ranks compute and return a partial for it.
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
@@ -66,9 +68,12 @@ attnResult_t runPassQ(AttnCall& c) {
   RingSteps steps(c, std::max(capacity, largestPartial));
   for (int p = 0; p < n; ++p)
     if (p != me) home.buf[p].resize(myPartial);
-  // Partials from ranks other than prev can be expected at once.
+  // Partials from ranks other than prev can be expected at once; none from
+  // a rank whose keys our queries cannot see.
   for (int p = 0; p < n; ++p)
-    if (p != me && p != prev) {
+    if (p != me && !c.vis.sees(me, p)) home.folded[p] = true;
+  for (int p = 0; p < n; ++p)
+    if (p != me && p != prev && !home.folded[p]) {
       ATTN_CHECK(e.irecv(p, home.buf[p].data(), myPartial, &home.req[p]));
       home.posted[p] = true;
     }
@@ -83,14 +88,17 @@ attnResult_t runPassQ(AttnCall& c) {
   ProgressThread* driver = steps.driver();
   std::vector<bool> outPosted(n, false);
   HostRingMover mover(e, buf, capacity, ownBytes, next, prev);
+  steps.skipHidden(true);
   ATTN_CHECK(steps.run(mover, "pass-Q", [&](int step) -> attnResult_t {
-    if (step == n - 2) {  // prev's last query block is posted: its partial comes next
+    if (step == n - 2 && !home.folded[prev]) {  // prev's last query block is posted: its partial comes next
       ATTN_CHECK(e.irecv(prev, home.buf[prev].data(), myPartial, &home.req[prev]));
       home.posted[prev] = true;
       ATTN_CHECK(driver->kick());
     }
     if (n == 1) {
       ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
+    } else if (!steps.holds(step) || !c.vis.sees((me - step + n) % n, me)) {
+      // No block here, or queries that see none of our keys: pass it on.
     } else {
       // Step s holds rank me-s's queries, from prev (our own at step 0).
       BlockView visitor;
@@ -105,6 +113,7 @@ attnResult_t runPassQ(AttnCall& c) {
         float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
         ATTN_CHECK(e.isend(owner, part, c.partialBytes(visitor.rows), &outReq[owner]));
+        c.stats.bytesSent += c.partialBytes(visitor.rows);
         outPosted[owner] = true;
         ATTN_CHECK(driver->kick());
       }
@@ -114,7 +123,7 @@ attnResult_t runPassQ(AttnCall& c) {
   // The rest of the all-to-all: fold partials in arrival order.
   auto t0 = Clock::now();
   for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
+    if (p == me || !home.posted[p]) continue;
     ATTN_CHECK(driver->wait(&home.req[p]));
     ATTN_CHECK(foldArrived(c, home, me));
   }
@@ -122,6 +131,7 @@ attnResult_t runPassQ(AttnCall& c) {
     if (outPosted[p]) ATTN_CHECK(driver->wait(&outReq[p]));
   c.stats.waitUs += usSince(t0);
   steps.done();
+  c.stats.bytesSent += mover.sentBytes();
   return attnSuccess;
 }
 

@@ -21,10 +21,12 @@ class RingMover {
  public:
   virtual ~RingMover() = default;
   // Step s: posts the send of the block held to the next rank and the
-  // receive of the next block from the previous rank.
+  // receive of the next block from the previous rank. Under a window
+  // (RingSteps::skipHidden, host rings only) either may be null: that move
+  // does not happen.
   virtual attnResult_t post(int step, Request* send, Request* recv) = 0;
   // Waits for both, adding the time blocked on peers to *waitUs, and makes
-  // the block received the one held.
+  // the block received the one held (none when recv is null).
   virtual attnResult_t advance(ProgressThread& driver, Request* send, Request* recv, double* waitUs) = 0;
 };
 
@@ -37,6 +39,7 @@ class HostRingMover final : public RingMover {
       : e_(e), buf_(buf), capacity_(capacity), bytes_(ownBytes), next_(next), prev_(prev) {}
   const char* block() const { return buf_[cur_].data(); }
   size_t bytes() const { return bytes_; }
+  uint64_t sentBytes() const { return sent_; }  // over every post
 
   attnResult_t post(int step, Request* send, Request* recv) override;
   attnResult_t advance(ProgressThread& driver, Request* send, Request* recv, double* waitUs) override;
@@ -47,6 +50,7 @@ class HostRingMover final : public RingMover {
   size_t capacity_, bytes_;
   int next_, prev_;
   int cur_ = 0;
+  uint64_t sent_ = 0;
 };
 
 // One ring's steps, their requests, the progress thread that drives them
@@ -65,6 +69,17 @@ class RingSteps {
   // Null with one rank (nothing moves).
   ProgressThread* driver() { return driver_.get(); }
 
+  // Under a sliding window (AttnCall::vis active), a block travels only as
+  // far as the last rank that may see it (RankVisibility::ringMoves);
+  // `queries`: the blocks are queries (pass-Q), else keys (pass-KV). Then a
+  // step may hold no block: check holds(s).
+  void skipHidden(bool queries) {
+    skip_ = c_.vis.active();
+    queries_ = queries;
+  }
+  // Whether this rank holds a block at step s (the block of rank me - s).
+  bool holds(int s) const { return s == 0 || !skip_ || c_.vis.ringMoves(prev_, s - 1, queries_); }
+
   // Runs the n steps over `mover`: step(s) works on the block held at
   // step s, right after the next move was posted; afterMove(s), if given,
   // runs once that move has completed.
@@ -80,7 +95,8 @@ class RingSteps {
 
  private:
   AttnCall& c_;
-  int n_;
+  int n_, me_, prev_;
+  bool skip_ = false, queries_ = false;
   std::unique_ptr<Request[]> req_;  // step s's send and receive: 2s, 2s + 1
   BreakOnEarlyExit guard_;
   std::unique_ptr<ProgressThread> driver_;
@@ -90,16 +106,18 @@ template <class Step, class AfterMove>
 attnResult_t RingSteps::run(RingMover& mover, const char* name, Step&& step, AfterMove&& afterMove) {
   for (int s = 0; s < n_; ++s) {
     const bool moving = s < n_ - 1;
+    const bool sends = moving && (!skip_ || c_.vis.ringMoves(me_, s, queries_));
+    const bool recvs = moving && (!skip_ || c_.vis.ringMoves(prev_, s, queries_));
     const auto stepStart = Clock::now();
     const double computeBefore = c_.stats.computeUs;
-    Request& sendReq = req_[2 * s];
-    Request& recvReq = req_[2 * s + 1];
-    if (moving) {
-      ATTN_CHECK(mover.post(s, &sendReq, &recvReq));
+    Request* sendReq = sends ? &req_[2 * s] : nullptr;
+    Request* recvReq = recvs ? &req_[2 * s + 1] : nullptr;
+    if (sends || recvs) {
+      ATTN_CHECK(mover.post(s, sendReq, recvReq));
       ATTN_CHECK(driver_->kick());
     }
     ATTN_CHECK(step(s));
-    if (moving) ATTN_CHECK(mover.advance(*driver_, &sendReq, &recvReq, &c_.stats.waitUs));
+    if (sends || recvs) ATTN_CHECK(mover.advance(*driver_, sendReq, recvReq, &c_.stats.waitUs));
     ATTN_CHECK(afterMove(s));
     ATTN_TRACE(kLogAttn, "%s step %d: compute %.0f us, step %.0f us", name, s,
                c_.stats.computeUs - computeBefore, usSince(stepStart));

@@ -49,19 +49,30 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   const double C = std::max(m.attn_tflops, 1e-9) * 1e12;
   const double qRows = std::max<double>(in.maxQRows, T / N);
   const double kvRows = std::max<double>(in.maxKvRows, (T + P) / N);
-  // Causal: new tokens see all cached keys and about half of the new ones.
-  const double visible = (cfg.causal && T + P > 0) ? (P + 0.5 * T) / (T + P) : 1.0;
+  // Causal: new tokens see all cached keys and about half of the new ones;
+  // a window caps the keys each query sees.
+  double seen = cfg.causal ? P + 0.5 * T : T + P;
+  if (cfg.window_left >= 0 || cfg.window_right >= 0) {
+    const double right = cfg.causal ? 0.0 : cfg.window_right < 0 ? T + P : cfg.window_right;
+    const double left = cfg.window_left < 0 ? T + P : cfg.window_left;
+    seen = std::min(seen, left + right + 1.0);
+  }
+  const double visible = T + P > 0 ? std::clamp(seen / (T + P), 0.0, 1.0) : 1.0;
   const double tAttn = 4.0 * qRows * kvRows * visible * Hq * D / C;
   const double tKv = lat + 2.0 * kvRows * Hkv * D * e / bw;
   const double tQ = lat + qRows * Hq * D * e / bw;
   const double tRet = lat + qRows * Hq * (D + 1) * 4.0 / bw;
   const double steps = N - 1;
+  // Moves a window leaves (visibility.h); the kernels skip what it hides.
+  const double kvSteps = in.kvMoves < 0 ? steps : in.kvMoves;
+  const double qSteps = in.qMoves < 0 ? steps : in.qMoves;
+  const double peers = in.peersSeen < 0 ? steps : in.peersSeen;
   const double beta = std::clamp(m.comm_interference, 0.0, 1.0);
   auto step = [beta](double a, double c) { return std::max(a, c) + beta * std::min(a, c); };
-  out->pass_kv_us = 1e6 * (tAttn + steps * step(tAttn, tKv));
-  out->pass_q_us = 1e6 * (tAttn + steps * step(tAttn, tQ + tRet) + (N > 1 ? tRet : 0));
-  out->ship_q_us = 1e6 * (step(tAttn, steps * (tQ - lat) + lat) +
-                          step(steps * tAttn, steps * (tRet - lat)) + (N > 1 ? tRet : 0));
+  out->pass_kv_us = 1e6 * (tAttn + kvSteps * step(tAttn, tKv));
+  out->pass_q_us = 1e6 * (tAttn + qSteps * step(tAttn, tQ + tRet) + (qSteps > 0 ? tRet : 0));
+  out->ship_q_us = 1e6 * (step(tAttn, peers * (tQ - lat) + lat) +
+                          step(peers * tAttn, peers * (tRet - lat)) + (peers > 0 ? tRet : 0));
   // Head-parallel: each rank sends (N-1)/N of its Q, K and V (a KV head
   // goes to every group that reads it) and of the outputs coming home, and
   // computes the whole sequence for its heads.
@@ -77,7 +88,7 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   const double tLast = (2.0 * N - 1.0) / (N * N) * tAll;
   out->head_parallel_us = 1e6 * (step(tAll - tLast, tRows) + tLast + tOut);
   out->all_gather_kv_us =
-      1e6 * (step(tAttn, tKv) + std::max(0.0, N - 2) * step(tAttn, tKv - lat) + (N > 1 ? tAttn : 0));
+      1e6 * (step(tAttn, tKv) + std::max(0.0, peers - 1) * step(tAttn, tKv - lat) + (peers > 0 ? tAttn : 0));
   if (N == 1) out->pass_q_us = out->ship_q_us = out->head_parallel_us = out->all_gather_kv_us = out->pass_kv_us;
 
   const bool decodeLike = in.newTokens <= static_cast<int64_t>(in.numSeqs) * in.nranks;

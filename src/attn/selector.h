@@ -16,6 +16,10 @@ struct ModelInput {
   int64_t maxQRows = 0;      // the largest shard, which sets the pace
   int64_t maxKvRows = 0;
   bool allGatherKv = true;  // a candidate (not on device communicators yet)
+  // Under a sliding window (RankVisibility): the most ring moves of
+  // pass-KV / pass-Q and the most peers ship-Q / all-gather KV send to;
+  // -1: N - 1.
+  int kvMoves = -1, qMoves = -1, peersSeen = -1;
 };
 
 // AUTO weighs all-gather KV only when the gathered keys and values (every

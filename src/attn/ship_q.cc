@@ -6,6 +6,8 @@
 // for decode, where Q is one row per sequence.
 //
 // Between two ranks the order is: query block, then the partial for it.
+// Under a sliding window a rank sends its queries only to the holders of
+// keys they may see (RankVisibility, decided alike on both sides).
 #include <algorithm>
 
 #include "src/attn/attn_call.h"
@@ -35,17 +37,33 @@ attnResult_t runShipQ(AttnCall& c) {
   std::vector<std::vector<char>> qin(n), pin(n);
   std::unique_ptr<Request[]> qinReq(new Request[n]), pinReq(new Request[n]), qoutReq(new Request[n]),
       poutReq(new Request[n]);
+  // served[p]: p's queries answered (or p's queries see none of our keys);
+  // folded[p]: p's partial merged (or our queries see none of p's keys).
+  std::vector<bool> served(n, true), folded(n, true);
+  int remaining = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    served[p] = !c.vis.sees(p, me);
+    folded[p] = !c.vis.sees(me, p);
+    remaining += !served[p] + !folded[p];
+  }
   BreakOnEarlyExit guard(e);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    qin[p].resize(BlockLayout::of(c.numSeqs, c.qRowsOf[p], c.qRowBytes, 1).total);
-    pin[p].resize(myPartial);
-    ATTN_CHECK(e.irecv(p, qin[p].data(), qin[p].size(), &qinReq[p]));
-    ATTN_CHECK(e.irecv(p, pin[p].data(), pin[p].size(), &pinReq[p]));
+    if (!served[p]) {
+      qin[p].resize(BlockLayout::of(c.numSeqs, c.qRowsOf[p], c.qRowBytes, 1).total);
+      ATTN_CHECK(e.irecv(p, qin[p].data(), qin[p].size(), &qinReq[p]));
+    }
+    if (!folded[p]) {
+      pin[p].resize(myPartial);
+      ATTN_CHECK(e.irecv(p, pin[p].data(), pin[p].size(), &pinReq[p]));
+    }
   }
   for (int s = 1; s < n; ++s) {
     int p = (me + s) % n;
+    if (folded[p]) continue;
     ATTN_CHECK(e.isend(p, out + slot.offset[me], mineBytes, &qoutReq[p]));
+    c.stats.bytesSent += mineBytes;
   }
   std::unique_ptr<ProgressThread> driver;
   if (n > 1) {
@@ -56,9 +74,7 @@ attnResult_t runShipQ(AttnCall& c) {
   }
   ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
 
-  std::vector<bool> served(n, false), folded(n, false);
-  served[me] = folded[me] = true;
-  int remaining = 2 * (n - 1);
+  std::vector<bool> answered(served), asked(folded);  // which requests were posted: !answered, !asked
   int spins = 0;
   auto waitStart = Clock::now();
   const double computeBefore = c.stats.computeUs;
@@ -75,6 +91,7 @@ attnResult_t runShipQ(AttnCall& c) {
         float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
         ATTN_CHECK(e.isend(p, o, c.partialBytes(visitor.rows), &poutReq[p]));
+        c.stats.bytesSent += c.partialBytes(visitor.rows);
         ATTN_CHECK(driver->kick());
         served[p] = did = true;
         --remaining;
@@ -106,8 +123,8 @@ attnResult_t runShipQ(AttnCall& c) {
   }
   for (int p = 0; p < n; ++p)
     if (p != me) {
-      ATTN_CHECK(driver->wait(&qoutReq[p]));
-      ATTN_CHECK(driver->wait(&poutReq[p]));
+      if (!asked[p]) ATTN_CHECK(driver->wait(&qoutReq[p]));
+      if (!answered[p]) ATTN_CHECK(driver->wait(&poutReq[p]));
     }
   c.stats.waitUs += usSince(waitStart) - (c.stats.computeUs - computeBefore);
   guard.done();

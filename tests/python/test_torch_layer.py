@@ -5,17 +5,12 @@ ring_attention matches float64 attention over the whole batch, in every LSE
 convention; torch.compile(fullgraph=True) traces a function that calls it;
 bad tensors raise AttnError naming the argument; a layout that disagrees
 with the tensors is refused on every rank. Exit 77 (skipped) without torch."""
-import os
 import sys
-import tempfile
-import traceback
 
 import rank_threads  # noqa: F401 - first: the path to python/ and the test timeout
 
 try:
     import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
 except ImportError:
     print("torch is not installed: skipped")
     sys.exit(77)
@@ -24,6 +19,7 @@ import numpy as np  # noqa: E402
 
 import attncomm as ac  # noqa: E402
 import attncomm.torch as act  # noqa: E402
+import gloo_ranks  # noqa: E402
 from attn_reference import attention_at_positions  # noqa: E402
 
 NRANKS = 3
@@ -74,19 +70,6 @@ def expect_error(fn, words):
         assert all(w in str(e) for w in words), f"AttnError {e!r} does not name {words}"
         return
     raise AssertionError(f"no AttnError (expected one naming {words})")
-
-
-def worker(rank, store_path, failures):
-    try:
-        store = dist.FileStore(store_path, NRANKS)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=NRANKS)
-        comm = act.init_from_group()
-        assert (comm.rank, comm.size) == (rank, NRANKS), (comm.rank, comm.size)
-        run_checks(rank, comm)
-        comm.destroy()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        failures.put(f"rank {rank}:\n{traceback.format_exc()}")
 
 
 def run_checks(rank, comm):
@@ -192,25 +175,6 @@ def run_checks(rank, comm):
                  ["layout"] if rank == 1 else ["rank 1"])
 
 
-def main():
-    if os.environ.get("ATTN_LIBRARY") is None:
-        print("ATTN_LIBRARY is not set; using the checkout's build")
-    failures = mp.get_context("spawn").SimpleQueue()
-    with tempfile.TemporaryDirectory() as d:
-        ctx = mp.spawn(worker, args=(os.path.join(d, "store"), failures), nprocs=NRANKS, join=False)
-        ctx.join(rank_threads.DEADLINE_S)
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    errors = []
-    while not failures.empty():
-        errors.append(failures.get())
-    if errors:
-        print("\n".join(errors))
-        return 1
-    print(f"attncomm.torch: {NRANKS} gloo ranks, every mode and LSE convention, torch.compile, bad input: ok")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(gloo_ranks.run(NRANKS, run_checks,
+                            f"attncomm.torch: {NRANKS} gloo ranks, every mode and LSE convention, torch.compile, bad input: ok"))

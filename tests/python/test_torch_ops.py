@@ -10,17 +10,12 @@ fullgraph=True) traces a function that calls each of them; bad out / lse
 tensors raise AttnError naming the argument, with nothing sent; a layout
 that disagrees with the tensors on one rank fails the call on every rank.
 Exit 77 (skipped) without torch."""
-import os
 import sys
-import tempfile
-import traceback
 
 import rank_threads  # noqa: F401 - first: the path to python/ and the test timeout
 
 try:
     import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
 except ImportError:
     print("torch is not installed: skipped")
     sys.exit(77)
@@ -29,6 +24,7 @@ import numpy as np  # noqa: E402
 
 import attncomm as ac  # noqa: E402
 import attncomm.torch as act  # noqa: E402
+import gloo_ranks  # noqa: E402
 from attn_reference import attention_at_positions  # noqa: E402
 
 NRANKS = 3
@@ -467,39 +463,7 @@ def run_checks(rank, comm):
         check_disagreeing_layouts(rank, comm, pool, lv, dc, kv)
 
 
-def worker(rank, store_path, failures):
-    try:
-        torch.set_num_threads(1)
-        store = dist.FileStore(store_path, NRANKS)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=NRANKS)
-        comm = act.init_from_group()
-        run_checks(rank, comm)
-        comm.destroy()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        failures.put(f"rank {rank}:\n{traceback.format_exc()}")
-
-
-def main():
-    if os.environ.get("ATTN_LIBRARY") is None:
-        print("ATTN_LIBRARY is not set; using the checkout's build")
-    failures = mp.get_context("spawn").SimpleQueue()
-    with tempfile.TemporaryDirectory() as d:
-        ctx = mp.spawn(worker, args=(os.path.join(d, "store"), failures), nprocs=NRANKS, join=False)
-        ctx.join(rank_threads.DEADLINE_S)
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    errors = []
-    while not failures.empty():
-        errors.append(failures.get())
-    if errors:
-        print("\n".join(errors))
-        return 1
-    print(f"attncomm.torch ops: {NRANKS} gloo ranks, level, decode, KV pool and merge ops against float64, "
-          "every LSE convention, torch.compile, bad out/lse, disagreeing layouts: ok")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(gloo_ranks.run(NRANKS, run_checks,
+                            f"attncomm.torch ops: {NRANKS} gloo ranks, level, decode, KV pool and merge ops against "
+                            "float64, every LSE convention, torch.compile, bad out/lse, disagreeing layouts: ok"))

@@ -142,7 +142,15 @@ AttnCase MakeCase(const std::string& name, const AttnProblemSpec& spec, uint64_t
   attn::cpu::AttnProblem p = ProblemFor(c, c.num_seqs, cfg, &segs);
   c.ref_o.assign(qElems, 0.0);
   c.ref_lse.assign(c.q_pos.size() * cfg.num_q_heads, kNinf);
-  const attnResult_t r = attn::cpu::referenceAttention(p, c.ref_o.data(), c.ref_lse.data());
+  c.cfg.sinks = nullptr;
+  c.sinks = spec.sinks;
+  if (!c.sinks.empty() && c.sinks.size() != size_t(cfg.num_q_heads))
+    ADD_FAILURE() << "case " << name << ": sinks of the wrong length";
+  // With sinks, exp(sink) joins each row's denominator (the reference adds
+  // it from the definition).
+  const attnResult_t r = c.sinks.empty()
+                             ? attn::cpu::referenceAttention(p, c.ref_o.data(), c.ref_lse.data())
+                             : attn::cpu::referenceAttention(p, c.sinks.data(), c.ref_o.data(), c.ref_lse.data());
   if (r != attnSuccess) ADD_FAILURE() << "referenceAttention rejected case " << name;
   return c;
 }
@@ -369,9 +377,10 @@ RankRun RunRingAttentionRank(const AttnCase& c, const Placement& pl, int rank, a
   std::vector<uint8_t> out(oBytes, 0xFF);  // NaN in every dtype: unwritten rows show
   std::vector<float> lse(qn * c.cfg.num_q_heads, std::numeric_limits<float>::quiet_NaN());
   const bool noQ = qn == 0, noKv = sh.kv_pos.empty();
+  const attnAttnConfig_t cfg = c.runCfg();
   run.rc = attnRingAttention(noQ ? nullptr : sh.q.data(), noKv ? nullptr : sh.k.data(),
                              noKv ? nullptr : sh.v.data(), noQ ? nullptr : out.data(),
-                             (with_lse && !noQ) ? lse.data() : nullptr, &sh.layout, &c.cfg, mode,
+                             (with_lse && !noQ) ? lse.data() : nullptr, &sh.layout, &cfg, mode,
                              comm, nullptr);
   if (run.rc != attnSuccess) {
     run.error = attnGetLastError(comm);
@@ -403,6 +412,7 @@ attnResult_t LoopAttentionKernel(const attnAttnKernelArgs_t* a, void* user_data,
   const int Hq = cfg.num_q_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
   const int group = Hq / Hkv;
   const double scale = cfg.softmax_scale != 0 ? cfg.softmax_scale : 1.0 / std::sqrt(double(D));
+  const attn::cpu::VisibleSpan span = attn::cpu::visibleSpan(cfg.causal != 0, cfg.window_left, cfg.window_right);
   const int64_t qRows = a->num_seqs ? a->q_offsets[a->num_seqs] - a->q_offsets[0] : 0;
   if (counter) {
     if (counter->calls) counter->calls->fetch_add(1);
@@ -420,13 +430,15 @@ attnResult_t LoopAttentionKernel(const attnAttnKernelArgs_t* a, void* user_data,
         double mx = kNinf;
         s.assign(a->kv_offsets[sq + 1] - a->kv_offsets[sq], kNinf);
         for (int32_t j = a->kv_offsets[sq]; j < a->kv_offsets[sq + 1]; ++j) {
-          if (cfg.causal && a->kv_pos[j] > a->q_pos[i]) continue;
+          if (!span.sees(a->q_pos[i], a->kv_pos[j])) continue;
           double dot = 0;
           for (int d = 0; d < D; ++d)
             dot += double(loadElem(a->q, cfg.dtype, (size_t(i) * Hq + h) * D + d)) *
                    loadElem(a->k, cfg.dtype, (size_t(j) * Hkv + kh) * D + d);
-          s[j - a->kv_offsets[sq]] = dot * scale;
-          mx = std::max(mx, dot * scale);
+          double sc = dot * scale;
+          if (cfg.softcap > 0) sc = cfg.softcap * std::tanh(sc / cfg.softcap);
+          s[j - a->kv_offsets[sq]] = sc;
+          mx = std::max(mx, sc);
         }
         if (mx == kNinf) continue;
         double sum = 0;

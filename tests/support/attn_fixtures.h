@@ -35,6 +35,9 @@ struct AttnProblemSpec {
   // Range of the random values of q (k and v use [-1, 1)). Larger values
   // make the softmax peakier.
   float q_scale = 1.0f;
+  // Attention sinks ([num_q_heads]), or empty; cfg.sinks is ignored (the
+  // case keeps its own copy and points the config at it when run).
+  std::vector<float> sinks;
 };
 
 // A batch of prefill sequences: sequence i has cached_lens[i] cached tokens
@@ -54,6 +57,13 @@ struct AttnCase {
   std::vector<uint8_t> q, k, v;        // [rows, heads, D] in cfg.dtype
   std::vector<double> ref_o;           // [q rows, Hq, D]
   std::vector<double> ref_lse;         // [q rows, Hq]
+  std::vector<float> sinks;            // [Hq] or empty
+  // cfg with cfg.sinks pointing at this case's sinks (or NULL).
+  attnAttnConfig_t runCfg() const {
+    attnAttnConfig_t r = cfg;
+    r.sinks = sinks.empty() ? nullptr : sinks.data();
+    return r;
+  }
   int64_t q_rows() const { return static_cast<int64_t>(q_pos.size()); }
   int64_t kv_rows() const { return static_cast<int64_t>(kv_pos.size()); }
 };
@@ -184,6 +194,9 @@ attn::cpu::AttnProblem ProblemFor(const Rows& r, int num_seqs, const attnAttnCon
   p.head_dim = cfg.head_dim;
   p.scale = cfg.softmax_scale;
   p.causal = cfg.causal != 0;
+  p.window_left = cfg.window_left;
+  p.window_right = cfg.window_right;
+  p.softcap = cfg.softcap;
   p.q_pos = r.q_pos.data();
   p.k_pos = r.kv_pos.data();
   p.segments = segs->data();

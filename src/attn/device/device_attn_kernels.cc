@@ -79,6 +79,9 @@ attnResult_t DeviceAccumulator::fold(const AttnCall& c, DeviceAttnState& R, cons
 attnResult_t DeviceAccumulator::writeOut(const AttnCall& c, DeviceAttnState& R, const DeviceAttnBuffers& io) {
   const size_t headRows = headRowsOf(c);
   if (headRows) {
+    // Sinks join the denominator once, after every rank's keys are merged.
+    if (c.cfg.sinks)
+      ATTN_CHECK(cuda::applySinks(o, lse, c.q.rows, c.cfg.num_q_heads, c.cfg.head_dim, c.cfg.sinks, R.compute));
     ATTN_CHECK(cuda::convertFromFloat(io.out, c.cfg.dtype, o, headRows * c.cfg.head_dim, R.compute));
     if (io.lse)
       ATTN_CUDA_CHECK(cudaMemcpyAsync(io.lse, lse, headRows * sizeof(float), cudaMemcpyDefault, R.compute));
@@ -209,7 +212,7 @@ attnResult_t DeviceKernels::userKernel(const DeviceRows& qs, const DeviceRows& k
   if (!direct && (!partO_ || qs.rows > partRows_))
     return setError(attnInternalError, "device attention: %d query rows to fold, room for %lld", qs.rows,
                     (long long)partRows_);
-  ATTN_CHECK(checkKernelOut(st, c_.cfg.dtype));
+  ATTN_CHECK(checkKernelOut(st, c_.cfg));
   attnAttnKernelArgs_t a;
   a.q = qs.t0;
   a.k = kvs.t0;

@@ -24,6 +24,18 @@ bool gpuReadable(const void* p, bool* pinned) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged || a.type == cudaMemoryTypeHost;
 }
 
+}  // namespace
+
+attnResult_t checkDeviceSinks(const attnAttnConfig_t& cfg) {
+  bool pinned = false;
+  ATTN_REQUIRE(cfg.sinks == nullptr || gpuReadable(cfg.sinks, &pinned),
+               "cfg.sinks is pageable host memory: a device communicator reads the sinks on the GPU when the call "
+               "runs; pass device, managed or pinned memory");
+  return attnSuccess;
+}
+
+namespace {
+
 struct Array {
   const char* name;
   const int32_t* p;
@@ -51,6 +63,8 @@ attnResult_t DeviceCallLayout::capture(const void* q, const void* k, const void*
   user_ = lay;
   q_ = q, k_ = k, v_ = v, out_ = out;
   causal_ = cfg.causal;
+  windowLeft_ = cfg.window_left;
+  windowRight_ = cfg.window_right;
   const Array arrays[] = {{"q_offsets", lay.q_offsets}, {"q_pos", lay.q_pos}, {"kv_offsets", lay.kv_offsets},
                           {"kv_pos", lay.kv_pos}};
   const Array* onGpu = nullptr;
@@ -102,7 +116,9 @@ attnResult_t DeviceCallLayout::resolve(attnComm* comm, const attnSeqLayout_t** l
   // Offsets first: they say how many positions there are.
   attnSeqLayout_t counted{S, lc.qOff.data(), user_.q_pos, lc.kvOff.data(), user_.kv_pos};
   attnAttnConfig_t shape = ATTN_ATTN_CONFIG_INITIALIZER;
-  shape.causal = causal_;
+  shape.causal = causal_;  // what decides whether positions are needed
+  shape.window_left = windowLeft_;
+  shape.window_right = windowRight_;
   ATTN_CHECK(checkLayoutRows(q_, k_, v_, out_, counted, shape, qRows, kvRows));
   lc.qPos.resize(size_t(*qRows));
   lc.kvPos.resize(size_t(*kvRows));

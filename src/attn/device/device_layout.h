@@ -42,13 +42,17 @@ class DeviceCallLayout {
   const void* k_ = nullptr;
   const void* v_ = nullptr;
   const void* out_ = nullptr;
-  int causal_ = 0;
+  int causal_ = 0, windowLeft_ = -1, windowRight_ = -1;
   bool atRun_ = false;
   int64_t qRows_ = 0, kvRows_ = 0;
   // Host layouts: the copy made at the call. Read at run: the proxy's copy,
   // rewritten by each run (runs of one call, graph replays, are serial).
   std::shared_ptr<LayoutCopy> copy_;
 };
+
+// cfg.sinks, if set, is memory the GPU reads (device, managed, pinned):
+// attnInvalidArgument for pageable host memory.
+attnResult_t checkDeviceSinks(const attnAttnConfig_t& cfg);
 #else
 class DeviceCallLayout {};
 #endif

@@ -208,6 +208,9 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     const int64_t rows = c.qRowsOf[r];
     const float* lse = accLse + accRow[r] * mine.q();
     char* o = devOutputs + outputsDev.offset[r];
+    if (rows && c.cfg.sinks)  // this group's heads' sinks, once, on the merged rows
+      ATTN_CHECK(cuda::applySinks(accO + accRow[r] * mine.q() * D, accLse + accRow[r] * mine.q(), rows, mine.q(), D,
+                                  c.cfg.sinks + mine.qBegin, R.compute));
     if (rows)
       ATTN_CHECK(cuda::convertFromFloat(o, c.cfg.dtype, accO + accRow[r] * mine.q() * D,
                                         static_cast<size_t>(rows) * mine.q() * D, R.compute));

@@ -198,7 +198,7 @@ class DeviceKvAttnCompute : public KvAttnCompute {
     char* dev = R_.meta.get();
     ATTN_CUDA_CHECK(cudaMemcpyAsync(dev, host, upload, cudaMemcpyHostToDevice, s_));
     ATTN_CHECK(tables.expand(dev + keysAt, s_));
-    const KvQueryHeader mine{hq_, a_.cfg.causal, a_.cfg.softmax_scale, 0};
+    const KvQueryHeader mine = kvQueryHeaderOf(a_.cfg, hq_);
     const size_t qRowBytes = size_t(hq_) * size_t(d_) * dataTypeSize(a_.cfg.dtype);
     for (size_t j = 0; j < work.size(); ++j) {
       const int32_t r0 = work[j].r0;
@@ -235,6 +235,7 @@ class DeviceKvAttnCompute : public KvAttnCompute {
   attnResult_t finish() override {
     const int64_t rows = a_.rows();
     if (rows > 0) {
+      if (a_.cfg.sinks) ATTN_CHECK(cuda::applySinks(accO_, accL_, rows, hq_, d_, a_.cfg.sinks, s_));
       ATTN_CHECK(cuda::convertFromFloat(a_.out, a_.cfg.dtype, accO_, size_t(rows) * hq_ * d_, s_));
       if (a_.lse && lseIsNatural(a_.cfg))
         ATTN_CUDA_CHECK(cudaMemcpyAsync(a_.lse, accL_, size_t(rows) * hq_ * sizeof(float), cudaMemcpyDeviceToDevice,

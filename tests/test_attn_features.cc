@@ -1,0 +1,342 @@
+// Sliding windows, softcap and attention sinks (issue 48 items 2-4) through
+// the attention collectives, against exact attention in double precision
+// extended to the same feature (tests/support/attn_fixtures: the kernel
+// reference with the window and the cap, the sinks added to each row's
+// denominator), in every mode, ranks as threads and as processes:
+//   - windows left-only, two-sided, causal and not, window 0, windows wider
+//     than the sequence; softcap; sinks; window + sinks + GQA; window +
+//     causal + partial prefill with cached keys; decode steps;
+//   - placements: the planner's, arbitrary (a rank holding nothing), and
+//     contiguous shards a narrow window hides from most ranks;
+//   - attnLevelAttention (keeping every key: exact) and the engine's kernel
+//     registered from a 0.3 header;
+//   - bad input: a bad window, softcap or sink, a window without positions,
+//     ranks disagreeing on the window, an engine kernel that cannot apply a
+//     window: a clear error on every rank, in step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attncomm.h"
+#include "src/attn/attn_state.h"
+#include "tests/support/attn_fixtures.h"
+#include "tests/support/multirank.h"
+
+namespace attn_test {
+namespace {
+
+struct Job {
+  std::shared_ptr<AttnCase> c;
+  Placement pl;
+  attnAttnMode_t mode;
+};
+
+uint64_t Mix(uint64_t a, uint64_t b) { return a * 0x9E3779B97F4A7C15ull + b; }
+
+// Sequence positions 0..len-1, split in `n` contiguous shards of keys and
+// queries (rank r holds the r-th slice): a narrow window then hides most
+// ranks' keys from most ranks.
+Placement ContiguousPlacement(const AttnCase& c, int n) {
+  Placement pl;
+  pl.nranks = n;
+  pl.q_rows.resize(n);
+  pl.kv_rows.resize(n);
+  for (int s = 0; s < c.num_seqs; ++s) {
+    const int64_t q0 = c.q_off[s], q1 = c.q_off[s + 1], k0 = c.kv_off[s], k1 = c.kv_off[s + 1];
+    for (int r = 0; r < n; ++r) {
+      for (int64_t i = q0 + (q1 - q0) * r / n; i < q0 + (q1 - q0) * (r + 1) / n; ++i) pl.q_rows[r].push_back(i);
+      for (int64_t j = k0 + (k1 - k0) * r / n; j < k0 + (k1 - k0) * (r + 1) / n; ++j) pl.kv_rows[r].push_back(j);
+    }
+  }
+  return pl;
+}
+
+attnAttnConfig_t With(attnAttnConfig_t c, int left, int right, float softcap) {
+  c.window_left = left;
+  c.window_right = right;
+  c.softcap = softcap;
+  return c;
+}
+
+std::vector<float> Sinks(int hq, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 2.0f);
+  std::vector<float> s(static_cast<size_t>(hq));
+  for (float& x : s) x = d(rng);
+  return s;
+}
+
+// One feature set over the scenarios: prefill with cached keys (planner),
+// arbitrary placement, contiguous shards, decode rows.
+void AddFeatureJobs(std::vector<Job>* jobs, const attnAttnConfig_t& cfg, bool sinks, int n, uint64_t seed,
+                    const std::vector<attnAttnMode_t>& modes, const std::string& tag) {
+  auto add = [&](std::shared_ptr<AttnCase> c, const Placement& pl) {
+    for (attnAttnMode_t m : modes) jobs->push_back({c, pl, m});
+  };
+  auto spec = [&](const std::vector<int32_t>& T, const std::vector<int32_t>& P) {
+    AttnProblemSpec s = PrefillSpec(cfg, T, P);
+    if (sinks) s.sinks = Sinks(cfg.num_q_heads, seed);
+    return s;
+  };
+  {
+    const std::vector<int32_t> T = {4 * n + 9, 7}, P = {11, 0};
+    auto c = std::make_shared<AttnCase>(MakeCase("planned prefill " + tag, spec(T, P), Mix(seed, 1)));
+    add(c, PlannerPlacement(*c, T, P, n));
+  }
+  {
+    const std::vector<int32_t> T = {3 * n + 5, 2}, P = {6, 2 * n};
+    auto c = std::make_shared<AttnCase>(MakeCase("random placement " + tag, spec(T, P), Mix(seed, 2)));
+    add(c, RandomPlacement(*c, n, Mix(seed, 22), n > 1 ? n - 1 : -1));
+  }
+  {
+    const std::vector<int32_t> T = {16 * n}, P = {0};
+    auto c = std::make_shared<AttnCase>(MakeCase("contiguous shards " + tag, spec(T, P), Mix(seed, 3)));
+    add(c, ContiguousPlacement(*c, n));
+  }
+  {
+    // Decode: one query per sequence at the end, keys round robin.
+    AttnProblemSpec s = spec({1, 1}, {13 * n + 3, 5});
+    auto c = std::make_shared<AttnCase>(MakeCase("decode " + tag, s, Mix(seed, 4)));
+    add(c, RoundRobinPlacement(*c, n, 1));
+  }
+}
+
+// The feature sets every mode is checked with.
+struct FeatureSet {
+  std::string name;
+  attnAttnConfig_t cfg;
+  bool sinks;
+};
+std::vector<FeatureSet> FeatureSets() {
+  const attnAttnConfig_t gqa = AttnCfg(8, 2, 16, attnFloat32, true);
+  const attnAttnConfig_t mha = AttnCfg(4, 4, 8, attnFloat32, true);
+  const attnAttnConfig_t full = AttnCfg(4, 2, 8, attnFloat32, false);
+  const attnAttnConfig_t bf16 = AttnCfg(8, 2, 32, attnBfloat16, true);
+  return {
+      {"causal window 5", With(mha, 5, -1, 0), false},
+      {"full window (3, 2)", With(full, 3, 2, 0), false},
+      {"full right-only window 1", With(full, -1, 1, 0), false},
+      {"causal window 0 (self only)", With(mha, 0, -1, 0), false},
+      {"causal window wider than the sequence", With(mha, 100000, -1, 0), false},
+      {"softcap 2", With(gqa, -1, -1, 2.0f), false},
+      {"sinks", gqa, true},
+      {"window 7 + sinks + GQA", With(gqa, 7, -1, 0), true},
+      {"window + softcap + sinks bf16", With(bf16, 9, -1, 5.0f), true},
+  };
+}
+
+void RunJobs(const std::vector<Job>& jobs, int rank, attnComm_t comm, const char* runner) {
+  for (size_t i = 0; i < jobs.size(); ++i)
+    ExpectRingAttentionExact(*jobs[i].c, jobs[i].pl, rank, comm, jobs[i].mode, true,
+                             std::string(runner) + " job " + std::to_string(i));
+}
+
+const std::vector<attnAttnMode_t> kModes(std::begin(kAllModes), std::end(kAllModes));
+
+class AttnFeaturesThreads : public ::testing::TestWithParam<int> {};
+
+TEST_P(AttnFeaturesThreads, EveryModeEqualsReference) {
+  const int n = GetParam();
+  std::vector<Job> jobs;
+  uint64_t seed = 700 + n;
+  for (const FeatureSet& f : FeatureSets()) AddFeatureJobs(&jobs, f.cfg, f.sinks, n, seed++, kModes, f.name);
+  if (HasFailure()) return;
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunJobs(jobs, rank, comm, "threads"); }, AttnRunOptions());
+}
+INSTANTIATE_TEST_SUITE_P(N, AttnFeaturesThreads, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "N" + std::to_string(info.param); });
+
+TEST(AttnFeaturesProcesses, EveryModeEqualsReference) {
+  const int n = 3;
+  std::vector<Job> jobs;
+  uint64_t seed = 900;
+  for (const FeatureSet& f : FeatureSets()) AddFeatureJobs(&jobs, f.cfg, f.sinks, n, seed++, kModes, f.name);
+  if (HasFailure()) return;
+  RunProcesses(n, [&](int rank, int, attnComm_t& comm) { RunJobs(jobs, rank, comm, "processes"); },
+               AttnRunOptions());
+}
+
+// Gemma / Mistral alternate windowed and global layers: the window changes
+// from one call to the next on the same communicator.
+TEST(AttnFeatures, WindowChangesPerCall) {
+  const int n = 3;
+  const attnAttnConfig_t base = AttnCfg(4, 2, 16, attnFloat32, true);
+  std::vector<std::shared_ptr<AttnCase>> cases;
+  const std::vector<int32_t> T = {40}, P = {8};
+  for (int layer = 0; layer < 4; ++layer) {
+    const attnAttnConfig_t cfg = layer % 2 ? base : With(base, 6, -1, 0);
+    cases.push_back(std::make_shared<AttnCase>(
+        MakeCase("layer " + std::to_string(layer), PrefillSpec(cfg, T, P), Mix(77, layer))));
+  }
+  const Placement pl = PlannerPlacement(*cases[0], T, P, n);
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+    for (attnAttnMode_t m : {attnModePassKV, attnModeShipQ})
+      for (auto& c : cases) ExpectRingAttentionExact(*c, pl, rank, comm, m, true, "alternating layers");
+  }, AttnRunOptions());
+}
+
+// Contiguous shards of one sequence on 4 ranks and a window narrower than
+// a shard: rank r's queries see only ranks r - 1 and r. Pass-KV then sends
+// each block one hop (the last rank's none: its keys are in every other
+// rank's future) instead of three; ship-Q, pass-Q and all-gather KV send
+// to the one rank that needs it. Results stay exact.
+TEST(AttnFeatures, HiddenBlocksAreNotSent) {
+  const int n = 4, len = 64 * n;
+  const attnAttnConfig_t causal = AttnCfg(4, 2, 16, attnFloat32, true);
+  const std::vector<int32_t> T = {len}, P = {0};
+  const AttnCase none = MakeCase("no window", PrefillSpec(causal, T, P), 61);
+  const AttnCase win = MakeCase("window 20", PrefillSpec(With(causal, 20, -1, 0), T, P), 61);
+  const Placement pl = ContiguousPlacement(none, n);
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+    for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeAllGatherKV}) {
+      const std::string what = std::string(ModeName(m)) + ", rank " + std::to_string(rank);
+      ExpectRingAttentionExact(none, pl, rank, comm, m, true, "no window");
+      const uint64_t all = attn::attnStateOf(comm).last.bytesSent;
+      ExpectRingAttentionExact(win, pl, rank, comm, m, true, "window");
+      const uint64_t some = attn::attnStateOf(comm).last.bytesSent;
+      if (m == attnModePassKV) {
+        EXPECT_EQ(some, rank == n - 1 ? 0u : all / (n - 1)) << what << ": " << some << " of " << all;
+      } else {
+        EXPECT_LT(some, all) << what;
+        EXPECT_LE(some, 2 * all / (n - 1)) << what << ": " << some << " of " << all;
+      }
+    }
+  }, AttnRunOptions());
+}
+
+// attnLevelAttention keeping every key is exact attention: the window and
+// sinks apply there too.
+TEST(AttnFeatures, LevelAttentionWithWindowSoftcapAndSinks) {
+  const int n = 3;
+  AttnProblemSpec s = PrefillSpec(With(AttnCfg(8, 2, 16, attnFloat32, true), 5, -1, 3.0f), {30, 4}, {6, 0});
+  s.sinks = Sinks(8, 5);
+  const AttnCase c = MakeCase("level", s, 31);
+  const Placement pl = RandomPlacement(c, n, 32, -1);
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+    RankShard sh = GatherShard(c, pl, rank);
+    const size_t qn = sh.q_global.size();
+    std::vector<float> out(qn * 8 * 16, NAN), lse(qn * 8, NAN);
+    const attnAttnConfig_t cfg = c.runCfg();
+    ATTN_EXPECT_OK(comm, attnLevelAttention(qn ? sh.q.data() : nullptr, sh.k.data(), sh.v.data(),
+                                            qn ? out.data() : nullptr, qn ? lse.data() : nullptr, &sh.layout, &cfg,
+                                            nullptr, comm, nullptr));
+    EXPECT_TRUE(WithinBounds(CompareShard(c, sh, out.data(), lse.data()), attnFloat32, "level attention"));
+  }, AttnRunOptions());
+}
+
+// The engine's kernel from a 0.3 header reads the window and the cap from
+// cfg; one set through attnCommSetAttnKernel cannot, so a windowed call is
+// refused on every rank (and the communicator stays usable).
+TEST(AttnFeatures, EngineKernelWindowsAndRefusal) {
+  const int n = 2;
+  AttnProblemSpec s = PrefillSpec(With(AttnCfg(4, 2, 8, attnFloat32, true), 4, -1, 2.0f), {20}, {5});
+  s.sinks = Sinks(4, 9);
+  const AttnCase c = MakeCase("engine kernel", s, 41);
+  const Placement pl = RandomPlacement(c, n, 42, -1);
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+    const attnAttnKernel_t k = ATTN_ATTN_KERNEL(LoopAttentionKernel, nullptr, attnFloat32, attnLseNatural,
+                                                attnLseTokenMajor);
+    ASSERT_EQ(attnCommSetAttnKernelEx(comm, &k), attnSuccess);
+    for (attnAttnMode_t m : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeHeadParallel})
+      ExpectRingAttentionExact(c, pl, rank, comm, m, true, "0.3 engine kernel");
+    ASSERT_EQ(attnCommSetAttnKernel(comm, LoopAttentionKernel, nullptr), attnSuccess);
+    const RankRun run = RunRingAttentionRank(c, pl, rank, comm, attnModePassKV, true);
+    EXPECT_EQ(run.rc, attnNotSupported) << run.error;
+    EXPECT_NE(run.error.find("attnCommSetAttnKernelEx"), std::string::npos) << run.error;
+    // A call without window or cap still runs on it.
+    AttnProblemSpec plain = PrefillSpec(AttnCfg(4, 2, 8, attnFloat32, true), {20}, {5});
+    const AttnCase pc = MakeCase("plain", plain, 43);
+    ExpectRingAttentionExact(pc, RandomPlacement(pc, n, 44, -1), rank, comm, attnModeShipQ, true, "legacy kernel");
+    ASSERT_EQ(attnCommSetAttnKernel(comm, nullptr, nullptr), attnSuccess);
+    ExpectRingAttentionExact(c, pl, rank, comm, attnModePassQ, true, "built-in again");
+  }, AttnRunOptions());
+}
+
+// A small problem every rank holds a slice of, for the bad-input tests.
+struct Small {
+  std::vector<float> q, k, v, out, lse;
+  std::vector<int32_t> qo{0, 4}, ko{0, 4}, qp{0, 1, 2, 3}, kp{0, 1, 2, 3};
+  attnSeqLayout_t layout{};
+  Small() : q(4 * 4 * 8, 0.5f), k(4 * 2 * 8, 0.25f), v(4 * 2 * 8, 1.0f), out(4 * 4 * 8), lse(4 * 4) {
+    layout = {1, qo.data(), qp.data(), ko.data(), kp.data()};
+  }
+  attnResult_t run(attnComm_t comm, const attnAttnConfig_t& cfg, const attnSeqLayout_t& l, attnAttnMode_t m) {
+    return attnRingAttention(q.data(), k.data(), v.data(), out.data(), lse.data(), &l, &cfg, m, comm, nullptr);
+  }
+};
+
+TEST(AttnFeaturesBadInput, RefusedOnOneRankFailsEveryRankInStep) {
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    const float nanSinks[4] = {0, NAN, 0, 0};
+    for (int variant = 0; variant < 6; ++variant) {
+      Small p;
+      attnAttnConfig_t cfg = With(AttnCfg(4, 2, 8, attnFloat32, false), 2, -1, 0);
+      attnSeqLayout_t lay = p.layout;
+      const int refuser = variant % n;
+      const char* expect = "";
+      if (rank == refuser) {
+        switch (variant) {
+          case 0: cfg.window_left = -2; expect = "window_left -2"; break;
+          case 1: cfg.window_right = -7; expect = "window_right -7"; break;
+          case 2: cfg.softcap = NAN; expect = "softcap"; break;
+          case 3: cfg.softcap = -1; expect = "softcap"; break;
+          case 4: cfg.sinks = nanSinks; expect = "cfg.sinks[1]"; break;
+          case 5: lay.kv_pos = nullptr; expect = "windowed attention needs"; break;  // not causal, windowed
+        }
+      }
+      const attnResult_t r = p.run(comm, cfg, lay, attnModePassKV);
+      const std::string err = attnGetLastError(comm);
+      const std::string what = "variant " + std::to_string(variant) + ", rank " + std::to_string(rank) + ": " + err;
+      if (rank == refuser) {
+        EXPECT_EQ(r, attnInvalidArgument) << what;
+        EXPECT_NE(err.find(expect), std::string::npos) << what;
+      } else {
+        EXPECT_EQ(r, attnRemoteError) << what;
+      }
+      ATTN_EXPECT_OK(comm, p.run(comm, With(AttnCfg(4, 2, 8, attnFloat32, true), 2, -1, 0), p.layout, attnModeShipQ));
+    }
+  }, AttnRunOptions(60000));
+}
+
+TEST(AttnFeaturesBadInput, RanksDisagreeingOnTheWindowOrSinksFailAll) {
+  RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+    const float sinks[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    for (int variant = 0; variant < 3; ++variant) {
+      Small p;
+      attnAttnConfig_t cfg = With(AttnCfg(4, 2, 8, attnFloat32, true), 3, -1, 0);
+      if (rank == 1) {
+        if (variant == 0) cfg.window_left = 4;
+        if (variant == 1) cfg.softcap = 10;
+        if (variant == 2) cfg.sinks = sinks;
+      }
+      const attnResult_t r = p.run(comm, cfg, p.layout, attnModeAuto);
+      const std::string err = attnGetLastError(comm);
+      EXPECT_EQ(r, attnInvalidUsage) << "variant " << variant << ": " << err;
+      EXPECT_NE(err.find("same window"), std::string::npos) << err;
+      ATTN_EXPECT_OK(comm, p.run(comm, With(AttnCfg(4, 2, 8, attnFloat32, true), 3, -1, 0), p.layout,
+                                 attnModePassQ));
+    }
+  }, AttnRunOptions(60000));
+}
+
+// A config from a 0.2 header (no window, softcap or sinks fields) keeps
+// 0.2's behaviour: the fields it lacks take their defaults.
+TEST(AttnFeatures, OlderConfigTakesDefaults) {
+  RunThreads(2, [&](int rank, int, attnComm_t& comm) {
+    (void)rank;
+    Small p;
+    attnAttnConfig_t cfg = AttnCfg(4, 2, 8, attnFloat32, true);
+    cfg.size = offsetof(attnAttnConfig_t, window_left);
+    cfg.window_left = -55;  // past the caller's size: never read
+    cfg.softcap = NAN;
+    ATTN_EXPECT_OK(comm, p.run(comm, cfg, p.layout, attnModePassKV));
+  }, AttnRunOptions(60000));
+}
+
+}  // namespace
+}  // namespace attn_test
