@@ -229,6 +229,34 @@ TEST(AttnFeatures, LevelAttentionWithWindowSoftcapAndSinks) {
   }, AttnRunOptions());
 }
 
+// Level attention keeping every key under a window narrower than a shard
+// (contiguous shards): each rank sends only the keys some peer's queries
+// may see, fewer than without the window, and the result stays exact.
+TEST(AttnFeatures, LevelAttentionSendsOnlyKeysAWindowShows) {
+  const int n = 3, len = 48 * n;
+  const attnAttnConfig_t causal = AttnCfg(4, 2, 16, attnFloat32, true);
+  const AttnCase none = MakeCase("level, no window", PrefillSpec(causal, {len}, {0}), 51);
+  const AttnCase win = MakeCase("level, window 10", PrefillSpec(With(causal, 10, -1, 0), {len}, {0}), 51);
+  const Placement pl = ContiguousPlacement(none, n);
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) {
+    int64_t sent[2] = {0, 0};
+    for (int w = 0; w < 2; ++w) {
+      const AttnCase& c = w ? win : none;
+      RankShard sh = GatherShard(c, pl, rank);
+      const size_t qn = sh.q_global.size();
+      std::vector<float> out(qn * 4 * 16, NAN), lse(qn * 4, NAN);
+      ATTN_EXPECT_OK(comm, attnLevelAttention(sh.q.data(), sh.k.data(), sh.v.data(), out.data(), lse.data(),
+                                              &sh.layout, &c.cfg, nullptr, comm, nullptr));
+      EXPECT_TRUE(WithinBounds(CompareShard(c, sh, out.data(), lse.data()), attnFloat32, c.name));
+      sent[w] = attn::attnStateOf(comm).last.rowsSent;
+    }
+    // Without a window a rank sends every key to each rank after it (the
+    // causal bound); with it, only its last 10 keys to the next rank.
+    EXPECT_EQ(sent[0], int64_t(48) * (n - 1 - rank)) << "rank " << rank;
+    EXPECT_EQ(sent[1], rank == n - 1 ? 0 : 10) << "rank " << rank;
+  }, AttnRunOptions());
+}
+
 // The engine's kernel from a 0.3 header reads the window and the cap from
 // cfg; one set through attnCommSetAttnKernel cannot, so a windowed call is
 // refused on every rank (and the communicator stays usable).

@@ -352,6 +352,17 @@ class _KernelArgs(ctypes.Structure):
 
 _KERNEL_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KernelArgs), ctypes.c_void_p, ctypes.c_void_p)
 _SetAttnKernel = _ac._declare("attnCommSetAttnKernel", _ac._comm, _KERNEL_FN, ctypes.c_void_p)
+_ATTN_KERNEL_MAGIC = 0xA77C4E1B
+
+
+class _AttnKernel(ctypes.Structure):
+    """attnAttnKernel_t (versioned like the config)."""
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("fn", _KERNEL_FN), ("user_data", ctypes.c_void_p), ("out_dtype", ctypes.c_int),
+                ("lse_base", ctypes.c_int), ("lse_layout", ctypes.c_int)]
+
+
+_SetAttnKernelEx = _ac._declare("attnCommSetAttnKernelEx", _ac._comm, ctypes.POINTER(_AttnKernel))
 _TORCH_DTYPE = {_ac.FLOAT32: torch.float32, _ac.FLOAT16: torch.float16, _ac.BFLOAT16: torch.bfloat16}
 
 
@@ -364,7 +375,7 @@ def _host_tensor(ptr, shape, dtype):
     return torch.frombuffer(raw, dtype=dtype).view(shape)
 
 
-def set_attn_kernel(comm, fn):
+def set_attn_kernel(comm, fn, *, windows=False):
     """Plugs a torch function in as the partial-attention kernel of every
     ring mode on this communicator (attnCommSetAttnKernel); None restores
     the built-in one. fn(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos,
@@ -375,7 +386,11 @@ def set_attn_kernel(comm, fn):
     over the keys it sees (sequence by sequence; causal on the positions);
     a query that sees no key gets out 0 and lse -inf. torch SDPA with a
     mask, FlashAttention's varlen call, FlashInfer: anything that says so.
-    Host communicators (CPU tensors) for now."""
+    windows=True: fn also takes window_size=(left, right) and softcap=
+    keywords (FlashAttention's) and applies them, so calls with a sliding
+    window or a softcap may use it (attnCommSetAttnKernelEx, 0.3); without
+    it such calls are refused on every rank. Sinks are the library's: fn
+    never sees them. Host communicators (CPU tensors) for now."""
     if fn is None:
         _ac._check(_SetAttnKernel(comm._h, _KERNEL_FN(), None), comm._h, "attnCommSetAttnKernel")
         comm._attn_kernel = None
@@ -400,7 +415,8 @@ def set_attn_kernel(comm, fn):
             q_pos = _host_tensor(a.q_pos, (rows,), torch.int32)
             kv_pos = _host_tensor(a.kv_pos, (keys,), torch.int32)
             scale = cfg.softmax_scale or 1.0 / math.sqrt(d)
-            out, lse = fn(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, scale, bool(cfg.causal))
+            extra = dict(window_size=(cfg.window_left, cfg.window_right), softcap=cfg.softcap) if windows else {}
+            out, lse = fn(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, scale, bool(cfg.causal), **extra)
             if rows:
                 _host_tensor(a.out, (rows, hq, d), torch.float32).copy_(out)
                 _host_tensor(a.lse, (rows, hq), torch.float32).copy_(lse)
@@ -410,13 +426,19 @@ def set_attn_kernel(comm, fn):
             return _ac.INTERNAL_ERROR
 
     cb = _KERNEL_FN(trampoline)
-    _ac._check(_SetAttnKernel(comm._h, cb, None), comm._h, "attnCommSetAttnKernel")
+    if windows:
+        k = _AttnKernel(ctypes.sizeof(_AttnKernel), _ATTN_KERNEL_MAGIC, _ac._HEADER_VERSION, cb, None, _ac.FLOAT32, 0, 0)
+        _ac._check(_SetAttnKernelEx(comm._h, ctypes.byref(k)), comm._h, "attnCommSetAttnKernelEx")
+    else:
+        _ac._check(_SetAttnKernel(comm._h, cb, None), comm._h, "attnCommSetAttnKernel")
     comm._attn_kernel = cb  # the library calls it for as long as it is set
 
 
-def reference_kernel(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, softmax_scale, causal):
+def reference_kernel(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, softmax_scale, causal, *,
+                     window_size=(-1, -1), softcap=0.0):
     """Partial attention in plain torch ops (fp32), set_attn_kernel's
-    contract: the example and the test of the hook."""
+    contract (windows=True's keywords too): the example and the test of the
+    hook."""
     rows, hq, d = q.shape
     out = torch.zeros(rows, hq, d, dtype=torch.float32)
     lse = torch.full((rows, hq), -math.inf, dtype=torch.float32)
@@ -430,9 +452,19 @@ def reference_kernel(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, softmax_scal
         ks = k[k0:k1].float().repeat_interleave(group, dim=1)
         vs = v[k0:k1].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        kp = kv_pos[k0:k1].long()[None, None, :]
+        qp = q_pos[q0:q1].long()[None, :, None]
+        seen = torch.ones_like(scores, dtype=torch.bool)
+        left, right = window_size
         if causal:
-            seen = kv_pos[k0:k1][None, None, :] <= q_pos[q0:q1][None, :, None]
-            scores = scores.masked_fill(~seen, -math.inf)
+            seen &= kp <= qp
+        elif right >= 0:
+            seen &= kp <= qp + right
+        if left >= 0:
+            seen &= kp >= qp - left
+        scores = scores.masked_fill(~seen, -math.inf)
         m = torch.logsumexp(scores, dim=-1)                      # [H, q]
         p = torch.exp(scores - m[..., None]).nan_to_num(0.0)     # rows that see nothing: 0
         out[q0:q1] = torch.einsum("hqk,khd->qhd", p, vs)

@@ -58,36 +58,49 @@ std::vector<int> peersNearestFirst(const attnComm& comm, const std::vector<int>&
   return peers;
 }
 
-// The last position each sequence's queries on this rank can see: none
-// (INT32_MIN) without query rows, any (INT32_MAX) without a causal mask.
-std::vector<int32_t> visibleUpTo(const AttnCall& c) {
-  std::vector<int32_t> v(c.numSeqs, INT32_MIN);
-  for (int s = 0; s < c.numSeqs; ++s)
-    for (int32_t r = c.qOffsets[s]; r < c.qOffsets[s + 1]; ++r)
-      v[s] = c.cfg.causal ? std::max(v[s], c.q.pos[r]) : INT32_MAX;
+// The positions each sequence's queries on this rank can see, [seq][lo,
+// hi]: none (lo > hi) without query rows; the causal mask bounds hi, a
+// sliding window lo and hi (clamped to int32).
+std::vector<int32_t> visibleSpans(const AttnCall& c) {
+  std::vector<int32_t> v(2 * size_t(c.numSeqs));
+  const cpu::VisibleSpan span = cpu::visibleSpan(c.cfg.causal != 0, c.cfg.window_left, c.cfg.window_right);
+  for (int s = 0; s < c.numSeqs; ++s) {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int32_t r = c.qOffsets[s]; r < c.qOffsets[s + 1]; ++r) {
+      lo = std::min(lo, span.bounded ? int64_t(c.q.pos[r]) - span.lo : int64_t(INT32_MIN));
+      hi = std::max(hi, span.bounded ? int64_t(c.q.pos[r]) + span.hi : int64_t(INT32_MAX));
+    }
+    v[2 * size_t(s)] = int32_t(std::clamp<int64_t>(lo, INT32_MIN, INT32_MAX));
+    v[2 * size_t(s) + 1] = int32_t(std::clamp<int64_t>(hi, INT32_MIN, INT32_MAX));
+    if (lo > hi) v[2 * size_t(s)] = INT32_MAX, v[2 * size_t(s) + 1] = INT32_MIN;
+  }
   return v;
 }
 
-// Every rank's visibleUpTo, [rank][seq]. Collective.
-attnResult_t allVisibleUpTo(AttnCall& c, std::vector<int32_t>* all) {
-  const int n = c.comm->nranks, S = c.numSeqs;
-  const std::vector<int32_t> mine = visibleUpTo(c);
-  all->assign(static_cast<size_t>(n) * S, 0);
-  if (S == 0) return attnSuccess;
-  std::copy(mine.begin(), mine.end(), all->begin() + static_cast<size_t>(c.comm->rank) * S);
+// Every rank's visibleSpans, [rank][seq][lo, hi]. Collective.
+attnResult_t allVisibleSpans(AttnCall& c, std::vector<int32_t>* all) {
+  const int n = c.comm->nranks;
+  const size_t per = 2 * size_t(c.numSeqs);
+  const std::vector<int32_t> mine = visibleSpans(c);
+  all->assign(static_cast<size_t>(n) * per, 0);
+  if (per == 0) return attnSuccess;
+  std::copy(mine.begin(), mine.end(), all->begin() + static_cast<size_t>(c.comm->rank) * per);
   std::vector<Block> blocks(n);
-  for (int i = 0; i < n; ++i) blocks[i] = {i * S * sizeof(int32_t), S * sizeof(int32_t)};
+  for (int i = 0; i < n; ++i) blocks[i] = {i * per * sizeof(int32_t), per * sizeof(int32_t)};
   return ringAllGatherv(*c.comm->engine, Ring::identity(c.comm->rank, n), reinterpret_cast<char*>(all->data()),
                         blocks, chunkBytes(sizeof(int32_t)));
 }
 
-// The rows of `kept` a peer whose queries see up to upTo[s] can use.
-KeptRows visibleTo(const AttnCall& c, const KeptRows& kept, const int32_t* upTo) {
+// The rows of `kept` a peer whose queries see positions span[s] = [lo, hi]
+// can use.
+KeptRows visibleTo(const AttnCall& c, const KeptRows& kept, const int32_t* span) {
   KeptRows out;
   out.offsets.assign(1, 0);
   for (int s = 0; s < c.numSeqs; ++s) {
-    for (int32_t i = kept.offsets[s]; i < kept.offsets[s + 1]; ++i)
-      if (c.kv.pos[kept.rows[i]] <= upTo[s]) out.rows.push_back(kept.rows[i]);
+    for (int32_t i = kept.offsets[s]; i < kept.offsets[s + 1]; ++i) {
+      const int32_t pos = c.kv.pos[kept.rows[i]];
+      if (pos >= span[2 * s] && pos <= span[2 * s + 1]) out.rows.push_back(kept.rows[i]);
+    }
     out.offsets.push_back(static_cast<int32_t>(out.rows.size()));
   }
   return out;
@@ -132,8 +145,8 @@ attnResult_t planLevelExchange(AttnCall& c, const LevelDrop& drop, LevelPlan* pl
   std::vector<int>& tierOf = L.tierOf;
   for (int p = 0; p < n; ++p)
     if (p != me && c.comm->fabric) tierOf[p] = int(c.comm->fabric->tierBetween(me, p));
-  std::vector<int32_t> upTo;
-  ATTN_CHECK(allVisibleUpTo(c, &upTo));
+  std::vector<int32_t> spans;
+  ATTN_CHECK(allVisibleSpans(c, &spans));
   const std::vector<int> nearest = peersNearestFirst(*c.comm, tierOf);
 
   // What we send: to each first hop of our tree the keys kept for its tier
@@ -144,14 +157,20 @@ attnResult_t planLevelExchange(AttnCall& c, const LevelDrop& drop, LevelPlan* pl
   KeptRows kept[kTierCount];
   for (int t = 0; t < kTierCount; ++t)
     if (used[t]) kept[t] = selectKept(S, c.kvOffsets.data(), drop.importance, drop.keep[t]);
-  std::vector<std::vector<int32_t>> seenBy(n);  // per first hop: what its subtree can see
+  // Per first hop: the positions its subtree can see, [seq][lo, hi].
+  std::vector<std::vector<int32_t>> seenBy(n);
   std::vector<bool> firstHop(n, false);
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
     const int hop = routes.firstHop(me, r);
+    if (!firstHop[hop])
+      for (int s = 0; s < S; ++s) seenBy[hop].insert(seenBy[hop].end(), {INT32_MAX, INT32_MIN});
     firstHop[hop] = true;
-    seenBy[hop].resize(S, INT32_MIN);
-    for (int s = 0; s < S; ++s) seenBy[hop][s] = std::max(seenBy[hop][s], upTo[static_cast<size_t>(r) * S + s]);
+    const int32_t* theirs = spans.data() + static_cast<size_t>(r) * 2 * S;
+    for (int s = 0; s < S; ++s) {
+      seenBy[hop][2 * s] = std::min(seenBy[hop][2 * s], theirs[2 * s]);
+      seenBy[hop][2 * s + 1] = std::max(seenBy[hop][2 * s + 1], theirs[2 * s + 1]);
+    }
   }
   L.sendTo.clear();
   L.toPeer.assign(n, KeptRows());

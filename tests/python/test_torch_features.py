@@ -3,7 +3,8 @@
 48) on CPU tensors, ranks as processes in a gloo process group, against
 float64 attention written from the definition here: ring_attention in every
 mode, decode_attention, kv_attention over a KvPool and level_attention;
-torch.compile(fullgraph=True) traces a call with all three; bad window /
+torch.compile(fullgraph=True) traces a call with all three; the engine's
+torch kernel (set_attn_kernel(windows=True)) gets the window and cap; bad window /
 softcap / sinks arguments raise AttnError naming the argument before
 anything is sent. Exit 77 (skipped) without torch."""
 import math
@@ -150,6 +151,40 @@ def check_compile(rank, comm, q, k, v, sinks):
     np.testing.assert_allclose(compiled(mq).numpy(), want_out, err_msg="compiled", **TOL)
 
 
+def check_engine_kernel(rank, comm, q, k, v, sinks):
+    """The engine's torch kernel inside the ring: registered with
+    windows=True it gets window_size and softcap and the result is exact;
+    registered without, a windowed call is refused on every rank."""
+    rows = rows_of(rank, True)
+    layout = act.SeqLayout(torch.tensor([0, len(rows)], dtype=torch.int32), torch.tensor(rows, dtype=torch.int32),
+                           torch.tensor([0, len(rows)], dtype=torch.int32), torch.tensor(rows, dtype=torch.int32))
+    mq, mk, mv = q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous()
+    seen = []
+
+    def kernel(*args, **kwargs):
+        seen.append(kwargs)
+        return act.reference_kernel(*args, **kwargs)
+
+    want_out, want_lse = reference(q[rows], rows, k, v, list(range(LEN)), True, (6, -1), 2.5, sinks)
+    act.set_attn_kernel(comm, kernel, windows=True)
+    try:
+        for mode in ("pass_kv", "pass_q", "ship_q", "head_parallel"):
+            out, lse = act.ring_attention(comm, mq, mk, mv, layout, mode=mode, window_size=(6, -1), softcap=2.5,
+                                          sinks=sinks, return_lse=True)
+            np.testing.assert_allclose(out.numpy(), want_out, err_msg=f"engine kernel {mode}", **TOL)
+            np.testing.assert_allclose(lse.numpy(), want_lse, err_msg=f"engine kernel {mode}", **TOL)
+        assert seen and all(s == {"window_size": (6, -1), "softcap": 2.5} for s in seen), seen[:3]
+        act.set_attn_kernel(comm, act.reference_kernel)  # no windows=True: refused everywhere
+        try:
+            act.ring_attention(comm, mq, mk, mv, layout, mode="pass_kv", window_size=(6, -1))
+        except ac.AttnError as e:
+            assert "attnCommSetAttnKernelEx" in str(e), e
+        else:
+            raise AssertionError("a windowed call ran on a kernel that cannot apply the window")
+    finally:
+        act.set_attn_kernel(comm, None)
+
+
 def check_bad_args(rank, comm, q, k, v):
     rows = rows_of(rank, False)
     layout = act.SeqLayout(torch.tensor([0, len(rows)], dtype=torch.int32), torch.tensor(rows, dtype=torch.int32),
@@ -179,6 +214,7 @@ def run_checks(rank, comm):
     check_decode(rank, comm, q, k, v, sinks)
     check_kv_pool(rank, comm, q, k, v, sinks)
     check_compile(rank, comm, q, k, v, sinks)
+    check_engine_kernel(rank, comm, q, k, v, sinks)
     check_bad_args(rank, comm, q, k, v)
 
 
