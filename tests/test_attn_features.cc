@@ -24,6 +24,7 @@
 
 #include "attncomm.h"
 #include "src/attn/attn_state.h"
+#include "src/attn/wire.h"
 #include "tests/support/attn_fixtures.h"
 #include "tests/support/multirank.h"
 
@@ -183,8 +184,9 @@ TEST(AttnFeatures, WindowChangesPerCall) {
 // Contiguous shards of one sequence on 4 ranks and a window narrower than
 // a shard: rank r's queries see only ranks r - 1 and r. Pass-KV then sends
 // each block one hop (the last rank's none: its keys are in every other
-// rank's future) instead of three; ship-Q, pass-Q and all-gather KV send
-// to the one rank that needs it. Results stay exact.
+// rank's future) instead of three, and only its last 20 rows (all the next
+// rank's window reaches); ship-Q, pass-Q and all-gather KV send to the one
+// rank that needs it. Results stay exact.
 TEST(AttnFeatures, HiddenBlocksAreNotSent) {
   const int n = 4, len = 64 * n;
   const attnAttnConfig_t causal = AttnCfg(4, 2, 16, attnFloat32, true);
@@ -200,7 +202,10 @@ TEST(AttnFeatures, HiddenBlocksAreNotSent) {
       ExpectRingAttentionExact(win, pl, rank, comm, m, true, "window");
       const uint64_t some = attn::attnStateOf(comm).last.bytesSent;
       if (m == attnModePassKV) {
-        EXPECT_EQ(some, rank == n - 1 ? 0u : all / (n - 1)) << what << ": " << some << " of " << all;
+        const size_t rowBytes = 2 * 16 * sizeof(float);  // Hkv x D fp32
+        const uint64_t trimmed = attn::BlockLayout::of(1, 20, rowBytes, 2).total;
+        EXPECT_EQ(some, rank == n - 1 ? 0u : trimmed) << what << ": " << some << " of " << all;
+        EXPECT_EQ(all, 3 * attn::BlockLayout::of(1, 64, rowBytes, 2).total) << what;
       } else {
         EXPECT_LT(some, all) << what;
         EXPECT_LE(some, 2 * all / (n - 1)) << what << ": " << some << " of " << all;

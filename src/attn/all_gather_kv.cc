@@ -28,9 +28,12 @@ attnResult_t runAllGatherKv(AttnCall& c) {
   // calls, so a steady stream of calls does not fault fresh pages in.
   const size_t mineCap = BlockLayout::of(c.numSeqs, c.kv.rows, c.kvRowBytes, 2).total;
   ATTN_CHECK(c.state->outgoing.reserve(mineCap));
-  const size_t mineBytes = packBlockInto(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0,
-                                         c.kv.t1, c.kvRowBytes, c.state->outgoing.data())
-                               .total;
+  // Under a window the one block every reader gets carries only the rows
+  // some reader may see.
+  std::vector<int> readers;
+  for (int p = 0; p < n; ++p)
+    if (p != me && c.vis.sees(p, me)) readers.push_back(p);
+  const size_t mineBytes = packVisibleKv(c, readers, c.state->outgoing.data());
   PeerSlots slot(n);
   std::vector<size_t> cap(n, 0);
   for (int p = 0; p < n; ++p)

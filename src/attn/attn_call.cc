@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/merge.h"
@@ -65,11 +66,45 @@ BlockExpect cardBlock(const AttnCall& c, int from, int origin, bool kv) {
   w.origin = origin;
   w.numSeqs = c.numSeqs;
   w.maxRows = (kv ? c.kvRowsOf : c.qRowsOf)[size_t(origin)];
-  w.exactRows = true;
+  w.exactRows = !(kv && c.vis.active());  // a window may trim KV blocks
   w.rowBytes = kv ? c.kvRowBytes : c.qRowBytes;
   w.tensors = kv ? 2 : 1;
   w.what = kv ? "key/value block" : "query block";
   return w;
+}
+
+size_t packVisibleKv(const AttnCall& c, const std::vector<int>& readers, char* out) {
+  if (!c.vis.active())
+    return packBlockInto(c.comm->rank, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0, c.kv.t1,
+                         c.kvRowBytes, out)
+        .total;
+  int64_t lo, hi;
+  c.vis.keysSeenBy(readers, &lo, &hi);
+  std::vector<int32_t> rows, offsets{0}, pos;
+  for (int s = 0; s < c.numSeqs; ++s) {
+    for (int32_t j = c.kvOffsets[s]; j < c.kvOffsets[s + 1]; ++j)
+      if (c.kv.pos[j] >= lo && c.kv.pos[j] <= hi) {
+        rows.push_back(j);
+        pos.push_back(c.kv.pos[j]);
+      }
+    offsets.push_back(static_cast<int32_t>(rows.size()));
+  }
+  const BlockLayout l = packBlockMeta(c.comm->rank, c.numSeqs, offsets.data(), pos.data(),
+                                      static_cast<int64_t>(rows.size()), c.kvRowBytes, 2, out);
+  const char* k = static_cast<const char*>(c.kv.t0);
+  const char* v = static_cast<const char*>(c.kv.t1);
+  char* ko = out + l.tensorAt;
+  char* vo = ko + l.tensorBytes;
+  // Runs of consecutive rows in one copy (a window keeps a contiguous tail).
+  for (size_t i = 0; i < rows.size();) {
+    size_t e = i + 1;
+    while (e < rows.size() && rows[e] == rows[e - 1] + 1) ++e;
+    const size_t from = size_t(rows[i]) * c.kvRowBytes, bytes = (e - i) * c.kvRowBytes;
+    std::memcpy(ko + i * c.kvRowBytes, k + from, bytes);
+    std::memcpy(vo + i * c.kvRowBytes, v + from, bytes);
+    i = e;
+  }
+  return l.total;
 }
 
 BlockExpect anyCardBlock(const AttnCall& c, int from, bool kv) {

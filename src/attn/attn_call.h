@@ -77,8 +77,13 @@ cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& 
                            std::vector<cpu::AttnSegment>* segs);
 
 // How a block of rank `origin`'s rows (its queries, or with `kv` its keys
-// and values), as many as its card announced, must arrive from `from`.
+// and values), as many as its card announced, must arrive from `from`
+// (under a window, a KV block may carry fewer: packVisibleKv).
 BlockExpect cardBlock(const AttnCall& c, int from, int origin, bool kv);
+// This rank's KV block packed into `out` (room for all its rows), with only
+// the rows the queries of `readers` may see when a window is active (all
+// rows otherwise). Returns the block's bytes.
+size_t packVisibleKv(const AttnCall& c, const std::vector<int>& readers, char* out);
 // The same from a rank the block may have come through (a ring): any
 // origin, at most 2^31 - 1 rows; the caller compares them with the
 // origin's card.

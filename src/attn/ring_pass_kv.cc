@@ -25,9 +25,13 @@ attnResult_t runPassKv(AttnCall& c) {
   ShareableBuffer* buf = c.state->rotation;
   ATTN_CHECK(buf[0].reserve(capacity));
   ATTN_CHECK(buf[1].reserve(capacity));
-  const size_t ownBytes = packBlockInto(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0,
-                                        c.kv.t1, c.kvRowBytes, buf[0].data())
-                              .total;
+  // Under a window our block carries only the rows the ranks it reaches
+  // (as far as the last that needs it) may see; it is attended to here
+  // from our own rows, not from the block.
+  std::vector<int> readers;
+  for (int s = 1; s < n; ++s)
+    if (c.vis.sees((me + s) % n, me)) readers.push_back((me + s) % n);
+  const size_t ownBytes = packVisibleKv(c, readers, buf[0].data());
 
   RingSteps steps(c, capacity);
   steps.skipHidden(false);
@@ -35,6 +39,7 @@ attnResult_t runPassKv(AttnCall& c) {
   ATTN_CHECK(steps.run(mover, "pass-KV", [&](int step) -> attnResult_t {
     // Step s holds rank me-s's block, from prev (our own at step 0).
     if (!steps.holds(step) || !c.vis.sees(me, (me - step + n) % n)) return attnSuccess;
+    if (step == 0) return c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data());
     BlockView block;
     ATTN_CHECK(parseBlock(mover.block(), mover.bytes(), cardBlock(c, step ? prev : me, (me - step + n) % n, true),
                           &block));

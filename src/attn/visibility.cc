@@ -1,5 +1,6 @@
 #include "src/attn/visibility.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -52,6 +53,17 @@ int RankVisibility::peersSeenMax() const {
     most = peers > most ? peers : most;
   }
   return most;
+}
+
+void RankVisibility::keysSeenBy(const std::vector<int>& ranks, int64_t* lo, int64_t* hi) const {
+  *lo = INT64_MAX;
+  *hi = INT64_MIN;
+  for (int r : ranks) {
+    const PosRanges& q = ranges_[size_t(r)];
+    if (q.qMin > q.qMax) continue;
+    *lo = std::min(*lo, int64_t(q.qMin) - span_.lo);
+    *hi = std::max(*hi, int64_t(q.qMax) + span_.hi);
+  }
 }
 
 void positionRange(const int32_t* pos, int64_t rows, int32_t* lo, int32_t* hi) {

@@ -44,6 +44,10 @@ class RankVisibility {
   int ringMovesMax(bool queries) const;
   int peersSeenMax() const;
 
+  // The key positions the queries of `ranks` may see, [*lo, *hi] (lo > hi:
+  // none): what of a KV block bound for them is worth sending.
+  void keysSeenBy(const std::vector<int>& ranks, int64_t* lo, int64_t* hi) const;
+
  private:
   bool active_ = false;
   int n_ = 1;
