@@ -26,6 +26,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/reference_attention.h"
+#include "src/attn/kv_attention.h"
 #include "tests/support/attn_fixtures.h"
 #include "tests/support/kv_fixtures.h"
 #include "tests/support/multirank.h"
@@ -189,6 +190,56 @@ void LendAndReturn(const Scenario& s, int rank, int n, attnComm_t& comm) {
   }
   ExpectExact(CheckAttention(pool, comm, rank, reqs, s.dtype, s.causal), s.dtype, "after returning, " + tag);
   ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+}
+
+// Under a sliding window a request's queries go only to the holders of
+// blocks they may see (kvBlockSeen, from the positions booked at append),
+// and the result stays exact: rank 0 lends the oldest blocks of its long
+// request, which a window of 2 blocks hides from its last queries.
+TEST(KvAttention, WindowedQueriesAskOnlyHoldersOfVisibleBlocks) {
+  attnAttnConfig_t w = ATTN_ATTN_CONFIG_INITIALIZER;
+  w.window_left = 8;
+  attn::KvBlockLoc b;
+  b.firstPos = 0;
+  b.lastPos = 7;
+  EXPECT_FALSE(attn::kvBlockSeen(b, w, 16, 20)) << "keys 0..7, queries 16..20 see 8..20";
+  EXPECT_TRUE(attn::kvBlockSeen(b, w, 15, 20)) << "query 15 sees key 7";
+  attnAttnConfig_t none = ATTN_ATTN_CONFIG_INITIALIZER;
+  EXPECT_TRUE(attn::kvBlockSeen(b, none, 1000, 1001)) << "no window: every block";
+  attn::KvBlockLoc unknown;
+  EXPECT_TRUE(attn::kvBlockSeen(unknown, w, 1000, 1001)) << "positions not booked: asked";
+  w.window_left = -1;
+  w.window_right = 2;
+  w.causal = 0;
+  EXPECT_FALSE(attn::kvBlockSeen(b, w, -10, -3)) << "keys 0..7 are past queries -10..-3's right bound";
+  EXPECT_TRUE(attn::kvBlockSeen(b, w, -10, -2));
+
+  const int bt = 4;
+  RunThreads(3, [&](int rank, int n, attnComm_t& comm) {
+    const attnKvPoolConfig_t cfg = PoolCfg(bt, 64);
+    attnKvPool_t pool = nullptr;
+    ATTN_ASSERT_OK(comm, attnKvPoolCreate(comm, &cfg, &pool));
+    const std::vector<Req> reqs = {{100 + rank, 3 * bt * n + 3, 2}};
+    for (const Req& r : reqs) AppendRequest(pool, comm, attnFloat32, rank, r);
+    std::vector<attnKvMove_t> moves;
+    if (rank == 0) moves = {{0, 1, 0, 100, 3}, {0, 2, 0, 100, 2}};  // the 5 oldest blocks away
+    std::vector<int64_t> granted(moves.size(), -1);
+    ATTN_ASSERT_OK(comm, attnKvMigrate(pool, moves.data(), int(moves.size()), granted.data(), nullptr));
+    // 26: the last query (position 37) just sees rank 1's newest lent key (11).
+    for (int window : {-1, 2 * bt, 26, 0}) {
+      KvQueries qs = MakeKvQueries(rank, reqs, attnFloat32, true);
+      qs.cfg.window_left = window;
+      std::vector<uint8_t> out(qs.q.size());
+      std::vector<float> lse(size_t(qs.rows) * 4);
+      AttnCheck c;
+      c.rc = attnKvAttention(pool, int(qs.ids.size()), qs.ids.data(), qs.offs.data(), qs.q.data(), qs.qpos.data(),
+                             out.data(), lse.data(), &qs.cfg, nullptr);
+      if (c.rc == attnSuccess) c = CompareKvAttention(qs, rank, reqs, attnFloat32, true, out.data(), lse.data());
+      else c.error = attnGetLastError(comm);
+      ExpectExact(c, attnFloat32, "window " + std::to_string(window) + ", rank " + std::to_string(rank));
+    }
+    ATTN_ASSERT_OK(comm, attnKvPoolDestroy(pool));
+  }, AttnRunOptions());
 }
 
 TEST(KvMigrate, LendAndReturnKeepAttentionExactThreads) {

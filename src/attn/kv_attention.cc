@@ -25,6 +25,7 @@
 #include "src/attn/attn_state.h"
 #include "src/attn/break_on_early_exit.h"
 #include "src/attn/kv_exchange.h"
+#include "src/attn/visibility.h"
 #include "src/core/comm.h"
 #include "src/core/datatype.h"
 #include "src/core/error.h"
@@ -191,6 +192,12 @@ void kvKeyBlocks(const std::vector<int64_t>& slots, const std::vector<int32_t>& 
   }
 }
 
+bool kvBlockSeen(const KvBlockLoc& b, const attnAttnConfig_t& cfg, int32_t qMin, int32_t qMax) {
+  if ((cfg.window_left < 0 && cfg.window_right < 0) || b.firstPos > b.lastPos || qMin > qMax) return true;
+  const cpu::VisibleSpan span = cpu::visibleSpan(cfg.causal != 0, cfg.window_left, cfg.window_right);
+  return int64_t(b.lastPos) >= int64_t(qMin) - span.lo && int64_t(b.firstPos) <= int64_t(qMax) + span.hi;
+}
+
 cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
                                const int32_t* qPos, const KvKeyLayout& keys, const int64_t* keyRows,
                                const int32_t* keyPos) {
@@ -260,11 +267,16 @@ attnResult_t kvAttention(KvPool& pool, const KvAttnArgs& a, attnResult_t localSt
   std::vector<std::vector<size_t>> sentTo(static_cast<size_t>(n));  // request indices shipped, per peer
   std::vector<int64_t> replyRows(size_t(n), 0);
   if (localStatus == attnSuccess) {
+    // Under a sliding window only the holders of blocks some query of the
+    // request may see are asked.
     for (size_t i = 0; i < a.reqs.size(); ++i) {
       // A request without query rows asks nothing of its holders.
       if (a.qOffsets[i + 1] == a.qOffsets[i]) continue;
+      int32_t qMin = INT32_MIN, qMax = INT32_MAX;  // unknown: any
+      if (a.hasQPos) positionRange(a.qPos.data() + a.qOffsets[i], a.qOffsets[i + 1] - a.qOffsets[i], &qMin, &qMax);
       std::vector<bool> at(size_t(n), false);
-      for (const KvBlockLoc& b : pool.own.at(a.reqs[i]).blocks) at[size_t(b.holder)] = true;
+      for (const KvBlockLoc& b : pool.own.at(a.reqs[i]).blocks)
+        if (kvBlockSeen(b, cfg, qMin, qMax)) at[size_t(b.holder)] = true;
       for (int p = 0; p < n; ++p)
         if (p != me && at[p]) sentTo[p].push_back(i);
     }

@@ -98,6 +98,11 @@ void kvKeyBlocks(const std::vector<int64_t>& slots, const std::vector<int32_t>& 
 // `rows` queries (q and qPos in the memory the kernel reads) over the keys
 // of `keys`: contiguous rows from keys.first, or the table's rows at keyRows
 // (paged). keyPos: the keys' positions (the pool's, or the table's).
+// Whether queries at positions [qMin, qMax] may see block b under cfg's
+// sliding window: true without a window, or when the block's positions
+// are not known (first > last), or the queries' (qMin > qMax).
+bool kvBlockSeen(const KvBlockLoc& b, const attnAttnConfig_t& cfg, int32_t qMin, int32_t qMax);
+
 cpu::AttnProblem kvKeysProblem(KvPool& pool, const KvQueryHeader& h, const void* q, int32_t rows,
                                const int32_t* qPos, const KvKeyLayout& keys, const int64_t* keyRows,
                                const int32_t* keyPos);

@@ -40,16 +40,25 @@ class HostKvMemory : public KvMemory {
 
 // An append's entry in the books: the last block filled, then the new ones.
 void appendToBooks(KvOwnRequest& o, const KvLocalCall& c, int me, int bt) {
-  int32_t left = c.tokens;
+  int32_t left = c.tokens, at = 0;  // tokens to book; the next one's index in c.pos
+  auto span = [&](KvBlockLoc& b, int32_t take) {
+    if (take <= 0 || size_t(at + take) > c.pos.size()) return;
+    b.firstPos = std::min(b.firstPos, c.pos[size_t(at)]);
+    b.lastPos = std::max(b.lastPos, c.pos[size_t(at + take - 1)]);
+  };
   if (!o.blocks.empty() && o.blocks.back().holder == me && o.blocks.back().tokens < bt) {
     const int32_t take = std::min(left, bt - o.blocks.back().tokens);
     o.blocks.back().tokens += take;
+    span(o.blocks.back(), take);
     left -= take;
+    at += take;
   }
   for (int64_t s : c.newSlots) {
     const int32_t take = std::min(left, bt);
     o.blocks.push_back({me, s, take});
+    span(o.blocks.back(), take);
     left -= take;
+    at += take;
   }
   o.tokens += c.tokens;
   o.lastPos = c.lastPos;
@@ -180,6 +189,7 @@ attnResult_t KvPool::appendLocked(int64_t req, const void* k, const void* v, con
   call.req = req;
   call.tokens = n;
   call.lastPos = pos[n - 1];
+  call.pos.assign(pos, pos + n);
   // Checked and taken in one step: collectives running elsewhere take
   // slots too.
   if (!takeSlots(needed, &call.newSlots))

@@ -45,6 +45,9 @@ struct KvBlockLoc {
   int holder = -1;     // the rank whose pool holds it
   int64_t slot = -1;   // its slot, when the holder is this rank
   int32_t tokens = 0;  // filled tokens (only the last block may be partial)
+  // Its first and last token's positions (a request's increase): which
+  // queries a sliding window lets see it. first > last: not known.
+  int32_t firstPos = INT32_MAX, lastPos = INT32_MIN;
 };
 
 struct KvOwnRequest {
@@ -97,6 +100,7 @@ struct KvLocalCall {
   int32_t tokens = 0;                 // append: tokens added
   int32_t lastPos = 0;                // append: the last one's position
   std::vector<int64_t> newSlots;      // append: blocks taken, in order
+  std::vector<int32_t> pos;           // append: every token's position
 };
 
 class KvPool {

@@ -86,6 +86,9 @@ AttnCheck CompareKvAttention(const KvQueries& qs, int rank, const std::vector<Re
     p.num_kv_heads = kKvHeads;
     p.head_dim = kKvDim;
     p.causal = causal;
+    p.window_left = qs.cfg.window_left;
+    p.window_right = qs.cfg.window_right;
+    p.softcap = qs.cfg.softcap;
     p.q_pos = qs.qpos.data() + qs.offs[i];
     p.k_pos = x.pos.data();
     std::vector<double> ro(size_t(r.qRows) * rowElems), rl(size_t(r.qRows) * hq);
