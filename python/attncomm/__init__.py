@@ -201,6 +201,9 @@ _LevelAttention = _declare("attnLevelAttention", _p, _p, _p, _p, _p, ctypes.POIN
                            ctypes.POINTER(_AttnConfig), ctypes.POINTER(_LevelDrop), _comm, _p)
 _MergeAttnStates = _declare("attnMergeAttnStates", ctypes.c_int, ctypes.POINTER(_p), ctypes.POINTER(_p), _p,
                             _p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, _p)
+_MergeAttnStatesLse = _declare("attnMergeAttnStatesLse", ctypes.c_int, ctypes.POINTER(_p), ctypes.POINTER(_p), _p,
+                               _p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_int, _p)
 _MergeAttnReduceScatter = _declare("attnMergeAttnReduceScatter", _p, _p, _p, _p, ctypes.c_int64, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_int, _comm, _p)
 _MergeAttnAllGather = _declare("attnMergeAttnAllGather", _p, _p, _p, _p, ctypes.c_int64, ctypes.c_int,
@@ -766,16 +769,22 @@ def group_end():
                     comm._hold([a])
 
 
-def merge_attn_states(outs, lses, out, lse, rows, heads, head_dim, stream=None):
-    """attnMergeAttnStates over partials outs[j] / lses[j] (float32)."""
+def merge_attn_states(outs, lses, out, lse, rows, heads, head_dim, stream=None, lse_base=0, lse_layout=0):
+    """attnMergeAttnStates over partials outs[j] / lses[j] (float32); with
+    lse_base 1 (base 2) or lse_layout 1 (head-major), attnMergeAttnStatesLse,
+    every LSE read and written in that convention."""
     n = len(outs)
     if len(lses) != n:
         raise AttnError(INVALID_ARGUMENT, "as many lse buffers as outputs are needed")
     t = _buffer(outs[0])[2]
     op = (_p * n)(*[_buffer(o)[0] for o in outs])
     lp = (_p * n)(*[_buffer(x)[0] for x in lses])
-    _check(_MergeAttnStates(n, op, lp, _buffer(out)[0], _optional_buffer(lse), rows, heads, head_dim, t,
-                            _stream(stream)), None, "attnMergeAttnStates")
+    if lse_base == 0 and lse_layout == 0:
+        _check(_MergeAttnStates(n, op, lp, _buffer(out)[0], _optional_buffer(lse), rows, heads, head_dim, t,
+                                _stream(stream)), None, "attnMergeAttnStates")
+        return
+    _check(_MergeAttnStatesLse(n, op, lp, _buffer(out)[0], _optional_buffer(lse), rows, heads, head_dim, t,
+                               int(lse_base), int(lse_layout), _stream(stream)), None, "attnMergeAttnStatesLse")
 
 # ---- layouts and the planner --------------------------------------------------------
 

@@ -29,13 +29,14 @@ from attncomm._torch_base import (  # noqa: F401
 
 @torch.library.custom_op("attncomm::merge_attn_states", mutates_args=("out", "lse"))
 def _merge_attn_states_op(outs: list[torch.Tensor], lses: list[torch.Tensor], out: torch.Tensor,
-                          lse: torch.Tensor, stream: int) -> None:
+                          lse: torch.Tensor, lse_base: int, lse_layout: int, stream: int) -> None:
     rows, heads, dim = out.shape
-    _ac.merge_attn_states(list(outs), list(lses), out, lse, rows, heads, dim, stream=stream or None)
+    _ac.merge_attn_states(list(outs), list(lses), out, lse, rows, heads, dim, stream=stream or None,
+                          lse_base=lse_base, lse_layout=lse_layout)
 
 
 @_merge_attn_states_op.register_fake
-def _(outs, lses, out, lse, stream):
+def _(outs, lses, out, lse, lse_base, lse_layout, stream):
     return None
 
 
@@ -66,10 +67,13 @@ def merge_attn_states(outs, lses, out=None, lse=None, stream=None, *, lse_base="
     _check_out(first, out)
     if lse is not None:
         _check_lse_of("lse", lse, rows, heads, first.device, lse_layout)
-    raw = _raw_lse(rows, heads, first.device, lse, lse_base, lse_layout)
-    natural = [_lse_in(s, lse_base, lse_layout) for s in lses]
-    _merge_attn_states_op(list(outs), natural, out, raw, _stream_of(first, stream))
-    return out, _lse_out(raw, lse, lse_base, lse_layout)
+    else:
+        lse = torch.empty(want, dtype=torch.float32, device=first.device)
+    # The library reads and writes every LSE in the caller's convention
+    # (attnMergeAttnStatesLse): no conversion pass, no extra copy.
+    _merge_attn_states_op(list(outs), list(lses), out, lse, 1 if lse_base == "2" else 0,
+                          1 if lse_layout == "ht" else 0, _stream_of(first, stream))
+    return out, lse
 
 
 def _merge_collective_op(name, all_gather):
