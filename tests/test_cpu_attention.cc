@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_task.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half.h"
@@ -713,6 +714,155 @@ TEST(CpuAttention, SlidingWindowsDecode) {
                 [](AttnProblem&) {}, {2, 3, 4});
     }
   }
+}
+
+// ---- Split-K under a window: only the reachable keys are shared out ----
+
+// A decode-like case over `nk` keys of one sequence (one kv head, so a
+// single task: split-K at 2+ threads), query rows at `rows`, window (wl, wr).
+// Key positions: 0.. in order, or (sorted = false) blocks of 256 positions
+// laid out in shuffled order, each shuffled inside (a paged cache filled out
+// of order).
+Case windowedDecode(int nk, const std::vector<int32_t>& rows, Window w, bool causal, bool sorted,
+                    attnDataType_t dt) {
+  Case c = emptyCausal(8, 1, 128, dt);
+  c.causal = causal;
+  c.wl = w.wl;
+  c.wr = w.wr;
+  for (int32_t q : rows) c.qpos.push_back(q), ++c.nq;
+  for (int32_t k = 0; k < nk; ++k) c.kpos.push_back(k), ++c.nk;
+  if (!sorted) {
+    std::mt19937 rng(uint32_t(nk + rows.size()));
+    const int B = 256;
+    std::vector<int> blocks(size_t((nk + B - 1) / B));
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = int(i);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    std::vector<int32_t> kp;
+    for (int b : blocks) {
+      const size_t at = kp.size();
+      for (int k = b * B; k < std::min(nk, (b + 1) * B); ++k) kp.push_back(k);
+      std::shuffle(kp.begin() + ptrdiff_t(at), kp.end(), rng);
+    }
+    c.kpos = kp;
+  }
+  c.segs.push_back({0, c.nq, 0, c.nk});
+  return c;
+}
+
+// Key tiles of chunk [k0, k1) of segment s that the kernel computes for some
+// query of the segment (a key position within the segment's loosest
+// bounds, or keys on both sides of them), counted here from scratch.
+int reachableTilesIn(const Case& c, const AttnSegment& s, int32_t k0, int32_t k1) {
+  const VisibleSpan span = visibleSpan(c.causal, c.wl, c.wr);
+  const int64_t qmin = *std::min_element(c.qpos.begin() + s.q_begin, c.qpos.begin() + s.q_end);
+  const int64_t qmax = *std::max_element(c.qpos.begin() + s.q_begin, c.qpos.begin() + s.q_end);
+  int n = 0;
+  for (int32_t t = k0; t < k1; t += kAttnKeyTile) {
+    const auto mm = std::minmax_element(c.kpos.begin() + t, c.kpos.begin() + std::min(k1, t + kAttnKeyTile));
+    n += !(*mm.first > qmax + span.hi || *mm.second < qmin - span.lo);
+  }
+  return n;
+}
+
+// 8192 keys, windows of 512 and 2048 (causal, and two-sided without it),
+// one row at the end or rows spread over the sequence (the reachable keys
+// in three clumps), sorted and block-shuffled positions, fp32 and bf16, 1, 2
+// and 4 threads, every ISA: the reference, and the same tile counts at
+// every thread count (the chunks hold the tiles of one unsplit walk; those
+// left out are counted as skipped).
+TEST(CpuAttention, WindowedSplitKeysDecodeMatchesReference) {
+  const int nk = 8192;
+  const std::vector<std::vector<int32_t>> rowSets = {{nk - 1}, {nk - 1, 5000, 700}};
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (attnDataType_t dt : {attnFloat32, attnBfloat16})
+      for (const auto& rows : rowSets)
+        for (bool sorted : {true, false})
+          for (Window w : {Window{512, -1}, Window{2048, -1}, Window{1500, 300}}) {
+            const bool causal = w.wr < 0;
+            const Case c = windowedDecode(nk, rows, w, causal, sorted, dt);
+            const std::string what = describe(c, isa) + (sorted ? " sorted" : " block-shuffled") +
+                                     " rows " + std::to_string(rows.size());
+            Inputs in(c, 41);
+            const Reference ref(in.p);
+            AttnStats one;
+            for (int threads : {1, 2, 4}) {
+              Result r(in.p);
+              AttnStats st;
+              ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data(), {threads, nullptr, &st}), attnSuccess);
+              expectClose(in.p, r, ref, 1e-5, what + " threads " + std::to_string(threads),
+                          decodeOTolerance(dt, isa));
+              if (threads == 1) one = st;
+              EXPECT_EQ(st.tiles_full, one.tiles_full) << what << " threads " << threads;
+              EXPECT_EQ(st.tiles_masked, one.tiles_masked) << what << " threads " << threads;
+              EXPECT_EQ(st.tiles_skipped, one.tiles_skipped) << what << " threads " << threads;
+            }
+            // Folded into an accumulator holding a first call's keys.
+            AttnProblem p = in.p;
+            std::vector<AttnSegment> first = c.segs, rest = c.segs;
+            first[0].k_end = 3000;
+            rest[0].k_begin = 3000;
+            Result acc(in.p);
+            p.segments = first.data();
+            ASSERT_EQ(attentionPartial(p, acc.o.data(), acc.lse.data(), {4}), attnSuccess);
+            p.segments = rest.data();
+            ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data(), {4}), attnSuccess);
+            expectClose(in.p, acc, ref, 1e-5, what + " accumulate", decodeOTolerance(dt, isa));
+          }
+  }
+}
+
+// The split itself (planKeySplit, what the call above runs): with a window,
+// every chunk gets the same number of reachable key tiles (to one), the
+// chunks hold every reachable tile, and those left out are unreachable. An
+// even cut of all 8192 keys gives one chunk nearly all the work (window
+// 2048 at the end: 32 of 33 tiles in the last quarter).
+TEST(CpuAttention, WindowedSplitKeysBalanceReachableTiles) {
+  const int nk = 8192;
+  const std::vector<std::vector<int32_t>> rowSets = {{nk - 1}, {nk - 1, 5000, 700}, {3000}};
+  for (const auto& rows : rowSets)
+    for (bool sorted : {true, false})
+      for (Window w : {Window{2048, -1}, Window{4000, -1}, Window{1500, 300}, Window{-1, 1800}})
+        for (int threads : {2, 3, 4}) {
+          const bool causal = w.wl >= 0 && w.wr < 0;
+          const Case c = windowedDecode(nk, rows, w, causal, sorted, attnBfloat16);
+          const Inputs in(c, 1);
+          const std::string what = describe(c, Isa::kGeneric) + (sorted ? " sorted" : " block-shuffled") +
+                                   " rows " + std::to_string(rows.size()) + " threads " + std::to_string(threads);
+          const std::vector<AttnTask> tasks = {{0, 0, 1, 0, int32_t(rows.size()) * 8}};
+          const AttnKeySplit plan = planKeySplit(in.p, c.segs, tasks, threads);
+          const AttnSegment& s = c.segs[0];
+          const int total = reachableTilesIn(c, s, s.k_begin, s.k_end);
+          ASSERT_GT(total, 0) << what;
+          ASSERT_EQ(plan.splits, std::min(threads, total * kAttnKeyTile / (8 * kAttnKeyTile))) << what;
+          ASSERT_GT(plan.splits, 1) << what;
+          ASSERT_EQ(plan.bounds.size(), size_t(plan.splits) + 1) << what;
+          int lo = nk, hi = 0, sum = 0;
+          for (int j = 0; j < plan.splits; ++j) {
+            const int32_t k0 = plan.bounds[size_t(j)], k1 = plan.bounds[size_t(j) + 1];
+            ASSERT_LE(k0, k1) << what;
+            ASSERT_EQ(k0 % kAttnKeyTile, 0) << what;  // on the tile grid
+            const int n = reachableTilesIn(c, s, k0, k1);
+            lo = std::min(lo, n);
+            hi = std::max(hi, n);
+            sum += n;
+          }
+          EXPECT_EQ(sum, total) << what;
+          EXPECT_LE(hi - lo, 1) << what << ": reachable tiles per chunk " << lo << ".." << hi;
+          // Left out: unreachable only, and counted.
+          EXPECT_EQ(reachableTilesIn(c, s, s.k_begin, plan.bounds.front()), 0) << what;
+          EXPECT_EQ(reachableTilesIn(c, s, plan.bounds.back(), s.k_end), 0) << what;
+          EXPECT_EQ(plan.trimmed[0], (plan.bounds.front() - s.k_begin + kAttnKeyTile - 1) / kAttnKeyTile +
+                                         (s.k_end - plan.bounds.back() + kAttnKeyTile - 1) / kAttnKeyTile)
+              << what;
+        }
+  // Unwindowed (plain causal): the even cut of all keys, as before.
+  Case c = windowedDecode(nk, {nk - 1}, Window{-1, -1}, true, true, attnFloat32);
+  const Inputs in(c, 1);
+  const AttnKeySplit plan = planKeySplit(in.p, c.segs, std::vector<AttnTask>{AttnTask{0, 0, 1, 0, 8}}, 4);
+  ASSERT_EQ(plan.splits, 4);
+  EXPECT_EQ(plan.bounds, (std::vector<int32_t>{0, 2048, 4096, 6144, 8192}));
+  EXPECT_EQ(plan.trimmed, std::vector<int32_t>{0});
 }
 
 // Softcap across scales: scores ~1e-3 of the cap (the polynomial), around

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/attention.h"
 
@@ -65,6 +66,32 @@ struct AttnScratch {
 struct AttnTileStats {
   int64_t full = 0, masked = 0, skipped = 0;
 };
+
+// Split-K (flash-decoding): a call with fewer tasks than threads runs every
+// task once per chunk of its segment's keys, each chunk into a partial of its
+// own, then merges them. Chunk j of segment si is keys [bounds[si * (splits +
+// 1) + j], bounds[si * (splits + 1) + j + 1]), cut on the key-tile grid that
+// starts at the segment's k_begin (so the tiles are those of one unsplit
+// walk). Without a window the chunks cut all the keys evenly. With one, only
+// the tiles some query of the segment may reach (the kernel's own skip test
+// on the segment's positions) are shared out, the same number of them to each
+// chunk; the tiles before the first and after the last such tile go to no
+// chunk (`trimmed` counts them per segment: tiles the kernel would skip).
+// Positions may be in any order. splits == 1: no split (bounds and trimmed
+// empty).
+struct AttnKeySplit {
+  int splits = 1;
+  std::vector<int32_t> bounds;   // [segment][splits + 1]
+  std::vector<int32_t> trimmed;  // [segment]
+};
+AttnKeySplit planKeySplit(const AttnProblem& p, const std::vector<AttnSegment>& segs,
+                          const std::vector<AttnTask>& tasks, int threads);
+
+// Per key tile of segment s (on its grid from k_begin): 1 when the tile holds
+// a key position within [min q_pos - span.lo, max q_pos + span.hi] of the
+// segment's queries (or a key on either side of it), i.e. when a task of the
+// segment may compute it; 0 when every task skips it.
+std::vector<char> reachableKeyTiles(const AttnProblem& p, const AttnSegment& s, const VisibleSpan& span);
 
 using AttnTaskFn = void (*)(const AttnCall& c, const AttnTask& t, AttnScratch& sc,
                             AttnTileStats& st);
