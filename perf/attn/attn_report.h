@@ -28,6 +28,7 @@ class AttnReport {
   int nranks_;
   std::vector<std::string> json_;
   double worstErr_ = 0;
+  bool checked_ = false;  // some row was compared with exact attention (-c 1)
   int autoPoints_ = 0, autoRight_ = 0;        // AUTO's pick, judged by that mode's row
   int autoRunPoints_ = 0, autoRunRight_ = 0;  // AUTO's own timed run
 };
