@@ -3,7 +3,7 @@
 //
 //   kernel_perf [-T 2048,4096] [-Q 0,1] [-H 8,32] [-K 8,1] [-D 128] [-d fp32,bf16]
 //               [-c 0,1] [-W -1,4096] [-s softcap] [-B 0|1] [-t threads] [-r reps]
-//               [-w warmup] [-C 0|1] [-J out.json]
+//               [-w warmup] [-C 0|1] [-J out.json] [--dv N]
 //
 // T is the key count; -Q lists query row counts (0 = T, a square prefill;
 // 1 = a decode step: the last position attends to all T keys). kv_GB/s is
@@ -25,7 +25,9 @@
 // sees the keys at most W positions before it (and, without causal, the
 // whole future); FLOPs count the visible pairs only. -s sets a softcap
 // (0 = none); kv_GB/s still counts all T keys' K and V bytes, those a
-// window lets the kernel skip included. -B 0 skips the OpenBLAS products (long windowed runs, where
+// window lets the kernel skip included. --dv N gives V (and O) a head dim
+// of their own (MLA, e.g. -D 192 --dv 128; default: the head dim of -D);
+// FLOPs count 2*nq*nk*(D+Dv)*Hq then. -B 0 skips the OpenBLAS products (long windowed runs, where
 // the full products would take minutes): their columns read nan.
 #include <cblas.h>
 
@@ -59,6 +61,7 @@ struct Options {
   bool blas = true;
   std::vector<std::string> dtypes{"fp32", "bf16"};
   int threads = 1, reps = 5, warmup = 1;
+  int dv = 0;  // --dv: V's head dim; 0: each D
   std::string json;
 };
 
@@ -108,6 +111,7 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "-w") o.warmup = std::max(0, std::atoi(v));
     else if (a == "-J") o.json = v;
     else if (a == "-C") g_cpu_time = std::atoi(v) != 0;
+    else if (a == "--dv") o.dv = std::max(0, std::atoi(v));
     else return false;
   }
   return true;
@@ -160,7 +164,7 @@ double medianTime(int reps, int warmup, const std::function<void()>& f) {
 }
 
 struct Row {
-  int T, Q, H, K, D, causal, window;
+  int T, Q, H, K, D, Dv, causal, window;
   std::string dtype;
   double ours_s, blas_s, ours_gflops, blas_gflops, kv_gbps, read_gbps;
 };
@@ -182,19 +186,21 @@ Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal, int
   const attnDataType_t dtype = dtypeOf(dt);
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int Dv = o.dv > 0 ? o.dv : D;
   const size_t nq = size_t(Q) * H * D, nk = size_t(T) * K * D;
-  std::vector<float> q(nq), k(nk), v(nk);
+  const size_t no = size_t(Q) * H * Dv, nv = size_t(T) * K * Dv;  // O and V
+  std::vector<float> q(nq), k(nk), v(nv);
   for (auto* t : {&q, &k, &v})
     for (auto& x : *t) x = nd(rng);
   // The kernel reads `dtype`; BLAS reads the same values widened back to fp32.
   const size_t es = dtype == attnFloat32 ? 4 : 2;
-  std::vector<char> qd(nq * es), kd(nk * es), vd(nk * es);
+  std::vector<char> qd(nq * es), kd(nk * es), vd(nv * es);
   (void)attn::cpu::convertFromFloat(qd.data(), dtype, q.data(), nq);
   (void)attn::cpu::convertFromFloat(kd.data(), dtype, k.data(), nk);
-  (void)attn::cpu::convertFromFloat(vd.data(), dtype, v.data(), nk);
+  (void)attn::cpu::convertFromFloat(vd.data(), dtype, v.data(), nv);
   (void)attn::cpu::convertToFloat(q.data(), qd.data(), dtype, nq);
   (void)attn::cpu::convertToFloat(k.data(), kd.data(), dtype, nk);
-  (void)attn::cpu::convertToFloat(v.data(), vd.data(), dtype, nk);
+  (void)attn::cpu::convertToFloat(v.data(), vd.data(), dtype, nv);
 
   // Keys at 0..T-1, queries at the last Q of those positions.
   std::vector<int32_t> pos(static_cast<size_t>(T));
@@ -210,27 +216,28 @@ Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal, int
   p.num_q_heads = H;
   p.num_kv_heads = K;
   p.head_dim = D;
+  p.head_dim_v = Dv;
   p.causal = causal != 0;
   p.window_left = window;
   p.softcap = o.softcap;
   p.q_pos = qpos;
   p.k_pos = pos.data();
-  std::vector<float> out(nq), lse(size_t(Q) * H);
+  std::vector<float> out(no), lse(size_t(Q) * H);
   const attn::cpu::AttnExec ex{o.threads, pool, nullptr};
   auto kernel = [&] {
     if (attn::cpu::attentionPartial(p, out.data(), lse.data(), ex) != attnSuccess) std::abort();
   };
 
   // OpenBLAS: per query head, S = Q_h K_g^T (Q x T), then O_h = S V_g.
-  std::vector<float> s(size_t(Q) * T), o_blas(nq);
+  std::vector<float> s(size_t(Q) * T), o_blas(no);
   const int group = H / K;
   auto blas_products = [&] {
     for (int h = 0; h < H; ++h) {
       const int g = h / group;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Q, T, D, 1.0f, q.data() + h * D,
                   H * D, k.data() + g * D, K * D, 0.0f, s.data(), T);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Q, D, T, 1.0f, s.data(), T,
-                  v.data() + g * D, K * D, 0.0f, o_blas.data() + h * D, H * D);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Q, Dv, T, 1.0f, s.data(), T,
+                  v.data() + g * Dv, K * Dv, 0.0f, o_blas.data() + h * Dv, H * Dv);
     }
   };
   double ours = 0, blas = std::nan("");
@@ -238,7 +245,7 @@ Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal, int
   else ours = medianTime(o.reps, o.warmup, kernel);
   volatile uint64_t sink = 0;
   const double read = medianTime(o.reps, o.warmup, [&] { sink = sink + readAll(kd, vd); });
-  const double full = 4.0 * Q * double(T) * D * H;
+  const double full = 2.0 * Q * double(T) * (D + Dv) * H;
   // Query i (of Q, at position t = T-Q+i) sees keys [t - window, t] when
   // causal (t + 1 of them without a window), [t - window, T) when not.
   double seen = 0;
@@ -247,8 +254,8 @@ Row measure(const Options& o, int T, int Q, int H, int K, int D, int causal, int
     seen += double((causal ? t + 1 : T) - lo);
   }
   const double visible = full * seen / (double(Q) * T);
-  const double kv_bytes = 2.0 * double(nk) * double(es);
-  return {T,    Q,    H,   K, D, causal, window, dt, ours, blas, visible / ours * 1e-9,
+  const double kv_bytes = double(nk + nv) * double(es);
+  return {T,    Q,    H,   K, D, Dv, causal, window, dt, ours, blas, visible / ours * 1e-9,
           full / blas * 1e-9, kv_bytes / ours * 1e-9, kv_bytes / read * 1e-9};
 }
 
@@ -273,12 +280,12 @@ void writeJson(const std::string& path, const Options& o, const std::vector<Row>
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::fprintf(f,
-                 "  {\"T\":%d,\"Q\":%d,\"Hq\":%d,\"Hkv\":%d,\"D\":%d,\"dtype\":\"%s\",\"causal\":%d,"
+                 "  {\"T\":%d,\"Q\":%d,\"Hq\":%d,\"Hkv\":%d,\"D\":%d,\"Dv\":%d,\"dtype\":\"%s\",\"causal\":%d,"
                  "\"window_left\":%d,\"softcap\":%g,"
                  "\"kernel_ms\":%.3f,\"blas_ms\":%s,\"kernel_gflops\":%.2f,"
                  "\"blas_gflops\":%s,\"rate_ratio\":%s,\"time_ratio\":%s,"
                  "\"kv_gbps\":%.3f,\"read_gbps\":%.3f}%s\n",
-                 r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.window, double(o.softcap),
+                 r.T, r.Q, r.H, r.K, r.D, r.Dv, r.dtype.c_str(), r.causal, r.window, double(o.softcap),
                  r.ours_s * 1e3, jnum(r.blas_s * 1e3, "%.3f").c_str(), r.ours_gflops,
                  jnum(r.blas_gflops, "%.2f").c_str(), jnum(r.ours_gflops / r.blas_gflops, "%.3f").c_str(),
                  jnum(r.blas_s / r.ours_s, "%.3f").c_str(), r.kv_gbps,
@@ -299,7 +306,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: %s [-T list] [-Q list] [-H list] [-K list] [-D list] [-d fp32,bf16,fp16] "
                  "[-c 0,1] [-W windows] [-s softcap] [-B 0|1] [-t threads] [-r reps] [-w warmup] [-C 0|1] "
-                 "[-J out.json]\n",
+                 "[-J out.json] [--dv N]\n",
                  argv[0]);
     return 2;
   }
@@ -309,8 +316,8 @@ int main(int argc, char** argv) {
               attn::cpu::isaName(attn::cpu::activeIsa()), o.threads, o.reps,
               g_cpu_time ? "cpu" : "wall", openblas_get_config());
   if (o.softcap != 0.0f) std::printf("# softcap %g\n", double(o.softcap));
-  std::printf("# %5s %5s %4s %4s %4s %5s %6s %6s %11s %11s %10s %10s %7s %7s %8s %9s\n", "T", "Q",
-              "Hq", "Hkv", "D", "dtype", "causal", "window", "kernel_ms", "blas_ms", "kern_GF/s",
+  std::printf("# %5s %5s %4s %4s %4s %4s %5s %6s %6s %11s %11s %10s %10s %7s %7s %8s %9s\n", "T", "Q",
+              "Hq", "Hkv", "D", "Dv", "dtype", "causal", "window", "kernel_ms", "blas_ms", "kern_GF/s",
               "blas_GF/s", "rate_x", "time_x", "kv_GB/s", "read_GB/s");
   std::vector<Row> rows;
   for (int T : o.T)
@@ -324,9 +331,9 @@ int main(int argc, char** argv) {
               for (int w : o.window) {
               const int Q = Q0 <= 0 || Q0 > T ? T : Q0;
               const Row r = measure(o, T, Q, H, K, D, c, w, dt, &pool);
-              std::printf("  %5d %5d %4d %4d %4d %5s %6d %6d %11.2f %11.2f %10.1f %10.1f %7.2f %7.2f "
+              std::printf("  %5d %5d %4d %4d %4d %4d %5s %6d %6d %11.2f %11.2f %10.1f %10.1f %7.2f %7.2f "
                           "%8.2f %9.2f\n",
-                          r.T, r.Q, r.H, r.K, r.D, r.dtype.c_str(), r.causal, r.window, r.ours_s * 1e3,
+                          r.T, r.Q, r.H, r.K, r.D, r.Dv, r.dtype.c_str(), r.causal, r.window, r.ours_s * 1e3,
                           r.blas_s * 1e3, r.ours_gflops, r.blas_gflops,
                           r.ours_gflops / r.blas_gflops, r.blas_s / r.ours_s, r.kv_gbps, r.read_gbps);
               std::fflush(stdout);

@@ -64,6 +64,7 @@ struct Tensor {
 
 struct Case {
   int nq = 0, nk = 0, hq = 1, hkv = 1, d = 64;
+  int dv = 0;  // V's and O's head dim (AttnProblem::head_dim_v); 0: d
   attnDataType_t dtype = attnFloat32;
   bool causal = false;
   int32_t wl = -1, wr = -1;  // sliding window (AttnProblem::window_left / right)
@@ -78,7 +79,7 @@ struct Inputs {
   Inputs(const Case& c, uint32_t seed)
       : q(c.dtype, size_t(c.nq) * c.hq * c.d, rng(seed), -1.0f, 1.0f),
         k(c.dtype, size_t(c.nk) * c.hkv * c.d, rng(seed + 1), -1.0f, 1.0f),
-        v(c.dtype, size_t(c.nk) * c.hkv * c.d, rng(seed + 2), -1.0f, 1.0f) {
+        v(c.dtype, size_t(c.nk) * c.hkv * (c.dv > 0 ? c.dv : c.d), rng(seed + 2), -1.0f, 1.0f) {
     // Scores of a few units (not a near-uniform softmax) make errors visible.
     p.q = q.data();
     p.k = k.data();
@@ -89,6 +90,7 @@ struct Inputs {
     p.num_q_heads = c.hq;
     p.num_kv_heads = c.hkv;
     p.head_dim = c.d;
+    p.head_dim_v = c.dv;
     p.scale = 4.0f / std::sqrt(float(c.d));
     p.causal = c.causal;
     p.window_left = c.wl;
@@ -109,13 +111,13 @@ struct Inputs {
 struct Result {
   std::vector<float> o, lse;
   Result(const AttnProblem& p, float fill = std::numeric_limits<float>::quiet_NaN())
-      : o(size_t(p.nq) * p.num_q_heads * p.head_dim, fill), lse(size_t(p.nq) * p.num_q_heads, fill) {}
+      : o(size_t(p.nq) * p.num_q_heads * valueDim(p), fill), lse(size_t(p.nq) * p.num_q_heads, fill) {}
 };
 
 struct Reference {
   std::vector<double> o, lse;
   explicit Reference(const AttnProblem& p)
-      : o(size_t(p.nq) * p.num_q_heads * p.head_dim), lse(size_t(p.nq) * p.num_q_heads) {
+      : o(size_t(p.nq) * p.num_q_heads * valueDim(p)), lse(size_t(p.nq) * p.num_q_heads) {
     EXPECT_EQ(referenceAttention(p, o.data(), lse.data()), attnSuccess);
   }
 };
@@ -125,11 +127,24 @@ struct Reference {
 void expectClose(const AttnProblem& p, const Result& r, const Reference& ref, double tol,
                  const std::string& what, double oTol = 0) {
   const AttnErrors e = compareAttention(r.o.data(), r.lse.data(), ref.o.data(), ref.lse.data(),
-                                        size_t(p.nq) * p.num_q_heads, p.head_dim);
+                                        size_t(p.nq) * p.num_q_heads, valueDim(p));
   EXPECT_EQ(e.nan_values, 0) << what;
   EXPECT_EQ(e.empty_mismatch, 0) << what;
   EXPECT_LE(e.max_o_rel, oTol > 0 ? oTol : tol) << what;
   EXPECT_LE(e.max_lse_abs, tol) << what;
+}
+
+// An accumulation over blocks against the one call over all of them: the
+// same LSE (rows that see no key stay empty) and O within twice oTol.
+void expectMatchesOneCall(const Result& acc, const Result& one, int dv, double oTol, const std::string& what) {
+  for (size_t i = 0; i < one.lse.size(); ++i) {
+    if (one.lse[i] == kNegInf) {
+      EXPECT_EQ(acc.lse[i], kNegInf) << what;
+      continue;
+    }
+    EXPECT_NEAR(acc.lse[i], one.lse[i], 1e-5) << what;
+    for (int d = 0; d < dv; ++d) EXPECT_NEAR(acc.o[i * dv + d], one.o[i * dv + d], 2 * oTol) << what;
+  }
 }
 
 // O's relative error bound for decode-shaped bf16 on an ISA that multiplies
@@ -158,7 +173,8 @@ Case selfAttention(int t, int hq, int hkv, int d, bool causal, attnDataType_t dt
 std::string describe(const Case& c, Isa isa) {
   return std::string(isaName(isa)) + " " + dataTypeName(c.dtype) + " nq=" + std::to_string(c.nq) +
          " nk=" + std::to_string(c.nk) + " hq=" + std::to_string(c.hq) + " hkv=" +
-         std::to_string(c.hkv) + " d=" + std::to_string(c.d) + (c.causal ? " causal" : "") +
+         std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
+         (c.dv > 0 ? " dv=" + std::to_string(c.dv) : "") + (c.causal ? " causal" : "") +
          (c.wl >= 0 || c.wr >= 0 ? " window(" + std::to_string(c.wl) + "," + std::to_string(c.wr) + ")" : "") +
          (c.softcap > 0 ? " softcap " + std::to_string(c.softcap) : "");
 }
@@ -923,16 +939,7 @@ TEST(CpuAttention, WindowedAccumulateInBlocksEqualsOneCall) {
           }
           const std::string what = describe(c, isa) + " parts " + std::to_string(parts);
           expectClose(in.p, acc, ref, 1e-5, what, oTol);
-          // Against the one call, as a reference of its own.
-          for (size_t i = 0; i < one.lse.size(); ++i) {
-            if (one.lse[i] == kNegInf) {
-              EXPECT_EQ(acc.lse[i], kNegInf) << what;
-              continue;
-            }
-            EXPECT_NEAR(acc.lse[i], one.lse[i], 1e-5) << what;
-            for (int d = 0; d < c.d; ++d)
-              EXPECT_NEAR(acc.o[i * c.d + d], one.o[i * c.d + d], 2 * oTol) << what;
-          }
+          expectMatchesOneCall(acc, one, c.d, oTol, what);  // the one call, as a reference of its own
         }
       }
     }
@@ -1119,6 +1126,185 @@ TEST(CpuAttention, ReferenceSinks) {
   s *= in1.p.scale;
   EXPECT_NEAR(l1, std::log(std::exp(s) + std::exp(double(sink1))), 1e-12);
   for (int d = 0; d < 4; ++d) EXPECT_NEAR(o1[d], v[d] * std::exp(s) / (std::exp(s) + std::exp(double(sink1))), 1e-12);
+}
+
+// ---- MLA-shaped heads: V (and O) with a head dim of their own ----
+
+struct MlaDims { int d, dv; };
+// DeepSeek's 192/128, V narrower and wider than Q/K, and odd sizes that fill
+// no whole vector on any ISA.
+const MlaDims kMlaDims[] = {{192, 128}, {128, 64}, {64, 128}, {256, 64}, {72, 40}, {40, 72}};
+
+Case withValueDim(Case c, int dv) {
+  c.dv = dv;
+  return c;
+}
+
+// Causal prefill after `cached` keys: query rows at positions cached ..
+// cached + nq - 1, keys at 0 .. cached + nq - 1.
+Case cachedPrefill(int nq, int cached, int hq, int hkv, int d, attnDataType_t dt) {
+  Case c = emptyCausal(hq, hkv, d, dt);
+  c.nq = nq;
+  c.nk = cached + nq;
+  for (int i = 0; i < nq; ++i) c.qpos.push_back(cached + i);
+  for (int k = 0; k < c.nk; ++k) c.kpos.push_back(k);
+  return c;
+}
+
+// One sequence of `nk` keys with query rows at `rows` (one kv head: split-K
+// at 2 threads and more).
+Case longDecode(int hq, int d, attnDataType_t dt, std::initializer_list<int32_t> rows, int nk) {
+  Case c = emptyCausal(hq, 1, d, dt);
+  c.segs.push_back({0, int32_t(rows.size()), 0, nk});
+  for (int32_t q : rows) c.qpos.push_back(q), ++c.nq;
+  for (int32_t k = 0; k < nk; ++k) c.kpos.push_back(k), ++c.nk;
+  return c;
+}
+
+// Prefill: one query tile per kv head (K/V read from the input: fp32 in
+// place, or converted), GQA with two tiles per kv head (K/V packed once per
+// call), and a window with softcap; every dtype.
+TEST(CpuAttention, MlaValueHeadDimPrefill) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const MlaDims& m : kMlaDims)
+      for (attnDataType_t dt : {attnFloat32, attnFloat16, attnBfloat16}) {
+        const Case cases[] = {withValueDim(cachedPrefill(37, 50, 2, 1, m.d, dt), m.dv),
+                              withValueDim(cachedPrefill(100, 60, 8, 2, m.d, dt), m.dv),
+                              withValueDim(withWindow(cachedPrefill(90, 40, 4, 2, m.d, dt), {30, -1}, 5.0f), m.dv)};
+        for (const Case& c : cases) checkCase(c, uint32_t(m.d + m.dv), 1e-5, 0, describe(c, isa));
+      }
+  }
+}
+
+// Decode: a batch of sequences, one query row each, GQA groups of 4 (several
+// kv heads per task, dot-product scores; fp32 V read in place when its rows
+// are whole vectors), 1 to 3 threads; one long sequence over one kv head
+// split across 2 to 4 threads (split-K), with and without a window.
+TEST(CpuAttention, MlaValueHeadDimDecode) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const MlaDims& m : kMlaDims)
+      for (attnDataType_t dt : {attnFloat32, attnFloat16, attnBfloat16}) {
+        const double oTol = decodeOTolerance(dt, isa);
+        const Case batch = withValueDim(decodeBatch(1, 8, 2, m.d, dt), m.dv);
+        checkCase(batch, uint32_t(m.d * 3 + m.dv), 1e-5, oTol, describe(batch, isa), [](AttnProblem&) {},
+                  {1, 2, 3});
+        Case split = withValueDim(longDecode(8, m.d, dt, {2999, 1200, 3}, 3000), m.dv);
+        checkCase(split, uint32_t(m.d + m.dv), 1e-5, oTol, describe(split, isa) + " split-K",
+                  [](AttnProblem&) {}, {2, 4});
+        split.wl = 700;
+        checkCase(split, uint32_t(m.d + m.dv), 1e-5, oTol, describe(split, isa) + " split-K",
+                  [](AttnProblem&) {}, {3});
+      }
+  }
+}
+
+// attentionAccumulate over two key blocks gives the one call's result (and
+// the reference's): prefill, a decode batch and split-K decode.
+TEST(CpuAttention, MlaValueHeadDimAccumulateInTwoBlocks) {
+  std::mt19937 rng(23);
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const MlaDims& m : kMlaDims)
+      for (attnDataType_t dt : {attnFloat32, attnBfloat16}) {
+        const Case cases[] = {withValueDim(cachedPrefill(60, 70, 4, 2, m.d, dt), m.dv),
+                              withValueDim(decodeBatch(1, 8, 2, m.d, dt), m.dv),
+                              withValueDim(longDecode(4, m.d, dt, {2500, 1000}, 2600), m.dv)};
+        for (const Case& c : cases) {
+          Inputs in(c, uint32_t(m.d * 7 + m.dv));
+          const Reference ref(in.p);
+          Result one(in.p);
+          ASSERT_EQ(attentionPartial(in.p, one.o.data(), one.lse.data(), {3}), attnSuccess);
+          const double oTol = decodeOTolerance(dt, isa);
+          const std::string what = describe(c, isa) + " accumulate";
+          Result acc(in.p);
+          initAccumulator(acc.o.data(), acc.lse.data(), c.nq, c.hq, m.dv);
+          AttnProblem p = in.p;
+          for (const auto& segs : keyPartition(c, 2, rng)) {
+            p.segments = segs.data();
+            p.num_segments = int32_t(segs.size());
+            ASSERT_EQ(attentionAccumulate(p, acc.o.data(), acc.lse.data(), {3}), attnSuccess) << what;
+          }
+          expectClose(in.p, acc, ref, 1e-5, what, oTol);
+          expectMatchesOneCall(acc, one, m.dv, oTol, what);
+        }
+      }
+  }
+}
+
+// Paged K/V (k_rows) with V rows of their own size: the bits of the same
+// keys gathered, and the reference. A decode batch, split-K decode and a
+// packed prefill.
+TEST(CpuAttention, MlaValueHeadDimPagedKeys) {
+  for (Isa isa : supportedIsas()) {
+    IsaGuard guard(isa);
+    for (const MlaDims& m : kMlaDims)
+      for (attnDataType_t dt : {attnFloat32, attnBfloat16}) {
+        const Case cases[] = {withValueDim(decodeBatch(1, 8, 2, m.d, dt), m.dv),
+                              withValueDim(longDecode(8, m.d, dt, {1999, 700}, 2000), m.dv),
+                              withValueDim(cachedPrefill(80, 40, 8, 2, m.d, dt), m.dv)};
+        for (const Case& c : cases) {
+          Inputs in(c, uint32_t(m.d + 5 * m.dv));
+          // Key j at pool row rows[j]: blocks of 16 shuffled over twice the
+          // rows needed, the unused ones NaN.
+          const int block = 16, blocks = (c.nk + block - 1) / block;
+          std::vector<int> order(size_t(2 * blocks));
+          for (size_t b = 0; b < order.size(); ++b) order[b] = int(b);
+          std::mt19937 rng(uint32_t(m.d * m.dv));
+          std::shuffle(order.begin(), order.end(), rng);
+          std::vector<int64_t> rows(size_t(c.nk));
+          for (int j = 0; j < c.nk; ++j) rows[size_t(j)] = int64_t(order[size_t(j / block)]) * block + j % block;
+          const size_t poolRows = order.size() * block;
+          const size_t kElems = size_t(c.hkv) * m.d, vElems = size_t(c.hkv) * m.dv;
+          Tensor pk(dt, poolRows * kElems, rng, -1.0f, 1.0f), pv(dt, poolRows * vElems, rng, -1.0f, 1.0f);
+          std::vector<bool> used(poolRows, false);
+          const size_t es = dataTypeSize(dt);
+          for (int j = 0; j < c.nk; ++j) {
+            const size_t r = size_t(rows[size_t(j)]);
+            used[r] = true;
+            std::memcpy(pk.bytes.data() + r * kElems * es, static_cast<const char*>(in.k.data()) + j * kElems * es,
+                        kElems * es);
+            std::memcpy(pv.bytes.data() + r * vElems * es, static_cast<const char*>(in.v.data()) + j * vElems * es,
+                        vElems * es);
+          }
+          for (size_t r = 0; r < poolRows; ++r)
+            if (!used[r]) pk.setRowNan(r, kElems), pv.setRowNan(r, vElems);
+          AttnProblem paged = in.p;
+          paged.k = pk.data();
+          paged.v = pv.data();
+          paged.k_rows = rows.data();
+          const Reference ref(paged);
+          for (int threads : {1, 3}) {
+            const std::string what = describe(c, isa) + " paged, threads " + std::to_string(threads);
+            Result want(in.p), got(paged);
+            ASSERT_EQ(attentionPartial(in.p, want.o.data(), want.lse.data(), {threads}), attnSuccess) << what;
+            ASSERT_EQ(attentionPartial(paged, got.o.data(), got.lse.data(), {threads}), attnSuccess) << what;
+            EXPECT_EQ(std::memcmp(want.o.data(), got.o.data(), want.o.size() * sizeof(float)), 0) << what;
+            EXPECT_EQ(std::memcmp(want.lse.data(), got.lse.data(), want.lse.size() * sizeof(float)), 0) << what;
+            expectClose(paged, got, ref, 1e-5, what + " vs reference", decodeOTolerance(dt, isa));
+          }
+        }
+      }
+  }
+}
+
+// head_dim_v outside 0 .. kAttnMaxHeadDim is refused; 0 (head_dim) and the
+// largest one are served.
+TEST(CpuAttention, RejectsBadValueHeadDim) {
+  Case c = withValueDim(selfAttention(8, 4, 2, 64, false, attnFloat32), kAttnMaxHeadDim);
+  Inputs in(c, 1);
+  Result r(in.p);
+  ASSERT_EQ(attentionPartial(in.p, r.o.data(), r.lse.data()), attnSuccess);
+  expectClose(in.p, r, Reference(in.p), 1e-5, "head_dim_v 256");
+  AttnProblem p = in.p;
+  p.head_dim_v = 0;
+  EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnSuccess);
+  for (int32_t dv : {kAttnMaxHeadDim + 1, -1}) {
+    p.head_dim_v = dv;
+    EXPECT_EQ(attentionPartial(p, r.o.data(), r.lse.data()), attnInvalidArgument) << dv;
+    EXPECT_EQ(attentionAccumulate(p, r.o.data(), r.lse.data()), attnInvalidArgument) << dv;
+  }
 }
 
 TEST(CpuMerge, MinusInfinityPartialsContributeNothing) {

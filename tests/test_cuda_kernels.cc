@@ -94,6 +94,8 @@ const char* dtName(attnDataType_t t) { return dataTypeName(t); }
 
 struct Case {
   int nq = 0, nk = 0, hq = 1, hkv = 1, d = 64;
+  int dv = 0;  // head dim of V and O (MLA); 0: d
+  int vdim() const { return dv > 0 ? dv : d; }
   attnDataType_t dtype = attnBfloat16;
   bool causal = false;
   int window_left = -1, window_right = -1;  // AttnProblem's sliding window
@@ -106,7 +108,7 @@ struct Case {
   std::string name() const {
     return std::string(dtName(dtype)) + " nq " + std::to_string(nq) + " nk " + std::to_string(nk) +
            " hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " d " + std::to_string(d) +
-           (causal ? " causal" : "") +
+           (dv > 0 ? " dv " + std::to_string(dv) : "") + (causal ? " causal" : "") +
            (window_left >= 0 || window_right >= 0
                 ? " window " + std::to_string(window_left) + "," + std::to_string(window_right)
                 : "") +
@@ -158,7 +160,7 @@ struct HostProblem {
     std::mt19937 rng(seed);
     q = randomBytes(c.dtype, size_t(c.nq) * c.hq * c.d, rng);
     k = randomBytes(c.dtype, size_t(c.nk) * c.hkv * c.d, rng);
-    v = randomBytes(c.dtype, size_t(c.nk) * c.hkv * c.d, rng);
+    v = randomBytes(c.dtype, size_t(c.nk) * c.hkv * c.vdim(), rng);
     p.q = q.data();
     p.k = k.data();
     p.v = v.data();
@@ -168,6 +170,7 @@ struct HostProblem {
     p.num_q_heads = c.hq;
     p.num_kv_heads = c.hkv;
     p.head_dim = c.d;
+    p.head_dim_v = c.dv;
     p.scale = 4.0f / std::sqrt(float(c.d));  // peaked softmax: errors stay visible
     p.causal = c.causal;
     p.window_left = c.window_left;
@@ -236,8 +239,8 @@ void checkCase(const Case& c, uint32_t seed = 1, AttnCudaStats* tiles = nullptr)
   SCOPED_TRACE(c.name());
   HostProblem h(c, seed);
   DevProblem dp(h, c);
-  const size_t rows = size_t(c.nq) * c.hq;
-  Dev o(rows * c.d * 4 + 4), lse(rows * 4 + 4), stats(sizeof(AttnCudaStats));
+  const size_t rows = size_t(c.nq) * c.hq, dv = size_t(c.vdim());
+  Dev o(rows * dv * 4 + 4), lse(rows * 4 + 4), stats(sizeof(AttnCudaStats));
   // NaN everywhere first: every row must be written.
   ASSERT_EQ(cudaMemset(o.p, 0xff, o.n), cudaSuccess);
   ASSERT_EQ(cudaMemset(lse.p, 0xff, lse.n), cudaSuccess);
@@ -251,11 +254,11 @@ void checkCase(const Case& c, uint32_t seed = 1, AttnCudaStats* tiles = nullptr)
   ASSERT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
   ASSERT_EQ(attentionPartial(dp.p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
   sync();
-  const auto go = o.down<float>(rows * c.d);
+  const auto go = o.down<float>(rows * dv);
   const auto gl = lse.down<float>(rows);
-  std::vector<double> ro(rows * c.d), rl(rows);
+  std::vector<double> ro(rows * dv), rl(rows);
   ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
-  const cpu::AttnErrors e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
+  const cpu::AttnErrors e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, int(dv));
   const double tol = tolerance(c, plan.tensor_cores);
   EXPECT_EQ(e.nan_values, 0);
   EXPECT_EQ(e.empty_mismatch, 0);
@@ -467,39 +470,40 @@ void checkPagedCase(const Case& c, uint32_t seed) {
   std::shuffle(order.begin(), order.end(), rng);
   std::vector<int64_t> rows(size_t(c.nk));
   for (int j = 0; j < c.nk; ++j) rows[size_t(j)] = int64_t(order[size_t(j / block)]) * block + j % block;
-  const size_t rowBytes = size_t(c.hkv) * c.d * dataTypeSize(c.dtype), poolRows = order.size() * block;
-  std::vector<char> pk(poolRows * rowBytes), pv(poolRows * rowBytes);
-  const std::vector<float> nans(size_t(c.hkv) * c.d, std::numeric_limits<float>::quiet_NaN());
+  const size_t es = dataTypeSize(c.dtype), poolRows = order.size() * block;
+  const size_t rowBytes = size_t(c.hkv) * c.d * es, vRowBytes = size_t(c.hkv) * c.vdim() * es;
+  std::vector<char> pk(poolRows * rowBytes), pv(poolRows * vRowBytes);
+  const std::vector<float> nans(size_t(c.hkv) * std::max(c.d, c.vdim()), std::numeric_limits<float>::quiet_NaN());
   for (size_t r = 0; r < poolRows; ++r) {
-    ASSERT_EQ(cpu::convertFromFloat(pk.data() + r * rowBytes, c.dtype, nans.data(), nans.size()), attnSuccess);
-    ASSERT_EQ(cpu::convertFromFloat(pv.data() + r * rowBytes, c.dtype, nans.data(), nans.size()), attnSuccess);
+    ASSERT_EQ(cpu::convertFromFloat(pk.data() + r * rowBytes, c.dtype, nans.data(), rowBytes / es), attnSuccess);
+    ASSERT_EQ(cpu::convertFromFloat(pv.data() + r * vRowBytes, c.dtype, nans.data(), vRowBytes / es), attnSuccess);
   }
   for (int j = 0; j < c.nk; ++j) {
     std::memcpy(pk.data() + size_t(rows[size_t(j)]) * rowBytes, h.k.data() + size_t(j) * rowBytes, rowBytes);
-    std::memcpy(pv.data() + size_t(rows[size_t(j)]) * rowBytes, h.v.data() + size_t(j) * rowBytes, rowBytes);
+    std::memcpy(pv.data() + size_t(rows[size_t(j)]) * vRowBytes, h.v.data() + size_t(j) * vRowBytes, vRowBytes);
   }
   Dev dk(pk), dv(pv), drows(rows);
   cpu::AttnProblem paged = dp.p;
   paged.k = dk.p;
   paged.v = dv.p;
   paged.k_rows = drows.as<int64_t>();
-  const size_t n = size_t(c.nq) * c.hq;
-  Dev o(n * c.d * 4), lse(n * 4), po(n * c.d * 4), plse(n * 4);
+  const size_t n = size_t(c.nq) * c.hq, vd = size_t(c.vdim());
+  Dev o(n * vd * 4), lse(n * 4), po(n * vd * 4), plse(n * 4);
   AttnCudaExec ex;
   ex.force_generic = c.force_generic;
   ex.key_splits = c.key_splits;
   ASSERT_EQ(attentionPartial(dp.p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
   ASSERT_EQ(attentionPartial(paged, po.as<float>(), plse.as<float>(), ex), attnSuccess);
   sync();
-  const auto want = o.down<float>(n * c.d), got = po.down<float>(n * c.d);
+  const auto want = o.down<float>(n * vd), got = po.down<float>(n * vd);
   const auto wantL = lse.down<float>(n), gotL = plse.down<float>(n);
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0);
   EXPECT_EQ(std::memcmp(wantL.data(), gotL.data(), wantL.size() * 4), 0);
-  std::vector<double> ro(n * c.d), rl(n);
+  std::vector<double> ro(n * vd), rl(n);
   ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
   AttnCudaPlan plan;
   ASSERT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
-  const auto e = cpu::compareAttention(got.data(), gotL.data(), ro.data(), rl.data(), n, c.d);
+  const auto e = cpu::compareAttention(got.data(), gotL.data(), ro.data(), rl.data(), n, int(vd));
   EXPECT_EQ(e.nan_values, 0);
   EXPECT_LE(e.max_o_rel, tolerance(c, plan.tensor_cores));
   EXPECT_LE(e.max_lse_abs, tolerance(c, plan.tensor_cores));
@@ -524,26 +528,27 @@ void checkAccumulateInBlocks(const Case& c, uint32_t seed, const std::vector<int
   SCOPED_TRACE(c.name());
   HostProblem h(c, seed);
   DevProblem dp(h, c);
-  const size_t rows = size_t(c.nq) * c.hq;
-  Dev o(rows * c.d * 4), lse(rows * 4);
-  ASSERT_EQ(initAccumulator(o.as<float>(), lse.as<float>(), c.nq, c.hq, c.d, nullptr), attnSuccess);
-  const size_t krow = size_t(c.hkv) * c.d * dataTypeSize(c.dtype);
+  const size_t rows = size_t(c.nq) * c.hq, dv = size_t(c.vdim());
+  Dev o(rows * dv * 4), lse(rows * 4);
+  ASSERT_EQ(initAccumulator(o.as<float>(), lse.as<float>(), c.nq, c.hq, int(dv), nullptr), attnSuccess);
+  const size_t krow = size_t(c.hkv) * c.d * dataTypeSize(c.dtype), vrow = size_t(c.hkv) * dv * dataTypeSize(c.dtype);
   for (size_t b = 0; b + 1 < cuts.size(); ++b) {
     cpu::AttnProblem p = dp.p;
     p.nk = cuts[b + 1] - cuts[b];
     p.k = static_cast<const char*>(dp.p.k) + cuts[b] * krow;
-    p.v = static_cast<const char*>(dp.p.v) + cuts[b] * krow;
+    p.v = static_cast<const char*>(dp.p.v) + cuts[b] * vrow;
     p.k_pos = dp.p.k_pos + cuts[b];
     AttnCudaExec ex;
     ex.key_splits = splits[b];
+    ex.force_generic = c.force_generic;
     ASSERT_EQ(attentionAccumulate(p, o.as<float>(), lse.as<float>(), ex), attnSuccess);
   }
   sync();
-  std::vector<double> ro(rows * c.d), rl(rows);
+  std::vector<double> ro(rows * dv), rl(rows);
   ASSERT_EQ(cpu::referenceAttention(h.p, ro.data(), rl.data()), attnSuccess);
-  const auto go = o.down<float>(rows * c.d);
+  const auto go = o.down<float>(rows * dv);
   const auto gl = lse.down<float>(rows);
-  const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, c.d);
+  const auto e = cpu::compareAttention(go.data(), gl.data(), ro.data(), rl.data(), rows, int(dv));
   const double tol = c.dtype == attnFloat32 ? 2e-5 : 1e-2;
   EXPECT_EQ(e.nan_values, 0);
   EXPECT_EQ(e.empty_mismatch, 0);
@@ -748,6 +753,134 @@ TEST(CudaAttention, WindowAndSoftcapTogether) {
     std::shuffle(c.kpos.begin(), c.kpos.end(), std::mt19937(4));
     checkAccumulateInBlocks(c, 11, {0, 30, 90}, {0, 2});
   }
+}
+
+// ---- MLA heads: V / output head dim != Q / K head dim ---------------------------------
+
+// (head_dim, head_dim_v) pairs and where they run: DeepSeek's 192 / 128 on
+// tensor cores (16-bit inputs) and on SIMT; every other pair on SIMT.
+Case mla(Case c, int dv) {
+  c.dv = dv;
+  return c;
+}
+
+// Causal prefill of new rows over a longer cache (rows at positions
+// 60.. over 100 keys), GQA: 192 / 128 on every kernel, the other pairs and
+// fp32 on SIMT.
+TEST(CudaAttention, MlaHeadsPrefillOverCachedKeys) {
+  REQUIRE_GPU();
+  auto prefill = [](int d, int dv, attnDataType_t dt) {
+    Case c;
+    c.nq = 40, c.nk = 100, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.causal = true, c.dtype = dt;
+    for (int i = 0; i < c.nq; ++i) c.qpos.push_back(60 + i);
+    for (int j = 0; j < c.nk; ++j) c.kpos.push_back(j);
+    return c;
+  };
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16, attnFloat32})
+    for (AttnCudaKernel k : kAllKernels) {
+      if (skipKernel(dt, k)) continue;
+      Case c = prefill(192, 128, dt);
+      checkCase(onKernel(c, k));
+    }
+  for (auto [d, dv] : {std::pair{128, 64}, std::pair{64, 128}, std::pair{72, 40}})
+    for (attnDataType_t dt : {attnBfloat16, attnFloat32}) checkCase(prefill(d, dv, dt));
+}
+
+// Decode steps with split-K forced (the partials' scratch, its
+// initialisation and the merge are Dv wide) and chosen by the launcher.
+TEST(CudaAttention, MlaHeadsDecodeWithSplitKeys) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32})
+    for (AttnCudaKernel k : {AttnCudaKernel::mma, AttnCudaKernel::simt})
+      for (int splits : {0, 3}) {
+        if (skipKernel(dt, k)) continue;
+        Case c = mla(decodeStep(8, 1, 192, dt, {700, 90}), 128);
+        c.key_splits = splits;
+        checkCase(onKernel(c, k), 6);
+      }
+  Case odd = mla(decodeStep(4, 2, 72, attnFloat32, {600, 50}), 40);
+  odd.key_splits = 2;
+  checkCase(odd, 7);
+}
+
+// A sliding window (tiles skipped and masked) and packed segments with
+// rows outside every segment (cleared over Dv).
+TEST(CudaAttention, MlaHeadsWindowAndSegments) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32})
+    for (AttnCudaKernel k : {AttnCudaKernel::mma, AttnCudaKernel::simt}) {
+      if (skipKernel(dt, k)) continue;
+      Case c = mla(selfAttn(100, 4, 1, 192, true, dt), 128);
+      c.window_left = 20;
+      checkCase(onKernel(c, k), 8);
+    }
+  Case c = mla(selfAttn(70, 2, 1, 72, false, attnBfloat16), 40);
+  c.window_left = 9, c.window_right = 5;
+  c.segs = {{0, 30, 0, 40}, {33, 70, 40, 70}};  // rows 30..32 outside every segment
+  checkCase(c, 9);
+}
+
+// Folding blocks of keys into an existing accumulator (ring attention),
+// one block split-K.
+TEST(CudaAttention, MlaHeadsAccumulate) {
+  REQUIRE_GPU();
+  for (attnDataType_t dt : {attnBfloat16, attnFloat32})
+    for (bool simt : {false, true}) {
+      if (dt == attnFloat32 && !simt) continue;
+      Case c = mla(selfAttn(2, 4, 2, 192, true, dt), 128);
+      c.nk = 1200;
+      c.kpos.clear();
+      for (int j = 0; j < c.nk; ++j) c.kpos.push_back(j);
+      c.qpos = {1100, 1199};
+      c.force_generic = simt;
+      checkAccumulateInBlocks(c, 10, {0, 150, 1200}, {1, 3});
+    }
+  Case odd = mla(selfAttn(50, 2, 1, 72, true, attnFloat32), 40);
+  std::shuffle(odd.kpos.begin(), odd.kpos.end(), std::mt19937(4));
+  checkAccumulateInBlocks(odd, 11, {0, 20, 50}, {0, 0});
+}
+
+// Paged V rows are Dv wide: the same bits as the gathered keys.
+TEST(CudaAttention, MlaHeadsPagedKeys) {
+  REQUIRE_GPU();
+  for (bool simt : {false, true}) {
+    Case c = mla(decodeStep(4, 1, 192, attnBfloat16, {300, 70}), 128);
+    c.key_splits = 2;
+    c.force_generic = simt;
+    checkPagedCase(c, 12);
+  }
+}
+
+// The kernel an MLA problem gets: 192 / 128 on 16-bit inputs takes mma
+// (WMMA when asked for), every other pair SIMT.
+TEST(CudaAttention, MlaKernelChoice) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 8) GTEST_SKIP() << "tensor-core kernels need sm_80+";
+  auto planOf = [](int d, int dv, attnDataType_t dt, AttnCudaExec ex) {
+    const Case c = mla(selfAttn(70, 4, 2, d, true, dt), dv);
+    HostProblem h(c, 1);
+    DevProblem dp(h, c);
+    AttnCudaPlan plan{};
+    EXPECT_EQ(attentionPlan(dp.p, ex, &plan), attnSuccess);
+    return plan;
+  };
+  AttnCudaExec plain, wmma;
+  wmma.force_wmma = true;
+  for (attnDataType_t dt : {attnBfloat16, attnFloat16}) {
+    const AttnCudaPlan p = planOf(192, 128, dt, plain);
+    EXPECT_EQ(p.kernel, AttnCudaKernel::mma) << dtName(dt);
+    EXPECT_EQ(p.heads_per_block, 2);
+    EXPECT_EQ(planOf(192, 128, dt, wmma).kernel, AttnCudaKernel::wmma) << dtName(dt);
+  }
+  EXPECT_EQ(planOf(192, 128, attnFloat32, plain).kernel, AttnCudaKernel::simt);
+  for (auto [d, dv] : {std::pair{72, 40}, std::pair{128, 64}, std::pair{64, 128}, std::pair{192, 192},
+                       std::pair{128, 192}, std::pair{256, 128}})
+    EXPECT_EQ(planOf(d, dv, attnBfloat16, plain).kernel, AttnCudaKernel::simt) << d << "/" << dv;
+  // head_dim_v == head_dim is the plain shape.
+  EXPECT_EQ(planOf(128, 128, attnBfloat16, plain).kernel, AttnCudaKernel::mma);
 }
 
 // ---- attention sinks ----------------------------------------------------------
@@ -1153,6 +1286,11 @@ TEST(CudaKernelsArgs, BadInputIsRefusedBeforeAnyLaunch) {
   p.head_dim = 300;
   EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument);
   p.head_dim = 64;
+  for (int dv : {-1, 257}) {  // head_dim_v: 0 (head_dim) or 1..256
+    p.head_dim_v = dv;
+    EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument) << dv;
+  }
+  p.head_dim_v = 0;
   p.dtype = attnInt32;
   EXPECT_EQ(attentionPartial(p, dummy, dummy, AttnCudaExec{}), attnInvalidArgument);
   p.dtype = attnBfloat16;

@@ -31,6 +31,8 @@ attnResult_t validate(const AttnProblem& p, const float* o, const float* lse,
                p.num_kv_heads);
   KERNEL_REQUIRE(p.head_dim > 0 && p.head_dim <= kAttnMaxHeadDim,
                "attention: head_dim %d outside 1..%d", p.head_dim, kAttnMaxHeadDim);
+  KERNEL_REQUIRE(p.head_dim_v >= 0 && p.head_dim_v <= kAttnMaxHeadDim,
+               "attention: head_dim_v %d outside 1..%d (0: head_dim)", p.head_dim_v, kAttnMaxHeadDim);
   KERNEL_REQUIRE(p.nq == 0 || (p.q && o && lse), "attention: null q or output");
   KERNEL_REQUIRE(p.nk == 0 || (p.k && p.v), "attention: null k or v");
   KERNEL_REQUIRE(p.window_left >= -1 && p.window_right >= -1,
@@ -119,9 +121,9 @@ void fillEmptyRows(float* o, float* lse, int32_t begin, int32_t end, int heads, 
 // Scratch for one thread, kept across calls (grows, never shrinks).
 class ScratchArena {
  public:
-  AttnScratch& get(int head_dim, int dpad, int heads) {
+  AttnScratch& get(int head_dim, int dpad, int dvpad, int heads) {
     const size_t R = kAttnMaxTileRows, K = kAttnKeyTile, D = size_t(head_dim), H = size_t(heads);
-    const size_t floats = D * R + K * R + 2 * R * dpad + 3 * R + H * K * (D + dpad) + dpad;
+    const size_t floats = D * R + K * R + R * (dpad + dvpad) + 3 * R + H * K * (D + dvpad) + dpad;
     const size_t bytes = floats * sizeof(float) + R * dpad * sizeof(uint16_t) +
                          2 * R * sizeof(int32_t) + 4 * H * K * sizeof(const void*) +
                          20 * 64;  // + alignment slack
@@ -139,12 +141,12 @@ class ScratchArena {
     sc_.qr = reinterpret_cast<float*>(take(R * dpad * sizeof(float)));
     sc_.qr16 = reinterpret_cast<uint16_t*>(take(R * dpad * sizeof(uint16_t)));
     sc_.s = reinterpret_cast<float*>(take(K * R * sizeof(float)));
-    sc_.acc = reinterpret_cast<float*>(take(R * dpad * sizeof(float)));
+    sc_.acc = reinterpret_cast<float*>(take(R * dvpad * sizeof(float)));
     sc_.m = reinterpret_cast<float*>(take(R * sizeof(float)));
     sc_.l = reinterpret_cast<float*>(take(R * sizeof(float)));
     sc_.alpha = reinterpret_cast<float*>(take(R * sizeof(float)));
     sc_.kbuf = reinterpret_cast<float*>(take(H * K * D * sizeof(float)));
-    sc_.vbuf = reinterpret_cast<float*>(take(H * K * dpad * sizeof(float)));
+    sc_.vbuf = reinterpret_cast<float*>(take(H * K * dvpad * sizeof(float)));
     sc_.row = reinterpret_cast<float*>(take(dpad * sizeof(float)));
     sc_.qpos = reinterpret_cast<int32_t*>(take(R * sizeof(int32_t)));
     sc_.qlo = reinterpret_cast<int32_t*>(take(R * sizeof(int32_t)));
@@ -165,9 +167,9 @@ class ScratchArena {
 };
 
 // This thread's scratch, one arena for every call and path.
-AttnScratch& threadScratch(int head_dim, int dpad, int heads) {
+AttnScratch& threadScratch(const AttnCall& c, int heads) {
   thread_local ScratchArena arena;
-  return arena.get(head_dim, dpad, heads);
+  return arena.get(c.p->head_dim, c.dpad, c.dvpad, heads);
 }
 
 attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
@@ -182,6 +184,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
   const int tile = kt.attn_tile_rows;
   const int threads = std::max(1, ex.threads);
   const int64_t busy = nonEmptySegments(segs);
+  const int dv = valueDim(p);  // O's head dim
   std::vector<AttnTask> tasks;
   std::vector<char> covered(accumulate ? 0 : size_t(p.nq), 0);
   for (int32_t si = 0; si < int32_t(segs.size()); ++si) {
@@ -189,7 +192,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
     if (!accumulate) std::fill(covered.begin() + s.q_begin, covered.begin() + s.q_end, 1);
     if (s.q_begin == s.q_end) continue;
     if (s.k_begin == s.k_end) {  // no keys: empty rows, or nothing to fold
-      if (!accumulate) fillEmptyRows(o, lse, s.q_begin, s.q_end, p.num_q_heads, p.head_dim);
+      if (!accumulate) fillEmptyRows(o, lse, s.q_begin, s.q_end, p.num_q_heads, dv);
       continue;
     }
     const int32_t stacked = (s.q_end - s.q_begin) * group;
@@ -199,16 +202,16 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
         tasks.push_back({si, g, std::min(heads, p.num_kv_heads - g), m, std::min(stacked, m + tile)});
   }
   for (int32_t r = 0; r < int32_t(covered.size()); ++r)  // rows outside every segment
-    if (!covered[r]) fillEmptyRows(o, lse, r, r + 1, p.num_q_heads, p.head_dim);
+    if (!covered[r]) fillEmptyRows(o, lse, r, r + 1, p.num_q_heads, dv);
 
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim));
-  const int dpad = (p.head_dim + 15) / 16 * 16;
+  const int dpad = (p.head_dim + 15) / 16 * 16, dvpad = (dv + 15) / 16 * 16;
   // Pack K/V head-major when tiles would read each key row at least twice
   // (several query tiles per segment and kv head); decode-like calls read
   // every key once and go straight to the input.
   std::unique_ptr<PackedKV> packed;
   if (!tasks.empty() && tasks.size() >= 2 * size_t(busy) * size_t(p.num_kv_heads))
-    packed = std::make_unique<PackedKV>(p, dpad, threads, ex.pool);
+    packed = std::make_unique<PackedKV>(p, dvpad, threads, ex.pool);
   int max_heads = 1;
   for (const auto& t : tasks) max_heads = std::max(max_heads, int(t.kv_heads));
   const float scale_log2 = scale * 1.4426950408889634f;
@@ -220,11 +223,11 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
   const int splits = plan.splits;
   std::vector<AttnTileStats> stats(static_cast<size_t>(threads));
   if (splits == 1) {
-    const AttnCall call{&p, segs.data(), o, lse, accumulate, scale_log2, group, dpad,
+    const AttnCall call{&p, segs.data(), o, lse, accumulate, scale_log2, group, dpad, dv, dvpad,
                         packed ? packed->k() : nullptr, packed ? packed->v() : nullptr,
                         softcap_log2, span};
     parallelFor(threads, ex.pool, int64_t(tasks.size()), [&](int worker, int64_t t) {
-      kt.attention(call, tasks[size_t(t)], threadScratch(p.head_dim, call.dpad, max_heads), stats[worker]);
+      kt.attention(call, tasks[size_t(t)], threadScratch(call, max_heads), stats[worker]);
     });
   } else {
     // Every task once per key chunk, each chunk into a partial of its own
@@ -235,10 +238,10 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
     std::vector<AttnCall> calls;
     for (int j = 0; j < splits; ++j) {
       chunk[size_t(j)] = keyChunk(segs, plan, j);
-      po[size_t(j)].assign(rows * size_t(p.head_dim), 0.0f);
+      po[size_t(j)].assign(rows * size_t(dv), 0.0f);
       plse[size_t(j)].assign(rows, kNegInf);
       calls.push_back({&p, chunk[size_t(j)].data(), po[size_t(j)].data(), plse[size_t(j)].data(), false,
-                       scale_log2, group, dpad, nullptr, nullptr, softcap_log2, span});
+                       scale_log2, group, dpad, dv, dvpad, nullptr, nullptr, softcap_log2, span});
     }
     const int64_t n = int64_t(tasks.size());
     parallelFor(threads, ex.pool, n * splits, [&](int worker, int64_t i) {
@@ -246,7 +249,7 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
       const AttnTask& t = tasks[size_t(i % n)];
       const AttnSegment& s = call.segs[t.seg];
       if (s.k_begin == s.k_end) return;
-      kt.attention(call, t, threadScratch(p.head_dim, call.dpad, max_heads), stats[worker]);
+      kt.attention(call, t, threadScratch(call, max_heads), stats[worker]);
     });
     for (const AttnTask& t : tasks)  // the tiles no chunk holds, as the kernel would count them
       stats[0].skipped += int64_t(plan.trimmed[size_t(t.seg)]) * t.kv_heads;
@@ -254,13 +257,13 @@ attnResult_t run(const AttnProblem& p, float* o, float* lse, const AttnExec& ex,
     for (int32_t si : busySegmentsOf(tasks)) {
       const AttnSegment& s = segs[size_t(si)];
       const size_t r0 = size_t(s.q_begin) * p.num_q_heads, r1 = size_t(s.q_end) * p.num_q_heads;
-      if (!accumulate) initAccumulator(o + r0 * p.head_dim, lse + r0, s.q_end - s.q_begin, p.num_q_heads, p.head_dim);
+      if (!accumulate) initAccumulator(o + r0 * dv, lse + r0, s.q_end - s.q_begin, p.num_q_heads, dv);
       for (size_t r = r0; r < r1; ++r) {
         int np = 0;  // a row no chunk reached is left as it is (accumulate: untouched)
         for (int j = 0; j < splits; ++j)
           if (plse[size_t(j)][r] != kNegInf)
-            parts[size_t(np++)] = {po[size_t(j)].data() + r * p.head_dim, attnFloat32, plse[size_t(j)].data() + r};
-        if (np) KERNEL_CHECK(mergePartials(o + r * p.head_dim, lse + r, parts.data(), np, 1, p.head_dim));
+            parts[size_t(np++)] = {po[size_t(j)].data() + r * dv, attnFloat32, plse[size_t(j)].data() + r};
+        if (np) KERNEL_CHECK(mergePartials(o + r * dv, lse + r, parts.data(), np, 1, dv));
       }
     }
   }

@@ -8,7 +8,8 @@
 // token positions, so shards of one sequence mask correctly); a sliding
 // window bounds it on either side, and softcap caps scores (AttnProblem).
 //
-// Results are O [nq, Hq, D] fp32, normalised, and LSE [nq, Hq] fp32, the
+// V may have a head dim of its own (Dv, MLA): V is [nk, Hkv, Dv].
+// Results are O [nq, Hq, Dv] fp32, normalised, and LSE [nq, Hq] fp32, the
 // natural log of the softmax denominator over the keys seen. A query that
 // sees no key gets O = 0 and LSE = -inf (never NaN), which merges as "no
 // contribution" (see merge.h).
@@ -40,11 +41,14 @@ struct AttnSegment {
 struct AttnProblem {
   const void* q = nullptr;  // [nq, num_q_heads, head_dim]
   const void* k = nullptr;  // [nk, num_kv_heads, head_dim]
-  const void* v = nullptr;  // [nk, num_kv_heads, head_dim]
+  const void* v = nullptr;  // [nk, num_kv_heads, valueDim(p)]
   attnDataType_t dtype = attnFloat32;  // attnFloat32, attnFloat16 or attnBfloat16
   int32_t nq = 0, nk = 0;
   int32_t num_q_heads = 0, num_kv_heads = 0;  // num_q_heads % num_kv_heads == 0
-  int32_t head_dim = 0;                       // 1 .. kAttnMaxHeadDim
+  int32_t head_dim = 0;                       // of Q and K, 1 .. kAttnMaxHeadDim
+  // Of V and O (MLA-shaped heads, DeepSeek's 192 / 128): 1 ..
+  // kAttnMaxHeadDim, 0: head_dim. O is [nq, num_q_heads, valueDim(p)].
+  int32_t head_dim_v = 0;
   float scale = 0.0f;                         // score scale; 0 means 1/sqrt(head_dim)
   bool causal = false;
   // Sliding window (FlashAttention's convention, attncomm.h): key j is
@@ -64,6 +68,8 @@ struct AttnProblem {
   // Null: key j is row j. Rows must lie in k and v.
   const int64_t* k_rows = nullptr;
 };
+
+inline int32_t valueDim(const AttnProblem& p) { return p.head_dim_v > 0 ? p.head_dim_v : p.head_dim; }
 
 // Keys a query at position q sees lie in [q - lo, q + hi] (int64, so no
 // sum overflows); `bounded` is false when every key is visible (no causal,

@@ -127,7 +127,7 @@ void softmaxTileFor(AttnScratch& sc, int ss, int nkeys, int c0, int nvec, int ma
 }
 
 // acc[r][c] = alpha[r] * acc[r][c] + sum_j P^T[j][r] * V[j][c] for PR rows and
-// C vectors of head_dim starting at column `col`.
+// C vectors of V's head dim starting at column `col` (acc rows `dpad` apart).
 template <class I, int PR, int C>
 inline void pvBlock(const float* p, int ss, const float* const* vrow, int nkeys,
                     const float* alpha, float* acc, int dpad, int col) {
@@ -218,13 +218,13 @@ inline void pvBlockBf16(const float* p, int ss, const uint16_t* const* vrow, int
   }
 }
 
-// pvTile for pvBlockBf16 (head_dim a multiple of 32): `nkeys` keys in
+// pvTile for pvBlockBf16 (V's head dim dv a multiple of 32): `nkeys` keys in
 // (nkeys + 1) / 2 pairs, vrow extended past an odd count (its P is 0).
 template <class I>
 void pvTileBf16(AttnScratch& sc, int ss, const uint16_t* const* vrow, int nkeys, int r0, int nrows,
-                int head_dim, int dpad) {
+                int dv, int dpad) {
   constexpr int C2 = I::kPC / 2;
-  const int npairs = (nkeys + 1) / 2, chunks = head_dim / 32;
+  const int npairs = (nkeys + 1) / 2, chunks = dv / 32;
   int c = 0;
   for (; c + C2 <= chunks; c += C2)
     for (int r = r0; r < nrows; r += I::kPR)
@@ -328,12 +328,12 @@ void loadQueries(const AttnCall& c, const AttnTask& t, const RowLayout& L, bool 
 // Running state: empty, or the accumulator's (O, LSE) as (acc, m = lse*log2e, l = 1).
 template <class I>
 void initState(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScratch& sc) {
-  const int D = c.p->head_dim;
+  const int D = c.dv;
   for (int m = 0; m < L.cols(); ++m) {
-    float* acc = sc.acc + size_t(m) * c.dpad;
+    float* acc = sc.acc + size_t(m) * c.dvpad;
     sc.m[m] = kNegInf;
     sc.l[m] = 0.0f;
-    for (int d = 0; d < c.dpad; ++d) acc[d] = 0.0f;
+    for (int d = 0; d < c.dvpad; ++d) acc[d] = 0.0f;
     if (!c.accumulate || m % L.block >= L.per_head) continue;
     const size_t oh = outRow(c, t, L, m);
     const float lse = c.lse[oh];
@@ -347,51 +347,53 @@ void initState(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScr
 // Points sc.krow / sc.vrow ([head][key]) at fp32 rows of keys [k0, k0 + n)
 // of the task's kv heads: into the call's packed copy when there is one, else
 // copied (and converted from fp16/bf16) into the tile buffers in memory order,
-// V zero-padded to dpad. With bf16_k, sc.krow16 and sc.vrow16 point at the
+// V zero-padded to dvpad. With bf16_k, sc.krow16 and sc.vrow16 point at the
 // bf16 K and V rows in place instead. Each head's rows are extended to
-// `nkeys_pad` by repeating its last key (masked later, or weighted 0).
+// `nkeys_pad` by repeating its last key (masked later, or weighted 0). K rows
+// are head_dim long, V rows dv (each its own row stride).
 template <class I>
 void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int n,
               int nkeys_pad, bool bf16_k) {
   const auto& p = *c.p;
-  const int D = p.head_dim, K = kAttnKeyTile;
+  const int D = p.head_dim, Dv = c.dv, K = kAttnKeyTile;
+  const size_t kstride = size_t(p.num_kv_heads) * D, vstride = size_t(p.num_kv_heads) * Dv;
   if (c.kpack != nullptr) {
     for (int b = 0; b < t.kv_heads; ++b) {
       const size_t first = size_t(t.kv_head + b) * p.nk + k0;
       for (int j = 0; j < n; ++j) {
         sc.krow[b * K + j] = c.kpack + (first + j) * D;
-        sc.vrow[b * K + j] = c.vpack + (first + j) * c.dpad;
+        sc.vrow[b * K + j] = c.vpack + (first + j) * c.dvpad;
       }
     }
-  } else if (p.dtype == attnFloat32 && D % I::W == 0) {
+  } else if (p.dtype == attnFloat32 && D % I::W == 0 && Dv % I::W == 0) {
     // fp32 rows are used in place (whole vectors, no padding needed).
-    const size_t stride = size_t(p.num_kv_heads) * D;
     const float* kb = static_cast<const float*>(p.k) + size_t(t.kv_head) * D;
-    const float* vb = static_cast<const float*>(p.v) + size_t(t.kv_head) * D;
+    const float* vb = static_cast<const float*>(p.v) + size_t(t.kv_head) * Dv;
     for (int j = 0; j < n; ++j) {
-      const size_t row = attn::cpu::keyRow(p, k0 + j) * stride;
+      const size_t row = attn::cpu::keyRow(p, k0 + j);
       for (int b = 0; b < t.kv_heads; ++b) {
-        sc.krow[b * K + j] = kb + row + size_t(b) * D;
-        sc.vrow[b * K + j] = vb + row + size_t(b) * D;
+        sc.krow[b * K + j] = kb + row * kstride + size_t(b) * D;
+        sc.vrow[b * K + j] = vb + row * vstride + size_t(b) * Dv;
       }
     }
   } else {
-    const size_t stride = size_t(p.num_kv_heads) * D;
     for (int j = 0; j < n; ++j) {
-      const size_t first = attn::cpu::keyRow(p, k0 + j) * stride + size_t(t.kv_head) * D;
+      const size_t row = attn::cpu::keyRow(p, k0 + j);
+      const size_t kfirst = row * kstride + size_t(t.kv_head) * D;
+      const size_t vfirst = row * vstride + size_t(t.kv_head) * Dv;
       for (int b = 0; b < t.kv_heads; ++b) {  // one key's heads lie side by side
-        const size_t at = first + size_t(b) * D;
+        const size_t kat = kfirst + size_t(b) * D, vat = vfirst + size_t(b) * Dv;
         if (bf16_k) {  // both used in place
-          sc.krow16[b * K + j] = static_cast<const uint16_t*>(p.k) + at;
-          sc.vrow16[b * K + j] = static_cast<const uint16_t*>(p.v) + at;
+          sc.krow16[b * K + j] = static_cast<const uint16_t*>(p.k) + kat;
+          sc.vrow16[b * K + j] = static_cast<const uint16_t*>(p.v) + vat;
           continue;
         }
         float* kb = sc.kbuf + (size_t(b) * K + j) * D;
-        copyRowAsFloat(kb, p.k, p.dtype, at, D);
+        copyRowAsFloat(kb, p.k, p.dtype, kat, D);
         sc.krow[b * K + j] = kb;
-        float* vb = sc.vbuf + (size_t(b) * K + j) * c.dpad;
-        copyRowAsFloat(vb, p.v, p.dtype, at, D);
-        for (int d = D; d < c.dpad; ++d) vb[d] = 0.0f;
+        float* vb = sc.vbuf + (size_t(b) * K + j) * c.dvpad;
+        copyRowAsFloat(vb, p.v, p.dtype, vat, Dv);
+        for (int d = Dv; d < c.dvpad; ++d) vb[d] = 0.0f;
         sc.vrow[b * K + j] = vb;
       }
     }
@@ -408,7 +410,7 @@ void loadKeys(const AttnCall& c, const AttnTask& t, AttnScratch& sc, int k0, int
 
 template <class I>
 void storeRows(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScratch& sc) {
-  const int D = c.p->head_dim;
+  const int D = c.dv;
   for (int m = 0; m < L.cols(); ++m) {
     if (m % L.block >= L.per_head) continue;
     const size_t oh = outRow(c, t, L, m);
@@ -422,7 +424,7 @@ void storeRows(const AttnCall& c, const AttnTask& t, const RowLayout& L, AttnScr
       continue;
     }
     const float inv = 1.0f / l;
-    const float* acc = sc.acc + size_t(m) * c.dpad;
+    const float* acc = sc.acc + size_t(m) * c.dvpad;
     for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
     c.lse[oh] = (sc.m[m] + std::log2(l)) * kLn2;
   }
@@ -444,9 +446,10 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
   // Few rows per head (decode): scores as dot products; the rows past the
   // last group of 4 are never scored, so their S^T lanes start at 0.
   const bool dot = L.per_head <= kDotRows<I> && p.head_dim % I::W == 0;
-  // bf16 K and Q multiplied as they are (AVX512_BF16), K read in place.
-  const bool bf16_dot = kHasBf16Dot<I> && dot && p.dtype == attnBfloat16 &&
-                        c.kpack == nullptr && p.head_dim % (2 * I::W) == 0;
+  // bf16 K and Q multiplied as they are (AVX512_BF16), K read in place; P·V
+  // in bf16 too, V read in place (so V's head dim a multiple of 32 as well).
+  const bool bf16_dot = kHasBf16Dot<I> && dot && p.dtype == attnBfloat16 && c.kpack == nullptr &&
+                        p.head_dim % (2 * I::W) == 0 && c.dv % (2 * I::W) == 0;
   const int dot_rows = roundUp(L.per_head, 4);
   // Row stride of S^T: the broadcast kernel fills whole kRows rows, the dot
   // products only the task's rows, which stay dense (kRows floats apart, the
@@ -454,13 +457,14 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
   const int ss = dot ? L.cols() : I::kRows;
   // Only the dot-product (decode) paths stream K/V faster than they compute.
   const bool prefetch = dot && c.kpack == nullptr && p.dtype != attnFloat32 &&
-                        size_t(t.kv_heads) * kAttnKeyTile * 2 * p.head_dim * sizeof(uint16_t) <=
+                        size_t(t.kv_heads) * kAttnKeyTile * size_t(p.head_dim + c.dv) * sizeof(uint16_t) <=
                             kPrefetchTileBytes;
   RowBounds rb;
   int32_t vhi[attn::cpu::kAttnMaxTileRows / I::W], vlo[attn::cpu::kAttnMaxTileRows / I::W];
   loadQueries<I>(c, t, L, dot, bf16_dot, sc, rb, vhi, vlo);
   initState<I>(c, t, L, sc);
-  const int dvec = (p.head_dim + I::W - 1) / I::W;
+  const int dvec = (p.head_dim + I::W - 1) / I::W;  // vectors of a K row
+  const int dvec_v = (c.dv + I::W - 1) / I::W;     // of a V row
   if (dot)
     for (int b = 0; b < t.kv_heads; ++b)
       for (int j = 0; j < kAttnKeyTile; ++j)
@@ -519,10 +523,10 @@ void attentionTask(const AttnCall& c, const AttnTask& t, AttnScratch& sc, AttnTi
       const int32_t* kpos = masked ? p.k_pos + k0 : nullptr;
       if (bf16_dot) {
         softmaxTileFor<I, kHasBf16Dot<I>>(sc, ss, n, c0, c1, mask, kpos, c.softcap_log2);
-        pvTileBf16<I>(sc, ss, sc.vrow16 + b * kAttnKeyTile, n, c0 * I::W, pv_end, p.head_dim, c.dpad);
+        pvTileBf16<I>(sc, ss, sc.vrow16 + b * kAttnKeyTile, n, c0 * I::W, pv_end, c.dv, c.dvpad);
       } else {
         softmaxTileFor<I, false>(sc, ss, n, c0, c1, mask, kpos, c.softcap_log2);
-        pvTile<I>(sc, ss, sc.vrow + b * kAttnKeyTile, n, c0 * I::W, pv_end, dvec, c.dpad);
+        pvTile<I>(sc, ss, sc.vrow + b * kAttnKeyTile, n, c0 * I::W, pv_end, dvec_v, c.dvpad);
       }
     }
   }

@@ -64,11 +64,11 @@ inline void copyRowAsFloat(float* __restrict dst, const void* base, attnDataType
 struct TilePrefetch {
   const char* k = nullptr;  // null: nothing to ask for
   const char* v = nullptr;
-  size_t stride = 0;                  // bytes from one key's row to the next
+  size_t stride = 0, vstride = 0;     // bytes from one key's K (V) row to the next
   const int64_t* rows = nullptr;      // paged K/V (AttnProblem::k_rows), or null
   int64_t first = 0;                  // the tile's first key
   int n = 0;                          // its keys
-  int lines = 0;                      // cache lines of one head's K (and V) row
+  int lines = 0, vlines = 0;          // cache lines of one head's K (V) row
 
   // Keys [j, j + count) of the tile (indices past its end are ignored).
   // Always inlined: GCC counts __builtin_prefetch as free of side effects,
@@ -80,11 +80,9 @@ struct TilePrefetch {
     for (; j < end; ++j) {
       const size_t row = rows != nullptr ? size_t(rows[first + j]) : size_t(first + j);
       const char* kr = k + row * stride;
-      const char* vr = v + row * stride;
-      for (int l = 0; l < lines; ++l) {
-        __builtin_prefetch(kr + 64 * l, 0, 2);
-        __builtin_prefetch(vr + 64 * l, 0, 2);
-      }
+      const char* vr = v + row * vstride;
+      for (int l = 0; l < lines; ++l) __builtin_prefetch(kr + 64 * l, 0, 2);
+      for (int l = 0; l < vlines; ++l) __builtin_prefetch(vr + 64 * l, 0, 2);
     }
   }
 };
@@ -109,11 +107,13 @@ inline TilePrefetch tilePrefetch(const AttnCall& c, int head, int k0, int k_end)
   f.n = k_end - k0 < kAttnKeyTile ? k_end - k0 : kAttnKeyTile;
   if (f.n <= 0) return f;
   const auto& p = *c.p;
-  const size_t row_bytes = size_t(p.head_dim) * sizeof(uint16_t);
+  const size_t row_bytes = size_t(p.head_dim) * sizeof(uint16_t), vrow_bytes = size_t(c.dv) * sizeof(uint16_t);
   f.k = static_cast<const char*>(p.k) + head * row_bytes;
-  f.v = static_cast<const char*>(p.v) + head * row_bytes;
+  f.v = static_cast<const char*>(p.v) + head * vrow_bytes;
   f.stride = size_t(p.num_kv_heads) * row_bytes;
+  f.vstride = size_t(p.num_kv_heads) * vrow_bytes;
   f.lines = int((row_bytes + 63) / 64);
+  f.vlines = int((vrow_bytes + 63) / 64);
   f.rows = p.k_rows;
   f.first = k0;
   return f;

@@ -21,9 +21,12 @@ struct AttnCall {
   bool accumulate;   // start from (o, lse) instead of empty
   float scale_log2;  // scale * log2(e): scores are kept in base 2
   int group;         // query heads per kv head
-  int dpad;          // head_dim rounded up to 16: row stride of acc and vbuf
-  // K and V as fp32, head-major ([kv head][key][head_dim], V rows padded to
-  // dpad), when the call packs them; null: tiles read p.k / p.v directly.
+  int dpad;          // head_dim rounded up to 16: row stride of qr and qr16
+  int dv;            // V's and O's head dim (valueDim)
+  int dvpad;         // dv rounded up to 16: row stride of acc and vbuf
+  // K and V as fp32, head-major ([kv head][key][head_dim], V rows of dv
+  // padded to dvpad), when the call packs them; null: tiles read p.k / p.v
+  // directly.
   const float* kpack;
   const float* vpack;
   float softcap_log2;  // softcap * log2(e): the cap of the base-2 scores; 0: none
@@ -41,19 +44,20 @@ struct AttnTask {
   int32_t seg, kv_head, kv_heads, m_begin, m_end;
 };
 
-// Per-thread working set, sized for kAttnMaxTileRows x kAttnKeyTile x dpad,
-// with K/V tile buffers and row pointers for `heads` kv heads.
+// Per-thread working set, sized for kAttnMaxTileRows x kAttnKeyTile x dpad
+// (Q/K) and dvpad (V, O), with K/V tile buffers and row pointers for `heads`
+// kv heads.
 struct AttnScratch {
   float* qt;     // [head_dim][rows]   scaled Q tile, transposed
   float* qr;     // [rows][dpad]       scaled Q rows (the dot-product score path)
   uint16_t* qr16;  // [rows][dpad]     bf16 Q rows as given (the bf16 dot-product path)
   float* s;      // [key tile][rows]   scores, then probabilities (S^T)
-  float* acc;    // [rows][dpad]       unnormalised output
+  float* acc;    // [rows][dvpad]      unnormalised output
   float* m;      // [rows]             running max (base 2)
   float* l;      // [rows]             running denominator
   float* alpha;  // [rows]             rescale of acc for the current key tile
   float* kbuf;   // [head][key tile][head_dim]  K converted to fp32
-  float* vbuf;   // [head][key tile][dpad]      V converted / padded
+  float* vbuf;   // [head][key tile][dvpad]     V converted / padded
   float* row;    // [dpad]             one converted Q row
   int32_t* qpos;        // [rows]  highest key position the row sees (q + span.hi, saturated)
   int32_t* qlo;         // [rows]  lowest key position the row sees (q - span.lo, saturated)

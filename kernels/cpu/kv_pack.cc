@@ -22,10 +22,10 @@ constexpr int32_t kChunkRows = 256;  // keys per packing task
 
 void PackedKV::Free::operator()(float* p) const { std::free(p); }
 
-PackedKV::PackedKV(const AttnProblem& p, int dpad, int threads, WorkerPool* pool)
+PackedKV::PackedKV(const AttnProblem& p, int dvpad, int threads, WorkerPool* pool)
     : k_(allocFloats(size_t(p.nk) * p.num_kv_heads * p.head_dim)),
-      v_(allocFloats(size_t(p.nk) * p.num_kv_heads * dpad)) {
-  const int D = p.head_dim, H = p.num_kv_heads;
+      v_(allocFloats(size_t(p.nk) * p.num_kv_heads * dvpad)) {
+  const int D = p.head_dim, Dv = valueDim(p), H = p.num_kv_heads;
   const size_t esize = kernels::elementSize(p.dtype);
   const int64_t chunks = (p.nk + kChunkRows - 1) / kChunkRows;
   // Tasks walk keys in memory order, all heads of a row together.
@@ -33,13 +33,13 @@ PackedKV::PackedKV(const AttnProblem& p, int dpad, int threads, WorkerPool* pool
     const int32_t k0 = int32_t(c) * kChunkRows, k1 = std::min(p.nk, k0 + kChunkRows);
     for (int32_t j = k0; j < k1; ++j) {
       for (int h = 0; h < H; ++h) {
-        const size_t src = (keyRow(p, j) * H + h) * D * esize;
+        const size_t src = keyRow(p, j) * H + h;  // (row, head) of K and of V
         const size_t row = size_t(h) * p.nk + j;
         float* kd = k_.get() + row * D;
-        float* vd = v_.get() + row * dpad;
-        (void)convertToFloat(kd, static_cast<const char*>(p.k) + src, p.dtype, size_t(D));
-        (void)convertToFloat(vd, static_cast<const char*>(p.v) + src, p.dtype, size_t(D));
-        std::fill(vd + D, vd + dpad, 0.0f);
+        float* vd = v_.get() + row * dvpad;
+        (void)convertToFloat(kd, static_cast<const char*>(p.k) + src * D * esize, p.dtype, size_t(D));
+        (void)convertToFloat(vd, static_cast<const char*>(p.v) + src * Dv * esize, p.dtype, size_t(Dv));
+        std::fill(vd + Dv, vd + dvpad, 0.0f);
       }
     }
   });

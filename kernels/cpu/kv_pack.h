@@ -2,7 +2,8 @@
 // the rows of one kv head sit Hkv*D elements apart; when many query tiles
 // read the same keys, streaming those scattered rows again per tile is
 // memory-latency bound, so the call first converts them once into
-// contiguous per-head arrays ([kv head][key][dim], V rows padded to dpad).
+// contiguous per-head arrays ([kv head][key][dim]; V rows, of valueDim(p),
+// padded to dvpad).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,7 @@ class WorkerPool;
 class PackedKV {
  public:
   // Packs p.k / p.v with `threads` threads (on `pool` if given).
-  PackedKV(const AttnProblem& p, int dpad, int threads, WorkerPool* pool);
+  PackedKV(const AttnProblem& p, int dvpad, int threads, WorkerPool* pool);
   const float* k() const { return k_.get(); }
   const float* v() const { return v_.get(); }
 

@@ -28,18 +28,18 @@ attnResult_t referenceAttention(const AttnProblem& p, const float* sinks, double
   if (p.dtype != attnFloat32 && p.dtype != attnFloat16 && p.dtype != attnBfloat16)
     return attnInvalidArgument;
   if (p.num_q_heads <= 0 || p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads ||
-      p.head_dim <= 0)
+      p.head_dim <= 0 || p.head_dim_v < 0)
     return attnInvalidArgument;
   if (p.window_left < -1 || p.window_right < -1 || !(p.softcap >= 0.0f) || std::isinf(p.softcap))
     return attnInvalidArgument;
   const VisibleSpan span = visibleSpan(p);
   if (span.bounded && ((p.nq > 0 && !p.q_pos) || (p.nk > 0 && !p.k_pos))) return attnInvalidArgument;
-  const int Hq = p.num_q_heads, Hkv = p.num_kv_heads, D = p.head_dim;
+  const int Hq = p.num_q_heads, Hkv = p.num_kv_heads, D = p.head_dim, Dv = valueDim(p);
   const int group = Hq / Hkv;
   const double scale = p.scale != 0.0f ? double(p.scale) : 1.0 / std::sqrt(double(D));
   const double cap = double(p.softcap);
   const double ninf = -std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < size_t(p.nq) * Hq * D; ++i) o[i] = 0.0;
+  for (size_t i = 0; i < size_t(p.nq) * Hq * Dv; ++i) o[i] = 0.0;
   for (size_t i = 0; i < size_t(p.nq) * Hq; ++i)
     lse[i] = sinks != nullptr ? double(sinks[i % size_t(Hq)]) : ninf;
 
@@ -70,14 +70,14 @@ attnResult_t referenceAttention(const AttnProblem& p, const float* sinks, double
         if (!seen) continue;  // saw no key: O = 0, LSE = the sink (or -inf)
         if (sink > mx) mx = sink;
         double sum = sink == ninf ? 0.0 : std::exp(sink - mx);
-        double* out = o + (size_t(i) * Hq + h) * D;
+        double* out = o + (size_t(i) * Hq + h) * Dv;
         for (int32_t j = seg.k_begin; j < seg.k_end; ++j) {
           if (s[j - seg.k_begin] == ninf) continue;
           const double w = std::exp(s[j - seg.k_begin] - mx);
           sum += w;
-          for (int d = 0; d < D; ++d) out[d] += w * elem(p.v, p.dtype, (keyRow(p, j) * Hkv + kvh) * D + d);
+          for (int d = 0; d < Dv; ++d) out[d] += w * elem(p.v, p.dtype, (keyRow(p, j) * Hkv + kvh) * Dv + d);
         }
-        for (int d = 0; d < D; ++d) out[d] /= sum;
+        for (int d = 0; d < Dv; ++d) out[d] /= sum;
         lse[size_t(i) * Hq + h] = mx + std::log(sum);
       }
     }

@@ -14,7 +14,7 @@
 
 namespace attn::cpu {
 
-// o: [nq, num_q_heads, head_dim], lse: [nq, num_q_heads], both double.
+// o: [nq, num_q_heads, valueDim(p)], lse: [nq, num_q_heads], both double.
 [[nodiscard]] attnResult_t referenceAttention(const AttnProblem& p, double* o, double* lse);
 
 // With attention sinks: sinks[h] (num_q_heads fp32 logits, natural log, in

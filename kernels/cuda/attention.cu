@@ -36,6 +36,9 @@ attnResult_t checkProblem(const cpu::AttnProblem& p, const float* o, const float
                p.num_q_heads, p.num_kv_heads);
   KERNEL_REQUIRE(p.head_dim >= 1 && p.head_dim <= cpu::kAttnMaxHeadDim,
                "cuda attention: head_dim %d outside 1..%d", p.head_dim, cpu::kAttnMaxHeadDim);
+  KERNEL_REQUIRE(p.head_dim_v >= 0 && p.head_dim_v <= cpu::kAttnMaxHeadDim,
+               "cuda attention: head_dim_v %d outside 1..%d (0: head_dim)", p.head_dim_v,
+               cpu::kAttnMaxHeadDim);
   KERNEL_REQUIRE(std::isfinite(p.scale), "cuda attention: scale is not finite");
   KERNEL_REQUIRE(p.num_segments >= 0 && (p.num_segments == 0 || p.segments != nullptr),
                "cuda attention: %d segments but no segment array", p.num_segments);
@@ -79,24 +82,30 @@ attnResult_t deviceLimits(DeviceLimits* lim) {
   return attnSuccess;
 }
 
-size_t wmmaSmemBytes(int d) {
-  return d == 64 ? WmmaSmem<64>::kBytes : d == 128 ? WmmaSmem<128>::kBytes : WmmaSmem<256>::kBytes;
-}
-size_t mmaSmemBytes(int d) {
-  return d == 64 ? MmaSmem<64>::kBytes : d == 128 ? MmaSmem<128>::kBytes : MmaSmem<256>::kBytes;
+// The (head_dim, head_dim_v) pairs the tensor-core kernels are built for:
+// 64, 128, 256 for both, and MLA's 192 / 128 (DeepSeek). Others run on SIMT.
+bool tensorCoreShape(int d, int dv) {
+  return (d == dv && (d == 64 || d == 128 || d == 256)) || (d == 192 && dv == 128);
 }
 
-// The tensor-core kernels need sm_80+, 16-bit inputs, a head size they were
+// Shared memory of a tensor-core tile layout S<D, Dv> for a built shape.
+template <template <int, int> class S>
+size_t tileSmemBytes(int d, int dv) {
+  if (d != dv) return S<192, 128>::kBytes;
+  return d == 64 ? S<64, 64>::kBytes : d == 128 ? S<128, 128>::kBytes : S<256, 256>::kBytes;
+}
+
+// The tensor-core kernels need sm_80+, 16-bit inputs, a head shape they were
 // built for, 16-byte aligned tensors, and their tiles in shared memory
 // (D = 256 does not fit on parts with ~100 KiB per block, e.g. sm_86/89).
 AttnCudaKernel chooseKernel(const cpu::AttnProblem& p, const AttnCudaExec& ex, const DeviceLimits& lim,
                             const float* o) {
-  const int d = p.head_dim;
+  const int d = p.head_dim, dv = cpu::valueDim(p);
   const bool tc = !ex.force_generic && lim.cc >= 80 && (p.dtype == attnFloat16 || p.dtype == attnBfloat16) &&
-                  (d == 64 || d == 128 || d == 256) && aligned(p.q, 16) && aligned(p.k, 16) &&
+                  tensorCoreShape(d, dv) && aligned(p.q, 16) && aligned(p.k, 16) &&
                   aligned(p.v, 16) && aligned(o, 16);
-  if (tc && !ex.force_wmma && mmaSmemBytes(d) <= lim.smemOptin) return AttnCudaKernel::mma;
-  if (tc && wmmaSmemBytes(d) <= lim.smemOptin) return AttnCudaKernel::wmma;
+  if (tc && !ex.force_wmma && tileSmemBytes<MmaSmem>(d, dv) <= lim.smemOptin) return AttnCudaKernel::mma;
+  if (tc && tileSmemBytes<WmmaSmem>(d, dv) <= lim.smemOptin) return AttnCudaKernel::wmma;
   return AttnCudaKernel::simt;
 }
 
@@ -134,15 +143,18 @@ attnResult_t launchWith(const char* name, void (*kern)(AttnArgs), size_t bytes, 
   return launchKernel(name, kern, gridOf(a), threads, bytes, s, a);
 }
 
-template <class T, int D>
+template <class T, int D, int Dv = D>
 attnResult_t launchTensorCores(AttnCudaKernel k, const AttnArgs& a, cudaStream_t s) {
   if (k == AttnCudaKernel::mma)
-    return launchWith("attention (mma) launch", attnMmaKernel<T, D>, MmaSmem<D>::kBytes, kMmaThreads, a, s);
-  return launchWith("attention (wmma) launch", attnWmmaKernel<T, D>, WmmaSmem<D>::kBytes, kWmmaThreads, a, s);
+    return launchWith("attention (mma) launch", attnMmaKernel<T, D, Dv>, MmaSmem<D, Dv>::kBytes, kMmaThreads, a,
+                      s);
+  return launchWith("attention (wmma) launch", attnWmmaKernel<T, D, Dv>, WmmaSmem<D, Dv>::kBytes, kWmmaThreads,
+                    a, s);
 }
 
 template <class T>
 attnResult_t launchTensorCoresD(AttnCudaKernel k, const AttnArgs& a, cudaStream_t s) {
+  if (a.d != a.dv) return launchTensorCores<T, 192, 128>(k, a, s);  // the one MLA shape built
   switch (a.d) {
     case 64: return launchTensorCores<T, 64>(k, a, s);
     case 128: return launchTensorCores<T, 128>(k, a, s);
@@ -152,7 +164,7 @@ attnResult_t launchTensorCoresD(AttnCudaKernel k, const AttnArgs& a, cudaStream_
 
 template <class T>
 attnResult_t launchSimt(const AttnArgs& a, cudaStream_t s) {
-  return launchWith("attention (simt) launch", attnSimtKernel<T>, simtSmemBytes(a.d), kSimtThreads, a, s);
+  return launchWith("attention (simt) launch", attnSimtKernel<T>, simtSmemBytes(a.d, a.dv), kSimtThreads, a, s);
 }
 
 attnResult_t makePlan(const cpu::AttnProblem& p, const AttnCudaExec& ex, const float* o,
@@ -211,19 +223,19 @@ attnResult_t launch(const AttnArgs& a, const AttnCudaPlan& plan, attnDataType_t 
 
 // Split-K: every chunk's partial into a slice of a scratch buffer (rows no
 // chunk reaches stay O = 0, LSE = -inf there), then merged into (o, lse):
-// a fresh result, or folded into the accumulator.
+// a fresh result, or folded into the accumulator. O rows are dv wide.
 attnResult_t launchSplit(AttnArgs a, const AttnCudaPlan& plan, attnDataType_t dtype, cudaStream_t s) {
-  const size_t rows = size_t(a.nq) * size_t(a.hq), slices = size_t(a.splits);
+  const size_t rows = size_t(a.nq) * size_t(a.hq), slices = size_t(a.splits), dv = size_t(a.dv);
   float* o = a.o;
   float* lse = a.lse;
   void* scratch = nullptr;
-  KERNEL_CHECK(cudaResult(cudaMallocAsync(&scratch, slices * rows * (size_t(a.d) + 1) * sizeof(float), s),
+  KERNEL_CHECK(cudaResult(cudaMallocAsync(&scratch, slices * rows * (dv + 1) * sizeof(float), s),
                         "cudaMallocAsync(split-K partials)"));
   float* po = static_cast<float*>(scratch);
-  float* pl = po + slices * rows * size_t(a.d);
-  attnResult_t r = initAccumulator(po, pl, int64_t(slices) * a.nq, a.hq, a.d, s);
+  float* pl = po + slices * rows * dv;
+  attnResult_t r = initAccumulator(po, pl, int64_t(slices) * a.nq, a.hq, a.dv, s);
   // A fresh result starts empty (with segments run() has cleared it).
-  if (r == attnSuccess && !a.accumulate && !a.segs) r = initAccumulator(o, lse, a.nq, a.hq, a.d, s);
+  if (r == attnSuccess && !a.accumulate && !a.segs) r = initAccumulator(o, lse, a.nq, a.hq, a.dv, s);
   if (r == attnSuccess) {
     a.o = po;
     a.lse = pl;
@@ -232,8 +244,8 @@ attnResult_t launchSplit(AttnArgs a, const AttnCudaPlan& plan, attnDataType_t dt
   }
   if (r == attnSuccess) {
     std::vector<cpu::AttnPartialRef> parts(slices);
-    for (size_t j = 0; j < slices; ++j) parts[j] = {po + j * rows * size_t(a.d), attnFloat32, pl + j * rows};
-    r = mergePartials(o, lse, parts.data(), int(slices), rows, a.d, s);
+    for (size_t j = 0; j < slices; ++j) parts[j] = {po + j * rows * dv, attnFloat32, pl + j * rows};
+    r = mergePartials(o, lse, parts.data(), int(slices), rows, a.dv, s);
   }
   // Freed in stream order after the merge, or at once after a failed enqueue.
   const attnResult_t f = cudaResult(cudaFreeAsync(scratch, s), "cudaFreeAsync(split-K partials)");
@@ -250,7 +262,7 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   const bool segs = p.segments != nullptr;
   // Rows outside every segment are never visited by a CTA: clear them first.
   if (!accumulate && segs)
-    KERNEL_CHECK(initAccumulator(o, lse, p.nq, p.num_q_heads, p.head_dim, ex.stream));
+    KERNEL_CHECK(initAccumulator(o, lse, p.nq, p.num_q_heads, cpu::valueDim(p), ex.stream));
   if (segs && p.num_segments == 0) return attnSuccess;
 
   AttnArgs a{};
@@ -267,6 +279,7 @@ attnResult_t run(const cpu::AttnProblem& p, float* o, float* lse, const AttnCuda
   a.hq = p.num_q_heads;
   a.hkv = p.num_kv_heads;
   a.d = p.head_dim;
+  a.dv = cpu::valueDim(p);
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim));
   a.scale_log2 = scale * 1.4426950408889634f;
   if (p.softcap > 0.0f) {

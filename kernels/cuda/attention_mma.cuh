@@ -21,6 +21,10 @@
 // V of tile j is copied while S and the softmax of tile j run, K of the
 // next tile while P V of tile j runs. Q fragments stay in registers for
 // head_dim <= 128 (256 would leave too few registers for the output).
+//
+// MLA heads (D = head dim of Q and K, Dv of V and O, DeepSeek's 192 / 128):
+// S = Q K^T runs over D, the V tile and the output accumulators over Dv.
+// An instance with D == Dv is the code it was before Dv existed.
 #pragma once
 
 #include <cuda_pipeline_primitives.h>
@@ -32,15 +36,16 @@ namespace attn::cuda {
 
 constexpr int kMmaBQ = 64, kMmaBK = 64, kMmaThreads = 128;
 
-template <int D>
+template <int D, int Dv>
 struct MmaSmem {
-  // Row stride (elements): rows 16 bytes apart modulo 128, so the 8 row
-  // addresses of one ldmatrix fall in different banks.
+  // Row strides (elements) of Q / K and of V: rows 16 bytes apart modulo
+  // 128, so the 8 row addresses of one ldmatrix fall in different banks.
   static constexpr int kLd = D + 8;
+  static constexpr int kLdV = Dv + 8;
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + size_t(kMmaBQ) * kLd * 2;
   static constexpr size_t kV = kK + size_t(kMmaBK) * kLd * 2;
-  static constexpr size_t kKpos = kV + size_t(kMmaBK) * kLd * 2;
+  static constexpr size_t kKpos = kV + size_t(kMmaBK) * kLdV * 2;
   static constexpr size_t kBytes = kKpos + size_t(kMmaBK) * 4;
 };
 
@@ -53,11 +58,15 @@ __device__ inline const T* blockRow(const T* s, int r0, int c0, int lane) {
   return s + (r0 + (lane & 15)) * kLd + c0 + (lane >> 4) * 8;
 }
 
-template <class T, int D>
+template <class T, int D, int Dv>
 __global__ void __launch_bounds__(kMmaThreads)
 attnMmaKernel(AttnArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = MmaSmem<D>;
+  static_assert(D % 16 == 0 && Dv % 16 == 0, "whole 16-column blocks");
+  using L = MmaSmem<D, Dv>;
+  // Q stays in registers up to D = 128; 192 (MLA) and 256 re-read it from
+  // shared memory per tile (192 / 128 with Q in registers takes ~250
+  // registers, 2 CTAs per SM; re-read, 168 on sm_90a: 3).
   constexpr bool kQInRegs = D <= 128;
   constexpr int kNB = kMmaBK / 8;  // 8-key column blocks of S
   extern __shared__ __align__(128) unsigned char smem[];
@@ -82,8 +91,9 @@ attnMmaKernel(AttnArgs a) {
   if (!findTile<kMmaThreads>(a, tile, kMmaBQ / hc, w)) return;
   takeKeyChunk(a, kMmaBK, w);
   const size_t kstride = size_t(a.hkv) * D;
+  [[maybe_unused]] const size_t vstride = size_t(a.hkv) * Dv;
   const T* gk = static_cast<const T*>(a.k) + size_t(kvh) * D;
-  const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * D;
+  const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * Dv;
   // Row r of the CTA is query row w.q0 + r / hc of head head0 + r % hc.
   const int nrows = w.q1 - w.q0;
   auto rowOk = [&](int r) { return r / hc < nrows && r % hc < nheads; };
@@ -139,6 +149,17 @@ attnMmaKernel(AttnArgs a) {
     stageRows<T, D, L::kLd, kMmaThreads>(s, base + first, min(kMmaBK, w.ke - k0), kstride, kMmaBK, idx);
     __pipeline_commit();
   };
+  // V's rows, Dv wide (MLA); with D == Dv those of K (the code before Dv).
+  auto stageV = [&](int k0) {
+    if constexpr (D == Dv) {
+      stageKeys(sV, gv, k0);
+    } else {
+      const int64_t* idx = a.k_rows != nullptr ? a.k_rows + k0 : nullptr;
+      const size_t first = idx != nullptr ? 0 : size_t(k0) * vstride;
+      stageRows<T, Dv, L::kLdV, kMmaThreads>(sV, gv + first, min(kMmaBK, w.ke - k0), vstride, kMmaBK, idx);
+      __pipeline_commit();
+    }
+  };
   auto stageK = [&](int k0) {
     stageKeys(sK, gk, k0);
     const int nk = min(kMmaBK, w.ke - k0);
@@ -147,9 +168,9 @@ attnMmaKernel(AttnArgs a) {
   };
 
   [[maybe_unused]] uint32_t qf[kQInRegs ? D / 16 : 1][4];
-  float o[D / 8][4];
+  float o[Dv / 8][4];
 #pragma unroll
-  for (int f = 0; f < D / 8; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.0f;
+  for (int f = 0; f < Dv / 8; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.0f;
   // Running max (log2 domain) of rows g, g+8, and this thread's part of
   // their denominators (the quad's parts add up at the end: the rescale
   // factor is the same in all four lanes).
@@ -166,7 +187,7 @@ attnMmaKernel(AttnArgs a) {
     else counts.full += unsigned(nheads);
     __pipeline_wait_prior(0);  // Q (first tile) and this tile's K have landed
     __syncthreads();           // for every thread; every warp is done with the last V
-    stageKeys(sV, gv, k0);     // lands while S and the softmax run
+    stageV(k0);                // lands while S and the softmax run
 
     const bool active = warp_rows && !(a.bounded && noneVisible(a, klo, khi, warp_qlo, warp_qhi));
     uint32_t p[kMmaBK / 16][4];  // the weights, as A fragments of P V
@@ -254,7 +275,7 @@ attnMmaKernel(AttnArgs a) {
       m0 = mn0;
       m1 = mn1;
 #pragma unroll
-      for (int f = 0; f < D / 8; ++f) {
+      for (int f = 0; f < Dv / 8; ++f) {
         o[f][0] *= al0;
         o[f][1] *= al0;
         o[f][2] *= al1;
@@ -270,9 +291,9 @@ attnMmaKernel(AttnArgs a) {
 #pragma unroll
       for (int kk = 0; kk < kMmaBK / 16; ++kk)
 #pragma unroll
-        for (int f = 0; f < D / 16; ++f) {
+        for (int f = 0; f < Dv / 16; ++f) {
           uint32_t vb[4];
-          ptx::ldmatrixX4Trans(vb, blockRow<L::kLd>(sV, kk * 16, f * 16, lane));
+          ptx::ldmatrixX4Trans(vb, blockRow<L::kLdV>(sV, kk * 16, f * 16, lane));
           ptx::mma16816<T>(o[2 * f], p[kk], vb[0], vb[1]);
           ptx::mma16816<T>(o[2 * f + 1], p[kk], vb[2], vb[3]);
         }
@@ -303,7 +324,7 @@ attnMmaKernel(AttnArgs a) {
     const int r = h == 0 ? r0 : r1, row = w.q0 + r / hc, head = head0 + r % hc;
     const float l = h == 0 ? l0 : l1;
     const float ln = rowLse(h == 0 ? m0 : m1, l);
-    float* go = outO(a, row, head, D) + 2 * t;
+    float* go = outO(a, row, head, Dv) + 2 * t;
     float wa = 0.0f, wn = 0.0f, lo = ln;
     if (!a.accumulate) {
       wn = l > 0.0f ? 1.0f / l : 0.0f;
@@ -312,7 +333,7 @@ attnMmaKernel(AttnArgs a) {
       wn /= l;
     }
 #pragma unroll
-    for (int f = 0; f < D / 8; ++f) {
+    for (int f = 0; f < Dv / 8; ++f) {
       float2 y = make_float2(0.0f, 0.0f);
       if (wa != 0.0f) y = *reinterpret_cast<const float2*>(go + f * 8);
       *reinterpret_cast<float2*>(go + f * 8) =

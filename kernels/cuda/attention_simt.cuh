@@ -1,12 +1,13 @@
 // Portable SIMT attention tile kernel: any dtype (fp32 needs it: tensor
-// cores would round it), any head_dim 1..256, any alignment, any GPU. Same
-// contract and tile logic as the WMMA kernel, with fp32 FMAs.
+// cores would round it), any head_dim 1..256 and any V head dim 1..256
+// (MLA), any alignment, any GPU. Same contract and tile logic as the WMMA
+// kernel, with fp32 FMAs.
 //
 // CTA: 32 query rows of one q head, 128 threads; thread t serves row t / 4
 // and key / dim slice t % 4. A row's four threads are adjacent lanes, so its
 // softmax reductions are two shuffles. Q (pre-scaled), K and V tiles live in
 // shared memory as fp32; the output accumulator stays in registers (up to 64
-// dims per thread).
+// of the Dv dims per thread).
 #pragma once
 
 #include "kernels/cuda/attention_tile.cuh"
@@ -15,21 +16,22 @@ namespace attn::cuda {
 
 constexpr int kSimtBQ = 32, kSimtBK = 32, kSimtThreads = 128;
 
-inline size_t simtSmemBytes(int d) {
-  const int ld = d + 1;  // odd stride: the rows a warp reads fall in different banks
-  return (size_t(kSimtBQ) + 2 * kSimtBK) * ld * 4 + size_t(kSimtBQ) * (kSimtBK + 1) * 4 +
-         size_t(kSimtBK) * 4;
+// d: head dim of Q and K, dv: of V.
+inline size_t simtSmemBytes(int d, int dv) {
+  // Odd strides: the rows a warp reads fall in different banks.
+  return (size_t(kSimtBQ) + kSimtBK) * (d + 1) * 4 + size_t(kSimtBK) * (dv + 1) * 4 +
+         size_t(kSimtBQ) * (kSimtBK + 1) * 4 + size_t(kSimtBK) * 4;
 }
 
 template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 attnSimtKernel(AttnArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int D = a.d, ld = D + 1;
+  const int D = a.d, ld = D + 1, Dv = a.dv, ldv = Dv + 1;
   float* sQ = reinterpret_cast<float*>(smem);
   float* sK = sQ + kSimtBQ * ld;
   float* sV = sK + kSimtBK * ld;
-  float* sP = sV + kSimtBK * ld;
+  float* sP = sV + kSimtBK * ldv;
   int* sKpos = reinterpret_cast<int*>(sP + kSimtBQ * (kSimtBK + 1));
 
   const int head = int(blockIdx.x % unsigned(a.hq));
@@ -38,10 +40,10 @@ attnSimtKernel(AttnArgs a) {
   if (!findTile<kSimtThreads>(a, tile, kSimtBQ, w)) return;
   takeKeyChunk(a, kSimtBK, w);
   const int kvh = head / (a.hq / a.hkv);
-  const size_t qstride = size_t(a.hq) * D, kstride = size_t(a.hkv) * D;
+  const size_t qstride = size_t(a.hq) * D, kstride = size_t(a.hkv) * D, vstride = size_t(a.hkv) * Dv;
   const T* gq = static_cast<const T*>(a.q) + size_t(w.q0) * qstride + size_t(head) * D;
   const T* gk = static_cast<const T*>(a.k) + size_t(kvh) * D;
-  const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * D;
+  const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * Dv;
   const int nrows = w.q1 - w.q0;
   for (int i = threadIdx.x; i < kSimtBQ * D; i += kSimtThreads) {
     const int r = i / D, c = i % D;
@@ -88,12 +90,14 @@ attnSimtKernel(AttnArgs a) {
     else ++counts.full;
 
     __syncthreads();  // previous tile's readers are done (and Q is stored, first time)
-    for (int i = threadIdx.x; i < kSimtBK * D; i += kSimtThreads) {
-      const int kr = i / D, c = i % D;
+    // K and V rows in one pass over the wider of the two (D == Dv: both always).
+    const int W = max(D, Dv);
+    for (int i = threadIdx.x; i < kSimtBK * W; i += kSimtThreads) {
+      const int kr = i / W, c = i % W;
       const bool ok = kr < nk;
-      const size_t at = ok ? keyRow(a, k0 + kr) * kstride + c : 0;
-      sK[kr * ld + c] = ok ? F32<T>::load(gk[at]) : 0.0f;
-      sV[kr * ld + c] = ok ? F32<T>::load(gv[at]) : 0.0f;
+      const size_t row = ok ? keyRow(a, k0 + kr) : 0;
+      if (c < D) sK[kr * ld + c] = ok ? F32<T>::load(gk[row * kstride + c]) : 0.0f;
+      if (c < Dv) sV[kr * ldv + c] = ok ? F32<T>::load(gv[row * vstride + c]) : 0.0f;
     }
     if (threadIdx.x < kSimtBK)
       sKpos[threadIdx.x] = (a.bounded && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;
@@ -136,10 +140,10 @@ attnSimtKernel(AttnArgs a) {
     for (int j = 0; j < 64; ++j) acc[j] *= alpha;
     for (int c = 0; c < nk; ++c) {
       const float p = sP[r * (kSimtBK + 1) + c];
-      const float* vr = sV + c * ld + sl;
+      const float* vr = sV + c * ldv + sl;
 #pragma unroll
       for (int j = 0; j < 64; ++j)
-        if (sl + 4 * j < D) acc[j] = fmaf(p, vr[4 * j], acc[j]);
+        if (sl + 4 * j < Dv) acc[j] = fmaf(p, vr[4 * j], acc[j]);
     }
     __syncwarp();  // sP is rewritten by the next tile
   }
@@ -147,13 +151,13 @@ attnSimtKernel(AttnArgs a) {
   if (!row_ok) return;
 
   const float ln = rowLse(m2, l);
-  float* go = outO(a, row, head, D);
+  float* go = outO(a, row, head, Dv);
   float* gl = outLse(a, row, head);
   if (!a.accumulate) {
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int j = 0; j < 64; ++j)
-      if (sl + 4 * j < D) go[sl + 4 * j] = acc[j] * inv;
+      if (sl + 4 * j < Dv) go[sl + 4 * j] = acc[j] * inv;
     if (sl == 0) *gl = ln;
     return;
   }
@@ -164,7 +168,7 @@ attnSimtKernel(AttnArgs a) {
     wn /= l;
 #pragma unroll
     for (int j = 0; j < 64; ++j)
-      if (sl + 4 * j < D) {
+      if (sl + 4 * j < Dv) {
         const float y = wa != 0.0f ? go[sl + 4 * j] : 0.0f;
         go[sl + 4 * j] = wa * y + wn * acc[j];
       }

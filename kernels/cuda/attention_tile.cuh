@@ -28,7 +28,7 @@ struct AttnArgs {
   const int32_t* k_pos;
   const int64_t* k_rows;         // paged K/V: row of k / v holding key j; null: row j
   const cpu::AttnSegment* segs;  // null: one segment, all rows x all keys
-  int nseg, nq, nk, hq, hkv, d;
+  int nseg, nq, nk, hq, hkv, d;  // d: head dim of Q and K
   float scale_log2;  // score scale * log2(e): softmax runs on exp2
   // Softcap (cap != 0): the log2-domain score is cap * tanh(x), x = the raw
   // dot q.k * cap_in (= scale / softcap) or the log2-scaled score * cap_inv
@@ -50,6 +50,10 @@ struct AttnArgs {
   // the CTAs per query tile: hkv x ceil(group / heads_per_cta) (= hq at 1).
   int heads_per_cta;
   int head_slots;
+  // Head dim of V and O (MLA: may differ from d, the head dim of Q and K).
+  // Last, so the fields before it keep their offsets: the kernels built
+  // for d == dv compile to the code they had before it existed.
+  int dv;
 };
 
 __device__ inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }

@@ -11,6 +11,10 @@
 // needs the row of each fragment element; WMMA does not document the
 // layout, so each warp learns it once by loading a matrix whose entries are
 // their own row numbers.
+//
+// MLA heads (D = head dim of Q and K, Dv of V and O): S over D, the V tile,
+// the accumulators and the output staging over Dv. An instance with
+// D == Dv is the code it was before Dv existed.
 #pragma once
 
 #include <cuda_pipeline_primitives.h>
@@ -22,16 +26,17 @@ namespace attn::cuda {
 
 constexpr int kWmmaBQ = 64, kWmmaBK = 64, kWmmaWarps = 4, kWmmaThreads = 128;
 
-template <int D>
+template <int D, int Dv>
 struct WmmaSmem {
-  static constexpr int kLdT = D + 8;          // Q/K/V row stride (elements): breaks bank aliasing
+  static constexpr int kLdT = D + 8;          // Q/K row stride (elements): breaks bank aliasing
+  static constexpr int kLdV = Dv + 8;         // V row stride (elements)
   static constexpr int kLdS = kWmmaBK + 4;    // score row stride (floats)
   static constexpr int kLdP = kWmmaBK + 8;    // P row stride (elements)
-  static constexpr int kLdO = D + 4;          // output staging row stride (floats)
+  static constexpr int kLdO = Dv + 4;         // output staging row stride (floats)
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + size_t(kWmmaBQ) * kLdT * 2;
   static constexpr size_t kV = kK + size_t(kWmmaBK) * kLdT * 2;
-  static constexpr size_t kS = kV + size_t(kWmmaBK) * kLdT * 2;
+  static constexpr size_t kS = kV + size_t(kWmmaBK) * kLdV * 2;
   static constexpr size_t kP = kS + size_t(kWmmaWarps) * 16 * kLdS * 4;
   static constexpr size_t kRow = kP + size_t(kWmmaWarps) * 16 * kLdP * 2;  // per-row factor
   static constexpr size_t kKpos = kRow + size_t(kWmmaBQ) * 4;
@@ -40,12 +45,13 @@ struct WmmaSmem {
   static_assert(size_t(kWmmaWarps) * 16 * kLdO * 4 <= kS - kK, "staging fits in K+V");
 };
 
-template <class T, int D>
+template <class T, int D, int Dv>
 __global__ void __launch_bounds__(kWmmaThreads)
 attnWmmaKernel(AttnArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace nvcuda;
-  using L = WmmaSmem<D>;
+  static_assert(D % 16 == 0 && Dv % 16 == 0, "whole 16-column blocks");
+  using L = WmmaSmem<D, Dv>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);
   T* sK = reinterpret_cast<T*>(smem + L::kK);
@@ -65,9 +71,10 @@ attnWmmaKernel(AttnArgs a) {
   takeKeyChunk(a, kWmmaBK, w);
   const int kvh = head / (a.hq / a.hkv);
   const size_t qstride = size_t(a.hq) * D, kstride = size_t(a.hkv) * D;
+  const size_t vstride = D == Dv ? kstride : size_t(a.hkv) * Dv;
   const T* gq = static_cast<const T*>(a.q) + size_t(w.q0) * qstride + size_t(head) * D;
   const T* gk = static_cast<const T*>(a.k) + size_t(kvh) * D;
-  const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * D;
+  const T* gv = static_cast<const T*>(a.v) + size_t(kvh) * Dv;
 
   stageRows<T, D, L::kLdT, kWmmaThreads>(sQ, gq, w.q1 - w.q0, qstride, kWmmaBQ);
   __pipeline_commit();
@@ -98,9 +105,9 @@ attnWmmaKernel(AttnArgs a) {
   }
   const bool warp_rows = wr0 < wr1;
 
-  AccFrag acc[D / 16];
+  AccFrag acc[Dv / 16];
 #pragma unroll
-  for (int f = 0; f < D / 16; ++f) wmma::fill_fragment(acc[f], 0.0f);
+  for (int f = 0; f < Dv / 16; ++f) wmma::fill_fragment(acc[f], 0.0f);
   float m2 = -INFINITY, l = 0.0f;  // running max (log2 domain) and denominator of my row
   TileCounts counts;
 
@@ -124,7 +131,8 @@ attnWmmaKernel(AttnArgs a) {
     const size_t first = idx != nullptr ? 0 : size_t(k0) * kstride;
     stageRows<T, D, L::kLdT, kWmmaThreads>(sK, gk + first, nk, kstride, kWmmaBK, idx);
     __pipeline_commit();
-    stageRows<T, D, L::kLdT, kWmmaThreads>(sV, gv + first, nk, kstride, kWmmaBK, idx);
+    const size_t vfirst = D == Dv ? first : idx != nullptr ? 0 : size_t(k0) * vstride;
+    stageRows<T, Dv, L::kLdV, kWmmaThreads>(sV, gv + vfirst, nk, vstride, kWmmaBK, idx);
     __pipeline_commit();
     if (threadIdx.x < kWmmaBK)
       sKpos[threadIdx.x] = (a.bounded && int(threadIdx.x) < nk) ? a.k_pos[k0 + threadIdx.x] : 0;
@@ -188,7 +196,7 @@ attnWmmaKernel(AttnArgs a) {
       if ((lane & 1) == 0) sRow[r] = alpha;
       __syncwarp();
 #pragma unroll
-      for (int f = 0; f < D / 16; ++f)
+      for (int f = 0; f < Dv / 16; ++f)
 #pragma unroll
         for (int i = 0; i < AccFrag::num_elements; ++i) acc[f].x[i] *= sRow[rowOf[i]];
     }
@@ -200,9 +208,9 @@ attnWmmaKernel(AttnArgs a) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pa;
         wmma::load_matrix_sync(pa, sP + kk * 16, L::kLdP);
 #pragma unroll
-        for (int f = 0; f < D / 16; ++f) {
+        for (int f = 0; f < Dv / 16; ++f) {
           wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vb;
-          wmma::load_matrix_sync(vb, sV + kk * 16 * L::kLdT + f * 16, L::kLdT);
+          wmma::load_matrix_sync(vb, sV + kk * 16 * L::kLdV + f * 16, L::kLdV);
           wmma::mma_sync(acc[f], pa, vb, acc[f]);
         }
       }
@@ -214,7 +222,7 @@ attnWmmaKernel(AttnArgs a) {
 
   float* sO = reinterpret_cast<float*>(smem + L::kK) + warp * 16 * L::kLdO;
 #pragma unroll
-  for (int f = 0; f < D / 16; ++f)
+  for (int f = 0; f < Dv / 16; ++f)
     wmma::store_matrix_sync(sO + f * 16, acc[f], L::kLdO, wmma::mem_row_major);
   if ((lane & 1) == 0) sRow[lane / 2] = l;
   float* rowM = reinterpret_cast<float*>(sKpos);  // m2 per row, 16 per warp: reuse the 64 ints
@@ -226,12 +234,12 @@ attnWmmaKernel(AttnArgs a) {
     const int row = wr0 + r;
     const float lr = sRow[r];
     const float ln = rowLse(rowM[warp * 16 + r], lr);
-    float* go = outO(a, row, head, D);
+    float* go = outO(a, row, head, Dv);
     float* gl = outLse(a, row, head);
     const float* so = sO + r * L::kLdO;
     if (!a.accumulate) {
       const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-      for (int c = lane * 4; c < D; c += 128) {
+      for (int c = lane * 4; c < Dv; c += 128) {
         const float4 x = *reinterpret_cast<const float4*>(so + c);
         *reinterpret_cast<float4*>(go + c) = make_float4(x.x * inv, x.y * inv, x.z * inv, x.w * inv);
       }
@@ -241,7 +249,7 @@ attnWmmaKernel(AttnArgs a) {
       float wa, wn, lo;
       if (foldWeights(la, ln, wa, wn, lo)) {
         wn /= lr;
-        for (int c = lane * 4; c < D; c += 128) {
+        for (int c = lane * 4; c < Dv; c += 128) {
           const float4 x = *reinterpret_cast<const float4*>(so + c);
           float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
           if (wa != 0.0f) y = *reinterpret_cast<const float4*>(go + c);

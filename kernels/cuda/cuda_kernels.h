@@ -27,14 +27,15 @@
 namespace attn::cuda {
 
 // ---- attention (attention.cu) -----------------------------------------------
-// Contract of kernels/cpu/attention.h: THD tensors (q [nq, Hq, D], k/v
-// [nk, Hkv, D]), fp32 / fp16 / bf16, GQA (query head h reads kv head
+// Contract of kernels/cpu/attention.h: THD tensors (q [nq, Hq, D], k
+// [nk, Hkv, D], v [nk, Hkv, Dv], o [nq, Hq, Dv]; Dv = cpu::valueDim(p),
+// MLA heads), fp32 / fp16 / bf16, GQA (query head h reads kv head
 // h / (Hq / Hkv)), causal on global positions (key j visible to query i iff
 // k_pos[j] <= q_pos[i]; positions may be in any order), segments for
 // variable-length batches, sliding windows on the same positions
 // (window_left / window_right, cpu::visibleSpan), softcap on the scaled
 // scores, O fp32 normalised, LSE fp32 natural log, a row that sees no key
-// O = 0 and LSE = -inf. head_dim 1..256.
+// O = 0 and LSE = -inf. head_dim 1..256, head_dim_v 0 (head_dim) or 1..256.
 //
 // Device-side differences, all because the host must not read device data:
 //  - q_pos, k_pos, k_rows (paged K/V) and segments are device pointers;
@@ -63,8 +64,8 @@ struct AttnCudaExec {
   int key_splits = 0;
 };
 
-// The attention kernels. Tensor cores take fp16/bf16, head_dim 64/128/256,
-// sm_80+, 16-byte aligned tensors; mma (mma.sync, scores in registers) is
+// The attention kernels. Tensor cores take fp16/bf16, head dims (Q/K, V)
+// 64/64, 128/128, 256/256 or 192/128 (MLA), sm_80+, 16-byte aligned tensors; mma (mma.sync, scores in registers) is
 // the first choice, WMMA where mma's shared memory does not fit or when
 // asked for; SIMT takes everything else.
 enum class AttnCudaKernel { mma, wmma, simt };
@@ -95,7 +96,8 @@ struct AttnCudaPlan {
 [[nodiscard]] attnResult_t attentionAccumulate(const cpu::AttnProblem& p, float* o_acc,
                                                float* lse_acc, const AttnCudaExec& ex);
 
-// O = 0, LSE = -inf for rows x heads rows of head_dim.
+// O = 0, LSE = -inf for rows x heads rows of head_dim (an attention
+// result's: its V head dim, cpu::valueDim).
 [[nodiscard]] attnResult_t initAccumulator(float* o, float* lse, int64_t rows, int heads,
                                            int head_dim, cudaStream_t stream);
 

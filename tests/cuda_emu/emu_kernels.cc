@@ -56,16 +56,18 @@ attnResult_t attention(const char* kernel, const cpu::AttnProblem& p, float* o, 
                        const AttnCudaExec& ex, bool accumulate) {
   ATTN_REQUIRE(p.nq >= 0 && p.nk >= 0 && p.num_q_heads > 0 && p.num_kv_heads > 0 &&
                    p.num_q_heads % p.num_kv_heads == 0 && p.head_dim >= 1 &&
-                   p.head_dim <= cpu::kAttnMaxHeadDim,
-               "cuda attention: bad shape (nq %d, nk %d, heads %d/%d, head_dim %d)", p.nq, p.nk,
-               p.num_q_heads, p.num_kv_heads, p.head_dim);
+                   p.head_dim <= cpu::kAttnMaxHeadDim && p.head_dim_v >= 0 &&
+                   p.head_dim_v <= cpu::kAttnMaxHeadDim,
+               "cuda attention: bad shape (nq %d, nk %d, heads %d/%d, head_dim %d, head_dim_v %d)", p.nq,
+               p.nk, p.num_q_heads, p.num_kv_heads, p.head_dim, p.head_dim_v);
   ATTN_REQUIRE(p.dtype == attnFloat32 || p.dtype == attnFloat16 || p.dtype == attnBfloat16,
                "cuda attention: dtype %d is not fp32, fp16 or bf16", int(p.dtype));
   if (p.nq == 0) return attnSuccess;
-  const size_t e = eltBytes(p.dtype), d = size_t(p.head_dim);
+  // V and O rows are valueDim(p) wide (MLA heads); p, head_dim_v included, goes to the CPU twin.
+  const size_t e = eltBytes(p.dtype), d = size_t(p.head_dim), dv = size_t(cpu::valueDim(p));
   const size_t qRows = size_t(p.nq) * p.num_q_heads, kRows = size_t(p.nk) * p.num_kv_heads;
   std::vector<Region> regions = {{p.q, qRows * d * e, "q"},       {p.k, kRows * d * e, "k"},
-                                 {p.v, kRows * d * e, "v"},       {o, qRows * d * 4, "o"},
+                                 {p.v, kRows * dv * e, "v"},      {o, qRows * dv * 4, "o"},
                                  {lse, qRows * 4, "lse"}};
   if (p.causal) {
     regions.push_back({p.q_pos, size_t(p.nq) * 4, "q_pos"});
