@@ -67,7 +67,7 @@ extern "C" {
 #endif
 
 #define ATTN_MAJOR 0
-#define ATTN_MINOR 3
+#define ATTN_MINOR 4
 #define ATTN_PATCH 0
 /* Version code: MAJOR*10000 + MINOR*100 + PATCH. */
 #define ATTN_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
@@ -565,13 +565,19 @@ typedef struct {
    * memory, read when the operation runs. A row that sees no key gets
    * out = 0 and lse = sink. */
   const float* sinks;
+  /* Since 0.4. The head dim of V and of the output (MLA-shaped heads:
+   * DeepSeek's head_dim 192 with head_dim_v 128), 1..256; 0: head_dim.
+   * v is [kv rows, Hkv, head_dim_v] and out [q rows, Hq, head_dim_v];
+   * softmax_scale's default stays 1/sqrt(head_dim). Every mode moves K
+   * rows of head_dim and V rows of head_dim_v, nothing padded. */
+  int head_dim_v;
 } attnAttnConfig_t;
 
 #define ATTN_ATTN_CONFIG(hq, hkv, d, dtype, scale, causal)                          \
   {                                                                                  \
     sizeof(attnAttnConfig_t), ATTN_ATTN_CONFIG_MAGIC, ATTN_VERSION_CODE, (hq), (hkv), \
         (d), (dtype), (scale), (causal), attnLseNatural, attnLseTokenMajor, -1, -1,  \
-        0.0f, NULL                                                                    \
+        0.0f, NULL, 0                                                                 \
   }
 /* No heads yet: set num_q_heads, num_kv_heads and head_dim. fp32, causal,
  * softmax_scale 1/sqrt(head_dim), natural token-major LSE, no window, no
@@ -629,7 +635,8 @@ typedef enum {
 } attnAttnMode_t;
 
 /* Exact attention of this rank's queries over the keys of all ranks.
- * q: [q rows, Hq, D]; k, v: [kv rows, Hkv, D]; out: [q rows, Hq, D], all in
+ * q: [q rows, Hq, D]; k: [kv rows, Hkv, D]; v: [kv rows, Hkv, Dv]; out:
+ * [q rows, Hq, Dv] (Dv = cfg->head_dim_v, or D when 0), all in
  * cfg->dtype. lse: [q rows, Hq] float natural-log log-sum-exp of the scaled
  * scores, or NULL. A query that sees no key gets out = 0 and lse = -inf.
  * Collective: every rank calls it with the same cfg, num_seqs and mode.
@@ -1056,12 +1063,14 @@ ATTN_API attnResult_t attnCommSetCostModel(attnComm_t comm, const attnCostModel_
  * the merge: the kernel must not). A call with a window or softcap is
  * refused (attnNotSupported, on every rank) on a kernel set through
  * attnCommSetAttnKernel, or through attnCommSetAttnKernelEx from a header
- * older than 0.3. */
+ * older than 0.3. Since 0.4, V and out have cfg->head_dim_v (Dv below,
+ * always set); a call whose Dv differs from D is refused the same way on
+ * a kernel registered from a header older than 0.4. */
 typedef struct {
   const void* q;              /* [q_rows, Hq, D] in cfg->dtype */
   const void* k;              /* [kv_rows, Hkv, D] */
-  const void* v;              /* [kv_rows, Hkv, D] */
-  float* out;                 /* [q_rows, Hq, D] in out_dtype (fp16/bf16:
+  const void* v;              /* [kv_rows, Hkv, Dv] */
+  float* out;                 /* [q_rows, Hq, Dv] in out_dtype (fp16/bf16:
                                  cast it; float* for the ABI's sake) */
   float* lse;                 /* [q_rows, Hq], or [Hq, q_rows] head-major */
   int num_seqs;

@@ -26,85 +26,18 @@
 #include "src/attn/attn_state.h"
 #include "src/attn/wire.h"
 #include "tests/support/attn_fixtures.h"
+#include "tests/support/attn_jobs.h"
+#include "tests/support/level_fixtures.h"
 #include "tests/support/multirank.h"
 
 namespace attn_test {
 namespace {
-
-struct Job {
-  std::shared_ptr<AttnCase> c;
-  Placement pl;
-  attnAttnMode_t mode;
-};
-
-uint64_t Mix(uint64_t a, uint64_t b) { return a * 0x9E3779B97F4A7C15ull + b; }
-
-// Sequence positions 0..len-1, split in `n` contiguous shards of keys and
-// queries (rank r holds the r-th slice): a narrow window then hides most
-// ranks' keys from most ranks.
-Placement ContiguousPlacement(const AttnCase& c, int n) {
-  Placement pl;
-  pl.nranks = n;
-  pl.q_rows.resize(n);
-  pl.kv_rows.resize(n);
-  for (int s = 0; s < c.num_seqs; ++s) {
-    const int64_t q0 = c.q_off[s], q1 = c.q_off[s + 1], k0 = c.kv_off[s], k1 = c.kv_off[s + 1];
-    for (int r = 0; r < n; ++r) {
-      for (int64_t i = q0 + (q1 - q0) * r / n; i < q0 + (q1 - q0) * (r + 1) / n; ++i) pl.q_rows[r].push_back(i);
-      for (int64_t j = k0 + (k1 - k0) * r / n; j < k0 + (k1 - k0) * (r + 1) / n; ++j) pl.kv_rows[r].push_back(j);
-    }
-  }
-  return pl;
-}
 
 attnAttnConfig_t With(attnAttnConfig_t c, int left, int right, float softcap) {
   c.window_left = left;
   c.window_right = right;
   c.softcap = softcap;
   return c;
-}
-
-std::vector<float> Sinks(int hq, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 2.0f);
-  std::vector<float> s(static_cast<size_t>(hq));
-  for (float& x : s) x = d(rng);
-  return s;
-}
-
-// One feature set over the scenarios: prefill with cached keys (planner),
-// arbitrary placement, contiguous shards, decode rows.
-void AddFeatureJobs(std::vector<Job>* jobs, const attnAttnConfig_t& cfg, bool sinks, int n, uint64_t seed,
-                    const std::vector<attnAttnMode_t>& modes, const std::string& tag) {
-  auto add = [&](std::shared_ptr<AttnCase> c, const Placement& pl) {
-    for (attnAttnMode_t m : modes) jobs->push_back({c, pl, m});
-  };
-  auto spec = [&](const std::vector<int32_t>& T, const std::vector<int32_t>& P) {
-    AttnProblemSpec s = PrefillSpec(cfg, T, P);
-    if (sinks) s.sinks = Sinks(cfg.num_q_heads, seed);
-    return s;
-  };
-  {
-    const std::vector<int32_t> T = {4 * n + 9, 7}, P = {11, 0};
-    auto c = std::make_shared<AttnCase>(MakeCase("planned prefill " + tag, spec(T, P), Mix(seed, 1)));
-    add(c, PlannerPlacement(*c, T, P, n));
-  }
-  {
-    const std::vector<int32_t> T = {3 * n + 5, 2}, P = {6, 2 * n};
-    auto c = std::make_shared<AttnCase>(MakeCase("random placement " + tag, spec(T, P), Mix(seed, 2)));
-    add(c, RandomPlacement(*c, n, Mix(seed, 22), n > 1 ? n - 1 : -1));
-  }
-  {
-    const std::vector<int32_t> T = {16 * n}, P = {0};
-    auto c = std::make_shared<AttnCase>(MakeCase("contiguous shards " + tag, spec(T, P), Mix(seed, 3)));
-    add(c, ContiguousPlacement(*c, n));
-  }
-  {
-    // Decode: one query per sequence at the end, keys round robin.
-    AttnProblemSpec s = spec({1, 1}, {13 * n + 3, 5});
-    auto c = std::make_shared<AttnCase>(MakeCase("decode " + tag, s, Mix(seed, 4)));
-    add(c, RoundRobinPlacement(*c, n, 1));
-  }
 }
 
 // The feature sets every mode is checked with.
@@ -131,34 +64,28 @@ std::vector<FeatureSet> FeatureSets() {
   };
 }
 
-void RunJobs(const std::vector<Job>& jobs, int rank, attnComm_t comm, const char* runner) {
-  for (size_t i = 0; i < jobs.size(); ++i)
-    ExpectRingAttentionExact(*jobs[i].c, jobs[i].pl, rank, comm, jobs[i].mode, true,
-                             std::string(runner) + " job " + std::to_string(i));
-}
-
 const std::vector<attnAttnMode_t> kModes(std::begin(kAllModes), std::end(kAllModes));
 
 class AttnFeaturesThreads : public ::testing::TestWithParam<int> {};
 
 TEST_P(AttnFeaturesThreads, EveryModeEqualsReference) {
   const int n = GetParam();
-  std::vector<Job> jobs;
+  std::vector<AttnJob> jobs;
   uint64_t seed = 700 + n;
-  for (const FeatureSet& f : FeatureSets()) AddFeatureJobs(&jobs, f.cfg, f.sinks, n, seed++, kModes, f.name);
+  for (const FeatureSet& f : FeatureSets()) AddScenarioJobs(&jobs, f.cfg, f.sinks, n, seed++, kModes, f.name);
   if (HasFailure()) return;
-  RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunJobs(jobs, rank, comm, "threads"); }, AttnRunOptions());
+  RunThreads(n, [&](int rank, int, attnComm_t& comm) { RunAttnJobs(jobs, rank, comm, "threads"); }, AttnRunOptions());
 }
 INSTANTIATE_TEST_SUITE_P(N, AttnFeaturesThreads, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "N" + std::to_string(info.param); });
 
 TEST(AttnFeaturesProcesses, EveryModeEqualsReference) {
   const int n = 3;
-  std::vector<Job> jobs;
+  std::vector<AttnJob> jobs;
   uint64_t seed = 900;
-  for (const FeatureSet& f : FeatureSets()) AddFeatureJobs(&jobs, f.cfg, f.sinks, n, seed++, kModes, f.name);
+  for (const FeatureSet& f : FeatureSets()) AddScenarioJobs(&jobs, f.cfg, f.sinks, n, seed++, kModes, f.name);
   if (HasFailure()) return;
-  RunProcesses(n, [&](int rank, int, attnComm_t& comm) { RunJobs(jobs, rank, comm, "processes"); },
+  RunProcesses(n, [&](int rank, int, attnComm_t& comm) { RunAttnJobs(jobs, rank, comm, "processes"); },
                AttnRunOptions());
 }
 
@@ -172,7 +99,7 @@ TEST(AttnFeatures, WindowChangesPerCall) {
   for (int layer = 0; layer < 4; ++layer) {
     const attnAttnConfig_t cfg = layer % 2 ? base : With(base, 6, -1, 0);
     cases.push_back(std::make_shared<AttnCase>(
-        MakeCase("layer " + std::to_string(layer), PrefillSpec(cfg, T, P), Mix(77, layer))));
+        MakeCase("layer " + std::to_string(layer), PrefillSpec(cfg, T, P), MixSeed(77, layer))));
   }
   const Placement pl = PlannerPlacement(*cases[0], T, P, n);
   RunThreads(n, [&](int rank, int, attnComm_t& comm) {
@@ -203,9 +130,10 @@ TEST(AttnFeatures, HiddenBlocksAreNotSent) {
       const uint64_t some = attn::attnStateOf(comm).last.bytesSent;
       if (m == attnModePassKV) {
         const size_t rowBytes = 2 * 16 * sizeof(float);  // Hkv x D fp32
-        const uint64_t trimmed = attn::BlockLayout::of(1, 20, rowBytes, 2).total;
+        const attn::RowBytes kv = attn::RowBytes::two(rowBytes, rowBytes);
+        const uint64_t trimmed = attn::BlockLayout::of(1, 20, kv).total;
         EXPECT_EQ(some, rank == n - 1 ? 0u : trimmed) << what << ": " << some << " of " << all;
-        EXPECT_EQ(all, 3 * attn::BlockLayout::of(1, 64, rowBytes, 2).total) << what;
+        EXPECT_EQ(all, 3 * attn::BlockLayout::of(1, 64, kv).total) << what;
       } else {
         EXPECT_LT(some, all) << what;
         EXPECT_LE(some, 2 * all / (n - 1)) << what << ": " << some << " of " << all;
@@ -219,7 +147,7 @@ TEST(AttnFeatures, HiddenBlocksAreNotSent) {
 TEST(AttnFeatures, LevelAttentionWithWindowSoftcapAndSinks) {
   const int n = 3;
   AttnProblemSpec s = PrefillSpec(With(AttnCfg(8, 2, 16, attnFloat32, true), 5, -1, 3.0f), {30, 4}, {6, 0});
-  s.sinks = Sinks(8, 5);
+  s.sinks = RandomSinks(8, 5);
   const AttnCase c = MakeCase("level", s, 31);
   const Placement pl = RandomPlacement(c, n, 32, -1);
   RunThreads(n, [&](int rank, int, attnComm_t& comm) {
@@ -268,7 +196,7 @@ TEST(AttnFeatures, LevelAttentionSendsOnlyKeysAWindowShows) {
 TEST(AttnFeatures, EngineKernelWindowsAndRefusal) {
   const int n = 2;
   AttnProblemSpec s = PrefillSpec(With(AttnCfg(4, 2, 8, attnFloat32, true), 4, -1, 2.0f), {20}, {5});
-  s.sinks = Sinks(4, 9);
+  s.sinks = RandomSinks(4, 9);
   const AttnCase c = MakeCase("engine kernel", s, 41);
   const Placement pl = RandomPlacement(c, n, 42, -1);
   RunThreads(n, [&](int rank, int, attnComm_t& comm) {

@@ -28,17 +28,17 @@ TEST(AttnWire, MetaThenTensorsEqualsPackBlock) {
     v[i] = uint8_t(i * 13 + 5);
   }
   std::vector<char> packed;
-  attn::packBlock(2, numSeqs, offsets.data(), pos.data(), rows, k.data(), v.data(), rowBytes, &packed);
+  const attn::RowBytes kv = attn::RowBytes::two(rowBytes, rowBytes);
+  attn::packBlock(2, numSeqs, offsets.data(), pos.data(), rows, k.data(), v.data(), kv, &packed);
 
-  const attn::BlockLayout l = attn::BlockLayout::of(numSeqs, rows, rowBytes, 2);
+  const attn::BlockLayout l = attn::BlockLayout::of(numSeqs, rows, kv);
   ASSERT_EQ(packed.size(), l.total);
   std::vector<char> meta(l.total, 0);
-  const attn::BlockLayout m =
-      attn::packBlockMeta(2, numSeqs, offsets.data(), pos.data(), rows, rowBytes, 2, meta.data());
+  const attn::BlockLayout m = attn::packBlockMeta(2, numSeqs, offsets.data(), pos.data(), rows, kv, meta.data());
   EXPECT_EQ(m.total, l.total);
-  EXPECT_EQ(m.tensorAt % 64, 0u);
-  std::memcpy(meta.data() + m.tensorAt, k.data(), m.tensorBytes);
-  std::memcpy(meta.data() + m.tensorAt + m.tensorBytes, v.data(), m.tensorBytes);
+  EXPECT_EQ(m.t0At % 64, 0u);
+  std::memcpy(meta.data() + m.t0At, k.data(), m.t0Bytes);
+  std::memcpy(meta.data() + m.t1At, v.data(), m.t1Bytes);
   EXPECT_EQ(std::memcmp(meta.data(), packed.data(), l.total), 0);
 
   attn::BlockExpect want;
@@ -48,8 +48,7 @@ TEST(AttnWire, MetaThenTensorsEqualsPackBlock) {
   want.numSeqs = numSeqs;
   want.maxRows = rows;
   want.exactRows = true;
-  want.rowBytes = rowBytes;
-  want.tensors = 2;
+  want.rowBytes = kv;
   attn::BlockView view;
   ASSERT_EQ(attn::parseBlock(meta.data(), meta.size(), want, &view), attnSuccess) << attn::threadLastError();
   EXPECT_EQ(view.origin, 2);
@@ -63,16 +62,16 @@ TEST(AttnWire, MetaThenTensorsEqualsPackBlock) {
 
 TEST(AttnWire, EmptyBlockHasOnlyMetadata) {
   const std::vector<int32_t> offsets = {0, 0};
-  std::vector<char> buf(attn::BlockLayout::of(1, 0, 16, 2).total);
-  const attn::BlockLayout l = attn::packBlockMeta(1, 1, offsets.data(), nullptr, 0, 16, 2, buf.data());
-  EXPECT_EQ(l.tensorBytes, 0u);
-  EXPECT_EQ(l.total, l.tensorAt);
+  std::vector<char> buf(attn::BlockLayout::of(1, 0, attn::RowBytes::two(16, 16)).total);
+  const attn::BlockLayout l =
+      attn::packBlockMeta(1, 1, offsets.data(), nullptr, 0, attn::RowBytes::two(16, 16), buf.data());
+  EXPECT_EQ(l.t0Bytes + l.t1Bytes, 0u);
+  EXPECT_EQ(l.total, l.t0At);
   attn::BlockExpect want;
   want.from = 1;
   want.nranks = 2;
   want.numSeqs = 1;
-  want.rowBytes = 16;
-  want.tensors = 2;
+  want.rowBytes = attn::RowBytes::two(16, 16);
   attn::BlockView view;
   ASSERT_EQ(attn::parseBlock(buf.data(), buf.size(), want, &view), attnSuccess) << attn::threadLastError();
   EXPECT_EQ(view.rows, 0);
@@ -87,15 +86,14 @@ struct Sample {
   Sample() {
     const std::vector<int32_t> offsets = {0, 2, 2, 5}, pos = {0, 1, 2, 3, 4};
     std::vector<uint8_t> k(5 * 24, 1), v(5 * 24, 2);
-    attn::packBlock(2, 3, offsets.data(), pos.data(), 5, k.data(), v.data(), 24, &bytes);
+    attn::packBlock(2, 3, offsets.data(), pos.data(), 5, k.data(), v.data(), attn::RowBytes::two(24, 24), &bytes);
     want.from = 1;  // relayed by rank 1
     want.nranks = 4;
     want.origin = 2;
     want.numSeqs = 3;
     want.maxRows = 5;
     want.exactRows = true;
-    want.rowBytes = 24;
-    want.tensors = 2;
+    want.rowBytes = attn::RowBytes::two(24, 24);
   }
   attn::BlockHeader& header() { return *reinterpret_cast<attn::BlockHeader*>(bytes.data()); }
   int32_t* offsets() { return reinterpret_cast<int32_t*>(bytes.data() + sizeof(attn::BlockHeader)); }
@@ -147,7 +145,7 @@ TEST(AttnWire, BlockOfAnotherShapeIsRefused) {
   u.want.maxRows = 4;
   ExpectRefusedFromRank1(u, "more rows than allowed");
   Sample v;
-  v.want.rowBytes = 32;  // other heads / dtype: the size does not add up
+  v.want.rowBytes = attn::RowBytes::two(32, 32);  // other heads / dtype: the size does not add up
   ExpectRefusedFromRank1(v, "row size");
   Sample w;
   w.offsets()[1] = 4;  // 0, 4, 2, 5: decreasing
@@ -168,17 +166,18 @@ TEST(AttnWire, BlockSizesThatOverflowAreRefused) {
   t.header().rows = INT32_MAX;
   t.want.maxRows = INT32_MAX;
   t.want.exactRows = false;
-  t.want.rowBytes = SIZE_MAX / 4;  // rows x rowBytes overflows size_t
+  t.want.rowBytes = attn::RowBytes::two(SIZE_MAX / 4, 8);  // rows x rowBytes overflows size_t
   ExpectRefusedFromRank1(t, "rows x row size overflows");
   Sample u;
   u.header().rows = -5;
   ExpectRefusedFromRank1(u, "negative rows");
   attn::BlockLayout l;
-  EXPECT_FALSE(attn::BlockLayout::checked(3, INT32_MAX, SIZE_MAX / 2, 2, &l));
-  EXPECT_FALSE(attn::BlockLayout::checked(-1, 3, 8, 1, &l));
-  EXPECT_FALSE(attn::BlockLayout::checked(3, int64_t(1) << 40, 8, 1, &l));
-  ASSERT_TRUE(attn::BlockLayout::checked(3, 5, 24, 2, &l));
-  EXPECT_EQ(l.total, attn::BlockLayout::of(3, 5, 24, 2).total);
+  EXPECT_FALSE(attn::BlockLayout::checked(3, INT32_MAX, attn::RowBytes::two(SIZE_MAX / 2, 8), &l));
+  EXPECT_FALSE(attn::BlockLayout::checked(3, 1 << 20, attn::RowBytes::two(8, SIZE_MAX / 1024), &l));
+  EXPECT_FALSE(attn::BlockLayout::checked(-1, 3, attn::RowBytes::one(8), &l));
+  EXPECT_FALSE(attn::BlockLayout::checked(3, int64_t(1) << 40, attn::RowBytes::one(8), &l));
+  ASSERT_TRUE(attn::BlockLayout::checked(3, 5, attn::RowBytes::two(24, 24), &l));
+  EXPECT_EQ(l.total, attn::BlockLayout::of(3, 5, attn::RowBytes::two(24, 24)).total);
 }
 
 TEST(AttnWire, ShortOrForeignBytesAreRefused) {

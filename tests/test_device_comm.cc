@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "attncomm.h"
@@ -175,6 +176,38 @@ TEST(DeviceComm, WindowsSoftcapAndSinksOnDevice) {
       });
       EXPECT_EQ(bad.rc, attnInvalidArgument) << bad.error;
       EXPECT_NE(bad.error.find("cfg.sinks is pageable"), std::string::npos) << bad.error;
+    }
+  }, OnGpu0(&cfg));
+}
+
+// MLA-shaped heads (issue 48): V and the outputs of head_dim_v on a device
+// communicator, every mode and level attention; K of D and V of Dv travel
+// in the device ring blocks and head-parallel messages as they are.
+TEST(DeviceComm, MlaHeadsOnDevice) {
+  REQUIRE_GPU();
+  const std::vector<int32_t> newLens = {70, 1}, cachedLens = {30, 50};
+  std::vector<attn_test::AttnCase> cases;
+  uint64_t seed = 481;
+  for (auto [dt, d, dv] : {std::tuple{attnBfloat16, 192, 128}, std::tuple{attnFloat32, 64, 32},
+                           std::tuple{attnFloat16, 32, 64}}) {
+    attnAttnConfig_t shape = ATTN_ATTN_CONFIG(4, 2, d, dt, 0.f, 1);
+    shape.head_dim_v = dv;
+    cases.push_back(attn_test::MakeCase("device mla", attn_test::PrefillSpec(shape, newLens, cachedLens), seed++));
+  }
+  attnConfig_t cfg;
+  RunThreads(3, [&](int rank, int nranks, attnComm_t& comm) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const attn_test::AttnCase& c = cases[i];
+      const attn_test::RankShard sh = attn_test::GatherShard(c, attn_test::RandomPlacement(c, nranks, 70 + i, -1), rank);
+      for (attnAttnMode_t mode : {attnModePassKV, attnModePassQ, attnModeShipQ, attnModeHeadParallel, attnModeAuto}) {
+        const DeviceRun r = attn_test::RunOnDevice(c, sh, comm, mode, true);
+        ExpectExact(r, c.cfg.dtype, attn_test::CfgName(c.cfg) + " " + attn_test::ModeName(mode));
+      }
+      const DeviceRun level = attn_test::RunShardOnDevice(c, sh, comm, true, {}, [&](const attn_test::DeviceShard& d) {
+        return attnLevelAttention(d.q, d.k, d.v, d.out, d.lse, &sh.layout, &c.cfg, nullptr, comm,
+                                  (attnStream_t)d.stream);
+      });
+      ExpectExact(level, c.cfg.dtype, attn_test::CfgName(c.cfg) + " level attention");
     }
   }, OnGpu0(&cfg));
 }

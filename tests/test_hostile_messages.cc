@@ -450,76 +450,72 @@ TEST(HostileAttention, CardWithMoreRowsThanTheApiAllowsIsRefused) {
   }, {.config = &cfg});
 }
 
-// Pass-KV: rank 1's card is true, but the block it sends claims one
-// sequence where the call has two. Reading it with the call's two would
-// read past its offsets; it is refused, naming rank 1.
-TEST(HostileAttention, PassKvBlockOfAnotherShapeIsRefused) {
+// What rank 1 sends in place of its true KV block, its card being true.
+enum class BadKvBlock {
+  oneSequence,  // one sequence of 4 rows where the call has two
+  twoRows,      // two rows where its card announced four
+  narrowValues, // V rows of 2 where the call's V head dim is 4 (MLA)
+};
+
+// Rank 0 runs `mode` on 2 sequences of 2 rows (heads 2/2, D 8, Dv 4);
+// rank 1 takes part in the card exchange, then sends `bad` as its KV block
+// and expects nothing back. Rank 0 refuses it, naming rank 1: read with
+// the call's shape, the block would read past its offsets or its rows.
+void RunHostileKvBlock(attnAttnMode_t mode, BadKvBlock bad) {
   const attnConfig_t cfg = ShortTimeout();
-  RunThreads(2, [](int rank, int, attnComm_t& comm) {
-    const attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(2, 2, 8, attnFloat32, 0.0f, 0);
-    const size_t rowBytes = 2 * 8 * sizeof(float);
+  RunThreads(2, [mode, bad](int rank, int, attnComm_t& comm) {
+    attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(2, 2, 8, attnFloat32, 0.0f, 0);
+    acfg.head_dim_v = 4;
+    const size_t kRow = 2 * 8 * sizeof(float), vRow = 2 * 4 * sizeof(float);
     std::vector<int32_t> offs = {0, 2, 4}, pos = {0, 1, 0, 1};
     std::vector<float> q(4 * 2 * 8, 0.25f), k(q), v(q), out(q.size());
     const attnSeqLayout_t lay{2, offs.data(), pos.data(), offs.data(), pos.data()};
     if (rank == 0) {
       const attnResult_t rc =
-          attnRingAttention(q.data(), k.data(), v.data(), out.data(), nullptr, &lay, &acfg, attnModePassKV, comm, nullptr);
+          attnRingAttention(q.data(), k.data(), v.data(), out.data(), nullptr, &lay, &acfg, mode, comm, nullptr);
       ExpectBlamesRank1(rc, comm, "attnRingAttention");
-    } else {
-      const attn::AttnCard mine = attn::cardOf(comm, 4, 4, 2, attnModePassKV, acfg, nullptr);
-      std::vector<attn::AttnCard> all;
-      ASSERT_EQ(attn::exchangeCards(comm, mine, &all), attnSuccess);
-      // One sequence of 4 rows, self-consistent, where two were agreed.
-      const std::vector<int32_t> oneSeq = {0, 4};
-      std::vector<char> block;
-      attn::packBlock(1, 1, oneSeq.data(), pos.data(), 4, k.data(), v.data(), rowBytes, &block);
-      std::vector<char> theirs(attn::BlockLayout::of(2, 4, rowBytes, 2).total);
-      attn::Engine& e = *comm->engine;
-      attn::Request s, r;
-      ASSERT_EQ(e.irecv(0, theirs.data(), theirs.size(), &r), attnSuccess);
-      ASSERT_EQ(e.isend(0, block.data(), block.size(), &s), attnSuccess);
-      (void)e.wait(&s);
-      (void)e.wait(&r);
+      return;
     }
+    const attn::AttnCard mine = attn::cardOf(comm, 4, 4, 2, mode, acfg, nullptr);
+    std::vector<attn::AttnCard> all;
+    ASSERT_EQ(attn::exchangeCards(comm, mine, &all), attnSuccess);
+    const std::vector<int32_t> oneSeq = {0, 4}, twoRows = {0, 1, 2};
+    std::vector<char> block;
+    switch (bad) {
+      case BadKvBlock::oneSequence:
+        attn::packBlock(1, 1, oneSeq.data(), pos.data(), 4, k.data(), v.data(), attn::RowBytes::two(kRow, vRow), &block);
+        break;
+      case BadKvBlock::twoRows:
+        attn::packBlock(1, 2, twoRows.data(), pos.data(), 2, k.data(), v.data(), attn::RowBytes::two(kRow, vRow), &block);
+        break;
+      case BadKvBlock::narrowValues:
+        attn::packBlock(1, 2, offs.data(), pos.data(), 4, k.data(), v.data(), attn::RowBytes::two(kRow, vRow / 2),
+                        &block);
+        break;
+    }
+    std::vector<char> theirs(attn::BlockLayout::of(2, 4, attn::RowBytes::two(kRow, vRow)).total);
+    attn::Engine& e = *comm->engine;
+    attn::Request s, r;
+    ASSERT_EQ(e.irecv(0, theirs.data(), theirs.size(), &r), attnSuccess);
+    ASSERT_EQ(e.isend(0, block.data(), block.size(), &s), attnSuccess);
+    (void)e.wait(&s);
+    (void)e.wait(&r);
   }, {.config = &cfg});
 }
 
-// All-gather KV: rank 1's card is true, but the one block it sends rank 0
-// is self-consistent and wrong: one sequence where the call has two, or
-// two rows where its card announced four. Refused, naming rank 1.
+TEST(HostileAttention, PassKvBlockOfAnotherShapeIsRefused) {
+  for (BadKvBlock bad : {BadKvBlock::oneSequence, BadKvBlock::narrowValues}) {
+    SCOPED_TRACE(bad == BadKvBlock::oneSequence ? "one sequence of two" : "V rows narrower than Dv");
+    RunHostileKvBlock(attnModePassKV, bad);
+  }
+}
+
+// All-gather KV: the one block rank 1 sends rank 0 is self-consistent and
+// unlike its card.
 TEST(HostileAttention, AllGatherKvBlockUnlikeTheCardIsRefused) {
-  const attnConfig_t cfg = ShortTimeout();
-  for (const bool shortBlock : {false, true}) {
-    SCOPED_TRACE(shortBlock ? "two rows of four" : "one sequence of two");
-    RunThreads(2, [shortBlock](int rank, int, attnComm_t& comm) {
-      const attnAttnConfig_t acfg = ATTN_ATTN_CONFIG(2, 2, 8, attnFloat32, 0.0f, 0);
-      const size_t rowBytes = 2 * 8 * sizeof(float);
-      std::vector<int32_t> offs = {0, 2, 4}, pos = {0, 1, 0, 1};
-      std::vector<float> q(4 * 2 * 8, 0.25f), k(q), v(q), out(q.size());
-      const attnSeqLayout_t lay{2, offs.data(), pos.data(), offs.data(), pos.data()};
-      if (rank == 0) {
-        const attnResult_t rc = attnRingAttention(q.data(), k.data(), v.data(), out.data(), nullptr, &lay, &acfg,
-                                                  attnModeAllGatherKV, comm, nullptr);
-        ExpectBlamesRank1(rc, comm, "attnRingAttention");
-      } else {
-        const attn::AttnCard mine = attn::cardOf(comm, 4, 4, 2, attnModeAllGatherKV, acfg, nullptr);
-        std::vector<attn::AttnCard> all;
-        ASSERT_EQ(attn::exchangeCards(comm, mine, &all), attnSuccess);
-        const std::vector<int32_t> oneSeq = {0, 4}, twoRows = {0, 1, 2};
-        std::vector<char> block;
-        if (shortBlock)
-          attn::packBlock(1, 2, twoRows.data(), pos.data(), 2, k.data(), v.data(), rowBytes, &block);
-        else
-          attn::packBlock(1, 1, oneSeq.data(), pos.data(), 4, k.data(), v.data(), rowBytes, &block);
-        std::vector<char> theirs(attn::BlockLayout::of(2, 4, rowBytes, 2).total);
-        attn::Engine& e = *comm->engine;
-        attn::Request s, r;
-        ASSERT_EQ(e.irecv(0, theirs.data(), theirs.size(), &r), attnSuccess);
-        ASSERT_EQ(e.isend(0, block.data(), block.size(), &s), attnSuccess);
-        (void)e.wait(&s);
-        (void)e.wait(&r);
-      }
-    }, {.config = &cfg});
+  for (BadKvBlock bad : {BadKvBlock::oneSequence, BadKvBlock::twoRows, BadKvBlock::narrowValues}) {
+    SCOPED_TRACE(int(bad));
+    RunHostileKvBlock(attnModeAllGatherKV, bad);
   }
 }
 

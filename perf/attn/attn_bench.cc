@@ -29,8 +29,9 @@ float gen(uint64_t seed, uint64_t tensor, uint64_t element) {
 
 size_t elemSize(attnDataType_t t) { return t == attnFloat32 ? 4 : 2; }
 
-void fillRows(const Batch& b, uint64_t tensor, int heads, const std::vector<int64_t>& rows, void* out) {
-  const size_t w = static_cast<size_t>(heads) * b.cfg.head_dim;
+// Rows of `heads` x `dim` elements.
+void fillRows(const Batch& b, uint64_t tensor, int heads, int dim, const std::vector<int64_t>& rows, void* out) {
+  const size_t w = static_cast<size_t>(heads) * dim;
   std::vector<float> tmp(w * rows.size());
   for (size_t i = 0; i < rows.size(); ++i)
     for (size_t j = 0; j < w; ++j) tmp[i * w + j] = gen(b.seed, tensor, rows[i] * w + j);
@@ -46,29 +47,33 @@ bool ok(attnResult_t r, attnComm_t comm, const char* what) {
 double median(std::vector<double> v) { return summarize(std::move(v)).medianUs; }
 
 // The Llama3-training baseline: all-gather every rank's KV (padded to the
-// largest shard), then attend to all of it locally.
+// largest shard), then attend to all of it locally. K rows have head_dim,
+// V rows and the output valueHeadDim.
 bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void* q, const void* k,
                     const void* v, float* accO, float* accLse, double* computeUs) {
   int n, me;
   attnCommCount(comm, &n);
   attnCommUserRank(comm, &me);
   const int S = s.layout.num_seqs;
-  const size_t row = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * b.cfg.head_dim;
+  const int Dv = valueHeadDim(b.cfg);
+  const size_t krow = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * b.cfg.head_dim;
+  const size_t vrow = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * Dv;
   int64_t rows = static_cast<int64_t>(s.kvPos.size()), maxRows = rows;
   if (!ok(attnAllReduce(&maxRows, &maxRows, 1, attnInt64, attnMax, comm, nullptr), comm, "max rows"))
     return false;
-  const size_t meta = sizeof(int32_t) * (S + 2 + maxRows), block = meta + 2 * row * maxRows;
+  // A block: [rows, kv_offsets[S+1], kv_pos[maxRows]] then K and V, maxRows each.
+  const size_t meta = sizeof(int32_t) * (S + 2 + maxRows), block = meta + (krow + vrow) * maxRows;
   std::vector<char> mine(block, 0), all(block * n);
   auto* m = reinterpret_cast<int32_t*>(mine.data());
   m[0] = static_cast<int32_t>(rows);
   std::memcpy(m + 1, s.kvOffsets.data(), sizeof(int32_t) * (S + 1));
   std::memcpy(m + S + 2, s.kvPos.data(), sizeof(int32_t) * rows);
-  std::memcpy(mine.data() + meta, k, row * rows);
-  std::memcpy(mine.data() + meta + row * maxRows, v, row * rows);
+  std::memcpy(mine.data() + meta, k, krow * rows);
+  std::memcpy(mine.data() + meta + krow * maxRows, v, vrow * rows);
   if (!ok(attnAllGather(mine.data(), all.data(), block, attnUint8, comm, nullptr), comm, "attnAllGather"))
     return false;
   double t0 = nowUs();
-  attn::cpu::initAccumulator(accO, accLse, s.qPos.size(), b.cfg.num_q_heads, b.cfg.head_dim);
+  attn::cpu::initAccumulator(accO, accLse, s.qPos.size(), b.cfg.num_q_heads, Dv);
   for (int r = 0; r < n; ++r) {
     const char* blk = all.data() + r * block;
     const auto* h = reinterpret_cast<const int32_t*>(blk);
@@ -77,13 +82,14 @@ bool sequentialOnce(attnComm_t comm, const Batch& b, const Shard& s, const void*
     attn::cpu::AttnProblem p;
     p.q = q;
     p.k = blk + meta;
-    p.v = blk + meta + row * maxRows;
+    p.v = blk + meta + krow * maxRows;
     p.dtype = b.cfg.dtype;
     p.nq = static_cast<int32_t>(s.qPos.size());
     p.nk = h[0];
     p.num_q_heads = b.cfg.num_q_heads;
     p.num_kv_heads = b.cfg.num_kv_heads;
     p.head_dim = b.cfg.head_dim;
+    p.head_dim_v = Dv;
     p.scale = b.cfg.softmax_scale;
     p.causal = b.cfg.causal;
     p.window_left = b.cfg.window_left;
@@ -145,11 +151,11 @@ int64_t Batch::fullRows() const {
 }
 
 void Batch::fillQ(const std::vector<int64_t>& rows, void* out) const {
-  fillRows(*this, 1, cfg.num_q_heads, rows, out);
+  fillRows(*this, 1, cfg.num_q_heads, cfg.head_dim, rows, out);
 }
 void Batch::fillKV(const std::vector<int64_t>& rows, void* k, void* v) const {
-  fillRows(*this, 2, cfg.num_kv_heads, rows, k);
-  fillRows(*this, 3, cfg.num_kv_heads, rows, v);
+  fillRows(*this, 2, cfg.num_kv_heads, cfg.head_dim, rows, k);
+  fillRows(*this, 3, cfg.num_kv_heads, valueHeadDim(cfg), rows, v);
 }
 
 // Exact attention (double) for this rank's queries over the full batch.
@@ -158,8 +164,10 @@ bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, con
   const int S = s.layout.num_seqs;
   std::vector<int64_t> fullRows(b.fullRows());
   for (size_t i = 0; i < fullRows.size(); ++i) fullRows[i] = static_cast<int64_t>(i);
+  const int Dv = valueHeadDim(b.cfg);
   const size_t krow = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * b.cfg.head_dim;
-  std::vector<char> k(krow * fullRows.size()), v(krow * fullRows.size());
+  const size_t vrow = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * Dv;
+  std::vector<char> k(krow * fullRows.size()), v(vrow * fullRows.size());
   b.fillKV(fullRows, k.data(), v.data());
   std::vector<int32_t> kpos;
   std::vector<attn::cpu::AttnSegment> segs(S);
@@ -170,7 +178,8 @@ bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, con
     segs[i] = {s.qOffsets[i], s.qOffsets[i + 1], base, base + len};
     base += len;
   }
-  const size_t nq = s.qPos.size(), w = static_cast<size_t>(b.cfg.num_q_heads) * b.cfg.head_dim;
+  // O rows: [Hq, Dv].
+  const size_t nq = s.qPos.size(), w = static_cast<size_t>(b.cfg.num_q_heads) * Dv;
   attn::cpu::AttnProblem p;
   p.q = q;
   p.k = k.data();
@@ -181,6 +190,7 @@ bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, con
   p.num_q_heads = b.cfg.num_q_heads;
   p.num_kv_heads = b.cfg.num_kv_heads;
   p.head_dim = b.cfg.head_dim;
+  p.head_dim_v = Dv;
   p.scale = b.cfg.softmax_scale;
   p.causal = b.cfg.causal;
   p.window_left = b.cfg.window_left;
@@ -195,7 +205,7 @@ bool checkAgainstReference(attnComm_t comm, RankDevice& dev, const Batch& b, con
   if (attn::cpu::referenceAttention(p, ro.data(), rl.data()) != attnSuccess) return false;
   (void)attn::cpu::convertToFloat(o.data(), out, b.cfg.dtype, o.size());
   attn::cpu::AttnErrors e =
-      attn::cpu::compareAttention(o.data(), lse, ro.data(), rl.data(), nq * b.cfg.num_q_heads, b.cfg.head_dim);
+      attn::cpu::compareAttention(o.data(), lse, ro.data(), rl.data(), nq * b.cfg.num_q_heads, Dv);
   std::vector<double> errs = {e.max_o_rel, e.max_lse_abs,
                               static_cast<double>(e.nan_values + e.empty_mismatch)};
   if (!maxOverRanks(comm, dev, &errs)) return false;
@@ -220,9 +230,10 @@ int runModes(attnComm_t comm, const Batch& b, const Shard& s, const std::vector<
              const RunOptions& o, std::vector<ModeResult>* results) {
   const size_t nq = s.qPos.size(), nk = s.kvPos.size();
   const size_t es = elemSize(b.cfg.dtype);
-  std::vector<char> q(es * nq * b.cfg.num_q_heads * b.cfg.head_dim), out(q.size());
-  std::vector<char> k(es * nk * b.cfg.num_kv_heads * b.cfg.head_dim), v(k.size());
-  std::vector<float> lse(nq * b.cfg.num_q_heads), accO(nq * b.cfg.num_q_heads * b.cfg.head_dim);
+  const size_t D = static_cast<size_t>(b.cfg.head_dim), Dv = static_cast<size_t>(valueHeadDim(b.cfg));
+  std::vector<char> q(es * nq * b.cfg.num_q_heads * D), out(es * nq * b.cfg.num_q_heads * Dv);
+  std::vector<char> k(es * nk * b.cfg.num_kv_heads * D), v(es * nk * b.cfg.num_kv_heads * Dv);
+  std::vector<float> lse(nq * b.cfg.num_q_heads), accO(nq * b.cfg.num_q_heads * Dv);
   b.fillQ(s.qGlobal, q.data());
   b.fillKV(s.kvGlobal, k.data(), v.data());
   attn::AttnState& st = attn::attnStateOf(comm);

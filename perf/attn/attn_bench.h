@@ -13,6 +13,10 @@
 
 namespace attnperf {
 
+// The head dim of V and of the output (cfg.head_dim_v, 0 meaning head_dim):
+// Q and K rows are [heads, head_dim], V and O rows [heads, valueHeadDim].
+inline int valueHeadDim(const attnAttnConfig_t& cfg) { return cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim; }
+
 // Which rows of the batch this rank holds.
 struct Shard {
   attnSeqLayout_t layout{};
@@ -29,7 +33,8 @@ struct Batch {
   uint64_t seed = 1;
   int64_t newRows() const;
   int64_t fullRows() const;
-  // Fills rows (by global index) of Q (new tokens) or K / V (full rows).
+  // Fills rows (by global index) of Q (new tokens) or K / V (full rows);
+  // Q and K rows of head_dim, V rows of valueHeadDim(cfg).
   void fillQ(const std::vector<int64_t>& rows, void* out) const;
   void fillKV(const std::vector<int64_t>& rows, void* k, void* v) const;
 };

@@ -18,7 +18,7 @@ namespace {
 
 // Long options without a short letter (values above any char).
 enum : int {
-  kProcs = 256, kMiss, kBatches, kKvHeads, kHeadDim, kCausal, kModes, kDevice, kPlot,
+  kProcs = 256, kMiss, kBatches, kKvHeads, kHeadDim, kHeadDimV, kCausal, kModes, kDevice, kPlot,
   kBlockTokens, kLend, kRequests, kBreakdown, kLayers, kWindows, kSoftcap, kPlacement,
 };
 
@@ -51,6 +51,7 @@ const option kLong[] = {
     {"seqs", required_argument, nullptr, 'B'},      {"keeps", required_argument, nullptr, 'k'},
     {"miss", required_argument, nullptr, kMiss},    {"batches", required_argument, nullptr, kBatches},
     {"kv-heads", required_argument, nullptr, kKvHeads}, {"head-dim", required_argument, nullptr, kHeadDim},
+    {"head-dim-v", required_argument, nullptr, kHeadDimV},
     {"causal", required_argument, nullptr, kCausal}, {"modes", required_argument, nullptr, kModes},
     {"device", required_argument, nullptr, kDevice}, {"plot", required_argument, nullptr, kPlot},
     {"block-tokens", required_argument, nullptr, kBlockTokens}, {"lend", required_argument, nullptr, kLend},
@@ -106,7 +107,8 @@ void usage(AttnProgram p) {
   fprintf(stderr,
           "usage: %s [-t N | --procs N] [-n iters] [-w warmup] [-c 0|1] [-d float|half|bfloat16]\n"
           "          [-J file.json] [--plot file.png] [-T seconds] [-a 0|1|2|3] [--device DEV]\n"
-          "          [-L|--tokens N] [-H|--heads N | -H q:kv:dim] [--kv-heads N] [--head-dim N]\n",
+          "          [-L|--tokens N] [-H|--heads N | -H q:kv:dim] [--kv-heads N] [--head-dim N]\n"
+          "          [--head-dim-v N]\n",
           prog);
   switch (p) {
     case AttnProgram::Ring:
@@ -140,11 +142,16 @@ void usage(AttnProgram p) {
           "         is then the same step computed on one rank\n"
           "  --windows: sliding windows (window_left in tokens, -1 none), one table block each;\n"
           "         the sent(MB) column is the most any rank sent\n"
+          "  --head-dim-v N: head dim of V and of the output, 1..256, 0 (default) the head dim\n"
+          "         (MLA-shaped heads: --head-dim 192 --head-dim-v 128); Q and K keep --head-dim%s\n"
           "  --softcap X: logit soft-capping (0 none)\n"
           "  --placement: planner (attnPlanPrefill's balanced shards, default) or contiguous\n"
           "         (rank r holds the r-th slice of every sequence, as a window favours)\n"
           "  --plot FILE.png: a picture of the table (perf/plot_perf.py, needs matplotlib)\n",
-          p == AttnProgram::Kv ? "; kv_attn_perf times rank 0 only: 0" : " 3");
+          p == AttnProgram::Kv ? "; kv_attn_perf times rank 0 only: 0" : " 3",
+          p == AttnProgram::Kv ? ";\n         KV pools hold V of the head dim: kv_attn_perf takes only --head-dim-v 0 or\n"
+                                 "         the head dim"
+                               : "");
 }
 
 // Whole-string integer in [lo, hi].
@@ -286,6 +293,12 @@ std::string rankMode(const AttnOptions& o) {
   return m;
 }
 
+std::string headDimText(const attnAttnConfig_t& cfg) {
+  std::string t = "head_dim " + std::to_string(cfg.head_dim);
+  if (cfg.head_dim_v > 0 && cfg.head_dim_v != cfg.head_dim) t += "/" + std::to_string(cfg.head_dim_v);
+  return t;
+}
+
 const char* averageName(int average) {
   switch (average) {
     case 0: return "rank 0";
@@ -348,6 +361,10 @@ bool parseAttnOptions(int argc, char** argv, AttnProgram p, AttnOptions* o, int*
       case 'H': want = "a head count >= 1, or q:kv:dim"; good = parseHeads(optarg, &o->cfg); break;
       case kKvHeads: want = "a head count >= 1"; good = setInt(optarg, 1, 65536, &o->cfg.num_kv_heads); break;
       case kHeadDim: want = "a dimension >= 1"; good = setInt(optarg, 1, 65536, &o->cfg.head_dim); break;
+      case kHeadDimV:
+        want = "a dimension in 1..256, or 0 (the head dim)";
+        good = setInt(optarg, 0, 256, &o->cfg.head_dim_v);
+        break;
       case kCausal: want = "0 or 1"; good = setInt(optarg, 0, 1, &o->cfg.causal); break;
       case 'B': want = "a sequence count >= 1"; good = setInt(optarg, 1, 1 << 20, &o->seqs); break;
       case 'k': want = "host:rack:cluster fractions in [0, 1], comma list"; good = parseKeeps(optarg, &o->keeps); break;
@@ -395,6 +412,15 @@ bool parseAttnOptions(int argc, char** argv, AttnProgram p, AttnOptions* o, int*
   if (o->cfg.num_q_heads % o->cfg.num_kv_heads != 0) {
     fprintf(stderr, "%s: %d query heads are not a multiple of %d KV heads\n", prog, o->cfg.num_q_heads,
             o->cfg.num_kv_heads);
+    return false;
+  }
+  // A pool's blocks hold K and V rows of one head dim (attnKvPoolConfig_t),
+  // so attnKvAttention refuses MLA-shaped heads.
+  if (p == AttnProgram::Kv && o->cfg.head_dim_v != 0 && o->cfg.head_dim_v != o->cfg.head_dim) {
+    fprintf(stderr,
+            "%s: --head-dim-v %d: KV pools hold V rows of the head dim (%d); MLA-shaped heads "
+            "(head_dim_v != head_dim) are not supported by attnKvAttention\n",
+            prog, o->cfg.head_dim_v, o->cfg.head_dim);
     return false;
   }
   if (o->threads == 0 && o->procs == 0) o->threads = p == AttnProgram::Kv ? 2 : 4;

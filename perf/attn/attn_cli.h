@@ -33,7 +33,8 @@ struct AttnOptions {
   std::vector<double> miss = {1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125};  // --miss (ring)
   std::vector<int> batches = {1, 4, 16};  // --batches (decode)
   int seqs = 1;                // -B/--seqs sequences per batch (ring, level)
-  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 2, 64, attnFloat32, 0.0f, 1);  // -H --kv-heads --head-dim -d --causal
+  // -H --kv-heads --head-dim --head-dim-v -d --causal; cfg.head_dim_v 0: V and the output have head_dim.
+  attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 2, 64, attnFloat32, 0.0f, 1);
   std::vector<int> modes;      // --modes kv,q,ship,heads,auto,seq
   int device = ATTN_DEVICE_HOST;  // --device DEV: tensors on a CUDA device
   // -k (level_attn_perf): keep fractions by tier, "host:rack:cluster" each
@@ -55,6 +56,10 @@ AttnOptions defaultOptions(AttnProgram p);
 
 // How the ranks run, for the header: "threads", "processes, cuda:0", ...
 std::string rankMode(const AttnOptions& o);
+
+// The head dims for headers: "head_dim 64", or "head_dim 192/128" where V
+// and the output have another (--head-dim-v).
+std::string headDimText(const attnAttnConfig_t& cfg);
 
 // How -a combines the ranks' times, for headers: "the slowest rank", ...
 const char* averageName(int average);

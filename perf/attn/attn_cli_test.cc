@@ -69,6 +69,51 @@ TEST(AttnCli, LongOptions) {
   EXPECT_EQ(o.threads, 2);  // kv_attn_perf's default
 }
 
+// --head-dim-v: the head dim of V and of the output (MLA-shaped heads), 0
+// (the default) the head dim; kv_attn_perf's pools hold V of the head dim.
+TEST(AttnCli, HeadDimV) {
+  AttnOptions o;
+  int code = -1;
+  for (AttnProgram p : {AttnProgram::Ring, AttnProgram::Decode, AttnProgram::Level, AttnProgram::Kv}) {
+    ASSERT_TRUE(parse(p, {}, &o, &code)) << programName(p);
+    EXPECT_EQ(o.cfg.head_dim_v, 0) << programName(p);  // the default: V of the head dim
+    EXPECT_EQ(headDimText(o.cfg), "head_dim " + std::to_string(o.cfg.head_dim));
+  }
+  for (AttnProgram p : {AttnProgram::Ring, AttnProgram::Decode, AttnProgram::Level}) {
+    ASSERT_TRUE(parse(p, {"--head-dim", "192", "--head-dim-v", "128"}, &o, &code)) << programName(p);
+    EXPECT_EQ(code, 0);
+    EXPECT_EQ(o.cfg.head_dim, 192);
+    EXPECT_EQ(o.cfg.head_dim_v, 128);
+    EXPECT_EQ(headDimText(o.cfg), "head_dim 192/128");
+  }
+  // With -H q:kv:dim, in either order; V larger than K; 0 and 256.
+  ASSERT_TRUE(parse(AttnProgram::Ring, {"--head-dim-v", "64", "-H", "8:2:32"}, &o, &code));
+  EXPECT_EQ(o.cfg.head_dim, 32);
+  EXPECT_EQ(o.cfg.head_dim_v, 64);
+  EXPECT_EQ(headDimText(o.cfg), "head_dim 32/64");
+  ASSERT_TRUE(parse(AttnProgram::Ring, {"--head-dim-v", "0"}, &o, &code));
+  EXPECT_EQ(o.cfg.head_dim_v, 0);
+  ASSERT_TRUE(parse(AttnProgram::Decode, {"--head-dim-v", "256"}, &o, &code));
+  EXPECT_EQ(o.cfg.head_dim_v, 256);
+  // Equal to the head dim: the same problem, printed as before.
+  ASSERT_TRUE(parse(AttnProgram::Ring, {"--head-dim", "64", "--head-dim-v", "64"}, &o, &code));
+  EXPECT_EQ(headDimText(o.cfg), "head_dim 64");
+  // kv_attn_perf: 0 or its head dim only.
+  ASSERT_TRUE(parse(AttnProgram::Kv, {"--head-dim-v", "128"}, &o, &code));  // its default head dim
+  EXPECT_EQ(o.cfg.head_dim_v, 128);
+  ASSERT_TRUE(parse(AttnProgram::Kv, {"-H", "8:2:64", "--head-dim-v", "0"}, &o, &code));
+  ASSERT_TRUE(parse(AttnProgram::Kv, {"-H", "8:2:64", "--head-dim-v", "64"}, &o, &code));
+  EXPECT_TRUE(refused(AttnProgram::Kv, {"--head-dim-v", "64"}));
+  EXPECT_TRUE(refused(AttnProgram::Kv, {"-H", "8:2:192", "--head-dim-v", "128"}));
+  EXPECT_TRUE(refused(AttnProgram::Kv, {"--head-dim-v", "128", "--head-dim", "192"}));
+  // Bad values.
+  for (const char* bad : {"-1", "257", "1000", "12x", "", "0.5", "abc"})
+    EXPECT_TRUE(refused(AttnProgram::Ring, {"--head-dim-v", bad})) << bad;
+  EXPECT_TRUE(refused(AttnProgram::Decode, {"--head-dim-v", "-5"}));
+  EXPECT_TRUE(refused(AttnProgram::Level, {"--head-dim-v", "512"}));
+  EXPECT_TRUE(refused(AttnProgram::Ring, {"--head-dim-v"}));  // no value
+}
+
 TEST(AttnCli, NcclTestsLettersKeepTheirMeaning) {
   AttnOptions o;
   int code;

@@ -79,9 +79,9 @@ int main(int argc, char** argv) {
     attnCommUserRank(comm, &me);
     attnCommCount(comm, &n);
     if (me == 0) {
-      printf("# decode_attn_perf: %d ranks (%s), context %lld, heads %d/%d, head_dim %d\n", n,
+      printf("# decode_attn_perf: %d ranks (%s), context %lld, heads %d/%d, %s\n", n,
              rankMode(o).c_str(), (long long)o.length, o.cfg.num_q_heads,
-             o.cfg.num_kv_heads, o.cfg.head_dim);
+             o.cfg.num_kv_heads, headDimText(o.cfg).c_str());
       printf("# times are medians over %d iterations of %s (-a %d)\n", o.iters, averageName(o.average), o.average);
       if (o.layers > 1)
         printf("# each timed step is %d layers (a call per layer, each with its own KV): time per token\n",

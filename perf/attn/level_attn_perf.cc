@@ -102,8 +102,10 @@ int main(int argc, char** argv) {
     const Shard s = contiguousShard(b, slot, n);
     const size_t es = b.cfg.dtype == attnFloat32 ? 4 : 2;
     const size_t nq = s.qPos.size();
-    std::vector<char> q(es * nq * b.cfg.num_q_heads * b.cfg.head_dim), out(q.size());
-    std::vector<char> k(es * nq * b.cfg.num_kv_heads * b.cfg.head_dim), v(k.size());
+    // Q and K rows of head_dim, V and O rows of the V head dim (--head-dim-v).
+    const size_t D = static_cast<size_t>(b.cfg.head_dim), Dv = static_cast<size_t>(valueHeadDim(b.cfg));
+    std::vector<char> q(es * nq * b.cfg.num_q_heads * D), out(es * nq * b.cfg.num_q_heads * Dv);
+    std::vector<char> k(es * nq * b.cfg.num_kv_heads * D), v(es * nq * b.cfg.num_kv_heads * Dv);
     std::vector<float> lse(nq * b.cfg.num_q_heads), imp(nq);
     b.fillQ(s.qGlobal, q.data());
     b.fillKV(s.kvGlobal, k.data(), v.data());
@@ -173,9 +175,10 @@ int main(int argc, char** argv) {
       }
     }
     if (me != 0) return 0;
-    printf("# level_attn_perf: %d ranks (%s), %d sequence(s) of %" PRId64 " tokens, heads %d/%d, head_dim %d, "
+    printf("# level_attn_perf: %d ranks (%s), %d sequence(s) of %" PRId64 " tokens, heads %d/%d, %s, "
            "%s, causal %d\n",
-           n, rankMode(o).c_str(), o.seqs, o.length, o.cfg.num_q_heads, o.cfg.num_kv_heads, o.cfg.head_dim,
+           n, rankMode(o).c_str(), o.seqs, o.length, o.cfg.num_q_heads, o.cfg.num_kv_heads,
+           headDimText(o.cfg).c_str(),
            o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
            o.cfg.causal);
     printf("# medians over %d iterations of %s (-a %d); sent = bytes the busiest rank sent "

@@ -5,6 +5,7 @@
 // AUTO chose, and the error against exact attention with -c 1.
 //
 //   ring_attn_perf -t 4 -L 4096 --miss 1,0.25,0.05 -H 8 --kv-heads 2 --head-dim 64 -d bfloat16
+//   ring_attn_perf -t 4 -L 4096 -H 16 --kv-heads 16 --head-dim 192 --head-dim-v 128 -d bfloat16  (MLA-shaped)
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -83,9 +84,9 @@ int main(int argc, char** argv) {
     attnCommCount(comm, &n);
     if (me == 0) {
       printf("# ring_attn_perf: %d ranks (%s), T+P = %lld per sequence, %d sequence(s), heads %d/%d, "
-             "head_dim %d, %s, causal %d\n",
+             "%s, %s, causal %d\n",
              n, rankMode(o).c_str(), (long long)o.length, o.seqs, o.cfg.num_q_heads,
-             o.cfg.num_kv_heads, o.cfg.head_dim,
+             o.cfg.num_kv_heads, headDimText(o.cfg).c_str(),
              o.cfg.dtype == attnFloat32 ? "float" : o.cfg.dtype == attnBfloat16 ? "bfloat16" : "half",
              o.cfg.causal);
       printf("# times are medians over %d iterations of %s (-a %d); comm = the same call with "

@@ -64,15 +64,18 @@ bool SeqDevice::once(attnComm_t comm, const Batch& b, const Shard& s, const void
   attnCommCount(comm, &n);
   auto st = reinterpret_cast<cudaStream_t>(dev_.stream());
   const int S = s.layout.num_seqs;
-  const size_t row = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * b.cfg.head_dim;
+  // K rows of head_dim, V rows and the output of the V head dim.
+  const int Dv = valueHeadDim(b.cfg);
+  const size_t krow = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * b.cfg.head_dim;
+  const size_t vrow = elemSize(b.cfg.dtype) * b.cfg.num_kv_heads * Dv;
   const int64_t rows = static_cast<int64_t>(s.kvPos.size());
   int64_t maxRows = rows;
   if (!attnOk(attnAllReduce(&maxRows, &maxRows, 1, attnInt64, attnMax, comm, dev_.stream()), comm, "max rows") ||
       !dev_.finish(comm, "max rows"))
     return false;
   // A block: [rows, kv_offsets[S+1], kv_pos[maxRows]] then K and V, maxRows each.
-  const size_t meta = sizeof(int32_t) * (S + 2 + maxRows), block = meta + 2 * row * maxRows;
-  const size_t nq = s.qPos.size(), heads = b.cfg.num_q_heads, width = heads * b.cfg.head_dim;
+  const size_t meta = sizeof(int32_t) * (S + 2 + maxRows), block = meta + (krow + vrow) * maxRows;
+  const size_t nq = s.qPos.size(), heads = b.cfg.num_q_heads, width = heads * Dv;  // O rows
   if (!grow(&mine_, &mineBytes_, block) || !grow(&all_, &allBytes_, block * n) ||
       !grow(&acc_, &accBytes_, sizeof(float) * nq * width) || !grow(&qpos_, &qposBytes_, sizeof(int32_t) * nq) ||
       !grow(&segs_, &segsBytes_, sizeof(attn::cpu::AttnSegment) * S * n))
@@ -86,8 +89,8 @@ bool SeqDevice::once(attnComm_t comm, const Batch& b, const Shard& s, const void
   if (!cudaOk(cudaMemcpyAsync(mine, m.data(), meta, cudaMemcpyHostToDevice, st), "meta upload") ||
       !cudaOk(cudaMemcpyAsync(qpos_, s.qPos.data(), sizeof(int32_t) * nq, cudaMemcpyHostToDevice, st),
               "q_pos upload") ||
-      (rows && !cudaOk(cudaMemcpyAsync(mine + meta, k, row * rows, cudaMemcpyDeviceToDevice, st), "K copy")) ||
-      (rows && !cudaOk(cudaMemcpyAsync(mine + meta + row * maxRows, v, row * rows, cudaMemcpyDeviceToDevice, st),
+      (rows && !cudaOk(cudaMemcpyAsync(mine + meta, k, krow * rows, cudaMemcpyDeviceToDevice, st), "K copy")) ||
+      (rows && !cudaOk(cudaMemcpyAsync(mine + meta + krow * maxRows, v, vrow * rows, cudaMemcpyDeviceToDevice, st),
                        "V copy")))
     return false;
   if (!attnOk(attnAllGather(mine, all, block, attnUint8, comm, dev_.stream()), comm, "attnAllGather"))
@@ -120,22 +123,26 @@ bool SeqDevice::once(attnComm_t comm, const Batch& b, const Shard& s, const void
   ex.stream = st;
   auto* acc = static_cast<float*>(acc_);
   bool good = cudaOk(cudaEventRecord(t0, st), "cudaEventRecord") &&
-              attnOk(attn::cuda::initAccumulator(acc, lse, int64_t(nq), int(heads), b.cfg.head_dim, st), nullptr,
+              attnOk(attn::cuda::initAccumulator(acc, lse, int64_t(nq), int(heads), Dv, st), nullptr,
                      "initAccumulator");
   for (int r = 0; r < n && good; ++r) {
     const char* blk = all + r * block;
     attn::cpu::AttnProblem p;
     p.q = q;
     p.k = blk + meta;
-    p.v = blk + meta + row * maxRows;
+    p.v = blk + meta + krow * maxRows;
     p.dtype = b.cfg.dtype;
     p.nq = static_cast<int32_t>(nq);
     p.nk = metas[r * (S + 2)];
     p.num_q_heads = b.cfg.num_q_heads;
     p.num_kv_heads = b.cfg.num_kv_heads;
     p.head_dim = b.cfg.head_dim;
+    p.head_dim_v = Dv;
     p.scale = b.cfg.softmax_scale;
     p.causal = b.cfg.causal;
+    p.window_left = b.cfg.window_left;
+    p.window_right = b.cfg.window_right;
+    p.softcap = b.cfg.softcap;
     p.q_pos = static_cast<const int32_t*>(qpos_);
     p.k_pos = reinterpret_cast<const int32_t*>(blk) + S + 2;
     p.segments = static_cast<const attn::cpu::AttnSegment*>(segs_) + r * S;

@@ -81,7 +81,7 @@ _CONFIG_MAGIC = 0xA7C0F16
 _ATTN_CONFIG_MAGIC = 0xA77C0F1A
 LSE_NATURAL, LSE_BASE2 = range(2)          # attnLseBase_t
 LSE_TOKEN_MAJOR, LSE_HEAD_MAJOR = range(2)  # attnLseLayout_t
-_HEADER_VERSION = 300  # ATTN_VERSION_CODE of the header these declarations follow (0.3.0)
+_HEADER_VERSION = 400  # ATTN_VERSION_CODE of the header these declarations follow (0.4.0)
 _UNDEF_INT = -2147483648
 _UNIQUE_ID_BYTES = 128
 
@@ -114,13 +114,14 @@ class _AttnConfig(ctypes.Structure):
                 ("dtype", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int),
                 ("lse_base", ctypes.c_int), ("lse_layout", ctypes.c_int),
                 ("window_left", ctypes.c_int), ("window_right", ctypes.c_int), ("softcap", ctypes.c_float),
-                ("sinks", ctypes.c_void_p)]
+                ("sinks", ctypes.c_void_p), ("head_dim_v", ctypes.c_int)]
 
     def __init__(self, num_q_heads=0, num_kv_heads=0, head_dim=0, dtype=0, softmax_scale=0.0, causal=1,
-                 lse_base=0, lse_layout=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+                 lse_base=0, lse_layout=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
+                 head_dim_v=0):
         super().__init__(ctypes.sizeof(_AttnConfig), _ATTN_CONFIG_MAGIC, _HEADER_VERSION, num_q_heads,
                          num_kv_heads, head_dim, dtype, softmax_scale, causal, lse_base, lse_layout,
-                         int(window_left), int(window_right), float(softcap), sinks)
+                         int(window_left), int(window_right), float(softcap), sinks, int(head_dim_v))
 
 
 def _sinks_of(sinks, num_q_heads):
@@ -673,16 +674,17 @@ class Comm:
     # -- attention --
     def ring_attention(self, q, k, v, out, layout, num_q_heads, num_kv_heads, head_dim, lse=None,
                        causal=True, softmax_scale=0.0, mode=MODE_AUTO, stream=None, window_left=-1,
-                       window_right=-1, softcap=0.0, sinks=None):
+                       window_right=-1, softcap=0.0, sinks=None, head_dim_v=0):
         """attnRingAttention: out (and lse, float32 [q rows, Hq], optional) of
         this rank's queries over every rank's keys. layout: a SeqLayout.
         window_left / window_right: a sliding window in tokens (-1: none on
         that side); softcap: logit soft-capping (0: none); sinks: float32
-        [num_q_heads] attention sinks (None: none)."""
+        [num_q_heads] attention sinks (None: none); head_dim_v: the head dim
+        of v and out (MLA; 0: head_dim)."""
         qp, _, t = _buffer(q)
         cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal),
                           window_left=window_left, window_right=window_right, softcap=softcap,
-                          sinks=_sinks_of(sinks, num_q_heads))
+                          sinks=_sinks_of(sinks, num_q_heads), head_dim_v=head_dim_v)
         self._queued(_check(_RingAttention(qp, _buffer(k)[0], _buffer(v)[0], _buffer(out)[0], _optional_buffer(lse),
                                            ctypes.byref(layout._c), ctypes.byref(cfg), mode, self._h,
                                            _stream(stream)), self._h, "attnRingAttention"),
@@ -714,16 +716,16 @@ class Comm:
 
     def level_attention(self, q, k, v, out, layout, num_q_heads, num_kv_heads, head_dim, keep=None,
                         importance=None, lse=None, causal=True, softmax_scale=0.0, window_left=-1,
-                        window_right=-1, softcap=0.0, sinks=None):
+                        window_right=-1, softcap=0.0, sinks=None, head_dim_v=0):
         """attnLevelAttention: as ring_attention, but each peer sends only the
         keys it keeps for the tier between the two ranks. keep: 4 fractions by
         tier (device, host, rack, cluster), or None to keep every key;
         importance: float32 [kv rows], the score of each local key. window,
-        softcap and sinks as ring_attention."""
+        softcap, sinks and head_dim_v as ring_attention."""
         qp, _, t = _buffer(q)
         cfg = _AttnConfig(num_q_heads, num_kv_heads, head_dim, t, softmax_scale, int(causal),
                           window_left=window_left, window_right=window_right, softcap=softcap,
-                          sinks=_sinks_of(sinks, num_q_heads))
+                          sinks=_sinks_of(sinks, num_q_heads), head_dim_v=head_dim_v)
         drop = None
         if keep is not None:
             if len(keep) != 4:

@@ -144,16 +144,23 @@ def _check_qkv(comm, q, k, v):
         _check_rows(name, t)
         _require(t.dtype == q.dtype, f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
         _require(t.device == q.device, f"{name}: on {t.device}, q on {q.device}")
-    _require(k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    # v may have a head dim of its own (MLA: DeepSeek's 192 / 128), never other rows or heads.
+    _require(k.shape[:2] == v.shape[:2], f"k {tuple(k.shape)} and v {tuple(v.shape)}: rows or heads differ")
     _require(q.shape[2] == k.shape[2], f"head_dim: q has {q.shape[2]}, k {k.shape[2]}")
     _require(k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
              f"q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]}")
     _check_side(comm, q)
 
 
-def _check_out(q, out):
+def _out_shape(q, dv=None):
+    """[rows, Hq, Dv]: q's rows and heads, v's head dim (q's when None)."""
+    return (q.shape[0], q.shape[1], q.shape[2] if dv is None else dv)
+
+
+def _check_out(q, out, dv=None):
     _require(isinstance(out, torch.Tensor), "out: a torch.Tensor is needed")
-    _require(out.shape == q.shape, f"out: shape {tuple(out.shape)}, q is {tuple(q.shape)}")
+    shape = _out_shape(q, dv)
+    _require(tuple(out.shape) == shape, f"out: shape {tuple(out.shape)}, {shape} is needed")
     _require(out.dtype == q.dtype, f"out: dtype {out.dtype}, q is {q.dtype}")
     _require(out.device == q.device, f"out: on {out.device}, q on {q.device}")
     _require(out.is_contiguous(), "out: not contiguous")
@@ -193,13 +200,18 @@ def _features(q, window_size, softcap, sinks):
     softcap = float(softcap)
     _require(math.isfinite(softcap) and softcap >= 0.0, f"softcap: finite and >= 0 (0: none), got {softcap}")
     if sinks is not None:
-        _require(isinstance(sinks, torch.Tensor), "sinks: a torch.Tensor is needed")
-        _require(sinks.dtype == torch.float32, f"sinks: float32 is needed, got {sinks.dtype}")
-        _require(tuple(sinks.shape) == (q.shape[1],),
-                 f"sinks: shape {tuple(sinks.shape)}, ({q.shape[1]},) is needed (one per query head)")
-        _require(sinks.device == q.device, f"sinks: on {sinks.device}, q on {q.device}")
-        _require(sinks.is_contiguous(), "sinks: not contiguous")
+        _check_vector("sinks", sinks, q.shape[1], "one per query head", "q", q.device)
     return left, right, softcap, sinks
+
+
+def _check_vector(name, t, n, what, like_name, device):
+    """t: a contiguous float32 tensor of n values (`what` says what they
+    are) on `device`, where the tensor `like_name` lives."""
+    _require(isinstance(t, torch.Tensor), f"{name}: a torch.Tensor is needed")
+    _require(t.dtype == torch.float32, f"{name}: float32 is needed, got {t.dtype}")
+    _require(tuple(t.shape) == (n,), f"{name}: shape {tuple(t.shape)}, ({n},) is needed ({what})")
+    _require(t.device == device, f"{name}: on {t.device}, {like_name} on {device}")
+    _require(t.is_contiguous(), f"{name}: not contiguous")
 
 
 def _check_lse_base(lse_base):
@@ -296,13 +308,14 @@ def _check_op_side(comm, t):
     _require(t.is_cuda == (comm.device >= 0), f"q: on {t.device}, the communicator's device is {comm.device}")
 
 
-def _prepare(q, out, lse, lse_base, lse_layout):
-    """Checks out and lse against q; (out, the library's lse tensor)."""
+def _prepare(q, out, lse, lse_base, lse_layout, dv=None):
+    """Checks out (q's rows and heads, v's head dim dv) and lse against q;
+    (out, the library's lse tensor)."""
     _check_lse_base(lse_base)
     if out is None:
-        out = torch.empty_like(q)
+        out = q.new_empty(_out_shape(q, dv))
     else:
-        _check_out(q, out)
+        _check_out(q, out, dv)
     if lse is not None:
         _check_lse(q, lse, lse_layout)
     else:

@@ -46,6 +46,7 @@ from attncomm._torch_base import (  # noqa: F401
     _check_op_side,
     _check_out,
     _check_qkv,
+    _check_vector,
     _comm_id,
     _comm_of,
     _features,
@@ -111,7 +112,8 @@ def _ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     try:
         comm.ring_attention(q, k, v, out, c_layout, q.shape[1], k.shape[1], q.shape[2], lse=lse,
                             causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None,
-                            window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
+                            window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks,
+                            head_dim_v=v.shape[2])
     except AttnError as e:
         _reraise(e, wrong)
 
@@ -134,12 +136,13 @@ def ring_attention(comm, q, k, v, layout, *, mode="auto", causal=True, softmax_s
     for none on a side (blocks no query sees are not sent); softcap: Gemma
     2's logit soft-capping (0: none); sinks: float32 [Hq] attention sinks
     (GPT-OSS), added once to every row's softmax denominator (the LSE
-    returned includes them)."""
+    returned includes them). v may have a head dim of its own (MLA,
+    DeepSeek's 192 / 128): out is then [rows, Hq, v.shape[2]]."""
     _require(mode in MODES, f"mode: one of {', '.join(MODES)}, got {mode!r}")
     _check_qkv(comm, q, k, v)
     _check_layout(comm, layout)
     left, right, softcap, sinks = _features(q, window_size, softcap, sinks)
-    out, raw = _prepare(q, out, lse, lse_base, lse_layout)
+    out, raw = _prepare(q, out, lse, lse_base, lse_layout, v.shape[2])
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _ring_attention_op(q, k, v, out, raw, *layout.tensors(), _comm_id(comm), MODES[mode], bool(causal), scale,
                        left, right, softcap, sinks, _stream_of(q, stream))
@@ -162,7 +165,7 @@ def _level_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     dtype = _ac._buffer(q)[2]
     cfg = _ac._AttnConfig(q.shape[1], k.shape[1], q.shape[2], dtype, softmax_scale, int(causal),
                           window_left=window_left, window_right=window_right, softcap=softcap,
-                          sinks=sinks.data_ptr() if sinks is not None else None)
+                          sinks=sinks.data_ptr() if sinks is not None else None, head_dim_v=v.shape[2])
     drop = None
     if keep:
         imp = ctypes.cast(importance.data_ptr(), ctypes.POINTER(ctypes.c_float)) if importance is not None else None
@@ -211,15 +214,10 @@ def level_attention(comm, q, k, v, layout, *, keep=None, importance=None, causal
         if min(keep_list) < 1.0:
             _require(importance is not None, "importance: needed when a keep fraction is below 1")
     if importance is not None:
-        _require(isinstance(importance, torch.Tensor), "importance: a torch.Tensor is needed")
-        _require(importance.dtype == torch.float32, f"importance: float32 is needed, got {importance.dtype}")
-        _require(tuple(importance.shape) == (k.shape[0],),
-                 f"importance: shape {tuple(importance.shape)}, ({k.shape[0]},) is needed (one per k row)")
-        _require(importance.device == k.device, f"importance: on {importance.device}, k on {k.device}")
-        _require(importance.is_contiguous(), "importance: not contiguous")
+        _check_vector("importance", importance, k.shape[0], "one per k row", "k", k.device)
         if not keep_list:
             importance = None  # every key is kept: unused
-    out, raw = _prepare(q, out, lse, lse_base, lse_layout)
+    out, raw = _prepare(q, out, lse, lse_base, lse_layout, v.shape[2])
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _level_attention_op(q, k, v, out, raw, *layout.tensors(), importance, _comm_id(comm), keep_list,
                         bool(causal), scale, left, right, softcap, sinks, _stream_of(q, stream))
@@ -266,7 +264,7 @@ def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
         if replicated and not wrong:
             q_own = q.index_select(0, index).contiguous()
             pos_own = q_pos.index_select(0, torch.arange(rank, max(seqs, rank), size, device=q_pos.device)).contiguous()
-            out_own = torch.empty_like(q_own)
+            out_own = q_own.new_empty(q_own.shape[0], q_own.shape[1], v.shape[2])
             lse_own = torch.empty((q_own.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
         else:
             q_own, pos_own, out_own, lse_own = q, q_pos, out, lse
@@ -274,7 +272,8 @@ def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
     try:
         comm.ring_attention(q_own, k, v, out_own, c_layout, q.shape[1], k.shape[1], q.shape[2], lse=lse_own,
                             causal=causal, softmax_scale=softmax_scale, mode=attn_mode, stream=stream or None,
-                            window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
+                            window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks,
+                            head_dim_v=v.shape[2])
     except AttnError as e:
         _reraise(e, wrong)
     if not replicated or wrong:
@@ -282,11 +281,11 @@ def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
     # Every rank's rows to every rank: a merge in which each row has one
     # partial that saw keys (its query rank's) and -inf elsewhere.
     with _torch_on(q, stream):
-        out_part = torch.zeros_like(q)
+        out_part = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
         lse_part = torch.full((q.shape[0], q.shape[1]), -math.inf, dtype=torch.float32, device=q.device)
         out_part.index_copy_(0, index, out_own)
         lse_part.index_copy_(0, index, lse_own)
-    comm.merge_attn_all_gather(out_part, lse_part, out, lse, q.shape[0], q.shape[1], q.shape[2],
+    comm.merge_attn_all_gather(out_part, lse_part, out, lse, q.shape[0], q.shape[1], v.shape[2],
                                stream=stream or None)
 
 
@@ -333,7 +332,7 @@ def decode_attention(comm, q, k, v, kv_offsets, kv_pos, q_pos, *, replicated=Tru
     q_pos = _int32_host("q_pos", q_pos, "")
     _require(kv_offsets.numel() >= 1, "kv_offsets: num_seqs + 1 entries are needed, got none")
     left, right, softcap, sinks = _features(q, window_size, softcap, sinks)
-    out, raw = _prepare(q, out, lse, lse_base, lse_layout)
+    out, raw = _prepare(q, out, lse, lse_base, lse_layout, v.shape[2])
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     _decode_attention_op(q, k, v, out, raw, kv_offsets, kv_pos, q_pos, _comm_id(comm), MODES[mode], bool(causal),
                          scale, bool(replicated), left, right, softcap, sinks, _stream_of(q, stream))
@@ -388,9 +387,11 @@ def set_attn_kernel(comm, fn, *, windows=False):
     mask, FlashAttention's varlen call, FlashInfer: anything that says so.
     windows=True: fn also takes window_size=(left, right) and softcap=
     keywords (FlashAttention's) and applies them, so calls with a sliding
-    window or a softcap may use it (attnCommSetAttnKernelEx, 0.3); without
-    it such calls are refused on every rank. Sinks are the library's: fn
-    never sees them. Host communicators (CPU tensors) for now."""
+    window or a softcap may use it (attnCommSetAttnKernelEx, 0.4); without
+    it such calls are refused on every rank. The same holds for MLA-shaped
+    calls (v of its own head dim Dv: fn then gets v [keys, Hkv, Dv] and
+    returns out [rows, Hq, Dv]). Sinks are the library's: fn never sees
+    them. Host communicators (CPU tensors) for now."""
     if fn is None:
         _ac._check(_SetAttnKernel(comm._h, _KERNEL_FN(), None), comm._h, "attnCommSetAttnKernel")
         comm._attn_kernel = None
@@ -402,7 +403,7 @@ def set_attn_kernel(comm, fn, *, windows=False):
         try:
             a = args_p.contents
             cfg = a.cfg.contents
-            hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+            hq, hkv, d, dv = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim_v
             seqs = a.num_seqs
             q_offsets = _host_tensor(a.q_offsets, (seqs + 1,), torch.int32)
             kv_offsets = _host_tensor(a.kv_offsets, (seqs + 1,), torch.int32)
@@ -411,14 +412,14 @@ def set_attn_kernel(comm, fn, *, windows=False):
             dt = _TORCH_DTYPE[cfg.dtype]
             q = _host_tensor(a.q, (rows, hq, d), dt)
             k = _host_tensor(a.k, (keys, hkv, d), dt)
-            v = _host_tensor(a.v, (keys, hkv, d), dt)
+            v = _host_tensor(a.v, (keys, hkv, dv), dt)
             q_pos = _host_tensor(a.q_pos, (rows,), torch.int32)
             kv_pos = _host_tensor(a.kv_pos, (keys,), torch.int32)
             scale = cfg.softmax_scale or 1.0 / math.sqrt(d)
             extra = dict(window_size=(cfg.window_left, cfg.window_right), softcap=cfg.softcap) if windows else {}
             out, lse = fn(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, scale, bool(cfg.causal), **extra)
             if rows:
-                _host_tensor(a.out, (rows, hq, d), torch.float32).copy_(out)
+                _host_tensor(a.out, (rows, hq, dv), torch.float32).copy_(out)
                 _host_tensor(a.lse, (rows, hq), torch.float32).copy_(lse)
             return _ac.SUCCESS
         except Exception as e:  # noqa: BLE001 - the library reports the code; say why here
@@ -439,8 +440,8 @@ def reference_kernel(q, k, v, q_offsets, q_pos, kv_offsets, kv_pos, softmax_scal
     """Partial attention in plain torch ops (fp32), set_attn_kernel's
     contract (windows=True's keywords too): the example and the test of the
     hook."""
-    rows, hq, d = q.shape
-    out = torch.zeros(rows, hq, d, dtype=torch.float32)
+    rows, hq, _ = q.shape
+    out = torch.zeros(rows, hq, v.shape[2], dtype=torch.float32)
     lse = torch.full((rows, hq), -math.inf, dtype=torch.float32)
     group = hq // max(1, k.shape[1])
     for s in range(q_offsets.numel() - 1):

@@ -52,7 +52,7 @@ attnResult_t setKernel(attnComm_t comm, const attnAttnKernel_t* kernel, bool leg
   st.userOutDtype = k.fn ? k.out_dtype : attnFloat32;
   st.userLseBase = k.fn ? k.lse_base : attnLseNatural;
   st.userLseLayout = k.fn ? k.lse_layout : attnLseTokenMajor;
-  st.userKnowsWindows = k.fn && !legacy && kernel->version >= ATTN_VERSION(0, 3, 0);
+  st.userKernelVersion = k.fn && !legacy ? kernel->version : 0;
   st.kernelTflops.clear();  // the new kernel has its own rate
   return attnSuccess;
 }

@@ -26,7 +26,7 @@ attnResult_t runAllGatherKv(AttnCall& c) {
   // Our block goes out from shareable memory (peers in other processes map
   // it); the peers' blocks land in per-peer slots of a buffer kept between
   // calls, so a steady stream of calls does not fault fresh pages in.
-  const size_t mineCap = BlockLayout::of(c.numSeqs, c.kv.rows, c.kvRowBytes, 2).total;
+  const size_t mineCap = BlockLayout::of(c.numSeqs, c.kv.rows, c.kvRow()).total;
   ATTN_CHECK(c.state->outgoing.reserve(mineCap));
   // Under a window the one block every reader gets carries only the rows
   // some reader may see.
@@ -38,7 +38,7 @@ attnResult_t runAllGatherKv(AttnCall& c) {
   std::vector<size_t> cap(n, 0);
   for (int p = 0; p < n; ++p)
     if (p != me) {
-      cap[p] = BlockLayout::of(c.numSeqs, c.kvRowsOf[p], c.kvRowBytes, 2).total;
+      cap[p] = BlockLayout::of(c.numSeqs, c.kvRowsOf[p], c.kvRow()).total;
       slot.add(p, cap[p]);
     }
   ShareableBuffer& in = c.state->rotation[0];

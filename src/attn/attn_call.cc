@@ -15,13 +15,19 @@ namespace attn {
 
 attnResult_t checkKernelOut(const AttnState& st, const attnAttnConfig_t& cfg) {
   if (st.userKernel == nullptr) return attnSuccess;
-  if (attnHasWindowOrSoftcap(cfg) && !st.userKnowsWindows)
+  if (attnHasWindowOrSoftcap(cfg) && st.userKernelVersion < ATTN_VERSION(0, 3, 0))
     return setError(attnNotSupported,
                     "this call has a sliding window (%d, %d) or a softcap (%g), but the engine's attention kernel "
                     "was set by attnCommSetAttnKernel or from a header older than 0.3, so it may not apply them: "
                     "register it with attnCommSetAttnKernelEx from a 0.3 header, reading cfg->window_left, "
                     "window_right and softcap",
                     cfg.window_left, cfg.window_right, double(cfg.softcap));
+  if (cfg.head_dim_v != cfg.head_dim && st.userKernelVersion < ATTN_VERSION(0, 4, 0))
+    return setError(attnNotSupported,
+                    "this call's V head dim (%d) differs from its Q/K head dim (%d), but the engine's attention "
+                    "kernel was registered from a header older than 0.4, so it cannot know: register it with "
+                    "attnCommSetAttnKernelEx from a 0.4 header, reading cfg->head_dim_v",
+                    cfg.head_dim_v, cfg.head_dim);
   const attnDataType_t t = st.userOutDtype;
   if (t == attnFloat32 || t == cfg.dtype) return attnSuccess;
   return setError(attnInvalidArgument,
@@ -47,6 +53,7 @@ cpu::AttnProblem problemOf(const AttnCall& c, const RowsRef& qs, const RowsRef& 
   p.num_q_heads = c.cfg.num_q_heads;
   p.num_kv_heads = c.cfg.num_kv_heads;
   p.head_dim = c.cfg.head_dim;
+  p.head_dim_v = c.cfg.head_dim_v;
   p.scale = c.cfg.softmax_scale;
   p.causal = c.cfg.causal != 0;
   p.window_left = c.cfg.window_left;
@@ -67,8 +74,7 @@ BlockExpect cardBlock(const AttnCall& c, int from, int origin, bool kv) {
   w.numSeqs = c.numSeqs;
   w.maxRows = (kv ? c.kvRowsOf : c.qRowsOf)[size_t(origin)];
   w.exactRows = !(kv && c.vis.active());  // a window may trim KV blocks
-  w.rowBytes = kv ? c.kvRowBytes : c.qRowBytes;
-  w.tensors = kv ? 2 : 1;
+  w.rowBytes = kv ? c.kvRow() : c.qRow();
   w.what = kv ? "key/value block" : "query block";
   return w;
 }
@@ -76,7 +82,7 @@ BlockExpect cardBlock(const AttnCall& c, int from, int origin, bool kv) {
 size_t packVisibleKv(const AttnCall& c, const std::vector<int>& readers, char* out) {
   if (!c.vis.active())
     return packBlockInto(c.comm->rank, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, c.kv.t0, c.kv.t1,
-                         c.kvRowBytes, out)
+                         c.kvRow(), out)
         .total;
   int64_t lo, hi;
   c.vis.keysSeenBy(readers, &lo, &hi);
@@ -90,18 +96,18 @@ size_t packVisibleKv(const AttnCall& c, const std::vector<int>& readers, char* o
     offsets.push_back(static_cast<int32_t>(rows.size()));
   }
   const BlockLayout l = packBlockMeta(c.comm->rank, c.numSeqs, offsets.data(), pos.data(),
-                                      static_cast<int64_t>(rows.size()), c.kvRowBytes, 2, out);
+                                      static_cast<int64_t>(rows.size()), c.kvRow(), out);
   const char* k = static_cast<const char*>(c.kv.t0);
   const char* v = static_cast<const char*>(c.kv.t1);
-  char* ko = out + l.tensorAt;
-  char* vo = ko + l.tensorBytes;
+  char* ko = out + l.t0At;
+  char* vo = out + l.t1At;
+  const size_t kb = c.kRowBytes, vb = c.vRowBytes;
   // Runs of consecutive rows in one copy (a window keeps a contiguous tail).
   for (size_t i = 0; i < rows.size();) {
     size_t e = i + 1;
     while (e < rows.size() && rows[e] == rows[e - 1] + 1) ++e;
-    const size_t from = size_t(rows[i]) * c.kvRowBytes, bytes = (e - i) * c.kvRowBytes;
-    std::memcpy(ko + i * c.kvRowBytes, k + from, bytes);
-    std::memcpy(vo + i * c.kvRowBytes, v + from, bytes);
+    std::memcpy(ko + i * kb, k + size_t(rows[i]) * kb, (e - i) * kb);
+    std::memcpy(vo + i * vb, v + size_t(rows[i]) * vb, (e - i) * vb);
     i = e;
   }
   return l.total;
@@ -145,12 +151,12 @@ attnResult_t callUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef&
 attnResult_t foldUserKernel(const AttnCall& c, const RowsRef& qs, const RowsRef& kvs, float* o, float* lse) {
   const AttnState& st = *c.state;
   const size_t rows = static_cast<size_t>(qs.rows) * c.cfg.num_q_heads;
-  const size_t oBytes = rows * c.cfg.head_dim * dataTypeSize(st.userOutDtype);
+  const size_t oBytes = rows * c.cfg.head_dim_v * dataTypeSize(st.userOutDtype);
   std::vector<float> po((oBytes + sizeof(float) - 1) / sizeof(float)), pl(rows);
   ATTN_CHECK(callUserKernel(c, qs, kvs, po.data(), pl.data()));
   const cpu::AttnPartialRef ref{po.data(), st.userOutDtype, pl.data(), st.userLseBase, st.userLseLayout,
                                 c.cfg.num_q_heads};
-  return cpu::foldPartial(o, lse, ref, rows, c.cfg.head_dim);
+  return cpu::foldPartial(o, lse, ref, rows, c.cfg.head_dim_v);
 }
 
 }  // namespace
@@ -159,13 +165,13 @@ attnResult_t AttnCall::partial(const RowsRef& qs, const RowsRef& kvs, float* o, 
   auto t0 = Clock::now();
   attnResult_t r;
   if (state->skipCompute) {
-    cpu::initAccumulator(o, lse, qs.rows, cfg.num_q_heads, cfg.head_dim);
+    cpu::initAccumulator(o, lse, qs.rows, cfg.num_q_heads, cfg.head_dim_v);
     r = attnSuccess;
   } else if (state->userKernel && state->kernelWritesAccumulatorForm()) {
     r = callUserKernel(*this, qs, kvs, o, lse);
   } else if (state->userKernel) {
     // A native partial becomes the fp32 one by folding into an empty one.
-    cpu::initAccumulator(o, lse, qs.rows, cfg.num_q_heads, cfg.head_dim);
+    cpu::initAccumulator(o, lse, qs.rows, cfg.num_q_heads, cfg.head_dim_v);
     r = foldUserKernel(*this, qs, kvs, o, lse);
   } else {
     std::vector<cpu::AttnSegment> segs;
@@ -201,7 +207,7 @@ attnResult_t AttnCall::fold(const float* o, const float* lse) {
   auto t0 = Clock::now();
   cpu::AttnPartialRef ref{o, attnFloat32, lse};
   attnResult_t r = cpu::foldPartial(accO.data(), accLse.data(), ref,
-                                    static_cast<size_t>(q.rows) * cfg.num_q_heads, cfg.head_dim);
+                                    static_cast<size_t>(q.rows) * cfg.num_q_heads, cfg.head_dim_v);
   stats.computeUs += usSince(t0);
   return r;
 }
@@ -210,7 +216,7 @@ double largestKernelMacs(const AttnCall& c) {
   int64_t q = 0, kv = 0;
   for (int64_t r : c.qRowsOf) q = std::max(q, r);
   for (int64_t r : c.kvRowsOf) kv = std::max(kv, r);
-  return double(q) * double(kv) * c.cfg.num_q_heads * c.cfg.head_dim * 2;  // QK^T and PV
+  return double(q) * double(kv) * c.cfg.num_q_heads * (c.cfg.head_dim + c.cfg.head_dim_v);  // QK^T and PV
 }
 
 }  // namespace attn

@@ -34,12 +34,16 @@ struct AttnCall {
   std::vector<int32_t> qOffsets, kvOffsets;  // rebased to start at 0
   std::vector<int32_t> zeroPos;              // q/kv positions of a call without them
   std::vector<int64_t> qRowsOf, kvRowsOf;    // every rank's counts
-  size_t qRowBytes = 0, kvRowBytes = 0;      // one row of Q, of K (or V)
+  size_t qRowBytes = 0;                      // one row of Q (and of K: same heads x D)
+  size_t kRowBytes = 0, vRowBytes = 0;       // one row of K, of V (Dv may differ: MLA)
   std::vector<float> accO, accLse;           // fp32 accumulator for q rows
   RankVisibility vis;                        // which ranks a window hides from which
   AttnCallStats stats;
 
-  // Folds attention of `qs` over `kvs` into (o, lse), a [qs.rows, Hq, D]
+  RowBytes qRow() const { return RowBytes::one(qRowBytes); }
+  RowBytes kvRow() const { return RowBytes::two(kRowBytes, vRowBytes); }
+
+  // Folds attention of `qs` over `kvs` into (o, lse), a [qs.rows, Hq, Dv]
   // accumulator.
   attnResult_t accumulate(const RowsRef& qs, const RowsRef& kvs, float* o, float* lse);
   // Writes the partial of `qs` over `kvs` into fresh (o, lse).
@@ -49,7 +53,7 @@ struct AttnCall {
 
   // Bytes of a partial result (O fp32 and lse) for `rows` query rows.
   size_t partialBytes(int64_t rows) const {
-    return static_cast<size_t>(rows) * cfg.num_q_heads * (cfg.head_dim + 1) * sizeof(float);
+    return static_cast<size_t>(rows) * cfg.num_q_heads * (cfg.head_dim_v + 1) * sizeof(float);
   }
 };
 

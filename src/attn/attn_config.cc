@@ -36,6 +36,10 @@ attnResult_t readAttnConfig(const attnAttnConfig_t* user, attnAttnConfig_t* out)
                out->window_left, out->window_right);
   ATTN_REQUIRE(std::isfinite(out->softcap) && out->softcap >= 0, "cfg.softcap %g must be finite and >= 0 (0: none)",
                double(out->softcap));
+  // 0 (and every config older than 0.4): V has Q/K's head dim. From here
+  // on head_dim_v is always the V head dim; checkConfig bounds it.
+  ATTN_REQUIRE(out->head_dim_v >= 0, "cfg.head_dim_v %d must be >= 0 (0: head_dim)", out->head_dim_v);
+  if (out->head_dim_v == 0) out->head_dim_v = out->head_dim;
   return attnSuccess;
 }
 

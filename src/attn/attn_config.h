@@ -13,7 +13,7 @@ namespace attn {
 // started from ATTN_ATTN_CONFIG_INITIALIZER (magic, a size that holds at
 // least the 0.1 fields); fields past the caller's size take their
 // defaults. Checks the LSE convention's values; the shape is checked by
-// checkConfig (plan_call.h).
+// checkConfig (plan_call.h). head_dim_v comes out set (0 becomes head_dim).
 attnResult_t readAttnConfig(const attnAttnConfig_t* user, attnAttnConfig_t* out);
 // The same for a config readAttnConfig accepted before.
 attnAttnConfig_t attnConfigOf(const attnAttnConfig_t* user);

@@ -35,9 +35,10 @@ struct AttnState {
   attnDataType_t userOutDtype = attnFloat32;
   attnLseBase_t userLseBase = attnLseNatural;
   attnLseLayout_t userLseLayout = attnLseTokenMajor;
-  // Registered through attnCommSetAttnKernelEx from a 0.3 header or later:
-  // the kernel reads cfg's window and softcap (older kernels cannot).
-  bool userKnowsWindows = false;
+  // The header version the kernel was registered from through
+  // attnCommSetAttnKernelEx (0: attnCommSetAttnKernel): what it can read of
+  // cfg. Since 0.3 window and softcap, since 0.4 head_dim_v.
+  unsigned userKernelVersion = 0;
   // Whether that kernel writes what the accumulators hold (fp32, natural,
   // token-major), so its partial may land in one directly.
   bool kernelWritesAccumulatorForm() const {

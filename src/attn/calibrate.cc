@@ -74,6 +74,7 @@ struct KernelProbe {
   std::vector<float> o, lse;
   int32_t qoff[2] = {0, 0}, koff[2] = {0, 0};
   int nq = 0, nk = 512;
+  size_t kBytes = 0;
 #if ATTN_HAVE_CUDA
   std::unique_ptr<DeviceAttnProbe> device;
 #endif
@@ -93,11 +94,12 @@ struct KernelProbe {
     nq = std::max(8, 1024 / cfg.num_q_heads);
     const size_t esz = cfg.dtype == attnFloat32 ? 4 : 2;
     q.assign(esz * nq * cfg.num_q_heads * cfg.head_dim, 0);
-    kv.assign(esz * nk * cfg.num_kv_heads * cfg.head_dim, 0);
+    kBytes = esz * nk * cfg.num_kv_heads * cfg.head_dim;
+    kv.assign(kBytes + esz * nk * cfg.num_kv_heads * cfg.head_dim_v, 0);  // K then V
     qpos.assign(nq, nk);
     kpos.resize(nk);
     for (int i = 0; i < nk; ++i) kpos[i] = i;
-    o.resize(static_cast<size_t>(nq) * cfg.num_q_heads * cfg.head_dim);
+    o.resize(static_cast<size_t>(nq) * cfg.num_q_heads * cfg.head_dim_v);
     lse.resize(static_cast<size_t>(nq) * cfg.num_q_heads);
     qoff[1] = nq;
     koff[1] = nk;
@@ -119,7 +121,7 @@ struct KernelProbe {
 #if ATTN_HAVE_CUDA
     if (device) return device->flops();
 #endif
-    return 4.0 * nq * nk * c.cfg.num_q_heads * c.cfg.head_dim;
+    return 2.0 * nq * nk * c.cfg.num_q_heads * (c.cfg.head_dim + c.cfg.head_dim_v);
   }
   // One run; `gpuSeconds` (device only) gets its GPU time.
   attnResult_t run(double* gpuSeconds = nullptr) {
@@ -132,7 +134,7 @@ struct KernelProbe {
     }
 #endif
     (void)gpuSeconds;
-    RowsRef qs{q.data(), nullptr, nq, qoff, qpos.data()}, ks{kv.data(), kv.data(), nk, koff, kpos.data()};
+    RowsRef qs{q.data(), nullptr, nq, qoff, qpos.data()}, ks{kv.data(), kv.data() + kBytes, nk, koff, kpos.data()};
     return c.partial(qs, ks, o.data(), lse.data());
   }
   // Median seconds of `reps` runs: GPU time on a device, else wall time.
@@ -196,13 +198,15 @@ bool costModelOverridden(attnComm* comm) {
          settingIsSet(Setting::kModelInterference);
 }
 
-attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostModel_t* model) {
+attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& given, attnCostModel_t* model) {
+  attnAttnConfig_t cfg = given;  // a config no call read (attnCommGetCostModel's): V of head_dim
+  if (cfg.head_dim_v <= 0) cfg.head_dim_v = cfg.head_dim;
   AttnState& st = attnStateOf(comm);
   if (st.modelOverridden) {
     *model = st.override;
     return attnSuccess;
   }
-  const int key = static_cast<int>(cfg.dtype) * 1000 + cfg.head_dim;
+  const int key = (static_cast<int>(cfg.dtype) * 1000 + cfg.head_dim) * 1000 + cfg.head_dim_v;
   const bool needLink = !st.haveLink, needKernel = !st.kernelTflops.count(key);
   if (needLink || needKernel) {
     double lat = 0, bw = 1e9, tflops = 1e9, interference = 0;

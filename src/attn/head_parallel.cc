@@ -50,16 +50,13 @@ void copyHeads(char* dst, const void* src, int64_t rows, int rowHeads, int first
 
 // Our rows for group `g` into `out` (room for the message's total).
 void packForGroup(const AttnCall& c, const HeadGroup& g, const HeadsMessage& m, char* out) {
-  const size_t headBytes = dataTypeSize(c.cfg.dtype) * c.cfg.head_dim;
-  packBlockMeta(c.comm->rank, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, g.q() * headBytes, 1,
-                out);
-  copyHeads(out + m.q.tensorAt, c.q.t0, c.q.rows, c.cfg.num_q_heads, g.qBegin, g.q(), headBytes);
+  const HeadBytes hb = headBytesOf(c.cfg);
+  packBlockMeta(c.comm->rank, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, m.qRow, out);
+  copyHeads(out + m.q.t0At, c.q.t0, c.q.rows, c.cfg.num_q_heads, g.qBegin, g.q(), hb.qk);
   char* kv = out + m.kvAt;
-  packBlockMeta(c.comm->rank, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows,
-                g.kv() * headBytes, 2, kv);
-  copyHeads(kv + m.kv.tensorAt, c.kv.t0, c.kv.rows, c.cfg.num_kv_heads, g.kvBegin, g.kv(), headBytes);
-  copyHeads(kv + m.kv.tensorAt + m.kv.tensorBytes, c.kv.t1, c.kv.rows, c.cfg.num_kv_heads,
-            g.kvBegin, g.kv(), headBytes);
+  packBlockMeta(c.comm->rank, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, m.kvRow, kv);
+  copyHeads(kv + m.kv.t0At, c.kv.t0, c.kv.rows, c.cfg.num_kv_heads, g.kvBegin, g.kv(), hb.qk);
+  copyHeads(kv + m.kv.t1At, c.kv.t1, c.kv.rows, c.cfg.num_kv_heads, g.kvBegin, g.kv(), hb.v);
 }
 
 // The rows of one rank for our heads, as received.
@@ -68,9 +65,9 @@ struct Arrival {
 };
 
 attnResult_t viewArrival(const AttnCall& c, int from, const char* data, size_t bytes,
-                         const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, Arrival* a) {
+                         const HeadsMessage& m, Arrival* a) {
   BlockView qv, kvv;
-  ATTN_CHECK(viewHeadsMessage(c, from, data, bytes, m, qRowBytes, kvRowBytes, &qv, &kvv));
+  ATTN_CHECK(viewHeadsMessage(c, from, data, bytes, m, &qv, &kvv));
   a->q = RowsRef::of(qv);
   a->kv = RowsRef::of(kvv);
   return attnSuccess;
@@ -93,9 +90,9 @@ struct HeadShare {
     o.resize(n);
     lse.resize(n);
     for (int r = 0; r < n; ++r) {
-      o[r].resize(static_cast<size_t>(c.qRowsOf[r]) * g.q() * c.cfg.head_dim);
+      o[r].resize(static_cast<size_t>(c.qRowsOf[r]) * g.q() * c.cfg.head_dim_v);
       lse[r].resize(static_cast<size_t>(c.qRowsOf[r]) * g.q());
-      cpu::initAccumulator(o[r].data(), lse[r].data(), c.qRowsOf[r], g.q(), c.cfg.head_dim);
+      cpu::initAccumulator(o[r].data(), lse[r].data(), c.qRowsOf[r], g.q(), c.cfg.head_dim_v);
     }
   }
   attnResult_t fold(int queriesOf, int keysOf) {
@@ -105,6 +102,11 @@ struct HeadShare {
 };
 
 }  // namespace
+
+HeadBytes headBytesOf(const attnAttnConfig_t& cfg) {
+  const size_t elem = dataTypeSize(cfg.dtype);
+  return {elem * size_t(cfg.head_dim), elem * size_t(cfg.head_dim_v)};
+}
 
 AttnCall narrowedTo(const AttnCall& c, const HeadGroup& g) {
   AttnCall sub;
@@ -119,15 +121,14 @@ AttnCall narrowedTo(const AttnCall& c, const HeadGroup& g) {
 }
 
 attnResult_t viewHeadsMessage(const AttnCall& c, int from, const char* data, size_t bytes,
-                              const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, BlockView* q,
-                              BlockView* kv) {
+                              const HeadsMessage& m, BlockView* q, BlockView* kv) {
   if (bytes != m.total)
     return setError(attnRemoteError, "head-parallel: rank %d sent %zu bytes, %zu expected", from,
                     bytes, m.total);
   // The rows of `from` for our heads only: its card's rows, narrower rows.
   BlockExpect wq = cardBlock(c, from, from, false), wkv = cardBlock(c, from, from, true);
-  wq.rowBytes = qRowBytes;
-  wkv.rowBytes = kvRowBytes;
+  wq.rowBytes = m.qRow;
+  wkv.rowBytes = m.kvRow;
   ATTN_CHECK(parseBlock(data, m.q.total, wq, q));
   return parseBlock(data + m.kvAt, m.kv.total, wkv, kv);
 }
@@ -159,9 +160,9 @@ attnResult_t runHeadParallel(AttnCall& c) {
   const std::vector<HeadGroup> groups = headGroups(c.cfg.num_q_heads, c.cfg.num_kv_heads, n);
   const HeadGroup& mine = groups[me];
   const size_t elem = dataTypeSize(c.cfg.dtype);
-  const int D = c.cfg.head_dim;
-  const size_t headBytes = elem * D;
-  auto messageTo = [&](int from, int to) { return headsMessage(c, groups, from, to, headBytes); };
+  const int Dv = c.cfg.head_dim_v;  // of the outputs going home
+  const size_t oHeadBytes = elem * size_t(Dv);
+  auto messageTo = [&](int from, int to) { return headsMessage(c, groups, from, to); };
 
   // Our rows for every group, and the outputs we send home, in shareable
   // memory (same-host peer processes read them through a mapping).
@@ -170,7 +171,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
     if (!groups[p].empty()) outSlot.add(p, messageTo(me, p).total);
   if (!mine.empty())
     for (int p = 0; p < n; ++p)
-      if (p != me) retSlot.add(p, ReturnMessage(c.qRowsOf[p], mine.q(), D, elem).total);
+      if (p != me) retSlot.add(p, ReturnMessage(c.qRowsOf[p], mine.q(), Dv, elem).total);
   ATTN_CHECK(c.state->outgoing.reserve(outSlot.total));
   ATTN_CHECK(c.state->rotation[0].reserve(retSlot.total));
   char* const out = c.state->outgoing.data();
@@ -189,7 +190,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
       ATTN_CHECK(e.irecv(p, in[p].get(), bytes, &inReq[p]));
     }
     if (!groups[p].empty()) {
-      const size_t bytes = ReturnMessage(c.q.rows, groups[p].q(), D, elem).total;
+      const size_t bytes = ReturnMessage(c.q.rows, groups[p].q(), Dv, elem).total;
       home[p].reset(new char[bytes]);
       ATTN_CHECK(e.irecv(p, home[p].get(), bytes, &homeReq[p]));
     }
@@ -210,19 +211,18 @@ attnResult_t runHeadParallel(AttnCall& c) {
   double waitUs = 0;
   if (!mine.empty()) {
     HeadShare share(c, mine);
-    const size_t qRowBytes = mine.q() * headBytes, kvRowBytes = mine.kv() * headBytes;
     // A rank's outputs for our heads, home when its row of the grid is full.
     auto finish = [&](int r) -> attnResult_t {
       if (r == me) {
         for (int64_t i = 0; i < c.q.rows; ++i) {
-          std::memcpy(&c.accO[(i * c.cfg.num_q_heads + mine.qBegin) * D],
-                      &share.o[me][i * mine.q() * D], sizeof(float) * mine.q() * D);
+          std::memcpy(&c.accO[(i * c.cfg.num_q_heads + mine.qBegin) * Dv],
+                      &share.o[me][i * mine.q() * Dv], sizeof(float) * mine.q() * Dv);
           std::memcpy(&c.accLse[i * c.cfg.num_q_heads + mine.qBegin], &share.lse[me][i * mine.q()],
                       sizeof(float) * mine.q());
         }
         return attnSuccess;
       }
-      const ReturnMessage m(c.qRowsOf[r], mine.q(), D, elem);
+      const ReturnMessage m(c.qRowsOf[r], mine.q(), Dv, elem);
       char* slot = ret + retSlot.offset[r];
       ATTN_CHECK(cpu::convertFromFloat(slot, c.cfg.dtype, share.o[r].data(), share.o[r].size()));
       if (!share.lse[r].empty())  // an empty vector's data() may be null
@@ -253,7 +253,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
     const HeadsMessage self = messageTo(me, me);
     char* own = out + outSlot.offset[me];
     packForGroup(c, mine, self, own);
-    ATTN_CHECK(viewArrival(c, me, own, self.total, self, qRowBytes, kvRowBytes, &share.rows[me]));
+    ATTN_CHECK(viewArrival(c, me, own, self.total, self, &share.rows[me]));
     const double before = share.sub.stats.computeUs;
     ATTN_CHECK(take(me));
     ATTN_TRACE(kLogAttn, "heads [%d, %d): own rows %.0f us", mine.qBegin, mine.qEnd,
@@ -266,8 +266,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
       const int a = nextArrival();
       if (a < 0) continue;
       ATTN_CHECK(driver->wait(&inReq[a]));
-      ATTN_CHECK(viewArrival(c, a, in[a].get(), inReq[a].bytes, messageTo(a, me), qRowBytes,
-                             kvRowBytes, &share.rows[a]));
+      ATTN_CHECK(viewArrival(c, a, in[a].get(), inReq[a].bytes, messageTo(a, me), &share.rows[a]));
       const double computeBefore = share.sub.stats.computeUs;
       ATTN_CHECK(take(a));
       --left;
@@ -294,7 +293,7 @@ attnResult_t runHeadParallel(AttnCall& c) {
     ATTN_CHECK(driver->wait(&homeReq[p]));
     waitUs += usSince(t0);
     const HeadGroup& g = groups[p];
-    const ReturnMessage m(c.q.rows, g.q(), D, elem);
+    const ReturnMessage m(c.q.rows, g.q(), Dv, elem);
     if (homeReq[p].bytes != m.total)
       return setError(attnRemoteError, "head-parallel: outputs from rank %d have %zu bytes, %zu expected",
                       p, homeReq[p].bytes, m.total);
@@ -302,9 +301,9 @@ attnResult_t runHeadParallel(AttnCall& c) {
     const char* src = home[p].get();
     const float* lse = reinterpret_cast<const float*>(src + m.lseAt);
     for (int64_t i = 0; i < c.q.rows; ++i) {
-      ATTN_CHECK(cpu::convertToFloat(&c.accO[(i * c.cfg.num_q_heads + g.qBegin) * D],
-                                     src + i * g.q() * headBytes, c.cfg.dtype,
-                                     static_cast<size_t>(g.q()) * D));
+      ATTN_CHECK(cpu::convertToFloat(&c.accO[(i * c.cfg.num_q_heads + g.qBegin) * Dv],
+                                     src + i * g.q() * oHeadBytes, c.cfg.dtype,
+                                     static_cast<size_t>(g.q()) * Dv));
       std::memcpy(&c.accLse[i * c.cfg.num_q_heads + g.qBegin], lse + i * g.q(), sizeof(float) * g.q());
     }
     c.stats.computeUs += usSince(t0);

@@ -21,23 +21,33 @@ namespace attn {
 
 inline size_t roundUp64(size_t x) { return (x + 63) & ~size_t(63); }
 
+// Bytes of one head of Q or K (D), and of V or O (Dv), in the call's dtype.
+struct HeadBytes {
+  size_t qk, v;
+};
+HeadBytes headBytesOf(const attnAttnConfig_t& cfg);
+
 // Sizes of one rank's rows for one head group: a Q block, then (64-byte
 // aligned) a KV block, both self-describing (wire.h).
 struct HeadsMessage {
+  RowBytes qRow, kvRow;  // the group's
   BlockLayout q, kv;
   size_t kvAt, total;
-  HeadsMessage(int numSeqs, int64_t qRows, int64_t kvRows, size_t qRowBytes, size_t kvRowBytes)
-      : q(BlockLayout::of(numSeqs, qRows, qRowBytes, 1)),
-        kv(BlockLayout::of(numSeqs, kvRows, kvRowBytes, 2)),
+  HeadsMessage(int numSeqs, int64_t qRows, int64_t kvRows, RowBytes qRow_, RowBytes kvRow_)
+      : qRow(qRow_),
+        kvRow(kvRow_),
+        q(BlockLayout::of(numSeqs, qRows, qRow)),
+        kv(BlockLayout::of(numSeqs, kvRows, kvRow)),
         kvAt(roundUp64(q.total)),
         total(kvAt + kv.total) {}
 };
 
 // Rank `from`'s rows for rank `to`'s heads.
-inline HeadsMessage headsMessage(const AttnCall& c, const std::vector<HeadGroup>& groups, int from,
-                                 int to, size_t headBytes) {
-  return HeadsMessage(c.numSeqs, c.qRowsOf[from], c.kvRowsOf[from], groups[to].q() * headBytes,
-                      groups[to].kv() * headBytes);
+inline HeadsMessage headsMessage(const AttnCall& c, const std::vector<HeadGroup>& groups, int from, int to) {
+  const HeadBytes hb = headBytesOf(c.cfg);
+  const HeadGroup& g = groups[to];
+  return HeadsMessage(c.numSeqs, c.qRowsOf[from], c.kvRowsOf[from], RowBytes::one(g.q() * hb.qk),
+                      RowBytes::two(g.kv() * hb.qk, g.kv() * hb.v));
 }
 
 // Outputs of `rows` rows for a group of `heads` heads: O in the call's
@@ -56,10 +66,9 @@ struct ReturnMessage {
 AttnCall narrowedTo(const AttnCall& c, const HeadGroup& g);
 
 // The rows of rank `from` for our heads as they arrived (data, bytes),
-// checked against its card; qRowBytes / kvRowBytes are our group's.
+// checked against its card and m, the message for our group.
 attnResult_t viewHeadsMessage(const AttnCall& c, int from, const char* data, size_t bytes,
-                              const HeadsMessage& m, size_t qRowBytes, size_t kvRowBytes, BlockView* q,
-                              BlockView* kv);
+                              const HeadsMessage& m, BlockView* q, BlockView* kv);
 
 // Messages of each phase that have reached a rank.
 struct Arrived {

@@ -230,6 +230,10 @@ attnResult_t checkKvAttnArgs(KvPool& pool, const KvAttnArgs& a) {
   ATTN_REQUIRE(c.num_kv_heads == pc.num_kv_heads && c.head_dim == pc.head_dim && c.dtype == pc.dtype,
                "cfg (kv heads %d, head_dim %d, dtype %d) is not the pool's (%d, %d, %d)", c.num_kv_heads,
                c.head_dim, c.dtype, pc.num_kv_heads, pc.head_dim, pc.dtype);
+  ATTN_REQUIRE(c.head_dim_v == c.head_dim,
+               "cfg.head_dim_v = %d: a KV pool holds V rows of its head_dim %d (MLA-shaped pools are not "
+               "supported yet)",
+               c.head_dim_v, pc.head_dim);
   ATTN_REQUIRE(c.num_q_heads >= 1 && c.num_q_heads % c.num_kv_heads == 0,
                "cfg.num_q_heads = %d is not a positive multiple of num_kv_heads %d", c.num_q_heads,
                c.num_kv_heads);

@@ -121,15 +121,16 @@ size_t packKept(const AttnCall& c, const KeptRows& kept, char* out) {
   std::vector<int32_t> pos(kept.rows.size());
   for (size_t i = 0; i < kept.rows.size(); ++i) pos[i] = c.kv.pos[kept.rows[i]];
   const BlockLayout l = packBlockMeta(c.comm->rank, c.numSeqs, kept.offsets.data(), pos.data(), rows,
-                                      c.kvRowBytes, 2, out);
+                                      c.kvRow(), out);
   const char* k = static_cast<const char*>(c.kv.t0);
   const char* v = static_cast<const char*>(c.kv.t1);
-  char* ko = out + l.tensorAt;
-  char* vo = ko + l.tensorBytes;
+  char* ko = out + l.t0At;
+  char* vo = out + l.t1At;
+  const size_t kb = c.kRowBytes, vb = c.vRowBytes;
   for (int64_t i = 0; i < rows; ++i) {
-    const size_t from = static_cast<size_t>(kept.rows[i]) * c.kvRowBytes;
-    std::memcpy(ko + i * c.kvRowBytes, k + from, c.kvRowBytes);
-    std::memcpy(vo + i * c.kvRowBytes, v + from, c.kvRowBytes);
+    const size_t row = static_cast<size_t>(kept.rows[i]);
+    std::memcpy(ko + i * kb, k + row * kb, kb);
+    std::memcpy(vo + i * vb, v + row * vb, vb);
   }
   return l.total;
 }
@@ -196,7 +197,7 @@ attnResult_t planLevelExchange(AttnCall& c, const LevelDrop& drop, LevelPlan* pl
   L.in.clear();
   for (int p : nearest)
     for (int i = 0; i < count[p]; ++i)
-      L.in.push_back(LevelPlan::Incoming{p, BlockLayout::of(S, rowsCap[p], c.kvRowBytes, 2).total});
+      L.in.push_back(LevelPlan::Incoming{p, BlockLayout::of(S, rowsCap[p], c.kvRow()).total});
   return attnSuccess;
 }
 
@@ -214,7 +215,7 @@ attnResult_t exchangeLevelBlocks(AttnCall& c, const LevelPlan& L, const std::vec
   BreakOnEarlyExit guard(e);
   for (size_t i = 0; i < in.size(); ++i) ATTN_CHECK(e.irecv(in[i].from, buf[i], in[i].capacity, &recvReq[i]));
   for (int p : L.sendTo) {
-    const size_t bytes = BlockLayout::of(S, L.toPeer[p].rows.size(), c.kvRowBytes, 2).total;
+    const size_t bytes = BlockLayout::of(S, L.toPeer[p].rows.size(), c.kvRow()).total;
     ATTN_CHECK(e.isend(p, blocks[p], bytes, &sendReq[sends++]));
     c.stats.bytesSent += bytes;
     c.stats.rowsSent += static_cast<int64_t>(L.toPeer[p].rows.size());
@@ -243,8 +244,7 @@ attnResult_t exchangeLevelBlocks(AttnCall& c, const LevelPlan& L, const std::vec
       want.nranks = n;
       want.numSeqs = S;
       want.maxRows = INT32_MAX;  // its origin's card bounds it, below
-      want.rowBytes = c.kvRowBytes;
-      want.tensors = 2;
+      want.rowBytes = c.kvRow();
       want.what = "level attention block";
       BlockView block;
       ATTN_CHECK(parseBlock(buf[i], recvReq[i].bytes, want, &block));
@@ -298,7 +298,7 @@ attnResult_t runLevelAllToAll(AttnCall& c, const LevelDrop& drop) {
   ATTN_CHECK(planLevelExchange(c, drop, &L));
   const int n = c.comm->nranks;
   PeerSlots slot(n);
-  for (int p : L.sendTo) slot.add(p, BlockLayout::of(c.numSeqs, L.toPeer[p].rows.size(), c.kvRowBytes, 2).total);
+  for (int p : L.sendTo) slot.add(p, BlockLayout::of(c.numSeqs, L.toPeer[p].rows.size(), c.kvRow()).total);
   ATTN_CHECK(c.state->outgoing.reserve(std::max<size_t>(slot.total, 1)));
   std::vector<const char*> blocks(n, nullptr);
   for (int p : L.sendTo) {

@@ -30,6 +30,7 @@ AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int3
   c.hq = cfg.num_q_heads;
   c.hkv = cfg.num_kv_heads;
   c.d = cfg.head_dim;
+  c.dv = cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim;  // a config read or not
   c.dtype = cfg.dtype;
   c.causal = cfg.causal ? 1 : 0;
   c.scale = cfg.softmax_scale;
@@ -55,6 +56,8 @@ attnResult_t checkConfig(const attnAttnConfig_t* user) {
                cfg->num_kv_heads);
   ATTN_REQUIRE(cfg->head_dim >= 1 && cfg->head_dim <= cpu::kAttnMaxHeadDim,
                "head_dim %d is outside [1, %d]", cfg->head_dim, cpu::kAttnMaxHeadDim);
+  ATTN_REQUIRE(cfg->head_dim_v >= 1 && cfg->head_dim_v <= cpu::kAttnMaxHeadDim,
+               "head_dim_v %d is outside [1, %d] (0: head_dim)", cfg->head_dim_v, cpu::kAttnMaxHeadDim);
   ATTN_REQUIRE(cfg->dtype == attnFloat32 || cfg->dtype == attnFloat16 || cfg->dtype == attnBfloat16,
                "attention dtype must be attnFloat32, attnFloat16 or attnBfloat16, got %s",
                dataTypeName(cfg->dtype));
@@ -108,13 +111,14 @@ const char* callName(const AttnCard& c) {
 
 attnResult_t checkPeerCard(const AttnCard& mine, const AttnCard& o, int peer) {
   const size_t esz = dataTypeSize(attnDataType_t(mine.dtype));
-  const size_t qRowBytes = esz * size_t(mine.hq) * size_t(mine.d), kvRowBytes = esz * size_t(mine.hkv) * size_t(mine.d);
+  const size_t qRowBytes = esz * size_t(mine.hq) * size_t(mine.d);
+  const RowBytes kvRow = RowBytes::two(esz * size_t(mine.hkv) * size_t(mine.d), esz * size_t(mine.hkv) * size_t(mine.dv));
   BlockLayout q, kv;
   size_t partial = 0;
   if (o.qRows < 0 || o.qRows > INT32_MAX || o.kvRows < 0 || o.kvRows > INT32_MAX ||
-      !BlockLayout::checked(mine.numSeqs, o.qRows, qRowBytes, 1, &q) ||
-      !BlockLayout::checked(mine.numSeqs, o.kvRows, kvRowBytes, 2, &kv) ||
-      __builtin_mul_overflow(size_t(o.qRows), size_t(mine.hq) * (size_t(mine.d) + 1) * sizeof(float), &partial))
+      !BlockLayout::checked(mine.numSeqs, o.qRows, RowBytes::one(qRowBytes), &q) ||
+      !BlockLayout::checked(mine.numSeqs, o.kvRows, kvRow, &kv) ||
+      __builtin_mul_overflow(size_t(o.qRows), size_t(mine.hq) * (size_t(mine.dv) + 1) * sizeof(float), &partial))
     return setError(attnRemoteError,
                     "%s: rank %d announced %lld query and %lld key rows (a rank holds 0 .. 2^31 - 1 of each, "
                     "whose blocks fit in memory)", callName(mine), peer, static_cast<long long>(o.qRows),
@@ -152,12 +156,13 @@ attnResult_t exchangeCards(attnComm* comm, const AttnCard& mine, std::vector<Att
   for (int r = 0; r < n; ++r) {
     const AttnCard& o = (*all)[r];
     if (o.numSeqs != mine.numSeqs || o.mode != mine.mode || o.hq != mine.hq || o.hkv != mine.hkv ||
-        o.d != mine.d || o.dtype != mine.dtype || o.causal != mine.causal || o.scale != mine.scale)
+        o.d != mine.d || o.dv != mine.dv || o.dtype != mine.dtype || o.causal != mine.causal ||
+        o.scale != mine.scale)
       return setError(attnInvalidUsage,
                       "%s: rank %d called with (num_seqs %d, mode %d, heads %d/%d, "
-                      "head_dim %d, dtype %d, causal %d) but rank %d with (%d, %d, %d/%d, %d, %d, %d)",
-                      callName(mine), comm->rank, mine.numSeqs, mine.mode, mine.hq, mine.hkv, mine.d,
-                      mine.dtype, mine.causal, r, o.numSeqs, o.mode, o.hq, o.hkv, o.d, o.dtype,
+                      "head_dim %d/%d, dtype %d, causal %d) but rank %d with (%d, %d, %d/%d, %d/%d, %d, %d)",
+                      callName(mine), comm->rank, mine.numSeqs, mine.mode, mine.hq, mine.hkv, mine.d, mine.dv,
+                      mine.dtype, mine.causal, r, o.numSeqs, o.mode, o.hq, o.hkv, o.d, o.dv, o.dtype,
                       o.causal);
     if (o.windowLeft != mine.windowLeft || o.windowRight != mine.windowRight || o.softcap != mine.softcap ||
         o.sinks != mine.sinks)
@@ -258,7 +263,8 @@ attnResult_t planCall(attnComm* comm, const void* q, const void* k, const void* 
   c.kv = {k, v, static_cast<int32_t>(kvRows), c.kvOffsets.data(), kvpos};
   const size_t esz = dataTypeSize(cfg.dtype);
   c.qRowBytes = esz * cfg.num_q_heads * cfg.head_dim;
-  c.kvRowBytes = esz * cfg.num_kv_heads * cfg.head_dim;
+  c.kRowBytes = esz * cfg.num_kv_heads * cfg.head_dim;
+  c.vRowBytes = esz * cfg.num_kv_heads * cfg.head_dim_v;
 
   const int32_t cardMode = keep ? kLevelCallMode : static_cast<int32_t>(*mode);
   AttnCard mine = cardOf(comm, qRows, kvRows, layout.num_seqs, cardMode, cfg, keep);
@@ -304,14 +310,14 @@ attnResult_t runHostCall(AttnCall& c, const std::function<attnResult_t(AttnCall&
                          void* out, float* lse) {
   const attnAttnConfig_t& cfg = c.cfg;
   auto t0 = Clock::now();
-  c.accO.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads * cfg.head_dim);
+  c.accO.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads * cfg.head_dim_v);
   c.accLse.resize(static_cast<size_t>(c.q.rows) * cfg.num_q_heads);
-  cpu::initAccumulator(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim);
+  cpu::initAccumulator(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim_v);
   c.stats.setupUs += usSince(t0);
   ATTN_CHECK(algo(c));
   t0 = Clock::now();
   // Sinks join the denominator once, after every rank's keys are merged.
-  if (cfg.sinks) cpu::applySinks(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim, cfg.sinks);
+  if (cfg.sinks) cpu::applySinks(c.accO.data(), c.accLse.data(), c.q.rows, cfg.num_q_heads, cfg.head_dim_v, cfg.sinks);
   ATTN_CHECK(cpu::convertFromFloat(out, cfg.dtype, c.accO.data(), c.accO.size()));
   if (lse) writeLse(cfg, c.accLse.data(), lse, c.q.rows, cfg.num_q_heads);
   c.stats.outputUs += usSince(t0);

@@ -27,7 +27,7 @@ constexpr int32_t kLevelCallMode = 100;
 // which must agree.
 struct AttnCard {
   int64_t qRows, kvRows;
-  int32_t numSeqs, mode, hq, hkv, d, dtype, causal;
+  int32_t numSeqs, mode, hq, hkv, d, dv, dtype, causal;
   float scale;
   int32_t overridesRates;  // ATTN_MODEL_* or attnCommSetCostModel on this rank
   float keep[4];           // attnLevelAttention's keep fractions by tier (1 otherwise)

@@ -21,7 +21,7 @@ attnResult_t runPassKv(AttnCall& c) {
 
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
-    capacity = std::max(capacity, BlockLayout::of(c.numSeqs, c.kvRowsOf[r], c.kvRowBytes, 2).total);
+    capacity = std::max(capacity, BlockLayout::of(c.numSeqs, c.kvRowsOf[r], c.kvRow()).total);
   ShareableBuffer* buf = c.state->rotation;
   ATTN_CHECK(buf[0].reserve(capacity));
   ATTN_CHECK(buf[1].reserve(capacity));

@@ -28,7 +28,7 @@ struct Homecoming {
 };
 
 attnResult_t foldArrived(AttnCall& c, Homecoming& h, int me) {
-  const size_t oBytes = static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads * c.cfg.head_dim * sizeof(float);
+  const size_t oBytes = static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads * c.cfg.head_dim_v * sizeof(float);
   for (size_t p = 0; p < h.buf.size(); ++p) {
     if ((int)p == me || !h.posted[p] || h.folded[p] || h.req[p].pending()) continue;
     if (h.req[p].state.load() == Request::kFailed)
@@ -53,12 +53,12 @@ attnResult_t runPassQ(AttnCall& c) {
 
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
-    capacity = std::max(capacity, BlockLayout::of(c.numSeqs, c.qRowsOf[r], c.qRowBytes, 1).total);
+    capacity = std::max(capacity, BlockLayout::of(c.numSeqs, c.qRowsOf[r], c.qRow()).total);
   ShareableBuffer* buf = c.state->rotation;
   ATTN_CHECK(buf[0].reserve(capacity));
   ATTN_CHECK(buf[1].reserve(capacity));
   const size_t ownBytes = packBlockInto(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0, nullptr,
-                                        c.qRowBytes, buf[0].data())
+                                        c.qRow(), buf[0].data())
                               .total;
 
   Homecoming home(n);
@@ -110,7 +110,7 @@ attnResult_t runPassQ(AttnCall& c) {
         const int owner = visitor.origin;
         char* part = c.state->outgoing.data() + outSlot.offset[owner];
         float* o = reinterpret_cast<float*>(part);
-        float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+        float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim_v;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
         ATTN_CHECK(e.isend(owner, part, c.partialBytes(visitor.rows), &outReq[owner]));
         c.stats.bytesSent += c.partialBytes(visitor.rows);

@@ -44,6 +44,7 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
                P = static_cast<double>(in.cachedTokens);
   const double e = static_cast<double>(dataTypeSize(cfg.dtype));
   const double Hq = cfg.num_q_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
+  const double Dv = cfg.head_dim_v > 0 ? cfg.head_dim_v : D;  // of V and the outputs
   const double bw = std::max(m.link_bandwidth_GBps, 1e-9) * 1e9;  // bytes/s
   const double lat = m.link_latency_us * 1e-6;
   const double C = std::max(m.attn_tflops, 1e-9) * 1e12;
@@ -58,10 +59,10 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
     seen = std::min(seen, left + right + 1.0);
   }
   const double visible = T + P > 0 ? std::clamp(seen / (T + P), 0.0, 1.0) : 1.0;
-  const double tAttn = 4.0 * qRows * kvRows * visible * Hq * D / C;
-  const double tKv = lat + 2.0 * kvRows * Hkv * D * e / bw;
+  const double tAttn = 2.0 * qRows * kvRows * visible * Hq * (D + Dv) / C;  // QK^T and PV
+  const double tKv = lat + kvRows * Hkv * (D + Dv) * e / bw;
   const double tQ = lat + qRows * Hq * D * e / bw;
-  const double tRet = lat + qRows * Hq * (D + 1) * 4.0 / bw;
+  const double tRet = lat + qRows * Hq * (Dv + 1) * 4.0 / bw;
   const double steps = N - 1;
   // Moves a window leaves (visibility.h); the kernels skip what it hides.
   const double kvSteps = in.kvMoves < 0 ? steps : in.kvMoves;
@@ -82,8 +83,8 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
     kvSent += g.kv();
   }
   const double share = (N - 1) / N;
-  const double tRows = steps * lat + share * (qRows * Hq + 2.0 * kvRows * kvSent) * D * e / bw;
-  const double tOut = steps * lat + share * qRows * Hq * (D * e + 4.0) / bw;
+  const double tRows = steps * lat + share * (qRows * Hq * D + kvRows * kvSent * (D + Dv)) * e / bw;
+  const double tOut = steps * lat + share * qRows * Hq * (Dv * e + 4.0) / bw;
   const double tAll = N * N * tAttn * maxGroup / Hq;
   const double tLast = (2.0 * N - 1.0) / (N * N) * tAll;
   out->head_parallel_us = 1e6 * (step(tAll - tLast, tRows) + tLast + tOut);
@@ -102,7 +103,7 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   // And only while every rank can hold every rank's keys and values at
   // once (a ring holds two blocks): a million-token cache cannot.
   const double gathered =
-      2.0 * N * double(in.maxKvRows) * cfg.num_kv_heads * cfg.head_dim * double(dataTypeSize(cfg.dtype));
+      N * double(in.maxKvRows) * cfg.num_kv_heads * (D + Dv) * double(dataTypeSize(cfg.dtype));
   if (N > 1 && in.allGatherKv && gathered <= kAllGatherKvAutoMaxBytes && out->all_gather_kv_us < best) {
     out->chosen = attnModeAllGatherKV;
     best = out->all_gather_kv_us;

@@ -21,18 +21,18 @@ attnResult_t runShipQ(AttnCall& c) {
   Engine& e = *c.comm->engine;
   const int n = c.comm->nranks, me = c.comm->rank;
   const size_t myPartial = c.partialBytes(c.q.rows);
-  const size_t oFloats = static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+  const size_t oFloats = static_cast<size_t>(c.q.rows) * c.cfg.num_q_heads * c.cfg.head_dim_v;
 
   // Our query block (read by every peer) and the partials we serve, in
   // shareable memory: peers in other processes read them through a mapping.
   PeerSlots slot(n);
-  slot.add(me, BlockLayout::of(c.numSeqs, c.q.rows, c.qRowBytes, 1).total);
+  slot.add(me, BlockLayout::of(c.numSeqs, c.q.rows, c.qRow()).total);
   for (int p = 0; p < n; ++p)
     if (p != me) slot.add(p, c.partialBytes(c.qRowsOf[p]));
   ATTN_CHECK(c.state->outgoing.reserve(slot.total));
   char* const out = c.state->outgoing.data();
   const size_t mineBytes = packBlockInto(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, c.q.t0,
-                                         nullptr, c.qRowBytes, out + slot.offset[me])
+                                         nullptr, c.qRow(), out + slot.offset[me])
                                .total;
   std::vector<std::vector<char>> qin(n), pin(n);
   std::unique_ptr<Request[]> qinReq(new Request[n]), pinReq(new Request[n]), qoutReq(new Request[n]),
@@ -51,7 +51,7 @@ attnResult_t runShipQ(AttnCall& c) {
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     if (!served[p]) {
-      qin[p].resize(BlockLayout::of(c.numSeqs, c.qRowsOf[p], c.qRowBytes, 1).total);
+      qin[p].resize(BlockLayout::of(c.numSeqs, c.qRowsOf[p], c.qRow()).total);
       ATTN_CHECK(e.irecv(p, qin[p].data(), qin[p].size(), &qinReq[p]));
     }
     if (!folded[p]) {
@@ -88,7 +88,7 @@ attnResult_t runShipQ(AttnCall& c) {
         BlockView visitor;
         ATTN_CHECK(parseBlock(qin[p].data(), qinReq[p].bytes, cardBlock(c, p, p, false), &visitor));
         float* o = reinterpret_cast<float*>(out + slot.offset[p]);
-        float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+        float* lse = o + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim_v;
         ATTN_CHECK(c.partial(RowsRef::of(visitor), c.kv, o, lse));
         ATTN_CHECK(e.isend(p, o, c.partialBytes(visitor.rows), &poutReq[p]));
         c.stats.bytesSent += c.partialBytes(visitor.rows);

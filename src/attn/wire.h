@@ -5,8 +5,8 @@
 //
 //   header | offsets[num_seqs+1] | pos[rows] | pad to 64 B | tensor 0 | tensor 1
 //
-// KV blocks carry two tensors (K, V: [rows, Hkv, D]); Q blocks one
-// ([rows, Hq, D]). Partial results going home are plain (O fp32, lse fp32)
+// KV blocks carry two tensors (K [rows, Hkv, D], V [rows, Hkv, Dv]); Q
+// blocks one ([rows, Hq, D]). Partial results going home are plain (O fp32, lse fp32)
 // for the owner's rows, in one message.
 #pragma once
 
@@ -25,14 +25,26 @@ struct BlockHeader {
   int32_t rows;
 };
 
-// Sizes and offsets of a block with `rows` rows of `tensors` tensors of
-// rowBytes each.
+// Bytes of one row of each tensor a block carries: Q blocks one,
+// KV blocks two, K then V, whose rows differ when V has a head dim of its
+// own (MLA).
+struct RowBytes {
+  size_t t0 = 0, t1 = 0;
+  int tensors = 1;
+  static RowBytes one(size_t b) { return {b, 0, 1}; }
+  static RowBytes two(size_t k, size_t v) { return {k, v, 2}; }
+};
+
+// Sizes and offsets of a block with `rows` rows of each tensor.
 struct BlockLayout {
-  size_t offsetsAt, posAt, tensorAt, tensorBytes, total;
+  size_t offsetsAt, posAt;
+  size_t t0At, t0Bytes;  // tensor 0, 64-byte aligned
+  size_t t1At, t1Bytes;  // tensor 1, right after it (t1Bytes 0: none)
+  size_t total;
   // For sizes this rank vouches for (its own rows, agreed counts).
-  static BlockLayout of(int numSeqs, int64_t rows, size_t rowBytes, int tensors);
+  static BlockLayout of(int numSeqs, int64_t rows, RowBytes rowBytes);
   // For any sizes: false when one is negative or a size overflows size_t.
-  static bool checked(int64_t numSeqs, int64_t rows, size_t rowBytes, int tensors, BlockLayout* out);
+  static bool checked(int64_t numSeqs, int64_t rows, RowBytes rowBytes, BlockLayout* out);
 };
 
 // A view of a received (or packed) block.
@@ -48,15 +60,15 @@ struct BlockView {
 
 // Packs rows into `out` (resized to fit).
 void packBlock(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos, int64_t rows,
-               const void* t0, const void* t1, size_t rowBytes, std::vector<char>* out);
+               const void* t0, const void* t1, RowBytes rowBytes, std::vector<char>* out);
 // The same into `out`, which has room for the layout's `total` bytes.
 BlockLayout packBlockInto(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos,
-                          int64_t rows, const void* t0, const void* t1, size_t rowBytes, char* out);
+                          int64_t rows, const void* t0, const void* t1, RowBytes rowBytes, char* out);
 // Writes a block's header, offsets and positions into `out` (room for the
-// returned layout's `total` bytes); the caller fills the tensors at
-// tensorAt. For tensors the host cannot read (device memory): copy them in.
+// returned layout's `total` bytes); the caller fills the tensors at t0At
+// and t1At. For tensors the host cannot read (device memory): copy them in.
 BlockLayout packBlockMeta(int origin, int numSeqs, const int32_t* offsets, const int32_t* pos,
-                          int64_t rows, size_t rowBytes, int tensors, char* out);
+                          int64_t rows, RowBytes rowBytes, char* out);
 // What a receiver knows of a block before it reads it: the call's shape and
 // what the sender may put in it.
 struct BlockExpect {
@@ -66,8 +78,7 @@ struct BlockExpect {
   int numSeqs = 0;        // the call's sequences: the block has exactly these
   int64_t maxRows = 0;    // at most this many rows
   bool exactRows = false; // ... and exactly that many
-  size_t rowBytes = 0;    // one row of one tensor
-  int tensors = 1;        // 1 (Q) or 2 (K, V)
+  RowBytes rowBytes;      // one row of each tensor: Q, or K and V
   const char* what = "attention block";
 };
 

@@ -29,15 +29,16 @@ void DeviceAttnProbe::release() {
 attnResult_t DeviceAttnProbe::allocate(int tokens) {
   release();
   tokens_ = tokens;
-  const size_t esz = dataTypeSize(cfg_.dtype), d = size_t(cfg_.head_dim);
-  const size_t qBytes = esz * tokens * cfg_.num_q_heads * d, kBytes = esz * tokens * cfg_.num_kv_heads * d;
+  const size_t esz = dataTypeSize(cfg_.dtype), d = size_t(cfg_.head_dim), dv = size_t(cfg_.head_dim_v);
+  const size_t qBytes = esz * tokens * cfg_.num_q_heads * d;
+  const size_t kvBytes = esz * tokens * cfg_.num_kv_heads * (d + dv);  // K then V
   ATTN_CUDA_CHECK(cudaMallocAsync(&q_, qBytes, stream_));
-  ATTN_CUDA_CHECK(cudaMallocAsync(&kv_, 2 * kBytes, stream_));
-  ATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&o_), 4 * tokens * cfg_.num_q_heads * d, stream_));
+  ATTN_CUDA_CHECK(cudaMallocAsync(&kv_, kvBytes, stream_));
+  ATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&o_), 4 * tokens * cfg_.num_q_heads * dv, stream_));
   ATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&lse_), 4 * tokens * cfg_.num_q_heads, stream_));
   // Zeros: every score is equal, which costs the kernel what any input does.
   ATTN_CUDA_CHECK(cudaMemsetAsync(q_, 0, qBytes, stream_));
-  ATTN_CUDA_CHECK(cudaMemsetAsync(kv_, 0, 2 * kBytes, stream_));
+  ATTN_CUDA_CHECK(cudaMemsetAsync(kv_, 0, kvBytes, stream_));
   return attnSuccess;
 }
 
@@ -61,7 +62,7 @@ attnResult_t DeviceAttnProbe::init(const attnComm* comm, const attnAttnConfig_t&
 }
 
 double DeviceAttnProbe::flops() const {
-  return 4.0 * tokens_ * double(tokens_) * cfg_.num_q_heads * cfg_.head_dim;
+  return 2.0 * tokens_ * double(tokens_) * cfg_.num_q_heads * (cfg_.head_dim + cfg_.head_dim_v);
 }
 
 attnResult_t DeviceAttnProbe::run(double* seconds) {
@@ -76,6 +77,7 @@ attnResult_t DeviceAttnProbe::run(double* seconds) {
   p.num_q_heads = cfg_.num_q_heads;
   p.num_kv_heads = cfg_.num_kv_heads;
   p.head_dim = cfg_.head_dim;
+  p.head_dim_v = cfg_.head_dim_v;
   p.scale = cfg_.softmax_scale;  // 0: 1/sqrt(head_dim)
   cuda::AttnCudaExec ex;
   ex.stream = stream_;

@@ -20,8 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   want.numSeqs = data[2] % 9;
   want.maxRows = data[3];
   want.exactRows = data[4] & 1;
-  want.tensors = 1 + ((data[4] >> 1) & 1);
-  want.rowBytes = 1 + data[5];
+  // K and V rows of different sizes (MLA) as well as equal ones.
+  want.rowBytes = (data[4] >> 1) & 1 ? attn::RowBytes::two(1 + data[5], 1 + (data[4] >> 2))
+                                     : attn::RowBytes::one(1 + data[5]);
   const size_t bytes = size - 6;
   // Aligned (new[] is), and exactly the block's size: a read past it is seen.
   std::unique_ptr<char[]> block(new char[bytes ? bytes : 1]);
@@ -37,12 +38,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int i = 0; i < v.numSeqs; ++i)
     if (v.offsets[i + 1] < v.offsets[i]) std::abort();
   for (int32_t r = 0; r < v.rows; ++r) sum += uint32_t(v.pos[r]);
-  const size_t tensorBytes = size_t(v.rows) * want.rowBytes;
   const char* t0 = static_cast<const char*>(v.t0);
-  for (size_t i = 0; i < tensorBytes; ++i) sum += uint8_t(t0[i]);
-  if (want.tensors == 2) {
+  for (size_t i = 0; i < size_t(v.rows) * want.rowBytes.t0; ++i) sum += uint8_t(t0[i]);
+  if (want.rowBytes.tensors == 2) {
     const char* t1 = static_cast<const char*>(v.t1);
-    for (size_t i = 0; i < tensorBytes; ++i) sum += uint8_t(t1[i]);
+    for (size_t i = 0; i < size_t(v.rows) * want.rowBytes.t1; ++i) sum += uint8_t(t1[i]);
   } else if (v.t1 != nullptr) {
     std::abort();
   }

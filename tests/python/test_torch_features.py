@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""attncomm.torch with sliding windows, softcap and attention sinks (issue
-48) on CPU tensors, ranks as processes in a gloo process group, against
+"""attncomm.torch with sliding windows, softcap, attention sinks and
+MLA-shaped heads (v of its own head dim) (issue 48) on CPU tensors, ranks as processes in a gloo process group, against
 float64 attention written from the definition here: ring_attention in every
 mode, decode_attention, kv_attention over a KvPool and level_attention;
 torch.compile(fullgraph=True) traces a call with all three; the engine's
@@ -32,7 +32,7 @@ MODES = ("pass_kv", "pass_q", "ship_q", "head_parallel", "all_gather_kv", "auto"
 
 
 def reference(q, q_pos, k, v, kv_pos, causal, window, softcap, sinks):
-    """float64 out [rows, HQ, D] and natural lse [rows, HQ], from the
+    """float64 out [rows, HQ, v's head dim] and natural lse [rows, HQ], from the
     definition: scaled scores, softcap, the window and causal mask, exp(sink)
     in the denominator."""
     q, k, v = q.double(), k.double(), v.double()
@@ -56,7 +56,7 @@ def reference(q, q_pos, k, v, kv_pos, causal, window, softcap, sinks):
     if sinks is not None:  # one more column per head: the sink's logit, no value
         sink = sinks.double()[:, None, None].expand(HQ, s.shape[1], 1)
         s = torch.cat([s, sink], dim=2)
-        v = torch.cat([v, torch.zeros(1, HQ, D, dtype=torch.float64)], dim=0)
+        v = torch.cat([v, torch.zeros(1, HQ, v.shape[2], dtype=torch.float64)], dim=0)
     lse = torch.logsumexp(s, dim=2)                                   # [H, q]
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
     out = torch.einsum("hqk,khd->qhd", p, v)
@@ -209,6 +209,47 @@ def check_bad_args(rank, comm, q, k, v):
     act.ring_attention(comm, mq, mk, mv, layout, window_size=(4, -1))
 
 
+def check_mla(rank, comm, q, k):
+    """v with a head dim of its own (DV < D, DeepSeek's shape scaled down):
+    every mode, level attention, decode, torch.compile, the engine's torch
+    kernel; an out of q's head dim is refused naming out."""
+    dv = 8
+    v = torch.randn(LEN, HKV, dv, generator=torch.Generator().manual_seed(9))
+    rows = rows_of(rank, False)
+    layout = act.SeqLayout(torch.tensor([0, len(rows)], dtype=torch.int32), torch.tensor(rows, dtype=torch.int32),
+                           torch.tensor([0, len(rows)], dtype=torch.int32), torch.tensor(rows, dtype=torch.int32))
+    mq, mk, mv = q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous()
+    want_out, want_lse = reference(q[rows], rows, k, v, list(range(LEN)), True, (7, -1), 0.0, None)
+    for mode in MODES:
+        out, lse = act.ring_attention(comm, mq, mk, mv, layout, mode=mode, window_size=(7, -1), return_lse=True)
+        assert tuple(out.shape) == (len(rows), HQ, dv), out.shape
+        np.testing.assert_allclose(out.numpy(), want_out, err_msg=f"mla {mode}", **TOL)
+        np.testing.assert_allclose(lse.numpy(), want_lse, err_msg=f"mla {mode}", **TOL)
+    out = act.level_attention(comm, mq, mk, mv, layout, window_size=(7, -1))
+    np.testing.assert_allclose(out.numpy(), want_out, err_msg="mla level", **TOL)
+    compiled = torch.compile(lambda x: act.ring_attention(comm, x * 1.0, mk, mv, layout, mode="ship_q",
+                                                          window_size=(7, -1)) + 0.0, fullgraph=True, backend="eager")
+    np.testing.assert_allclose(compiled(mq).numpy(), want_out, err_msg="mla compiled", **TOL)
+    act.set_attn_kernel(comm, act.reference_kernel, windows=True)
+    try:
+        out = act.ring_attention(comm, mq, mk, mv, layout, mode="pass_q", window_size=(7, -1))
+        np.testing.assert_allclose(out.numpy(), want_out, err_msg="mla engine kernel", **TOL)
+    finally:
+        act.set_attn_kernel(comm, None)
+    # Decode: the last token's query over keys dealt round robin.
+    qd = q[LEN - 1:LEN].contiguous()
+    want_d, _ = reference(qd, [LEN - 1], k, v, list(range(LEN)), True, (-1, -1), 0.0, None)
+    out = act.decode_attention(comm, qd, mk, mv, torch.tensor([0, len(rows)], dtype=torch.int32),
+                               torch.tensor(rows, dtype=torch.int32), torch.tensor([LEN - 1], dtype=torch.int32))
+    np.testing.assert_allclose(out.numpy(), want_d, err_msg="mla decode", **TOL)
+    try:
+        act.ring_attention(comm, mq, mk, mv, layout, out=torch.empty_like(mq))
+    except ac.AttnError as e:
+        assert "out" in str(e) and str(dv) in str(e), e
+    else:
+        raise AssertionError("an out of q's head dim was taken for an MLA call")
+
+
 def run_checks(rank, comm):
     q, k, v, sinks = check_ring(rank, comm)
     check_decode(rank, comm, q, k, v, sinks)
@@ -216,9 +257,10 @@ def run_checks(rank, comm):
     check_compile(rank, comm, q, k, v, sinks)
     check_engine_kernel(rank, comm, q, k, v, sinks)
     check_bad_args(rank, comm, q, k, v)
+    check_mla(rank, comm, q, k)
 
 
 if __name__ == "__main__":
-    sys.exit(gloo_ranks.run(NRANKS, run_checks, f"attncomm.torch with windows, softcap and sinks: {NRANKS} gloo ranks, "
+    sys.exit(gloo_ranks.run(NRANKS, run_checks, f"attncomm.torch with windows, softcap, sinks and MLA: {NRANKS} gloo ranks, "
                             "every mode, decode, KV pool, level attention, torch.compile and bad arguments against "
                             "float64: ok"))

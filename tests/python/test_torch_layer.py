@@ -122,7 +122,8 @@ def run_checks(rank, comm):
                                             lse=torch.empty(len(rows), HQ, dtype=torch.bfloat16)),
                  ["lse", "float32"])
     expect_error(lambda: act.ring_attention(comm, mq.transpose(0, 1), mk, mv, layout), ["q"])
-    expect_error(lambda: act.ring_attention(comm, mq, mk[:, :, :8].contiguous(), mv, layout), ["k", "v"])
+    expect_error(lambda: act.ring_attention(comm, mq, mk[:, :, :8].contiguous(), mv, layout), ["head_dim", "k"])
+    expect_error(lambda: act.ring_attention(comm, mq, mk, mv[:, :1].contiguous(), layout), ["k", "v", "heads"])
     expect_error(lambda: act.ring_attention(comm, mq, mk, mv, layout, out=torch.empty(1, HQ, D)), ["out", "shape"])
     expect_error(lambda: act.ring_attention(comm, mq, mk, mv, layout, mode="ring"), ["mode"])
     expect_error(lambda: act.ring_attention(comm, mq.double(), mk.double(), mv.double(), layout), ["dtype"])

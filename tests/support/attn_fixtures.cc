@@ -56,8 +56,9 @@ const char* AttnDtypeName(attnDataType_t t) {
 
 std::string CfgName(const attnAttnConfig_t& cfg) {
   std::ostringstream os;
-  os << "Hq" << cfg.num_q_heads << "/Hkv" << cfg.num_kv_heads << " D" << cfg.head_dim << " "
-     << AttnDtypeName(cfg.dtype) << (cfg.causal ? " causal" : " full");
+  os << "Hq" << cfg.num_q_heads << "/Hkv" << cfg.num_kv_heads << " D" << cfg.head_dim;
+  if (ValueDim(cfg) != cfg.head_dim) os << "/Dv" << ValueDim(cfg);
+  os << " " << AttnDtypeName(cfg.dtype) << (cfg.causal ? " causal" : " full");
   return os.str();
 }
 
@@ -133,14 +134,15 @@ AttnCase MakeCase(const std::string& name, const AttnProblemSpec& spec, uint64_t
   const attnAttnConfig_t& cfg = c.cfg;
   std::mt19937_64 rng(seed);
   const size_t qElems = c.q_pos.size() * cfg.num_q_heads * cfg.head_dim;
-  const size_t kvElems = c.kv_pos.size() * cfg.num_kv_heads * cfg.head_dim;
+  const size_t kElems = c.kv_pos.size() * cfg.num_kv_heads * cfg.head_dim;
+  const size_t vElems = c.kv_pos.size() * cfg.num_kv_heads * ValueDim(cfg);
   fillRandom(&c.q, cfg.dtype, qElems, -spec.q_scale, spec.q_scale, rng);
-  fillRandom(&c.k, cfg.dtype, kvElems, -1.0f, 1.0f, rng);
-  fillRandom(&c.v, cfg.dtype, kvElems, -1.0f, 1.0f, rng);
+  fillRandom(&c.k, cfg.dtype, kElems, -1.0f, 1.0f, rng);
+  fillRandom(&c.v, cfg.dtype, vElems, -1.0f, 1.0f, rng);
 
   std::vector<attn::cpu::AttnSegment> segs;
   attn::cpu::AttnProblem p = ProblemFor(c, c.num_seqs, cfg, &segs);
-  c.ref_o.assign(qElems, 0.0);
+  c.ref_o.assign(c.q_pos.size() * cfg.num_q_heads * ValueDim(cfg), 0.0);
   c.ref_lse.assign(c.q_pos.size() * cfg.num_q_heads, kNinf);
   c.cfg.sinks = nullptr;
   c.sinks = spec.sinks;
@@ -254,7 +256,8 @@ RankShard GatherShard(const AttnCase& c, const Placement& pl, int rank) {
   const attnAttnConfig_t& cfg = c.cfg;
   const size_t esz = AttnElemSize(cfg.dtype);
   const size_t qRow = esz * cfg.num_q_heads * cfg.head_dim;
-  const size_t kvRow = esz * cfg.num_kv_heads * cfg.head_dim;
+  const size_t kRow = esz * cfg.num_kv_heads * cfg.head_dim;
+  const size_t vRow = esz * cfg.num_kv_heads * ValueDim(cfg);
   const auto& qr = pl.q_rows[rank];
   const auto& kr = pl.kv_rows[rank];
   sh.q_off.assign(c.num_seqs + 1, 0);
@@ -266,8 +269,8 @@ RankShard GatherShard(const AttnCase& c, const Placement& pl, int rank) {
     sh.kv_off[s + 1] += sh.kv_off[s];
   }
   sh.q.resize(qr.size() * qRow);
-  sh.k.resize(kr.size() * kvRow);
-  sh.v.resize(kr.size() * kvRow);
+  sh.k.resize(kr.size() * kRow);
+  sh.v.resize(kr.size() * vRow);
   for (size_t i = 0; i < qr.size(); ++i) {
     const int64_t g = qr[i];
     if (i > 0 && c.q_seq[qr[i - 1]] > c.q_seq[g])
@@ -279,8 +282,8 @@ RankShard GatherShard(const AttnCase& c, const Placement& pl, int rank) {
   for (size_t i = 0; i < kr.size(); ++i) {
     const int64_t g = kr[i];
     sh.kv_pos.push_back(c.kv_pos[g]);
-    std::memcpy(sh.k.data() + i * kvRow, c.k.data() + g * kvRow, kvRow);
-    std::memcpy(sh.v.data() + i * kvRow, c.v.data() + g * kvRow, kvRow);
+    std::memcpy(sh.k.data() + i * kRow, c.k.data() + g * kRow, kRow);
+    std::memcpy(sh.v.data() + i * vRow, c.v.data() + g * vRow, vRow);
   }
   sh.layout.num_seqs = c.num_seqs;
   sh.layout.q_offsets = sh.q_off.data();
@@ -314,7 +317,7 @@ std::string AttnErrorStats::Describe() const {
 AttnErrorStats CompareShard(const AttnCase& c, const RankShard& sh, const void* out,
                             const float* lse) {
   AttnErrorStats e;
-  const int Hq = c.cfg.num_q_heads, D = c.cfg.head_dim;
+  const int Hq = c.cfg.num_q_heads, D = ValueDim(c.cfg);  // of the outputs
   for (size_t i = 0; i < sh.q_global.size(); ++i) {
     const int64_t g = sh.q_global[i];
     for (int h = 0; h < Hq; ++h) {
@@ -373,7 +376,7 @@ RankRun RunRingAttentionRank(const AttnCase& c, const Placement& pl, int rank, a
   RankRun run;
   RankShard sh = GatherShard(c, pl, rank);
   const size_t qn = sh.q_global.size();
-  const size_t oBytes = qn * c.cfg.num_q_heads * c.cfg.head_dim * AttnElemSize(c.cfg.dtype);
+  const size_t oBytes = qn * c.cfg.num_q_heads * ValueDim(c.cfg) * AttnElemSize(c.cfg.dtype);
   std::vector<uint8_t> out(oBytes, 0xFF);  // NaN in every dtype: unwritten rows show
   std::vector<float> lse(qn * c.cfg.num_q_heads, std::numeric_limits<float>::quiet_NaN());
   const bool noQ = qn == 0, noKv = sh.kv_pos.empty();
@@ -409,7 +412,7 @@ attnResult_t LoopAttentionKernel(const attnAttnKernelArgs_t* a, void* user_data,
   if (!a || !a->cfg) return attnInvalidArgument;
   auto* counter = static_cast<AttnKernelCounter*>(user_data);
   const attnAttnConfig_t& cfg = *a->cfg;
-  const int Hq = cfg.num_q_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
+  const int Hq = cfg.num_q_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim, Dv = ValueDim(cfg);
   const int group = Hq / Hkv;
   const double scale = cfg.softmax_scale != 0 ? cfg.softmax_scale : 1.0 / std::sqrt(double(D));
   const attn::cpu::VisibleSpan span = attn::cpu::visibleSpan(cfg.causal != 0, cfg.window_left, cfg.window_right);
@@ -420,9 +423,9 @@ attnResult_t LoopAttentionKernel(const attnAttnKernelArgs_t* a, void* user_data,
   }
   for (int64_t i = 0; i < qRows * Hq; ++i) {
     a->lse[i] = -std::numeric_limits<float>::infinity();
-    for (int d = 0; d < D; ++d) a->out[i * D + d] = 0.0f;
+    for (int d = 0; d < Dv; ++d) a->out[i * Dv + d] = 0.0f;
   }
-  std::vector<double> s, acc(D);
+  std::vector<double> s, acc(Dv);
   for (int sq = 0; sq < a->num_seqs; ++sq) {
     for (int32_t i = a->q_offsets[sq]; i < a->q_offsets[sq + 1]; ++i) {
       for (int h = 0; h < Hq; ++h) {
@@ -448,11 +451,11 @@ attnResult_t LoopAttentionKernel(const attnAttnKernelArgs_t* a, void* user_data,
           if (sc == kNinf) continue;
           const double w = std::exp(sc - mx);
           sum += w;
-          for (int d = 0; d < D; ++d)
-            acc[d] += w * loadElem(a->v, cfg.dtype, (size_t(j) * Hkv + kh) * D + d);
+          for (int d = 0; d < Dv; ++d)
+            acc[d] += w * loadElem(a->v, cfg.dtype, (size_t(j) * Hkv + kh) * Dv + d);
         }
-        float* o = a->out + (size_t(i) * Hq + h) * D;
-        for (int d = 0; d < D; ++d) o[d] = float(acc[d] / sum);
+        float* o = a->out + (size_t(i) * Hq + h) * Dv;
+        for (int d = 0; d < Dv; ++d) o[d] = float(acc[d] / sum);
         a->lse[size_t(i) * Hq + h] = float(mx + std::log(sum));
       }
     }

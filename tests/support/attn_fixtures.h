@@ -54,8 +54,8 @@ struct AttnCase {
   std::vector<int32_t> q_off, kv_off;  // [num_seqs + 1]
   std::vector<int32_t> q_pos, kv_pos;  // per global row
   std::vector<int32_t> q_seq, kv_seq;  // sequence of each global row
-  std::vector<uint8_t> q, k, v;        // [rows, heads, D] in cfg.dtype
-  std::vector<double> ref_o;           // [q rows, Hq, D]
+  std::vector<uint8_t> q, k, v;        // [rows, heads, D] in cfg.dtype (v: Dv)
+  std::vector<double> ref_o;           // [q rows, Hq, Dv]
   std::vector<double> ref_lse;         // [q rows, Hq]
   std::vector<float> sinks;            // [Hq] or empty
   // cfg with cfg.sinks pointing at this case's sinks (or NULL).
@@ -67,6 +67,9 @@ struct AttnCase {
   int64_t q_rows() const { return static_cast<int64_t>(q_pos.size()); }
   int64_t kv_rows() const { return static_cast<int64_t>(kv_pos.size()); }
 };
+
+// The head dim of V and the outputs (head_dim_v, or head_dim when 0).
+inline int ValueDim(const attnAttnConfig_t& cfg) { return cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim; }
 
 // An attention config (softmax_scale 0: 1/sqrt(head_dim)).
 attnAttnConfig_t AttnCfg(int hq, int hkv, int d, attnDataType_t t, bool causal, float scale = 0.0f);
@@ -192,6 +195,7 @@ attn::cpu::AttnProblem ProblemFor(const Rows& r, int num_seqs, const attnAttnCon
   p.num_q_heads = cfg.num_q_heads;
   p.num_kv_heads = cfg.num_kv_heads;
   p.head_dim = cfg.head_dim;
+  p.head_dim_v = cfg.head_dim_v;
   p.scale = cfg.softmax_scale;
   p.causal = cfg.causal != 0;
   p.window_left = cfg.window_left;

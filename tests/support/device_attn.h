@@ -37,7 +37,7 @@ DeviceRun RunShardOnDevice(const attn_test::AttnCase& ref, const attn_test::Rank
                            bool withLse, const std::vector<float>& extra, Call call) {
   DeviceRun run;
   const attnAttnConfig_t& acfg = ref.cfg;
-  const size_t outBytes = sh.q.size();
+  const size_t outBytes = sh.q.size() / size_t(acfg.head_dim) * size_t(attn_test::ValueDim(acfg));  // Dv
   const size_t lseCount = sh.q_pos.size() * acfg.num_q_heads;
   DeviceShard d;
   void* lse = nullptr;

@@ -79,7 +79,8 @@ AttnCase ReferenceOverKeptKeys(const AttnCase& c, const Placement& pl, int rank,
   }
   std::sort(keys.begin(), keys.end());  // global rows are grouped by sequence
   AttnCase r = c;
-  const size_t kvRow = AttnElemSize(c.cfg.dtype) * c.cfg.num_kv_heads * c.cfg.head_dim;
+  const size_t kRow = AttnElemSize(c.cfg.dtype) * c.cfg.num_kv_heads * c.cfg.head_dim;
+  const size_t vRow = AttnElemSize(c.cfg.dtype) * c.cfg.num_kv_heads * ValueDim(c.cfg);
   r.kv_pos.clear();
   r.kv_seq.clear();
   r.k.clear();
@@ -89,13 +90,13 @@ AttnCase ReferenceOverKeptKeys(const AttnCase& c, const Placement& pl, int rank,
     r.kv_pos.push_back(c.kv_pos[g]);
     r.kv_seq.push_back(c.kv_seq[g]);
     ++r.kv_off[c.kv_seq[g] + 1];
-    r.k.insert(r.k.end(), c.k.begin() + g * kvRow, c.k.begin() + (g + 1) * kvRow);
-    r.v.insert(r.v.end(), c.v.begin() + g * kvRow, c.v.begin() + (g + 1) * kvRow);
+    r.k.insert(r.k.end(), c.k.begin() + g * kRow, c.k.begin() + (g + 1) * kRow);
+    r.v.insert(r.v.end(), c.v.begin() + g * vRow, c.v.begin() + (g + 1) * vRow);
   }
   for (int s = 0; s < c.num_seqs; ++s) r.kv_off[s + 1] += r.kv_off[s];
   std::vector<attn::cpu::AttnSegment> segs;
   attn::cpu::AttnProblem p = ProblemFor(r, r.num_seqs, r.cfg, &segs);
-  r.ref_o.assign(r.q_pos.size() * r.cfg.num_q_heads * r.cfg.head_dim, 0.0);
+  r.ref_o.assign(r.q_pos.size() * r.cfg.num_q_heads * ValueDim(r.cfg), 0.0);
   r.ref_lse.assign(r.q_pos.size() * r.cfg.num_q_heads, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(attn::cpu::referenceAttention(p, r.ref_o.data(), r.ref_lse.data()), attnSuccess);
   return r;

@@ -57,7 +57,7 @@ size_t headRowsOf(const AttnCall& c) { return static_cast<size_t>(c.q.rows) * c.
 
 attnResult_t DeviceAccumulator::reserve(const AttnCall& c, DeviceAttnState& R) {
   const size_t headRows = headRowsOf(c);
-  const size_t lseAt = alignUp(headRows * c.cfg.head_dim * sizeof(float), 256);
+  const size_t lseAt = alignUp(headRows * c.cfg.head_dim_v * sizeof(float), 256);
   ATTN_CHECK(R.acc.reserve(lseAt + headRows * sizeof(float) + 16, R.compute));
   o = reinterpret_cast<float*>(R.acc.get());
   lse = reinterpret_cast<float*>(R.acc.get() + lseAt);
@@ -66,14 +66,14 @@ attnResult_t DeviceAccumulator::reserve(const AttnCall& c, DeviceAttnState& R) {
 
 attnResult_t DeviceAccumulator::init(const AttnCall& c, DeviceAttnState& R) {
   if (c.q.rows == 0) return attnSuccess;
-  return cuda::initAccumulator(o, lse, c.q.rows, c.cfg.num_q_heads, c.cfg.head_dim, R.compute);
+  return cuda::initAccumulator(o, lse, c.q.rows, c.cfg.num_q_heads, c.cfg.head_dim_v, R.compute);
 }
 
 attnResult_t DeviceAccumulator::fold(const AttnCall& c, DeviceAttnState& R, const float* partial) {
   const size_t headRows = headRowsOf(c);
   if (headRows == 0) return attnSuccess;
-  const cpu::AttnPartialRef part{partial, attnFloat32, partial + headRows * c.cfg.head_dim};
-  return cuda::foldPartial(o, lse, part, headRows, c.cfg.head_dim, R.compute);
+  const cpu::AttnPartialRef part{partial, attnFloat32, partial + headRows * c.cfg.head_dim_v};
+  return cuda::foldPartial(o, lse, part, headRows, c.cfg.head_dim_v, R.compute);
 }
 
 attnResult_t DeviceAccumulator::writeOut(const AttnCall& c, DeviceAttnState& R, const DeviceAttnBuffers& io) {
@@ -81,8 +81,8 @@ attnResult_t DeviceAccumulator::writeOut(const AttnCall& c, DeviceAttnState& R, 
   if (headRows) {
     // Sinks join the denominator once, after every rank's keys are merged.
     if (c.cfg.sinks)
-      ATTN_CHECK(cuda::applySinks(o, lse, c.q.rows, c.cfg.num_q_heads, c.cfg.head_dim, c.cfg.sinks, R.compute));
-    ATTN_CHECK(cuda::convertFromFloat(io.out, c.cfg.dtype, o, headRows * c.cfg.head_dim, R.compute));
+      ATTN_CHECK(cuda::applySinks(o, lse, c.q.rows, c.cfg.num_q_heads, c.cfg.head_dim_v, c.cfg.sinks, R.compute));
+    ATTN_CHECK(cuda::convertFromFloat(io.out, c.cfg.dtype, o, headRows * c.cfg.head_dim_v, R.compute));
     if (io.lse)
       ATTN_CUDA_CHECK(cudaMemcpyAsync(io.lse, lse, headRows * sizeof(float), cudaMemcpyDefault, R.compute));
   }
@@ -128,7 +128,7 @@ attnResult_t DeviceKernels::reserve(const std::vector<RowsRef>& resident, int la
   for (int64_t r : c_.qRowsOf) partRows_ = std::max<int64_t>(partRows_, r);
   if (c_.state->userKernel && !c_.state->skipCompute && partRows_ > 0) {
     const size_t headRows = static_cast<size_t>(partRows_) * c_.cfg.num_q_heads;
-    const size_t lseAt = alignUp(headRows * c_.cfg.head_dim * sizeof(float), 256);
+    const size_t lseAt = alignUp(headRows * c_.cfg.head_dim_v * sizeof(float), 256);
     ATTN_CHECK(R_.part.reserve(lseAt + headRows * sizeof(float), R_.compute));
     partO_ = reinterpret_cast<float*>(R_.part.get());
     partLse_ = reinterpret_cast<float*>(R_.part.get() + lseAt);
@@ -165,7 +165,7 @@ attnResult_t DeviceKernels::accumulate(const DeviceRows& qs, const DeviceRows& k
 attnResult_t DeviceKernels::partial(const DeviceRows& qs, const DeviceRows& kvs, float* o, float* lse) {
   if (qs.rows == 0) return attnSuccess;
   if (kvs.rows == 0 || c_.state->skipCompute)
-    return cuda::initAccumulator(o, lse, qs.rows, c_.cfg.num_q_heads, c_.cfg.head_dim, R_.compute);
+    return cuda::initAccumulator(o, lse, qs.rows, c_.cfg.num_q_heads, c_.cfg.head_dim_v, R_.compute);
   return launch(qs, kvs, o, lse, false);
 }
 
@@ -233,11 +233,11 @@ attnResult_t DeviceKernels::userKernel(const DeviceRows& qs, const DeviceRows& k
     return setError(r, "the attention kernel set by attnCommSetAttnKernel failed (on the device)");
   if (direct) return attnSuccess;
   // A fresh partial is the fold of the kernel's into an empty one.
-  if (!fold) ATTN_CHECK(cuda::initAccumulator(o, lse, qs.rows, c_.cfg.num_q_heads, c_.cfg.head_dim, R_.compute));
+  if (!fold) ATTN_CHECK(cuda::initAccumulator(o, lse, qs.rows, c_.cfg.num_q_heads, c_.cfg.head_dim_v, R_.compute));
   const cpu::AttnPartialRef part{partO_, st.userOutDtype, partLse_, st.userLseBase, st.userLseLayout,
                                  c_.cfg.num_q_heads};
   return cuda::foldPartial(o, lse, part, static_cast<size_t>(qs.rows) * c_.cfg.num_q_heads,
-                           c_.cfg.head_dim, R_.compute);
+                           c_.cfg.head_dim_v, R_.compute);
 }
 
 attnResult_t DeviceKernels::addComputeTime() {

@@ -25,25 +25,24 @@ attnResult_t DeviceRing::reserve(DeviceAttnState& R, size_t capacity, const Ring
   return attnSuccess;
 }
 
-attnResult_t DeviceRing::loadOwn(int numSeqs, const RowsRef& rows, size_t rowBytes) {
-  tensors_ = rows.t1 ? 2 : 1;
+attnResult_t DeviceRing::loadOwn(int numSeqs, const RowsRef& rows, RowBytes rowBytes) {
+  if (!rows.t1) rowBytes = RowBytes::one(rowBytes.t0);
   rowBytes_ = rowBytes;
   char* h0 = R_.hostBlock[0].base();
   char* d0 = R_.block[0].get();
-  const BlockLayout own = packBlockMeta(me_, numSeqs, rows.offsets, rows.pos, rows.rows, rowBytes, tensors_, h0);
+  const BlockLayout own = packBlockMeta(me_, numSeqs, rows.offsets, rows.pos, rows.rows, rowBytes, h0);
   const void* t[2] = {rows.t0, rows.t1};
+  const size_t at[2] = {own.t0At, own.t1At}, bytes[2] = {own.t0Bytes, own.t1Bytes};
   const bool staged = next_ != me_ && !direct_ && !viaTransport_;
-  for (int i = 0; i < tensors_ && rows.rows && staged; ++i)
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + own.tensorAt + i * own.tensorBytes, t[i], own.tensorBytes,
-                                    cudaMemcpyDefault, copy_));
+  for (int i = 0; i < rowBytes.tensors && rows.rows && staged; ++i)
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(h0 + at[i], t[i], bytes[i], cudaMemcpyDefault, copy_));
   ATTN_CUDA_CHECK(cudaEventRecord(R_.ownOnHost, copy_));
-  ATTN_CUDA_CHECK(cudaMemcpyAsync(d0, h0, own.tensorAt, cudaMemcpyHostToDevice, copy_));
-  for (int i = 0; i < tensors_ && rows.rows; ++i)
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + own.tensorAt + i * own.tensorBytes, t[i], own.tensorBytes,
-                                    cudaMemcpyDefault, copy_));
+  ATTN_CUDA_CHECK(cudaMemcpyAsync(d0, h0, own.t0At, cudaMemcpyHostToDevice, copy_));
+  for (int i = 0; i < rowBytes.tensors && rows.rows; ++i)
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(d0 + at[i], t[i], bytes[i], cudaMemcpyDefault, copy_));
   ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[0], copy_));
   bytes_ = own.total;
-  metaBytes_ = own.tensorAt;
+  metaBytes_ = own.t0At;
   cur_ = 0;
   if (!direct_) return attnSuccess;
   return tradePeeks();
@@ -156,7 +155,7 @@ attnResult_t DeviceRing::advance(ProgressThread& driver, Request* sendReq, Reque
   link_->prevReads().fetch_add(1, std::memory_order_acq_rel);
   ipc::ipcCounters().ringPulls.fetch_add(1, std::memory_order_relaxed);
   bytes_ = l.total;
-  metaBytes_ = l.tensorAt;
+  metaBytes_ = l.t0At;
   cur_ = nb;
   ++steps_;
   return attnSuccess;
@@ -187,7 +186,7 @@ attnResult_t DeviceRing::receiveDevice(ProgressThread& driver, Request* recvReq,
   ATTN_CUDA_CHECK(cudaEventRecord(R_.blockReady[nb], copy_));
   directCounters().ringSteps.fetch_add(1, std::memory_order_relaxed);
   bytes_ = l.total;
-  metaBytes_ = l.tensorAt;
+  metaBytes_ = l.t0At;
   cur_ = nb;
   ++steps_;
   return attnSuccess;
@@ -201,7 +200,7 @@ attnResult_t DeviceRing::checkMeta(int nb, size_t got, BlockLayout* out) const {
     return setError(attnRemoteError, "ring: %zu bytes of block metadata from rank %d", got, prev_);
   std::memcpy(&h, R_.hostBlock[nb].base(), sizeof(h));
   BlockLayout l;
-  if (!BlockLayout::checked(h.num_seqs, h.rows, rowBytes_, tensors_, &l) || l.tensorAt != got || l.total > capacity_)
+  if (!BlockLayout::checked(h.num_seqs, h.rows, rowBytes_, &l) || l.t0At != got || l.total > capacity_)
     return setError(attnRemoteError, "ring: block from rank %d does not match its metadata (%zu bytes, %d rows)",
                     prev_, got, h.rows);
   *out = l;

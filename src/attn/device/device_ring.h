@@ -60,7 +60,7 @@ class DeviceRing final : public RingMover {
   // send to; then R.ownOnHost) and copied into device buffer 0 (then
   // R.blockReady[0]), on the copy stream. Direct: also trades buffer
   // addresses with the neighbours.
-  attnResult_t loadOwn(int numSeqs, const RowsRef& rows, size_t rowBytes);
+  attnResult_t loadOwn(int numSeqs, const RowsRef& rows, RowBytes rowBytes);
 
   // Both host and device buffers hold at least `capacity` bytes (device
   // ones grown on the compute stream: synchronise it before use). The
@@ -106,8 +106,8 @@ class DeviceRing final : public RingMover {
   DeviceAttnState& R_;
   cudaStream_t copy_;
   int me_, next_, prev_;
-  size_t capacity_, bytes_ = 0, metaBytes_ = 0, rowBytes_ = 0;
-  int tensors_ = 1;
+  size_t capacity_, bytes_ = 0, metaBytes_ = 0;
+  RowBytes rowBytes_;
   int cur_ = 0;
   int steps_ = 0;  // advances so far
   RingLink* link_;

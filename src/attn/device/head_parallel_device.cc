@@ -70,20 +70,20 @@ attnResult_t placeHeads(void* dst, const void* src, int64_t rows, int rowHeads, 
 // copied from the device into `dst` on `stream`. When dst is not meta (our
 // own heads: dst is on the device) the metadata goes up there too.
 attnResult_t packHeads(const AttnCall& c, const HeadGroup& g, const HeadsMessage& m, char* meta, char* dst,
-                       size_t headBytes, cudaStream_t stream) {
+                       cudaStream_t stream) {
   const int me = c.comm->rank;
-  packBlockMeta(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, g.q() * headBytes, 1, meta);
-  packBlockMeta(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, g.kv() * headBytes, 2,
-                meta + m.kvAt);
+  const HeadBytes hb = headBytesOf(c.cfg);
+  packBlockMeta(me, c.numSeqs, c.qOffsets.data(), c.q.pos, c.q.rows, m.qRow, meta);
+  packBlockMeta(me, c.numSeqs, c.kvOffsets.data(), c.kv.pos, c.kv.rows, m.kvRow, meta + m.kvAt);
   if (dst != meta) {
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(dst, meta, m.q.tensorAt, cudaMemcpyHostToDevice, stream));
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(dst + m.kvAt, meta + m.kvAt, m.kv.tensorAt, cudaMemcpyHostToDevice, stream));
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(dst, meta, m.q.t0At, cudaMemcpyHostToDevice, stream));
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(dst + m.kvAt, meta + m.kvAt, m.kv.t0At, cudaMemcpyHostToDevice, stream));
   }
   const int hq = c.cfg.num_q_heads, hkv = c.cfg.num_kv_heads;
-  ATTN_CHECK(takeHeads(dst + m.q.tensorAt, c.q.t0, c.q.rows, hq, g.qBegin, g.q(), headBytes, stream));
-  char* kv = dst + m.kvAt + m.kv.tensorAt;
-  ATTN_CHECK(takeHeads(kv, c.kv.t0, c.kv.rows, hkv, g.kvBegin, g.kv(), headBytes, stream));
-  return takeHeads(kv + m.kv.tensorBytes, c.kv.t1, c.kv.rows, hkv, g.kvBegin, g.kv(), headBytes, stream);
+  ATTN_CHECK(takeHeads(dst + m.q.t0At, c.q.t0, c.q.rows, hq, g.qBegin, g.q(), hb.qk, stream));
+  char* kv = dst + m.kvAt;
+  ATTN_CHECK(takeHeads(kv + m.kv.t0At, c.kv.t0, c.kv.rows, hkv, g.kvBegin, g.kv(), hb.qk, stream));
+  return takeHeads(kv + m.kv.t1At, c.kv.t1, c.kv.rows, hkv, g.kvBegin, g.kv(), hb.v, stream);
 }
 
 }  // namespace
@@ -95,13 +95,13 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   Engine& e = *env.e;
   const cudaStream_t copy = env.copy;
   const int n = env.n, me = env.me;
-  const int hq = c.cfg.num_q_heads, D = c.cfg.head_dim;
+  const int hq = c.cfg.num_q_heads, Dv = c.cfg.head_dim_v;  // Dv: of the outputs
   const std::vector<HeadGroup> groups = headGroups(hq, c.cfg.num_kv_heads, n);
   const HeadGroup& mine = groups[me];
   const size_t elem = dataTypeSize(c.cfg.dtype);
-  const size_t headBytes = elem * D;
-  auto messageTo = [&](int from, int to) { return headsMessage(c, groups, from, to, headBytes); };
-  auto returnOf = [&](int64_t rows, const HeadGroup& g) { return ReturnMessage(rows, g.q(), D, elem); };
+  const size_t oHeadBytes = elem * Dv;
+  auto messageTo = [&](int from, int to) { return headsMessage(c, groups, from, to); };
+  auto returnOf = [&](int64_t rows, const HeadGroup& g) { return ReturnMessage(rows, g.q(), Dv, elem); };
 
   // Pinned host memory. Out: our rows for each group (for ours only its
   // metadata), then the outputs we send home. In: each peer's rows for our
@@ -114,7 +114,7 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   for (int p = 0; p < n; ++p) {
     if (!groups[p].empty()) {
       const HeadsMessage m = messageTo(me, p);
-      rowsOut.add(p, p == me ? m.kvAt + m.kv.tensorAt : m.total);  // ours: metadata only
+      rowsOut.add(p, p == me ? m.kvAt + m.kv.t0At : m.total);  // ours: metadata only
     }
     if (p != me && !groups[p].empty()) outputsIn.add(p, returnOf(c.q.rows, groups[p]).total);
     accRow[p + 1] = accRow[p] + (mine.empty() ? 0 : c.qRowsOf[p]);
@@ -126,7 +126,7 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     rowsIn.add(p, messageTo(p, me).total);
   }
   const size_t headRows = static_cast<size_t>(accRow[n]) * mine.q();
-  const size_t lseAt = alignUp(headRows * D * sizeof(float), 256);
+  const size_t lseAt = alignUp(headRows * Dv * sizeof(float), 256);
 
   // Buffers first, while both streams are idle (see pass-KV).
   ATTN_CHECK(R.hostOut.reserve(rowsOut.total + outputsOut.total + 64));
@@ -153,13 +153,13 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     const int p = (me + s) % n;
     if (groups[p].empty()) continue;
     char* slot = hostOut + rowsOut.offset[p];
-    ATTN_CHECK(packHeads(c, groups[p], messageTo(me, p), slot, slot, headBytes, copy));
+    ATTN_CHECK(packHeads(c, groups[p], messageTo(me, p), slot, slot, copy));
   }
   ATTN_CUDA_CHECK(cudaEventRecord(R.ownOnHost, copy));
   if (!mine.empty()) {
     ATTN_CHECK(packHeads(c, mine, messageTo(me, me), hostOut + rowsOut.offset[me], devRows + rowsDev.offset[me],
-                         headBytes, R.compute));
-    if (headRows) ATTN_CHECK(cuda::initAccumulator(accO, accLse, accRow[n], mine.q(), D, R.compute));
+                         R.compute));
+    if (headRows) ATTN_CHECK(cuda::initAccumulator(accO, accLse, accRow[n], mine.q(), Dv, R.compute));
   }
 
   std::unique_ptr<Request[]> inReq(new Request[n]), homeReq(new Request[n]);
@@ -190,8 +190,7 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   std::vector<int> goingDown;  // ranks whose outputs are being copied down, in stream order
   auto rowsHere = [&](int a, const char* host, size_t bytes, char* dev) -> attnResult_t {
     BlockView qv, kvv;
-    ATTN_CHECK(viewHeadsMessage(c, a, host, bytes, messageTo(a, me), mine.q() * headBytes,
-                                mine.kv() * headBytes, &qv, &kvv));
+    ATTN_CHECK(viewHeadsMessage(c, a, host, bytes, messageTo(a, me), &qv, &kvv));
     qOf[a] = deviceRowsOf(qv, host, dev);
     kvOf[a] = deviceRowsOf(kvv, host, dev);
     here[a] = true;
@@ -199,7 +198,7 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   };
   auto fold = [&](int queriesOf, int keysOf) {
     ++folded[queriesOf];
-    return kernels.accumulate(qOf[queriesOf], kvOf[keysOf], accO + accRow[queriesOf] * mine.q() * D,
+    return kernels.accumulate(qOf[queriesOf], kvOf[keysOf], accO + accRow[queriesOf] * mine.q() * Dv,
                               accLse + accRow[queriesOf] * mine.q());
   };
   // Rank r's row of the grid is complete: its outputs in the dtype, then
@@ -209,13 +208,13 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
     const float* lse = accLse + accRow[r] * mine.q();
     char* o = devOutputs + outputsDev.offset[r];
     if (rows && c.cfg.sinks)  // this group's heads' sinks, once, on the merged rows
-      ATTN_CHECK(cuda::applySinks(accO + accRow[r] * mine.q() * D, accLse + accRow[r] * mine.q(), rows, mine.q(), D,
+      ATTN_CHECK(cuda::applySinks(accO + accRow[r] * mine.q() * Dv, accLse + accRow[r] * mine.q(), rows, mine.q(), Dv,
                                   c.cfg.sinks + mine.qBegin, R.compute));
     if (rows)
-      ATTN_CHECK(cuda::convertFromFloat(o, c.cfg.dtype, accO + accRow[r] * mine.q() * D,
-                                        static_cast<size_t>(rows) * mine.q() * D, R.compute));
+      ATTN_CHECK(cuda::convertFromFloat(o, c.cfg.dtype, accO + accRow[r] * mine.q() * Dv,
+                                        static_cast<size_t>(rows) * mine.q() * Dv, R.compute));
     if (r == me) {
-      ATTN_CHECK(placeHeads(io.out, o, rows, hq, mine.qBegin, mine.q(), headBytes, R.compute));
+      ATTN_CHECK(placeHeads(io.out, o, rows, hq, mine.qBegin, mine.q(), oHeadBytes, R.compute));
       if (io.lse) ATTN_CHECK(placeHeads(io.lse, lse, rows, hq, mine.qBegin, mine.q(), sizeof(float), R.compute));
       return attnSuccess;
     }
@@ -318,7 +317,7 @@ attnResult_t runHeadParallelDevice(AttnCall& c, const DeviceAttnBuffers& io) {
       return setError(attnInvalidUsage, "head-parallel: outputs from rank %d have %zu bytes, %zu expected", p,
                       homeReq[p].bytes, m.total);
     const char* src = hostOutputsIn + outputsIn.offset[p];
-    ATTN_CHECK(placeHeads(io.out, src, c.q.rows, hq, g.qBegin, g.q(), headBytes, copy));
+    ATTN_CHECK(placeHeads(io.out, src, c.q.rows, hq, g.qBegin, g.q(), oHeadBytes, copy));
     if (io.lse) ATTN_CHECK(placeHeads(io.lse, src + m.lseAt, c.q.rows, hq, g.qBegin, g.q(), sizeof(float), copy));
   }
   guard.done();

@@ -52,13 +52,13 @@ attnResult_t runLevelAllToAllDevice(AttnCall& c, const LevelDrop& drop, const De
   // Pinned out: each block (metadata, then K and V copied down), then the
   // index lists that go up. Device: each block's indices and gathered K, V
   // (R.visit); every incoming block (R.block[0]).
-  const size_t rowBytes = c.kvRowBytes;
+  const size_t kb = c.kRowBytes, vb = c.vRowBytes;
   PeerSlots blockOut(n), indexOut(n), gathered(n);
   for (int p : L.sendTo) {
     const size_t rows = L.toPeer[p].rows.size();
-    blockOut.add(p, BlockLayout::of(S, rows, rowBytes, 2).total);
+    blockOut.add(p, BlockLayout::of(S, rows, c.kvRow()).total);
     indexOut.add(p, rows * sizeof(int32_t));
-    gathered.add(p, alignUp(rows * sizeof(int32_t), 256) + 2 * rows * rowBytes);
+    gathered.add(p, alignUp(rows * sizeof(int32_t), 256) + rows * (kb + vb));
   }
   std::vector<size_t> inAt(L.in.size() + 1, 0), devAt(L.in.size() + 1, 0);
   for (size_t i = 0; i < L.in.size(); ++i) {
@@ -88,7 +88,7 @@ attnResult_t runLevelAllToAllDevice(AttnCall& c, const LevelDrop& drop, const De
     for (size_t i = 0; i < rows; ++i) pos[i] = c.kv.pos[kept.rows[i]];
     char* block = hostOut + blockOut.offset[p];
     const BlockLayout l = packBlockMeta(c.comm->rank, S, kept.offsets.data(), pos.data(), static_cast<int64_t>(rows),
-                                        rowBytes, 2, block);
+                                        c.kvRow(), block);
     blocks[p] = block;
     if (rows == 0) continue;
     int32_t* hostIdx = reinterpret_cast<int32_t*>(indices + indexOut.offset[p]);
@@ -96,11 +96,12 @@ attnResult_t runLevelAllToAllDevice(AttnCall& c, const LevelDrop& drop, const De
     char* dev = R.visit.get() + gathered.offset[p];
     int32_t* devIdx = reinterpret_cast<int32_t*>(dev);
     char* k = dev + alignUp(rows * sizeof(int32_t), 256);
-    char* v = k + rows * rowBytes;
+    char* v = k + rows * kb;
     ATTN_CUDA_CHECK(cudaMemcpyAsync(devIdx, hostIdx, rows * sizeof(int32_t), cudaMemcpyHostToDevice, copy));
-    ATTN_CHECK(cuda::gatherRows(k, c.kv.t0, devIdx, rows, c.kv.rows, rowBytes, copy));
-    ATTN_CHECK(cuda::gatherRows(v, c.kv.t1, devIdx, rows, c.kv.rows, rowBytes, copy));
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(block + l.tensorAt, k, 2 * rows * rowBytes, cudaMemcpyDeviceToHost, copy));
+    ATTN_CHECK(cuda::gatherRows(k, c.kv.t0, devIdx, rows, c.kv.rows, kb, copy));
+    ATTN_CHECK(cuda::gatherRows(v, c.kv.t1, devIdx, rows, c.kv.rows, vb, copy));
+    // K and V lie back to back here and in the block (t1At = t0At + K's bytes).
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(block + l.t0At, k, rows * (kb + vb), cudaMemcpyDeviceToHost, copy));
   }
   ATTN_CUDA_CHECK(cudaStreamSynchronize(copy));
 

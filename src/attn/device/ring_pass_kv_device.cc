@@ -55,7 +55,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   // compute stream; the copy stream uses them after the sync below.
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
-    capacity = std::max(capacity, BlockLayout::of(S, c.kvRowsOf[r], c.kvRowBytes, 2).total);
+    capacity = std::max(capacity, BlockLayout::of(S, c.kvRowsOf[r], c.kvRow()).total);
   ATTN_CHECK(DeviceRing::reserve(R, capacity, env.ring));
   // The queries stay on the device.
   DeviceKernels kernels(c, R);
@@ -64,7 +64,7 @@ attnResult_t runPassKvDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   const DeviceRows myQ = kernels.resident(0);
   // Block 0 is this rank's KV.
   DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.ring);
-  ATTN_CHECK(ring.loadOwn(S, c.kv, c.kvRowBytes));
+  ATTN_CHECK(ring.loadOwn(S, c.kv, c.kvRow()));
 
   RingSteps steps(c, capacity);
   ATTN_CHECK(steps.run(ring, "device pass-KV", [&](int s) -> attnResult_t {

@@ -81,7 +81,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   // Buffers first, while both streams are idle (see pass-KV).
   size_t capacity = 0, maxPartial = 0;
   for (int r = 0; r < n; ++r) {
-    capacity = std::max(capacity, BlockLayout::of(S, c.qRowsOf[r], c.qRowBytes, 1).total);
+    capacity = std::max(capacity, BlockLayout::of(S, c.qRowsOf[r], c.qRow()).total);
     maxPartial = std::max(maxPartial, c.partialBytes(c.qRowsOf[r]));
   }
   ATTN_CHECK(DeviceRing::reserve(R, capacity, env.ring));
@@ -103,7 +103,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   float* visitO = reinterpret_cast<float*>(R.visit.get());
   // Block 0 is this rank's queries.
   DeviceRing ring(e, R, copy, me, env.next, env.prev, capacity, env.ring);
-  ATTN_CHECK(ring.loadOwn(S, c.q, c.qRowBytes));
+  ATTN_CHECK(ring.loadOwn(S, c.q, c.qRow()));
 
   std::unique_ptr<Request[]> outReq(new Request[n]);
   RingSteps steps(c, std::max(capacity, maxPartial));
@@ -147,7 +147,7 @@ attnResult_t runPassQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
       ATTN_CHECK(kernels.accumulate(qd, myKv, acc.o, acc.lse));
     } else {
       const size_t bytes = c.partialBytes(visitor.rows);
-      float* visitLse = visitO + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+      float* visitLse = visitO + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim_v;
       ATTN_CHECK(kernels.partial(qd, myKv, visitO, visitLse));
       if (bytes)
         ATTN_CUDA_CHECK(cudaMemcpyAsync(R.hostOut.base() + outSlot.offset[owner], visitO, bytes,

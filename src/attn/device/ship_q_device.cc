@@ -55,11 +55,11 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   // query block, then each visitor's partial; incoming: each peer's query
   // block and the partial it sends us.
   PeerSlots out(n), qin(n), pin(n);
-  out.add(me, BlockLayout::of(S, qRows, c.qRowBytes, 1).total);
+  out.add(me, BlockLayout::of(S, qRows, c.qRow()).total);
   size_t maxBlock = 0, maxPartial = myPartial;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    const size_t block = BlockLayout::of(S, c.qRowsOf[p], c.qRowBytes, 1).total;
+    const size_t block = BlockLayout::of(S, c.qRowsOf[p], c.qRow()).total;
     out.add(p, c.partialBytes(c.qRowsOf[p]));
     qin.add(p, block);
     maxBlock = std::max(maxBlock, block);
@@ -85,9 +85,9 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
 
   // Our query block goes down on the copy stream while our own queries
   // fold over the local keys on the compute stream.
-  const BlockLayout mine = packBlockMeta(me, S, c.qOffsets.data(), c.q.pos, qRows, c.qRowBytes, 1, hostOut);
+  const BlockLayout mine = packBlockMeta(me, S, c.qOffsets.data(), c.q.pos, qRows, c.qRow(), hostOut);
   if (qRows && n > 1)
-    ATTN_CUDA_CHECK(cudaMemcpyAsync(hostOut + mine.tensorAt, c.q.t0, mine.tensorBytes, cudaMemcpyDefault, copy));
+    ATTN_CUDA_CHECK(cudaMemcpyAsync(hostOut + mine.t0At, c.q.t0, mine.t0Bytes, cudaMemcpyDefault, copy));
   ATTN_CUDA_CHECK(cudaEventRecord(R.ownOnHost, copy));
   ATTN_CHECK(kernels.accumulate(myQ, myKv, acc.o, acc.lse));
 
@@ -96,7 +96,7 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
   BreakOnEarlyExit guard(e);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    ATTN_CHECK(e.irecv(p, hostIn + qin.offset[p], BlockLayout::of(S, c.qRowsOf[p], c.qRowBytes, 1).total,
+    ATTN_CHECK(e.irecv(p, hostIn + qin.offset[p], BlockLayout::of(S, c.qRowsOf[p], c.qRow()).total,
                        &qinReq[p]));
     ATTN_CHECK(e.irecv(p, partialsIn + pin.offset[p], myPartial, &pinReq[p]));
   }
@@ -135,7 +135,7 @@ attnResult_t runShipQDevice(AttnCall& c, const DeviceAttnBuffers& io) {
         ATTN_CUDA_CHECK(cudaMemcpyAsync(dBlock, hostIn + qin.offset[p], qinReq[p].bytes,
                                         cudaMemcpyHostToDevice, R.compute));
         const size_t bytes = c.partialBytes(visitor.rows);
-        float* visitLse = visitO + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim;
+        float* visitLse = visitO + static_cast<size_t>(visitor.rows) * c.cfg.num_q_heads * c.cfg.head_dim_v;
         ATTN_CHECK(kernels.partial(deviceRowsOf(visitor, hostIn + qin.offset[p], dBlock), myKv, visitO, visitLse));
         if (bytes)
           ATTN_CUDA_CHECK(cudaMemcpyAsync(hostOut + out.offset[p], visitO, bytes, cudaMemcpyDeviceToHost,
