@@ -134,7 +134,10 @@ TEST(EstimateModes, InterferenceChargesTheBytesThatMove) {
   ASSERT_EQ(attnEstimateModes(&m, &cfg, n, 32, total - 32, &shared), attnSuccess);
   EXPECT_GT(shared.pass_kv_us, overlap.pass_kv_us);
   EXPECT_GT(shared.pass_q_us, overlap.pass_q_us);
-  EXPECT_EQ(shared.chosen, attnModePassQ) << "pass-Q moves 8 query rows, pass-KV 1024 KV rows per step";
+  // Q moves (8 query rows against 1024 KV rows per step), in one hop: the
+  // queries and partials of 32 rows are small enough to hold at once.
+  EXPECT_EQ(shared.chosen, attnModeShipQ) << "ship-Q moves 8 query rows, pass-KV 1024 KV rows per step";
+  EXPECT_LT(shared.pass_q_us, shared.pass_kv_us);
   // Full prefill: a KV block (2 heads) is smaller than a query block plus
   // its partial (8 heads): KV moves, in one hop (all-gather KV) as the
   // ring's per-step latency is charged in full here.
@@ -178,8 +181,14 @@ TEST(EstimateModes, AllGatherKvSavesTheRingsLatencies) {
     ASSERT_EQ(attnEstimateModes(&slow, &cfg, 4, 4, 4092, &e), attnSuccess);
     EXPECT_EQ(e.chosen, attnModeShipQ);
     EXPECT_GT(e.all_gather_kv_us, e.ship_q_us);
-    // Low miss rate on slow links: pass-Q.
+    // Low miss rate on slow links: Q moves, in one hop (ship-Q).
     ASSERT_EQ(attnEstimateModes(&slow, &cfg, 4, 64, 4032, &e), attnSuccess);
+    EXPECT_EQ(e.chosen, attnModeShipQ);
+    EXPECT_LT(e.pass_q_us, e.all_gather_kv_us);
+    // The same miss rate over 200K new tokens: every peer's queries and
+    // partials (3 x 50K rows x 4 KB) would not fit at once: the ring.
+    ASSERT_EQ(attnEstimateModes(&slow, &cfg, 4, 200000, 12600000, &e), attnSuccess);
+    EXPECT_LT(e.ship_q_us, e.pass_q_us);
     EXPECT_EQ(e.chosen, attnModePassQ);
   }
 }
@@ -366,14 +375,16 @@ TEST(SelectMode, OverriddenModelDrivesAuto) {
     attnAttnMode_t expect;
   };
   // Fast links, slow compute: communication hides, pass-KV (no all-to-all).
-  // Slow links, fast compute, low miss rate: Q is smaller than KV, pass-Q.
+  // Slow links, fast compute, low miss rate: Q is smaller than KV, so Q
+  // moves; in one hop (ship-Q: the queries and partials of a short prefill
+  // fit in memory) rather than around the ring, which adds latencies.
   // Decode with little compute and slow links: one hop (ship-Q) beats the
   // ring of Q blocks by two message latencies and moves far less than KV.
   // Full prefill without GQA, slow links, fast compute: head-parallel sends
   // (N-1)/N of Q, K, V and O, the ring N-1 KV blocks.
   const Scenario scenarios[] = {
       {"prefill, fast links", {1000.0, 1.0, 0.001}, 0, attnModePassKV},
-      {"low miss, slow links", {0.01, 1.0, 1000.0}, 1, attnModePassQ},
+      {"low miss, slow links", {0.01, 1.0, 1000.0}, 1, attnModeShipQ},
       {"decode, slow links", {0.01, 50.0, 1000.0}, 2, attnModeShipQ},
       {"MHA prefill, slow links", {0.01, 1.0, 1000.0}, 3, attnModeHeadParallel},
   };

@@ -104,11 +104,14 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
   // once (a ring holds two blocks): a million-token cache cannot.
   const double gathered =
       N * double(in.maxKvRows) * cfg.num_kv_heads * (D + Dv) * double(dataTypeSize(cfg.dtype));
-  if (N > 1 && in.allGatherKv && gathered <= kAllGatherKvAutoMaxBytes && out->all_gather_kv_us < best) {
+  if (N > 1 && in.allGatherKv && gathered <= kAutoMaxHeldBytes && out->all_gather_kv_us < best) {
     out->chosen = attnModeAllGatherKV;
     best = out->all_gather_kv_us;
   }
-  if (decodeLike && out->ship_q_us < best) out->chosen = attnModeShipQ;
+  // Ship-Q holds every peer's query block and partial at once: beyond
+  // decode, only while those fit as all-gather KV's keys must.
+  const double shipHeld = (N - 1) * qRows * Hq * (D * e + (Dv + 1) * 4.0);
+  if ((decodeLike || shipHeld <= kAutoMaxHeldBytes) && out->ship_q_us < best) out->chosen = attnModeShipQ;
 
   // Alg. 1 / Alg. 5 with the same rates (per-head normalised, as the paper).
   out->alg1_threshold_tokens = N * C * Hkv * e / (2.0 * Hq * bw);

@@ -22,9 +22,10 @@ struct ModelInput {
   int kvMoves = -1, qMoves = -1, peersSeen = -1;
 };
 
-// AUTO weighs all-gather KV only when the gathered keys and values (every
-// rank's largest shard, K and V) fit in this many bytes.
-constexpr double kAllGatherKvAutoMaxBytes = double(256 << 20);
+// AUTO weighs all-gather KV (which holds every rank's keys and values at
+// once) and, beyond decode, ship-Q (every peer's queries and partials) only
+// while what they hold fits in this many bytes.
+constexpr double kAutoMaxHeldBytes = double(256 << 20);
 
 void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const ModelInput& in,
                    attnModeEstimate_t* out);
