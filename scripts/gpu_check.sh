@@ -164,6 +164,12 @@ stage_perf() {
   : >"$log"
   run() { echo "\$ $*" >>"$log"; "$@" >>"$log" 2>&1; echo "# rc=$?" >>"$log"; }
   run "$BUILD/perf/cuda_kernel_perf" -n 20 -w 3
+  # MLA-shaped heads (DeepSeek 192/128) on the tensor-core kernels, and the
+  # same calls with V padded to 192: what the 192/128 instantiation saves.
+  for dv in 128 192; do
+    run "$BUILD/perf/cuda_kernel_perf" -n 20 -w 3 -m 64 -d 192 -v $dv -q 16 -k 16 -t 8192,16384 -T 32768 -b 1,8
+  done
+  run "$BUILD/perf/ring_attn_perf" --device 0 -t 2 -L 8192 --miss 1,0.05 -H 16 --kv-heads 16 --head-dim 192 --head-dim-v 128 -d bf16 -n 5 -w 2 -c 1
   run python3 perf/attn/sdpa_reference.py -n 20 -w 3
   for n in 2 4; do
     run "$BUILD/perf/ring_attn_perf" --device 0 -t $n -L 32768 --miss 1,0.25,0.05 -H 32 --kv-heads 8 --head-dim 128 -d bf16 -n 5 -w 2 -c 1

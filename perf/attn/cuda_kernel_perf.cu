@@ -14,6 +14,7 @@
 //
 //   cuda_kernel_perf [-n iters] [-w warmup] [-t tokens,...] [-q heads] [-k kv_heads]
 //                    [-m merge_MiB] [-T decode keys,...] [-b decode batch,...]
+//                    [-d head_dim] [-v head_dim_v (MLA: -d 192 -v 128)]
 //                    [-g (use the SIMT kernel)]
 #include <cuda_runtime_api.h>
 
@@ -48,6 +49,8 @@ namespace {
 
 struct Opts {
   int iters = 20, warmup = 3, hq = 32, hkv = 8;
+  int d = 128, dv = 0;  // Q/K and V head dims (0: d)
+  int valueDim() const { return dv > 0 ? dv : d; }
   size_t merge_mib = 512;
   bool generic = false;
   std::vector<int> tokens{8192, 16384, 32768};
@@ -147,29 +150,30 @@ void benchMerge(const Opts& o, cudaStream_t s) {
 // The chosen kernel next to the WMMA one (the previous tensor-core kernel)
 // on the same inputs, interleaved so drift hits both alike.
 void benchAttention(const Opts& o, cudaStream_t s) {
-  const int d = 128;
-  std::printf("\n# partial attention: causal, bf16, head_dim %d, Hq %d, Hkv %d, one sequence%s\n", d,
+  const int d = o.d, dv = o.valueDim();
+  std::printf("\n# partial attention: causal, bf16, head_dim %d/%d, Hq %d, Hkv %d, one sequence%s\n", d, dv,
               o.hq, o.hkv, o.generic ? " (SIMT kernel)" : "");
-  std::printf("# TFLOP/s counts 4 * T^2 * Hq * D / 2 (causal half), as flash-attention benchmarks;\n"
+  std::printf("# TFLOP/s counts 2 * T^2 * Hq * (D + Dv) / 2 (causal half), as flash-attention benchmarks;\n"
               "# medians of 3 interleaved rounds of -n iterations; baseline = the WMMA kernel\n");
   std::printf("%8s %8s %12s %10s %12s %10s %9s %14s\n", "tokens", "kernel", "time(us)", "TFLOP/s", "wmma(us)",
               "TFLOP/s", "speed-up", "tiles skipped");
   for (int t : o.tokens) {
-    const size_t qn = size_t(t) * o.hq * d, kn = size_t(t) * o.hkv * d;
+    const size_t qn = size_t(t) * o.hq * d, kn = size_t(t) * o.hkv * d, vn = size_t(t) * o.hkv * dv;
+    const size_t on = size_t(t) * o.hq * dv;
     uint16_t *q, *k, *v;
     float *out, *lse;
     int32_t* pos;
     attn::cuda::AttnCudaStats* stats;
     CK(cudaMalloc(&q, qn * 2));
     CK(cudaMalloc(&k, kn * 2));
-    CK(cudaMalloc(&v, kn * 2));
-    CK(cudaMalloc(&out, qn * 4));
+    CK(cudaMalloc(&v, vn * 2));
+    CK(cudaMalloc(&out, on * 4));
     CK(cudaMalloc(&lse, size_t(t) * o.hq * 4));
     CK(cudaMalloc(&pos, size_t(t) * 4));
     CK(cudaMalloc(&stats, sizeof(*stats)));
     fillKernel<<<1024, 256, 0, s>>>(q, qn, true, 1);
     fillKernel<<<1024, 256, 0, s>>>(k, kn, true, 2);
-    fillKernel<<<1024, 256, 0, s>>>(v, kn, true, 3);
+    fillKernel<<<1024, 256, 0, s>>>(v, vn, true, 3);
     std::vector<int32_t> hp(t);
     for (int i = 0; i < t; ++i) hp[i] = i;
     CK(cudaMemcpy(pos, hp.data(), size_t(t) * 4, cudaMemcpyHostToDevice));
@@ -177,7 +181,7 @@ void benchAttention(const Opts& o, cudaStream_t s) {
     p.q = q, p.k = k, p.v = v;
     p.dtype = attnBfloat16;
     p.nq = p.nk = t;
-    p.num_q_heads = o.hq, p.num_kv_heads = o.hkv, p.head_dim = d;
+    p.num_q_heads = o.hq, p.num_kv_heads = o.hkv, p.head_dim = d, p.head_dim_v = dv;
     p.causal = true;
     p.q_pos = p.k_pos = pos;
     attn::cuda::AttnCudaExec ex, wmma;
@@ -198,7 +202,7 @@ void benchAttention(const Opts& o, cudaStream_t s) {
     AK(attn::cuda::attentionPartial(p, out, lse, ex));
     attn::cuda::AttnCudaStats st;
     CK(cudaMemcpy(&st, stats, sizeof(st), cudaMemcpyDeviceToHost));
-    const double flops = 4.0 * double(t) * double(t) * o.hq * d / 2.0;
+    const double flops = 2.0 * double(t) * double(t) * o.hq * (d + dv) / 2.0;
     const double total = double(st.tiles_full + st.tiles_masked + st.tiles_skipped);
     const double us = attnperf::summarize(t1).medianUs;
     std::printf("%8d %8s %12.1f %10.2f", t, attn::cuda::attnCudaKernelName(plan.kernel), us, flops / us / 1e6);
@@ -217,30 +221,30 @@ void benchAttention(const Opts& o, cudaStream_t s) {
 // keys (causal). "one launch" is the kernel with key_splits = 1; "split-K"
 // is the launcher's own choice.
 void benchDecode(const Opts& o, cudaStream_t s) {
-  const int d = 128;
-  std::printf("\n# decode step: bf16, head_dim %d, Hq %d, Hkv %d, one query per sequence over T keys%s\n", d,
-              o.hq, o.hkv, o.generic ? " (SIMT kernel)" : "");
+  const int d = o.d, dv = o.valueDim();
+  std::printf("\n# decode step: bf16, head_dim %d/%d, Hq %d, Hkv %d, one query per sequence over T keys%s\n", d,
+              dv, o.hq, o.hkv, o.generic ? " (SIMT kernel)" : "");
   std::printf("# GB/s = K and V bytes read over the time; wmma = the WMMA kernel with split-K\n");
   std::printf("%8s %4s %14s %10s %14s %10s %9s %10s %10s\n", "T", "B", "one launch(us)", "GB/s", "split-K(us)",
               "GB/s", "speed-up", "wmma(us)", "GB/s");
   for (int B : o.decode_batch)
     for (int T : o.decode_keys) {
-      const size_t nk = size_t(B) * T, qn = size_t(B) * o.hq * d, kn = nk * o.hkv * d;
+      const size_t nk = size_t(B) * T, qn = size_t(B) * o.hq * d, kn = nk * o.hkv * d, vn = nk * o.hkv * dv;
       uint16_t *q, *k, *v;
       float *out, *lse;
       int32_t *qpos, *kpos;
       attn::cpu::AttnSegment* segs;
       CK(cudaMalloc(&q, qn * 2));
       CK(cudaMalloc(&k, kn * 2));
-      CK(cudaMalloc(&v, kn * 2));
-      CK(cudaMalloc(&out, qn * 4));
+      CK(cudaMalloc(&v, vn * 2));
+      CK(cudaMalloc(&out, size_t(B) * o.hq * dv * 4));
       CK(cudaMalloc(&lse, size_t(B) * o.hq * 4));
       CK(cudaMalloc(&qpos, size_t(B) * 4));
       CK(cudaMalloc(&kpos, nk * 4));
       CK(cudaMalloc(&segs, sizeof(attn::cpu::AttnSegment) * B));
       fillKernel<<<1024, 256, 0, s>>>(q, qn, true, 1);
       fillKernel<<<1024, 256, 0, s>>>(k, kn, true, 2);
-      fillKernel<<<1024, 256, 0, s>>>(v, kn, true, 3);
+      fillKernel<<<1024, 256, 0, s>>>(v, vn, true, 3);
       std::vector<int32_t> hq(B, T - 1), hk(nk);
       std::vector<attn::cpu::AttnSegment> hs(B);
       for (int b = 0; b < B; ++b) {
@@ -254,7 +258,7 @@ void benchDecode(const Opts& o, cudaStream_t s) {
       p.q = q, p.k = k, p.v = v;
       p.dtype = attnBfloat16;
       p.nq = B, p.nk = int(nk);
-      p.num_q_heads = o.hq, p.num_kv_heads = o.hkv, p.head_dim = d;
+      p.num_q_heads = o.hq, p.num_kv_heads = o.hkv, p.head_dim = d, p.head_dim_v = dv;
       p.causal = true;
       p.q_pos = qpos, p.k_pos = kpos;
       p.segments = segs, p.num_segments = B;
@@ -272,7 +276,7 @@ void benchDecode(const Opts& o, cudaStream_t s) {
       }
       const double a = attnperf::summarize(t1).medianUs, b = attnperf::summarize(t2).medianUs;
       const double c = attnperf::summarize(t3).medianUs;
-      const double bytes = 2.0 * double(kn) * 2;
+      const double bytes = 2.0 * double(kn + vn);
       std::printf("%8d %4d %14.1f %10.1f %14.1f %10.1f %8.2fx %10.1f %10.1f\n", T, B, a, bytes / a / 1e3, b,
                   bytes / b / 1e3, a / b, c, bytes / c / 1e3);
       cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(qpos), cudaFree(kpos);
@@ -301,7 +305,8 @@ int main(int argc, char** argv) {
     if (a == "-g") { o.generic = true; continue; }
     if (a == "-h" || !val) {
       std::printf("usage: %s [-n iters] [-w warmup] [-t tokens,...] [-q heads] [-k kv_heads] "
-                  "[-m merge_MiB] [-T decode keys,...] [-b decode batch,...] [-g]\n", argv[0]);
+                  "[-m merge_MiB] [-T decode keys,...] [-b decode batch,...] [-d head_dim] [-v head_dim_v] [-g]\n",
+                  argv[0]);
       return a == "-h" ? 0 : 2;
     }
     ++i;
@@ -313,10 +318,16 @@ int main(int argc, char** argv) {
     else if (a == "-m") o.merge_mib = size_t(std::max(1, std::atoi(val)));
     else if (a == "-T") o.decode_keys = parseList(val);
     else if (a == "-b") o.decode_batch = parseList(val);
+    else if (a == "-d") o.d = std::atoi(val);
+    else if (a == "-v") o.dv = std::atoi(val);
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
+  }
+  if (o.d < 1 || o.d > 256 || o.dv < 0 || o.dv > 256) {
+    std::fprintf(stderr, "cuda_kernel_perf: -d %d / -v %d: head dims are 1..256 (-v 0: -d)\n", o.d, o.dv);
+    return 2;
   }
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
