@@ -24,6 +24,7 @@
 
 #include "attncomm.h"
 #include "src/attn/attn_state.h"
+#include "src/attn/visibility.h"
 #include "src/attn/wire.h"
 #include "tests/support/attn_fixtures.h"
 #include "tests/support/attn_jobs.h"
@@ -112,8 +113,9 @@ TEST(AttnFeatures, WindowChangesPerCall) {
 // a shard: rank r's queries see only ranks r - 1 and r. Pass-KV then sends
 // each block one hop (the last rank's none: its keys are in every other
 // rank's future) instead of three, and only its last 20 rows (all the next
-// rank's window reaches); ship-Q, pass-Q and all-gather KV send to the one
-// rank that needs it. Results stay exact.
+// rank's window reaches); pass-Q's ring turns backwards, so queries go one
+// hop too; ship-Q and all-gather KV send to the one rank that needs it.
+// Results stay exact.
 TEST(AttnFeatures, HiddenBlocksAreNotSent) {
   const int n = 4, len = 64 * n;
   const attnAttnConfig_t causal = AttnCfg(4, 2, 16, attnFloat32, true);
@@ -134,12 +136,42 @@ TEST(AttnFeatures, HiddenBlocksAreNotSent) {
         const uint64_t trimmed = attn::BlockLayout::of(1, 20, kv).total;
         EXPECT_EQ(some, rank == n - 1 ? 0u : trimmed) << what << ": " << some << " of " << all;
         EXPECT_EQ(all, 3 * attn::BlockLayout::of(1, 64, kv).total) << what;
+      } else if (m == attnModePassQ) {
+        // The ring turns backwards: our queries go one hop, to the rank
+        // before ours (rank 0's nowhere), and we send home the partial of
+        // the next rank's queries over our keys (the last rank none).
+        const uint64_t block = attn::BlockLayout::of(1, 64, attn::RowBytes::one(4 * 16 * sizeof(float))).total;
+        const uint64_t partial = 64 * 4 * (16 + 1) * sizeof(float);
+        EXPECT_EQ(some, (rank > 0 ? block : 0) + (rank < n - 1 ? partial : 0)) << what << ": " << some << " of " << all;
       } else {
         EXPECT_LT(some, all) << what;
         EXPECT_LE(some, 2 * all / (n - 1)) << what << ": " << some << " of " << all;
       }
     }
   }, AttnRunOptions());
+}
+
+// The ring's direction from the cards alone: contiguous shards of 64
+// positions under a causal window of 20 need keys one rank forward and
+// queries one rank back; without a window every block goes all the way.
+TEST(AttnFeatures, RingTurnsTheWayItsBlocksMoveLeast) {
+  std::vector<attn::PosRanges> ranges;
+  for (int r = 0; r < 4; ++r) ranges.push_back({64 * r, 64 * r + 63, 64 * r, 64 * r + 63});
+  const attn::RankVisibility win(With(AttnCfg(4, 2, 16, attnFloat32, true), 20, -1, 0), ranges);
+  EXPECT_EQ(win.ringDirection(false), 1);
+  EXPECT_EQ(win.ringDirection(true), -1);
+  EXPECT_EQ(win.ringMovesMax(false), 1);
+  EXPECT_EQ(win.ringMovesMax(true), 1);
+  EXPECT_TRUE(win.ringMoves(2, 0, true, -1));    // rank 2's queries to rank 1
+  EXPECT_FALSE(win.ringMoves(1, 1, true, -1));   // and no further
+  EXPECT_FALSE(win.ringMoves(0, 0, true, -1));   // rank 0's queries see only its own keys
+  // A right-only window (not causal) mirrors it.
+  const attn::RankVisibility right(With(AttnCfg(4, 2, 16, attnFloat32, false), 0, 20, 0), ranges);
+  EXPECT_EQ(right.ringDirection(false), -1);
+  EXPECT_EQ(right.ringDirection(true), 1);
+  const attn::RankVisibility none(AttnCfg(4, 2, 16, attnFloat32, true), ranges);
+  EXPECT_EQ(none.ringDirection(true), 1);
+  EXPECT_EQ(none.ringMovesMax(true), 3);
 }
 
 // attnLevelAttention keeping every key is exact attention: the window and

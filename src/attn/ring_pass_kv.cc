@@ -17,7 +17,6 @@ namespace attn {
 attnResult_t runPassKv(AttnCall& c) {
   Engine& e = *c.comm->engine;
   const int n = c.comm->nranks, me = c.comm->rank;
-  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
 
   size_t capacity = 0;
   for (int r = 0; r < n; ++r)
@@ -25,23 +24,23 @@ attnResult_t runPassKv(AttnCall& c) {
   ShareableBuffer* buf = c.state->rotation;
   ATTN_CHECK(buf[0].reserve(capacity));
   ATTN_CHECK(buf[1].reserve(capacity));
+  RingSteps steps(c, capacity);
+  steps.skipHidden(false);
   // Under a window our block carries only the rows the ranks it reaches
   // (as far as the last that needs it) may see; it is attended to here
   // from our own rows, not from the block.
   std::vector<int> readers;
   for (int s = 1; s < n; ++s)
-    if (c.vis.sees((me + s) % n, me)) readers.push_back((me + s) % n);
+    if (c.vis.sees(steps.rankAt(s), me)) readers.push_back(steps.rankAt(s));
   const size_t ownBytes = packVisibleKv(c, readers, buf[0].data());
 
-  RingSteps steps(c, capacity);
-  steps.skipHidden(false);
-  HostRingMover mover(e, buf, capacity, ownBytes, next, prev);
+  HostRingMover mover(e, buf, capacity, ownBytes, steps.next(), steps.prev());
   ATTN_CHECK(steps.run(mover, "pass-KV", [&](int step) -> attnResult_t {
-    // Step s holds rank me-s's block, from prev (our own at step 0).
-    if (!steps.holds(step) || !c.vis.sees(me, (me - step + n) % n)) return attnSuccess;
+    // Step s holds the block of origin(s), from prev (our own at step 0).
+    if (!steps.holds(step) || !c.vis.sees(me, steps.origin(step))) return attnSuccess;
     if (step == 0) return c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data());
     BlockView block;
-    ATTN_CHECK(parseBlock(mover.block(), mover.bytes(), cardBlock(c, step ? prev : me, (me - step + n) % n, true),
+    ATTN_CHECK(parseBlock(mover.block(), mover.bytes(), cardBlock(c, steps.prev(), steps.origin(step), true),
                           &block));
     return c.accumulate(c.q, RowsRef::of(block), c.accO.data(), c.accLse.data());
   }));

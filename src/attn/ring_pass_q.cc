@@ -48,7 +48,6 @@ attnResult_t foldArrived(AttnCall& c, Homecoming& h, int me) {
 attnResult_t runPassQ(AttnCall& c) {
   Engine& e = *c.comm->engine;
   const int n = c.comm->nranks, me = c.comm->rank;
-  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
   const size_t myPartial = c.partialBytes(c.q.rows);
 
   size_t capacity = 0;
@@ -66,6 +65,10 @@ attnResult_t runPassQ(AttnCall& c) {
   size_t largestPartial = myPartial;
   for (int r = 0; r < n; ++r) largestPartial = std::max(largestPartial, c.partialBytes(c.qRowsOf[r]));
   RingSteps steps(c, std::max(capacity, largestPartial));
+  // Under a window the ring may turn backwards (contiguous shards: a
+  // rank's queries are needed by the ranks before it).
+  steps.skipHidden(true);
+  const int prev = steps.prev();
   for (int p = 0; p < n; ++p)
     if (p != me) home.buf[p].resize(myPartial);
   // Partials from ranks other than prev can be expected at once; none from
@@ -87,8 +90,7 @@ attnResult_t runPassQ(AttnCall& c) {
 
   ProgressThread* driver = steps.driver();
   std::vector<bool> outPosted(n, false);
-  HostRingMover mover(e, buf, capacity, ownBytes, next, prev);
-  steps.skipHidden(true);
+  HostRingMover mover(e, buf, capacity, ownBytes, steps.next(), prev);
   ATTN_CHECK(steps.run(mover, "pass-Q", [&](int step) -> attnResult_t {
     if (step == n - 2 && !home.folded[prev]) {  // prev's last query block is posted: its partial comes next
       ATTN_CHECK(e.irecv(prev, home.buf[prev].data(), myPartial, &home.req[prev]));
@@ -97,13 +99,13 @@ attnResult_t runPassQ(AttnCall& c) {
     }
     if (n == 1) {
       ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
-    } else if (!steps.holds(step) || !c.vis.sees((me - step + n) % n, me)) {
+    } else if (!steps.holds(step) || !c.vis.sees(steps.origin(step), me)) {
       // No block here, or queries that see none of our keys: pass it on.
     } else {
-      // Step s holds rank me-s's queries, from prev (our own at step 0).
+      // Step s holds the queries of origin(s), from prev (our own at step 0).
       BlockView visitor;
-      ATTN_CHECK(parseBlock(mover.block(), mover.bytes(),
-                            cardBlock(c, step ? prev : me, (me - step + n) % n, false), &visitor));
+      ATTN_CHECK(parseBlock(mover.block(), mover.bytes(), cardBlock(c, step ? prev : me, steps.origin(step), false),
+                            &visitor));
       if (visitor.origin == me) {
         ATTN_CHECK(c.accumulate(c.q, c.kv, c.accO.data(), c.accLse.data()));
       } else {

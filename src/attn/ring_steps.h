@@ -70,15 +70,25 @@ class RingSteps {
   ProgressThread* driver() { return driver_.get(); }
 
   // Under a sliding window (AttnCall::vis active), a block travels only as
-  // far as the last rank that may see it (RankVisibility::ringMoves);
-  // `queries`: the blocks are queries (pass-Q), else keys (pass-KV). Then a
-  // step may hold no block: check holds(s).
+  // far as the last rank that may see it (RankVisibility::ringMoves), and
+  // the ring turns the way its blocks move least (ringDirection); `queries`:
+  // the blocks are queries (pass-Q), else keys (pass-KV). Then a step may
+  // hold no block: check holds(s). Call it before using next() / prev().
   void skipHidden(bool queries) {
     skip_ = c_.vis.active();
     queries_ = queries;
+    dir_ = skip_ ? c_.vis.ringDirection(queries) : 1;
+    prev_ = rankAt(-1);
   }
-  // Whether this rank holds a block at step s (the block of rank me - s).
-  bool holds(int s) const { return s == 0 || !skip_ || c_.vis.ringMoves(prev_, s - 1, queries_); }
+  // The ranks blocks go to and come from, and the rank `hops` along the
+  // ring from this one (its block arrives here after `-hops` steps).
+  int next() const { return rankAt(1); }
+  int prev() const { return prev_; }
+  int rankAt(int hops) const { return ((me_ + dir_ * hops) % n_ + n_) % n_; }
+  // The rank whose block this rank holds at step s.
+  int origin(int s) const { return rankAt(-s); }
+  // Whether this rank holds a block at step s.
+  bool holds(int s) const { return s == 0 || !skip_ || c_.vis.ringMoves(prev_, s - 1, queries_, dir_); }
 
   // Runs the n steps over `mover`: step(s) works on the block held at
   // step s, right after the next move was posted; afterMove(s), if given,
@@ -96,6 +106,7 @@ class RingSteps {
  private:
   AttnCall& c_;
   int n_, me_, prev_;
+  int dir_ = 1;  // blocks go to me + dir_
   bool skip_ = false, queries_ = false;
   std::unique_ptr<Request[]> req_;  // step s's send and receive: 2s, 2s + 1
   BreakOnEarlyExit guard_;
@@ -106,8 +117,8 @@ template <class Step, class AfterMove>
 attnResult_t RingSteps::run(RingMover& mover, const char* name, Step&& step, AfterMove&& afterMove) {
   for (int s = 0; s < n_; ++s) {
     const bool moving = s < n_ - 1;
-    const bool sends = moving && (!skip_ || c_.vis.ringMoves(me_, s, queries_));
-    const bool recvs = moving && (!skip_ || c_.vis.ringMoves(prev_, s, queries_));
+    const bool sends = moving && (!skip_ || c_.vis.ringMoves(me_, s, queries_, dir_));
+    const bool recvs = moving && (!skip_ || c_.vis.ringMoves(prev_, s, queries_, dir_));
     const auto stepStart = Clock::now();
     const double computeBefore = c_.stats.computeUs;
     Request* sendReq = sends ? &req_[2 * s] : nullptr;

@@ -23,24 +23,38 @@ bool RankVisibility::sees(int qRank, int kvRank) const {
   return int64_t(k.kvMax) >= int64_t(q.qMin) - span_.lo && int64_t(k.kvMin) <= int64_t(q.qMax) + span_.hi;
 }
 
-bool RankVisibility::ringMoves(int from, int step, bool queries) const {
+bool RankVisibility::ringMoves(int from, int step, bool queries, int dir) const {
   if (!active_) return true;
-  const int origin = ((from - step) % n_ + n_) % n_;
+  const int origin = ((from - dir * step) % n_ + n_) % n_;
   for (int k = step + 1; k < n_; ++k) {
-    const int t = (origin + k) % n_;
+    const int t = ((origin + dir * k) % n_ + n_) % n_;
     if (queries ? sees(origin, t) : sees(t, origin)) return true;
   }
   return false;
 }
 
-int RankVisibility::ringMovesMax(bool queries) const {
-  if (!active_) return n_ - 1;
-  int most = 0;
+void RankVisibility::ringMoveCounts(bool queries, int dir, int* most, int* total) const {
+  *most = *total = 0;
   for (int r = 0; r < n_; ++r) {
     int moves = 0;
-    for (int s = 0; s + 1 < n_; ++s) moves += ringMoves(r, s, queries);
-    most = moves > most ? moves : most;
+    for (int s = 0; s + 1 < n_; ++s) moves += ringMoves(r, s, queries, dir);
+    *most = std::max(*most, moves);
+    *total += moves;
   }
+}
+
+int RankVisibility::ringDirection(bool queries) const {
+  if (!active_ || n_ <= 2) return 1;  // two ranks: one neighbour either way
+  int mostUp, totalUp, mostDown, totalDown;
+  ringMoveCounts(queries, 1, &mostUp, &totalUp);
+  ringMoveCounts(queries, -1, &mostDown, &totalDown);
+  return mostDown < mostUp || (mostDown == mostUp && totalDown < totalUp) ? -1 : 1;
+}
+
+int RankVisibility::ringMovesMax(bool queries) const {
+  if (!active_) return n_ - 1;
+  int most, total;
+  ringMoveCounts(queries, ringDirection(queries), &most, &total);
   return most;
 }
 

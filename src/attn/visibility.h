@@ -31,16 +31,23 @@ class RankVisibility {
   // Some query of rank qRank may see some key of rank kvRank.
   bool sees(int qRank, int kvRank) const;
 
-  // A ring (rank r sends to r + 1) whose blocks start at their origin and
-  // travel n - 1 hops; `queries`: blocks of queries (pass-Q: the block of
-  // origin o is needed where sees(o, t)), else of keys (pass-KV: where
-  // sees(t, o)). Whether rank `from` sends its block at step s: only while
-  // a rank further along still needs it. Holding the block at step s is
-  // ringMoves(from - 1, s - 1) (always at step 0).
-  bool ringMoves(int from, int step, bool queries) const;
+  // A ring (rank r sends to r + dir, dir +1 or -1) whose blocks start at
+  // their origin and travel n - 1 hops; `queries`: blocks of queries
+  // (pass-Q: the block of origin o is needed where sees(o, t)), else of keys
+  // (pass-KV: where sees(t, o)). Whether rank `from` sends its block at
+  // step s: only while a rank further along still needs it. Holding the
+  // block at step s is ringMoves(from - dir, s - 1) (always at step 0).
+  bool ringMoves(int from, int step, bool queries, int dir = 1) const;
 
-  // For the cost model: the most moves any rank makes in a ring (n - 1
-  // without a window), and the most peers any rank's queries see.
+  // The direction in which a ring of such blocks moves least: the fewest
+  // moves of the busiest rank, then of all ranks; +1 on a tie (and without
+  // a window). Contiguous shards under a causal window: +1 for keys, -1 for
+  // queries (they are needed by the ranks before theirs).
+  int ringDirection(bool queries) const;
+
+  // For the cost model: the most moves any rank makes in a ring going
+  // ringDirection(queries) (n - 1 without a window), and the most peers any
+  // rank's queries see.
   int ringMovesMax(bool queries) const;
   int peersSeenMax() const;
 
@@ -53,6 +60,8 @@ class RankVisibility {
   int n_ = 1;
   cpu::VisibleSpan span_;
   std::vector<PosRanges> ranges_;
+  // Moves of the busiest rank and of all ranks, going dir.
+  void ringMoveCounts(bool queries, int dir, int* most, int* total) const;
 };
 
 // The range of positions of `rows` rows (lo > hi: none).
