@@ -147,6 +147,22 @@ void expectMatchesOneCall(const Result& acc, const Result& one, int dv, double o
   }
 }
 
+// The same keys paged (k_rows into a pool) and gathered give the same bits,
+// at 1 and 3 threads, and match the reference within oTol.
+void expectPagedEqualsGathered(const AttnProblem& gathered, const AttnProblem& paged, const std::string& what0,
+                               double oTol) {
+  const Reference ref(paged);
+  for (int threads : {1, 3}) {
+    const std::string what = what0 + ", threads " + std::to_string(threads);
+    Result want(gathered), got(paged);
+    ASSERT_EQ(attentionPartial(gathered, want.o.data(), want.lse.data(), {threads}), attnSuccess) << what;
+    ASSERT_EQ(attentionPartial(paged, got.o.data(), got.lse.data(), {threads}), attnSuccess) << what;
+    EXPECT_EQ(std::memcmp(want.o.data(), got.o.data(), want.o.size() * sizeof(float)), 0) << what;
+    EXPECT_EQ(std::memcmp(want.lse.data(), got.lse.data(), want.lse.size() * sizeof(float)), 0) << what;
+    expectClose(paged, got, ref, 1e-5, what, oTol);
+  }
+}
+
 // O's relative error bound for decode-shaped bf16 on an ISA that multiplies
 // P·V in bf16: P is rounded to bf16 (unit roundoff 2^-8 per weight), so
 // twice that; else fp32 arithmetic on exact inputs.
@@ -971,16 +987,7 @@ TEST(CpuAttention, PagedKeysWithWindowGiveTheBitsOfTheGatheredKeys) {
         paged.k = pk.data();
         paged.v = pv.data();
         paged.k_rows = rows.data();
-        const Reference ref(paged);
-        for (int threads : {1, 3}) {
-          const std::string what = describe(c, isa) + " threads " + std::to_string(threads);
-          Result want(in.p), got(paged);
-          ASSERT_EQ(attentionPartial(in.p, want.o.data(), want.lse.data(), {threads}), attnSuccess);
-          ASSERT_EQ(attentionPartial(paged, got.o.data(), got.lse.data(), {threads}), attnSuccess) << what;
-          EXPECT_EQ(std::memcmp(want.o.data(), got.o.data(), want.o.size() * sizeof(float)), 0) << what;
-          EXPECT_EQ(std::memcmp(want.lse.data(), got.lse.data(), want.lse.size() * sizeof(float)), 0) << what;
-          expectClose(paged, got, ref, 1e-5, what, prefill ? 1e-5 : decodeOTolerance(dt, isa));
-        }
+        expectPagedEqualsGathered(in.p, paged, describe(c, isa), prefill ? 1e-5 : decodeOTolerance(dt, isa));
       }
   }
 }
@@ -1274,16 +1281,7 @@ TEST(CpuAttention, MlaValueHeadDimPagedKeys) {
           paged.k = pk.data();
           paged.v = pv.data();
           paged.k_rows = rows.data();
-          const Reference ref(paged);
-          for (int threads : {1, 3}) {
-            const std::string what = describe(c, isa) + " paged, threads " + std::to_string(threads);
-            Result want(in.p), got(paged);
-            ASSERT_EQ(attentionPartial(in.p, want.o.data(), want.lse.data(), {threads}), attnSuccess) << what;
-            ASSERT_EQ(attentionPartial(paged, got.o.data(), got.lse.data(), {threads}), attnSuccess) << what;
-            EXPECT_EQ(std::memcmp(want.o.data(), got.o.data(), want.o.size() * sizeof(float)), 0) << what;
-            EXPECT_EQ(std::memcmp(want.lse.data(), got.lse.data(), want.lse.size() * sizeof(float)), 0) << what;
-            expectClose(paged, got, ref, 1e-5, what + " vs reference", decodeOTolerance(dt, isa));
-          }
+          expectPagedEqualsGathered(in.p, paged, describe(c, isa) + " paged", decodeOTolerance(dt, isa));
         }
       }
   }

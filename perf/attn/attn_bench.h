@@ -10,12 +10,13 @@
 #include <vector>
 
 #include "attncomm.h"
+#include "src/attn/attn_config.h"
 
 namespace attnperf {
 
 // The head dim of V and of the output (cfg.head_dim_v, 0 meaning head_dim):
 // Q and K rows are [heads, head_dim], V and O rows [heads, valueHeadDim].
-inline int valueHeadDim(const attnAttnConfig_t& cfg) { return cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim; }
+inline int valueHeadDim(const attnAttnConfig_t& cfg) { return attn::attnValueDim(cfg); }
 
 // Which rows of the batch this rank holds.
 struct Shard {

@@ -165,6 +165,7 @@ attnResult_t attnCommGetCostModel(attnComm_t comm, attnCostModel_t* model) {
     ATTN_CHECK(call.finish(call.check()));
     if (!model) return call.finish(setError(attnInvalidArgument, "model is NULL"));
     attnAttnConfig_t cfg = ATTN_ATTN_CONFIG(8, 8, 128, attnFloat32, 0.0f, 1);
+    cfg.head_dim_v = 128;  // as readAttnConfig leaves a config: the probes size V with it
     return call.finish(costModelOf(comm, cfg, model));
   });
 }

@@ -39,7 +39,7 @@ attnResult_t readAttnConfig(const attnAttnConfig_t* user, attnAttnConfig_t* out)
   // 0 (and every config older than 0.4): V has Q/K's head dim. From here
   // on head_dim_v is always the V head dim; checkConfig bounds it.
   ATTN_REQUIRE(out->head_dim_v >= 0, "cfg.head_dim_v %d must be >= 0 (0: head_dim)", out->head_dim_v);
-  if (out->head_dim_v == 0) out->head_dim_v = out->head_dim;
+  out->head_dim_v = attnValueDim(*out);
   return attnSuccess;
 }
 

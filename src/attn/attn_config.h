@@ -18,6 +18,10 @@ attnResult_t readAttnConfig(const attnAttnConfig_t* user, attnAttnConfig_t* out)
 // The same for a config readAttnConfig accepted before.
 attnAttnConfig_t attnConfigOf(const attnAttnConfig_t* user);
 
+// The head dim of V and the outputs: head_dim_v, or head_dim where a config
+// that readAttnConfig did not read leaves it 0.
+inline int attnValueDim(const attnAttnConfig_t& c) { return c.head_dim_v > 0 ? c.head_dim_v : c.head_dim; }
+
 // Whether a query sees only some keys by position (causal or a window):
 // then the layout's positions are needed.
 inline bool attnNeedsPositions(const attnAttnConfig_t& c) {

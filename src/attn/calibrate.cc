@@ -198,9 +198,7 @@ bool costModelOverridden(attnComm* comm) {
          settingIsSet(Setting::kModelInterference);
 }
 
-attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& given, attnCostModel_t* model) {
-  attnAttnConfig_t cfg = given;  // a config no call read (attnCommGetCostModel's): V of head_dim
-  if (cfg.head_dim_v <= 0) cfg.head_dim_v = cfg.head_dim;
+attnResult_t costModelOf(attnComm* comm, const attnAttnConfig_t& cfg, attnCostModel_t* model) {
   AttnState& st = attnStateOf(comm);
   if (st.modelOverridden) {
     *model = st.override;

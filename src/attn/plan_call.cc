@@ -30,7 +30,7 @@ AttnCard cardOf(attnComm* comm, int64_t qRows, int64_t kvRows, int numSeqs, int3
   c.hq = cfg.num_q_heads;
   c.hkv = cfg.num_kv_heads;
   c.d = cfg.head_dim;
-  c.dv = cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim;  // a config read or not
+  c.dv = attnValueDim(cfg);
   c.dtype = cfg.dtype;
   c.causal = cfg.causal ? 1 : 0;
   c.scale = cfg.softmax_scale;

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/attn/attn_config.h"
 #include "src/attn/head_groups.h"
 #include "src/core/datatype.h"
 
@@ -44,7 +45,7 @@ void estimateModes(const attnCostModel_t& m, const attnAttnConfig_t& cfg, const 
                P = static_cast<double>(in.cachedTokens);
   const double e = static_cast<double>(dataTypeSize(cfg.dtype));
   const double Hq = cfg.num_q_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
-  const double Dv = cfg.head_dim_v > 0 ? cfg.head_dim_v : D;  // of V and the outputs
+  const double Dv = attnValueDim(cfg);  // of V and the outputs
   const double bw = std::max(m.link_bandwidth_GBps, 1e-9) * 1e9;  // bytes/s
   const double lat = m.link_latency_us * 1e-6;
   const double C = std::max(m.attn_tflops, 1e-9) * 1e12;

@@ -43,20 +43,21 @@ void RankVisibility::ringMoveCounts(bool queries, int dir, int* most, int* total
   }
 }
 
-int RankVisibility::ringDirection(bool queries) const {
-  if (!active_ || n_ <= 2) return 1;  // two ranks: one neighbour either way
+const RankVisibility::RingPlan& RankVisibility::ringPlan(bool queries) const {
+  RingPlan& p = plans_[queries ? 1 : 0];
+  if (p.known) return p;
   int mostUp, totalUp, mostDown, totalDown;
   ringMoveCounts(queries, 1, &mostUp, &totalUp);
   ringMoveCounts(queries, -1, &mostDown, &totalDown);
-  return mostDown < mostUp || (mostDown == mostUp && totalDown < totalUp) ? -1 : 1;
+  // Two ranks: one neighbour either way, so forward.
+  const bool down = n_ > 2 && (mostDown < mostUp || (mostDown == mostUp && totalDown < totalUp));
+  p = {true, down ? -1 : 1, down ? mostDown : mostUp};
+  return p;
 }
 
-int RankVisibility::ringMovesMax(bool queries) const {
-  if (!active_) return n_ - 1;
-  int most, total;
-  ringMoveCounts(queries, ringDirection(queries), &most, &total);
-  return most;
-}
+int RankVisibility::ringDirection(bool queries) const { return active_ ? ringPlan(queries).dir : 1; }
+
+int RankVisibility::ringMovesMax(bool queries) const { return active_ ? ringPlan(queries).most : n_ - 1; }
 
 int RankVisibility::peersSeenMax() const {
   if (!active_) return n_ - 1;

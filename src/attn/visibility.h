@@ -62,6 +62,14 @@ class RankVisibility {
   std::vector<PosRanges> ranges_;
   // Moves of the busiest rank and of all ranks, going dir.
   void ringMoveCounts(bool queries, int dir, int* most, int* total) const;
+  // ringDirection and ringMovesMax by `queries`, worked out once (O(n^3)):
+  // the cost model and the ring both ask.
+  struct RingPlan {
+    bool known = false;
+    int dir = 1, most = 0;
+  };
+  const RingPlan& ringPlan(bool queries) const;
+  mutable RingPlan plans_[2];
 };
 
 // The range of positions of `rows` rows (lo > hi: none).

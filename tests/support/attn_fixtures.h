@@ -21,6 +21,7 @@
 
 #include "attncomm.h"
 #include "kernels/cpu/attention.h"
+#include "src/attn/attn_config.h"
 #include "tests/support/multirank.h"
 
 namespace attn_test {
@@ -69,7 +70,7 @@ struct AttnCase {
 };
 
 // The head dim of V and the outputs (head_dim_v, or head_dim when 0).
-inline int ValueDim(const attnAttnConfig_t& cfg) { return cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim; }
+inline int ValueDim(const attnAttnConfig_t& cfg) { return attn::attnValueDim(cfg); }
 
 // An attention config (softmax_scale 0: 1/sqrt(head_dim)).
 attnAttnConfig_t AttnCfg(int hq, int hkv, int d, attnDataType_t t, bool causal, float scale = 0.0f);
